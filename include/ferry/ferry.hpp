@@ -1,0 +1,18 @@
+// ferry/ferry.hpp: the whole CPU layer (g++ alone). The CUDA layer is included separately
+// (ferry/cuda/...), so this header never needs nvcc.
+#pragma once
+
+#include "ferry/config.hpp"
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/source.hpp"
+#include "ferry/sources/from_generator.hpp"
+#include "ferry/sources/from_range.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/filter.hpp"
+#include "ferry/stages/map.hpp"
+#include "ferry/stages/prefetch.hpp"
+#include "ferry/stages/repeat.hpp"
+#include "ferry/stages/shard.hpp"
+#include "ferry/stages/shuffle.hpp"
+#include "ferry/stages/take.hpp"

@@ -1,0 +1,165 @@
+// ferry/source.hpp: the concepts every pipeline is built from, the pipe operator, and
+// range-for over any pipeline.
+//
+// A `source` is a single-pass, pulled sequence: `next()` returns the next element, or an
+// empty optional at the end of the epoch. Nothing runs until the first next(). Sources are
+// movable values; stages take their upstream by value (move it in).
+//
+// Optional capabilities, detected by concept:
+//   rewindable_source   rewind(): start the next epoch from the beginning (shuffle draws
+//                       a new order; files are re-opened). repeat() needs it.
+//   resumable_source    save(state_writer&) const / restore(state_reader&): see state.hpp.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <iterator>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "ferry/state.hpp"
+
+namespace ferry {
+
+template <class S>
+concept source = std::move_constructible<std::remove_cvref_t<S>> &&
+    requires(std::remove_cvref_t<S>& s) {
+      typename std::remove_cvref_t<S>::value_type;
+      { s.next() } -> std::same_as<std::optional<typename std::remove_cvref_t<S>::value_type>>;
+    };
+
+template <class S>
+concept rewindable_source = source<S> && requires(std::remove_cvref_t<S>& s) { s.rewind(); };
+
+template <class S>
+concept resumable_source = source<S> &&
+    requires(std::remove_cvref_t<S>& s, const std::remove_cvref_t<S>& cs, state_writer& w,
+             state_reader& r) {
+      cs.save(w);
+      s.restore(r);
+    };
+
+template <source S>
+using value_t = typename std::remove_cvref_t<S>::value_type;
+
+// ---- range-for ------------------------------------------------------------------------
+
+// An input iterator over a source: holds the current element. Used by range-for.
+template <class S>
+class source_iterator {
+ public:
+  using value_type = typename S::value_type;
+  using difference_type = std::ptrdiff_t;
+
+  source_iterator() = default;
+  explicit source_iterator(S& s) : s_(&s), cur_(s.next()) {}
+  value_type& operator*() const { return *cur_; }
+  value_type* operator->() const { return &*cur_; }
+  source_iterator& operator++() {
+    cur_ = s_->next();
+    return *this;
+  }
+  void operator++(int) { ++*this; }
+  friend bool operator==(const source_iterator& it, std::default_sentinel_t) { return !it.cur_; }
+
+ private:
+  S* s_ = nullptr;
+  mutable std::optional<value_type> cur_;
+};
+
+// CRTP base of ferry's sources and stages: gives begin()/end(), so `for (auto& x : p)`
+// works on any pipeline. Iterating pulls from the pipeline: it is single-pass.
+template <class Derived>
+class source_interface {
+ public:
+  source_iterator<Derived> begin() { return source_iterator<Derived>(static_cast<Derived&>(*this)); }
+  std::default_sentinel_t end() const { return {}; }
+};
+
+// For a user-written source that does not derive from source_interface.
+template <source S>
+class iterate {
+ public:
+  explicit iterate(S& s) : s_(&s) {}
+  source_iterator<S> begin() { return source_iterator<S>(*s_); }
+  std::default_sentinel_t end() const { return {}; }
+
+ private:
+  S* s_;
+};
+
+// ---- state ----------------------------------------------------------------------------
+
+// Throws config_error when the pipeline holds a stage that cannot be checkpointed exactly
+// (map with .ordered = false).
+template <resumable_source S>
+pipeline_state save_state(const S& s) {
+  pipeline_state st;
+  state_writer w(st);
+  s.save(w);
+  return st;
+}
+
+// Call on a fresh pipeline of the same shape, before its first next().
+// Throws config_error when the state came from another pipeline shape.
+template <resumable_source S>
+void restore_state(S& s, const pipeline_state& st) {
+  state_reader r(st);
+  s.restore(r);
+  if (!r.done()) throw config_error("restore_state: the state is longer than this pipeline's");
+}
+
+// ---- the pipe operator ----------------------------------------------------------------
+
+struct closure_tag {};
+
+template <class C>
+concept pipe_closure = std::derived_from<std::remove_cvref_t<C>, closure_tag>;
+
+// A stage with its arguments bound, waiting for its upstream: what `map(f)` returns.
+template <class F>
+struct closure : closure_tag {
+  F fn;
+  explicit closure(F f) : fn(std::move(f)) {}
+  template <source S>
+  auto operator()(S&& s) const& { return fn(std::forward<S>(s)); }
+  template <source S>
+  auto operator()(S&& s) && { return std::move(fn)(std::forward<S>(s)); }
+};
+
+template <class F>
+closure<F> make_closure(F f) {
+  return closure<F>(std::move(f));
+}
+
+namespace detail {
+template <class>
+inline constexpr bool always_false = false;
+
+// Stages take their upstream by value: an lvalue source would be copied mid-epoch (or
+// not at all, for threaded stages), so it is refused with a message.
+template <class S>
+constexpr void require_rvalue_source() {
+  static_assert(!std::is_lvalue_reference_v<S>,
+                "ferry: a pipeline is a single-pass value: move it into the next stage, "
+                "e.g. std::move(src) | ferry::map(f)");
+}
+}  // namespace detail
+
+template <source S, pipe_closure C>
+auto operator|(S&& s, C&& c) {
+  detail::require_rvalue_source<S>();
+  return std::forward<C>(c)(std::forward<S>(s));
+}
+
+// closure | closure: a reusable chain of stages, e.g. auto prep = map(f) | batch(32);
+template <pipe_closure A, pipe_closure B>
+  requires(!source<A>)
+auto operator|(A&& a, B&& b) {
+  return make_closure([a = std::forward<A>(a), b = std::forward<B>(b)]<class S>(S&& s) {
+    return b(a(std::forward<S>(s)));
+  });
+}
+
+}  // namespace ferry

@@ -1,0 +1,91 @@
+// ferry/sources/from_generator.hpp: a source from a function of the element index.
+//
+//   ferry::from_generator([](std::uint64_t i) -> std::optional<T> { ... })  // nullopt ends
+//   ferry::from_generator(n, [](std::uint64_t i) { return T{...}; })        // n elements
+//
+// The function is called with 0, 1, 2, ... on the thread that calls next() (a map or
+// prefetch worker when those stages sit downstream). Because elements are a function of
+// their index, save/restore and rewind are exact and free. Exceptions from the function
+// propagate to that thread's caller unchanged.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "ferry/source.hpp"
+
+namespace ferry {
+namespace detail {
+
+template <class T>
+struct is_optional : std::false_type {
+  using element = T;
+};
+template <class T>
+struct is_optional<std::optional<T>> : std::true_type {
+  using element = T;
+};
+
+template <class F>
+class generator_source : public source_interface<generator_source<F>> {
+  using result = std::invoke_result_t<F&, std::uint64_t>;
+
+ public:
+  using value_type = typename is_optional<result>::element;
+
+  generator_source(std::uint64_t count, F f) : count_(count), f_(std::move(f)) {}
+
+  std::optional<value_type> next() {
+    if (done_ || i_ >= count_) return std::nullopt;
+    if constexpr (is_optional<result>::value) {
+      std::optional<value_type> v = f_(i_);
+      if (!v) {
+        done_ = true;
+        return v;
+      }
+      ++i_;
+      return v;
+    } else {
+      return std::optional<value_type>(f_(i_++));
+    }
+  }
+  void rewind() { i_ = 0; done_ = false; }
+  void save(state_writer& w) const {
+    w.tag("from_generator");
+    w.put(i_);
+    w.put(done_);
+  }
+  void restore(state_reader& r) {
+    r.expect("from_generator");
+    i_ = r.get();
+    done_ = r.get() != 0;
+  }
+
+ private:
+  std::uint64_t count_;
+  F f_;
+  std::uint64_t i_ = 0;
+  bool done_ = false;
+};
+
+}  // namespace detail
+
+struct from_generator_t {
+  template <class F>
+    requires std::is_invocable_v<F&, std::uint64_t> &&
+             detail::is_optional<std::invoke_result_t<F&, std::uint64_t>>::value
+  auto operator()(F f) const {
+    return detail::generator_source<F>(std::numeric_limits<std::uint64_t>::max(), std::move(f));
+  }
+  template <class F>
+    requires std::is_invocable_v<F&, std::uint64_t>
+  auto operator()(std::uint64_t count, F f) const {
+    return detail::generator_source<F>(count, std::move(f));
+  }
+};
+inline constexpr from_generator_t from_generator{};
+
+}  // namespace ferry

@@ -1,0 +1,59 @@
+// ferry/sources/from_range.hpp: an in-memory range as a source (tf.data's
+// from_tensor_slices).
+//
+//   auto src = ferry::from_range(std::vector<int>{1, 2, 3});   // owns the vector
+//   auto src = ferry::from_range(std::span(big_array));        // views it: keep it alive
+//
+// Each next() yields a copy of the next element; rewind() starts again from the first.
+// Runs on the thread that calls next(). Throws nothing itself.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ranges>
+#include <utility>
+
+#include "ferry/source.hpp"
+
+namespace ferry {
+namespace detail {
+
+template <std::ranges::random_access_range R>
+class range_source : public source_interface<range_source<R>> {
+ public:
+  using value_type = std::ranges::range_value_t<R>;
+
+  explicit range_source(R r) : r_(std::move(r)) {}
+
+  std::optional<value_type> next() {
+    if (i_ >= static_cast<std::uint64_t>(std::ranges::size(r_))) return std::nullopt;
+    return std::optional<value_type>(std::ranges::begin(r_)[i_++]);
+  }
+  void rewind() { i_ = 0; }
+  void save(state_writer& w) const {
+    w.tag("from_range");
+    w.put(i_);
+  }
+  void restore(state_reader& r) {
+    r.expect("from_range");
+    i_ = r.get();
+  }
+  std::uint64_t size() const { return std::ranges::size(r_); }
+
+ private:
+  R r_;
+  std::uint64_t i_ = 0;
+};
+
+}  // namespace detail
+
+struct from_range_t {
+  template <std::ranges::random_access_range R>
+    requires std::ranges::sized_range<R>
+  auto operator()(R&& r) const {
+    return detail::range_source<std::remove_cvref_t<R>>(std::forward<R>(r));
+  }
+};
+inline constexpr from_range_t from_range{};
+
+}  // namespace ferry

@@ -1,0 +1,362 @@
+// ferry/stages/batch.hpp: batch(n, {.drop_remainder}) collates n elements into one
+// contiguous buffer per field.
+//
+//   src | ferry::batch(256)                              // last batch may be short
+//   src | ferry::batch(256, {.drop_remainder = true})    // every batch has 256 elements
+//
+// Collation: an element of a trivially-copyable type T (a struct, a number, a std::array)
+// becomes one array of T; a std::tuple / std::pair of fields becomes one array per field;
+// a field that is a contiguous range of trivially-copyable values (std::vector<float>,
+// std::string, std::span<const std::byte>, a record view) becomes a ragged field: one
+// contiguous value buffer plus n+1 offsets. Fixed-size fields are written straight into
+// their buffer as elements arrive (no per-element allocation, no second copy).
+//
+// Buffers come from a std::pmr::memory_resource, by default a buffer_pool private to the
+// stage, so batches in steady state reuse the same memory. The hook
+// set_buffer_resource(r) (called by distribute() before the first next()) makes batch
+// collate into pinned memory instead, without the user changing the pipeline.
+//
+// Throws config_error for n == 0. Runs on the thread calling next(); upstream errors
+// propagate unchanged.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/source.hpp"
+
+namespace ferry {
+
+// The n+1 offsets and contiguous values of a ragged field: element i is
+// values[offsets[i] .. offsets[i+1]).
+template <class E>
+struct ragged_view {
+  std::span<const E> values;
+  std::span<const std::uint64_t> offsets;
+  std::size_t size() const { return offsets.empty() ? 0 : offsets.size() - 1; }
+  std::span<const E> operator[](std::size_t i) const {
+    return values.subspan(offsets[i], offsets[i + 1] - offsets[i]);
+  }
+};
+
+namespace detail {
+
+template <class T>
+struct is_std_array : std::false_type {};
+template <class T, std::size_t N>
+struct is_std_array<std::array<T, N>> : std::true_type {};
+
+template <class T>
+concept ragged_field = std::ranges::contiguous_range<T> && std::ranges::sized_range<T> &&
+                       !is_std_array<T>::value &&
+                       std::is_trivially_copyable_v<std::ranges::range_value_t<T>>;
+
+template <class T>
+concept fixed_field = std::is_trivially_copyable_v<T> && !ragged_field<T>;
+
+template <class T>
+concept field_type = ragged_field<T> || fixed_field<T>;
+
+template <class T>
+struct field_list {
+  using type = std::tuple<T>;
+  static constexpr bool is_tuple = false;
+};
+template <class... Ts>
+struct field_list<std::tuple<Ts...>> {
+  using type = std::tuple<Ts...>;
+  static constexpr bool is_tuple = true;
+};
+template <class A, class B>
+struct field_list<std::pair<A, B>> {
+  using type = std::tuple<A, B>;
+  static constexpr bool is_tuple = true;
+};
+
+template <class T>
+concept batchable = []<std::size_t... I>(std::index_sequence<I...>) {
+  using fl = typename field_list<T>::type;
+  return (field_type<std::tuple_element_t<I, fl>> && ...);
+}(std::make_index_sequence<std::tuple_size_v<typename field_list<T>::type>>{});
+
+template <class F>
+struct field_traits {  // fixed
+  using element = F;
+  static constexpr bool ragged = false;
+};
+template <ragged_field F>
+struct field_traits<F> {
+  using element = std::ranges::range_value_t<F>;
+  static constexpr bool ragged = true;
+};
+
+template <std::size_t I, class T>
+decltype(auto) get_field(T& e) {
+  if constexpr (field_list<std::remove_cv_t<T>>::is_tuple)
+    return std::get<I>(e);
+  else
+    return (e);
+}
+
+}  // namespace detail
+
+// A collated batch of `size()` elements of T. Move-only; its buffers return to their pool
+// when it is destroyed.
+template <class T>
+class batch_of {
+  using fields = typename detail::field_list<T>::type;
+
+ public:
+  using element_type = T;
+  static constexpr std::size_t field_count = std::tuple_size_v<fields>;
+  template <std::size_t I>
+  using field_t = std::tuple_element_t<I, fields>;
+  template <std::size_t I>
+  static constexpr bool is_ragged = detail::field_traits<field_t<I>>::ragged;
+
+  batch_of() = default;
+
+  std::size_t size() const noexcept { return n_; }
+  bool empty() const noexcept { return n_ == 0; }
+
+  // Field I: a span of values (fixed fields) or a ragged_view (ragged fields).
+  template <std::size_t I = 0>
+  auto field() const {
+    using E = typename detail::field_traits<field_t<I>>::element;
+    if constexpr (is_ragged<I>) {
+      auto off = reinterpret_cast<const std::uint64_t*>(offsets_[I].data());
+      return ragged_view<E>{
+          std::span<const E>(reinterpret_cast<const E*>(data_[I].data()), n_ ? off[n_] : 0),
+          std::span<const std::uint64_t>(off, n_ ? n_ + 1 : 0)};
+    } else {
+      return std::span<const E>(reinterpret_cast<const E*>(data_[I].data()), n_);
+    }
+  }
+  template <std::size_t I = 0>
+    requires(!is_ragged<I>)
+  std::span<field_t<I>> field() {
+    return std::span<field_t<I>>(reinterpret_cast<field_t<I>*>(data_[I].data()), n_);
+  }
+
+  // Element i of a single-field batch: the value (fixed) or a span of its values (ragged).
+  decltype(auto) operator[](std::size_t i) const
+    requires(field_count == 1)
+  {
+    return field<0>()[i];
+  }
+
+  // Raw view of field f's bytes for elements [first, first + count): what distribute()
+  // copies to a replica. Ragged fields give their values' bytes.
+  std::span<const std::byte> field_bytes(std::size_t f, std::size_t first, std::size_t count) const {
+    const std::size_t es = elem_bytes_[f];
+    if (!ragged_[f]) return {data_[f].data() + first * es, count * es};
+    auto off = reinterpret_cast<const std::uint64_t*>(offsets_[f].data());
+    return {data_[f].data() + off[first] * es, (off[first + count] - off[first]) * es};
+  }
+  std::span<const std::byte> field_bytes(std::size_t f) const { return field_bytes(f, 0, n_); }
+  // Bytes of one value of field f (for ragged fields: of one value inside an element).
+  std::size_t element_bytes(std::size_t f) const { return elem_bytes_[f]; }
+  bool field_is_ragged(std::size_t f) const { return ragged_[f]; }
+  // The buffer behind field f: to check where a batch lives (pinned, pooled).
+  const buffer& field_buffer(std::size_t f) const { return data_[f]; }
+  std::size_t payload_bytes() const {
+    std::size_t s = 0;
+    for (std::size_t f = 0; f < field_count; ++f) s += field_bytes(f).size();
+    return s;
+  }
+
+ private:
+  template <class>
+  friend struct batch_collator;
+
+  std::size_t n_ = 0;
+  std::array<buffer, field_count> data_;
+  std::array<buffer, field_count> offsets_;
+  std::array<std::size_t, field_count> elem_bytes_{};
+  std::array<bool, field_count> ragged_{};
+};
+
+// Builds batch_of<T> from elements; used by the batch stage and by tests that need a batch
+// without a pipeline. Not thread-safe; one per stage.
+template <class T>
+struct batch_collator {
+  static_assert(detail::batchable<T>,
+                "ferry::batch: each field must be trivially copyable (a struct, number or "
+                "std::array) or a contiguous range of trivially-copyable values "
+                "(std::vector<float>, std::string, std::span<const std::byte>); map "
+                "elements to such a type before batch()");
+  using B = batch_of<T>;
+  static constexpr std::size_t nf = B::field_count;
+  static constexpr bool all_fixed = []<std::size_t... I>(std::index_sequence<I...>) {
+    return (!B::template is_ragged<I> && ...);
+  }(std::make_index_sequence<nf>{});
+
+  // Fixed-only types: allocate for `capacity` elements, then put() each one in place.
+  B start(const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
+    B b;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((b.data_[I] = buffer(res, capacity * sizeof(typename B::template field_t<I>)),
+        b.elem_bytes_[I] = sizeof(typename B::template field_t<I>)),
+       ...);
+    }(std::make_index_sequence<nf>{});
+    return b;
+  }
+  void put(B& b, T& e) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((std::memcpy(b.data_[I].data() + b.n_ * sizeof(typename B::template field_t<I>),
+                    &detail::get_field<I>(e), sizeof(typename B::template field_t<I>))),
+       ...);
+    }(std::make_index_sequence<nf>{});
+    ++b.n_;
+  }
+
+  // Any types: all elements at hand, sizes known, one allocation per buffer.
+  B collate(const std::shared_ptr<std::pmr::memory_resource>& res, std::span<T> elems) const {
+    B b;
+    const std::size_t n = elems.size();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (collate_field<I>(b, res, elems), ...);
+    }(std::make_index_sequence<nf>{});
+    b.n_ = n;
+    return b;
+  }
+
+ private:
+  template <std::size_t I>
+  void collate_field(B& b, const std::shared_ptr<std::pmr::memory_resource>& res,
+                     std::span<T> elems) const {
+    using F = typename B::template field_t<I>;
+    const std::size_t n = elems.size();
+    if constexpr (B::template is_ragged<I>) {
+      using E = std::ranges::range_value_t<F>;
+      b.ragged_[I] = true;
+      b.elem_bytes_[I] = sizeof(E);
+      b.offsets_[I] = buffer(res, (n + 1) * sizeof(std::uint64_t));
+      auto* off = reinterpret_cast<std::uint64_t*>(b.offsets_[I].data());
+      off[0] = 0;
+      for (std::size_t i = 0; i < n; ++i)
+        off[i + 1] = off[i] + std::ranges::size(detail::get_field<I>(elems[i]));
+      b.data_[I] = buffer(res, off[n] * sizeof(E));
+      for (std::size_t i = 0; i < n; ++i) {
+        auto& r = detail::get_field<I>(elems[i]);
+        const std::size_t bytes = std::ranges::size(r) * sizeof(E);
+        if (bytes) std::memcpy(b.data_[I].data() + off[i] * sizeof(E), std::ranges::data(r), bytes);
+      }
+    } else {
+      b.elem_bytes_[I] = sizeof(F);
+      b.data_[I] = buffer(res, n * sizeof(F));
+      for (std::size_t i = 0; i < n; ++i)
+        std::memcpy(b.data_[I].data() + i * sizeof(F), &detail::get_field<I>(elems[i]), sizeof(F));
+    }
+  }
+};
+
+struct batch_options {
+  bool drop_remainder = false;  // drop a last batch with fewer than n elements
+  // Where batch buffers come from; null means a buffer_pool private to the stage.
+  std::shared_ptr<std::pmr::memory_resource> resource = nullptr;
+};
+
+namespace detail {
+
+template <source Up>
+class batch_source : public source_interface<batch_source<Up>> {
+  using T = value_t<Up>;
+
+ public:
+  using value_type = batch_of<T>;
+
+  batch_source(Up up, std::size_t n, batch_options o)
+      : up_(std::move(up)), n_(n), drop_(o.drop_remainder), res_(std::move(o.resource)) {
+    if (!res_) res_ = std::make_shared<buffer_pool>();
+  }
+
+  std::optional<value_type> next() {
+    if constexpr (batch_collator<T>::all_fixed) {
+      value_type b = collator_.start(res_, n_);
+      while (b.size() < n_) {
+        std::optional<T> e = up_.next();
+        if (!e) break;
+        collator_.put(b, *e);
+      }
+      if (b.empty() || (drop_ && b.size() < n_)) return std::nullopt;
+      return b;
+    } else {
+      hold_.clear();
+      while (hold_.size() < n_) {
+        std::optional<T> e = up_.next();
+        if (!e) break;
+        hold_.push_back(std::move(*e));
+      }
+      if (hold_.empty() || (drop_ && hold_.size() < n_)) return std::nullopt;
+      return collator_.collate(res_, std::span<T>(hold_));
+    }
+  }
+
+  void rewind()
+    requires rewindable_source<Up>
+  {
+    up_.rewind();
+  }
+  void save(state_writer& w) const
+    requires resumable_source<Up>
+  {
+    up_.save(w);
+    w.tag("batch");
+  }
+  void restore(state_reader& r)
+    requires resumable_source<Up>
+  {
+    up_.restore(r);
+    r.expect("batch");
+  }
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    res_ = r;
+    return true;
+  }
+  std::size_t batch_size() const { return n_; }
+  bool drops_remainder() const { return drop_; }
+  Up& upstream() { return up_; }
+
+ private:
+  Up up_;
+  std::size_t n_;
+  bool drop_;
+  std::shared_ptr<std::pmr::memory_resource> res_;
+  batch_collator<T> collator_;
+  std::vector<T> hold_;  // ragged types only; capacity reused batch to batch
+};
+
+inline void check_batch_args(std::size_t n) {
+  if (n == 0) throw config_error("batch: the batch size must be at least 1 (got 0)");
+}
+
+}  // namespace detail
+
+struct batch_t {
+  template <source S>
+  auto operator()(S&& s, std::size_t n, batch_options o = {}) const {
+    detail::require_rvalue_source<S>();
+    detail::check_batch_args(n);
+    return detail::batch_source<std::remove_cvref_t<S>>(std::forward<S>(s), n, std::move(o));
+  }
+  auto operator()(std::size_t n, batch_options o = {}) const {
+    detail::check_batch_args(n);
+    return make_closure([n, o]<class S>(S&& s) { return batch_t{}(std::forward<S>(s), n, o); });
+  }
+};
+inline constexpr batch_t batch{};
+
+}  // namespace ferry

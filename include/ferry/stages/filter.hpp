@@ -1,0 +1,72 @@
+// ferry/stages/filter.hpp: filter(pred) keeps the elements for which pred(element) is true.
+//
+//   src | ferry::filter([](const rec& r) { return r.label != 0; })
+//
+// pred runs on the thread that calls next() (a map or prefetch worker when those sit
+// downstream). Exceptions from pred propagate unchanged. Throws nothing itself.
+#pragma once
+
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "ferry/memory/buffer.hpp"
+#include "ferry/source.hpp"
+
+namespace ferry {
+namespace detail {
+
+template <source Up, class P>
+class filter_source : public source_interface<filter_source<Up, P>> {
+ public:
+  using value_type = value_t<Up>;
+  filter_source(Up up, P p) : up_(std::move(up)), p_(std::move(p)) {}
+
+  std::optional<value_type> next() {
+    while (std::optional<value_type> e = up_.next())
+      if (p_(std::as_const(*e))) return e;
+    return std::nullopt;
+  }
+  void rewind()
+    requires rewindable_source<Up>
+  {
+    up_.rewind();
+  }
+  void save(state_writer& w) const
+    requires resumable_source<Up>
+  {
+    up_.save(w);
+    w.tag("filter");
+  }
+  void restore(state_reader& r)
+    requires resumable_source<Up>
+  {
+    up_.restore(r);
+    r.expect("filter");
+  }
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    return forward_buffer_resource(up_, r);
+  }
+
+ private:
+  Up up_;
+  P p_;
+};
+
+}  // namespace detail
+
+struct filter_t {
+  template <source S, class P>
+    requires std::predicate<P&, const value_t<S>&>
+  auto operator()(S&& s, P p) const {
+    detail::require_rvalue_source<S>();
+    return detail::filter_source<std::remove_cvref_t<S>, P>(std::forward<S>(s), std::move(p));
+  }
+  template <class P>
+  auto operator()(P p) const {
+    return make_closure([p]<class S>(S&& s) { return filter_t{}(std::forward<S>(s), p); });
+  }
+};
+inline constexpr filter_t filter{};
+
+}  // namespace ferry

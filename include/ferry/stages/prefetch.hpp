@@ -1,0 +1,203 @@
+// ferry/stages/prefetch.hpp: prefetch(depth) runs the upstream pipeline on its own thread,
+// keeping up to `depth` elements (usually batches) ready for the consumer.
+//
+//   ... | ferry::batch(256) | ferry::prefetch(2)
+//
+// Threads: one producer thread, started by the first next(); everything upstream (sources,
+// filter and batch, user functions of stages without their own threads) runs on it.
+// Memory: at most depth + 2 elements alive (depth queued, one being built, one held by
+// the consumer).
+// Errors: an exception thrown upstream is re-thrown, unchanged, by the consumer's next
+// next() call, after the elements produced before it; then the epoch is over.
+// Shutdown: the destructor (and rewind()) stops the producer and joins it at once, even
+// mid-epoch; it waits only for an upstream next() call already in progress.
+// Checkpoints: save() records the upstream position after the last element handed to the
+// consumer (captured by the producer with each element), so queued elements are re-read
+// after restore, never stored.
+// Throws config_error for depth == 0.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/source.hpp"
+
+namespace ferry {
+namespace detail {
+
+template <source Up>
+class prefetch_source : public source_interface<prefetch_source<Up>> {
+  using T = value_t<Up>;
+  static constexpr bool resumable = resumable_source<Up>;
+
+  struct item {
+    std::optional<T> value;
+    std::exception_ptr error;
+    pipeline_state state;  // upstream position after `value` (resumable upstreams only)
+  };
+  // Heap-allocated so the pipeline object can move while the thread runs.
+  struct core {
+    core(Up u, std::size_t d) : up(std::move(u)), depth(d) {}
+    Up up;
+    std::size_t depth;
+    std::mutex m;
+    std::condition_variable not_empty, not_full;
+    std::deque<item> q;
+    bool stop = false;
+  };
+
+ public:
+  using value_type = T;
+
+  prefetch_source(Up up, std::size_t depth)
+      : c_(std::make_unique<core>(std::move(up), depth)) {}
+  prefetch_source(prefetch_source&&) noexcept = default;
+  prefetch_source& operator=(prefetch_source&& o) noexcept {
+    if (this != &o) {
+      halt();
+      c_ = std::move(o.c_);
+      th_ = std::move(o.th_);
+      started_ = o.started_;
+      finished_ = o.finished_;
+      last_ = std::move(o.last_);
+    }
+    return *this;
+  }
+  ~prefetch_source() { halt(); }
+
+  std::optional<T> next() {
+    if (finished_) return std::nullopt;
+    if (!started_) start();
+    item it;
+    {
+      std::unique_lock lk(c_->m);
+      c_->not_empty.wait(lk, [&] { return !c_->q.empty(); });
+      it = std::move(c_->q.front());
+      c_->q.pop_front();
+    }
+    c_->not_full.notify_one();
+    if (it.error || !it.value) {
+      finished_ = true;
+      halt();
+      if (it.error) std::rethrow_exception(it.error);
+      if constexpr (resumable) last_ = std::move(it.state);
+      return std::nullopt;
+    }
+    if constexpr (resumable) last_ = std::move(it.state);
+    return std::move(it.value);
+  }
+
+  void rewind()
+    requires rewindable_source<Up>
+  {
+    halt();
+    c_->q.clear();
+    c_->stop = false;
+    started_ = finished_ = false;
+    c_->up.rewind();
+  }
+  void save(state_writer& w) const
+    requires resumable
+  {
+    if (started_)
+      w.put_words(last_.words);
+    else
+      c_->up.save(w);
+    w.tag("prefetch");
+  }
+  void restore(state_reader& r)
+    requires resumable
+  {
+    if (started_) throw config_error("prefetch: restore_state must come before the first next()");
+    c_->up.restore(r);
+    r.expect("prefetch");
+  }
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    return forward_buffer_resource(c_->up, r);
+  }
+
+ private:
+  void start() {
+    if constexpr (resumable) {
+      last_.words.clear();
+      state_writer w(last_);
+      c_->up.save(w);
+    }
+    started_ = true;
+    th_ = std::thread([c = c_.get()] { produce(*c); });
+  }
+
+  static void produce(core& c) {
+    for (;;) {
+      item it;
+      try {
+        it.value = c.up.next();
+        if constexpr (resumable) {
+          state_writer w(it.state);
+          c.up.save(w);
+        }
+      } catch (...) {
+        it.error = std::current_exception();
+      }
+      const bool last = it.error || !it.value;
+      {
+        std::unique_lock lk(c.m);
+        c.not_full.wait(lk, [&] { return c.stop || c.q.size() < c.depth; });
+        if (c.stop) return;
+        c.q.push_back(std::move(it));
+      }
+      c.not_empty.notify_one();
+      if (last) return;
+    }
+  }
+
+  void halt() noexcept {
+    if (!c_) return;
+    {
+      std::lock_guard lk(c_->m);
+      c_->stop = true;
+    }
+    c_->not_full.notify_all();
+    if (th_.joinable()) th_.join();
+  }
+
+  std::unique_ptr<core> c_;
+  std::thread th_;
+  bool started_ = false;
+  bool finished_ = false;
+  pipeline_state last_;  // upstream position after the last element handed out
+};
+
+}  // namespace detail
+
+struct prefetch_t {
+  template <source S>
+  auto operator()(S&& s, std::size_t depth) const {
+    detail::require_rvalue_source<S>();
+    check(depth);
+    return detail::prefetch_source<std::remove_cvref_t<S>>(std::forward<S>(s), depth);
+  }
+  auto operator()(std::size_t depth) const {
+    check(depth);
+    return make_closure([depth]<class S>(S&& s) { return prefetch_t{}(std::forward<S>(s), depth); });
+  }
+
+ private:
+  static void check(std::size_t depth) {
+    if (depth == 0)
+      throw config_error("prefetch: depth must be at least 1 (got 0); drop the stage to run inline");
+  }
+};
+inline constexpr prefetch_t prefetch{};
+
+}  // namespace ferry

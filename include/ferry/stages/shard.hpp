@@ -1,0 +1,122 @@
+// ferry/stages/shard.hpp: shard(count, index) keeps one of `count` disjoint parts.
+//
+//   from_files(paths, fmt) | ferry::shard(world, rank)          // splits FILES: no wasted reads
+//   src | ferry::shard(4, 1)                                    // splits ELEMENTS round-robin
+//   from_files(...) | ferry::shard(8, i, ferry::by_element)     // elements, even after files
+//
+// Directly after a source that can split its files (it has shard_files(count, index)),
+// shard splits files: file j goes to shard j % count (tf.data's AutoShardPolicy.FILE).
+// Elsewhere, or when asked for element level, element k goes to shard k % count
+// (AutoShardPolicy.DATA): every element reaches exactly one shard.
+//
+// Throws config_error when count == 0 or index >= count, and (from the file source) when
+// file-level sharding has more shards than files: pass ferry::by_element then.
+// Runs on the calling thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/source.hpp"
+
+namespace ferry {
+
+// Tag: split elements round-robin even directly after a file source (when there are
+// fewer files than shards, or files differ a lot in size).
+struct by_element_t {
+  explicit by_element_t() = default;
+};
+inline constexpr by_element_t by_element{};
+
+namespace detail {
+
+template <source Up>
+class shard_source : public source_interface<shard_source<Up>> {
+ public:
+  using value_type = value_t<Up>;
+  shard_source(Up up, std::uint64_t count, std::uint64_t index)
+      : up_(std::move(up)), count_(count), index_(index) {}
+
+  std::optional<value_type> next() {
+    while (std::optional<value_type> e = up_.next())
+      if (k_++ % count_ == index_) return e;
+    return std::nullopt;
+  }
+  void rewind()
+    requires rewindable_source<Up>
+  {
+    up_.rewind();
+    k_ = 0;
+  }
+  void save(state_writer& w) const
+    requires resumable_source<Up>
+  {
+    up_.save(w);
+    w.tag("shard");
+    w.put(k_);
+  }
+  void restore(state_reader& r)
+    requires resumable_source<Up>
+  {
+    up_.restore(r);
+    r.expect("shard");
+    k_ = r.get();
+  }
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    return forward_buffer_resource(up_, r);
+  }
+
+ private:
+  Up up_;
+  std::uint64_t count_, index_;
+  std::uint64_t k_ = 0;  // elements pulled from upstream this epoch
+};
+
+inline void check_shard_args(std::uint64_t count, std::uint64_t index) {
+  if (count == 0) throw config_error("shard: count must be at least 1 (got 0)");
+  if (index >= count)
+    throw config_error("shard: index must be in [0, count): got index " + std::to_string(index) +
+                       " with count " + std::to_string(count));
+}
+
+template <class S>
+concept file_shardable = requires(S&& s, std::uint64_t c) { std::move(s).shard_files(c, c); };
+
+}  // namespace detail
+
+struct shard_t {
+  template <source S>
+  auto operator()(S&& s, std::uint64_t count, std::uint64_t index) const {
+    detail::require_rvalue_source<S>();
+    detail::check_shard_args(count, index);
+    using U = std::remove_cvref_t<S>;
+    if constexpr (detail::file_shardable<U>)
+      return std::move(s).shard_files(count, index);
+    else
+      return detail::shard_source<U>(std::forward<S>(s), count, index);
+  }
+  template <source S>
+  auto operator()(S&& s, std::uint64_t count, std::uint64_t index, by_element_t) const {
+    detail::require_rvalue_source<S>();
+    detail::check_shard_args(count, index);
+    return detail::shard_source<std::remove_cvref_t<S>>(std::forward<S>(s), count, index);
+  }
+  auto operator()(std::uint64_t count, std::uint64_t index) const {
+    detail::check_shard_args(count, index);
+    return make_closure(
+        [count, index]<class S>(S&& s) { return shard_t{}(std::forward<S>(s), count, index); });
+  }
+  auto operator()(std::uint64_t count, std::uint64_t index, by_element_t tag) const {
+    detail::check_shard_args(count, index);
+    return make_closure([count, index, tag]<class S>(S&& s) {
+      return shard_t{}(std::forward<S>(s), count, index, tag);
+    });
+  }
+};
+inline constexpr shard_t shard{};
+
+}  // namespace ferry

@@ -1,0 +1,75 @@
+// ferry/stages/take.hpp: take(n) ends the epoch after n elements.
+//
+//   src | ferry::take(1000)
+//
+// Pulls at most n elements from upstream (never one more). Runs on the calling thread;
+// throws nothing itself.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <utility>
+
+#include "ferry/memory/buffer.hpp"
+#include "ferry/source.hpp"
+
+namespace ferry {
+namespace detail {
+
+template <source Up>
+class take_source : public source_interface<take_source<Up>> {
+ public:
+  using value_type = value_t<Up>;
+  take_source(Up up, std::uint64_t n) : up_(std::move(up)), n_(n) {}
+
+  std::optional<value_type> next() {
+    if (taken_ >= n_) return std::nullopt;
+    std::optional<value_type> e = up_.next();
+    if (e) ++taken_;
+    return e;
+  }
+  void rewind()
+    requires rewindable_source<Up>
+  {
+    up_.rewind();
+    taken_ = 0;
+  }
+  void save(state_writer& w) const
+    requires resumable_source<Up>
+  {
+    up_.save(w);
+    w.tag("take");
+    w.put(taken_);
+  }
+  void restore(state_reader& r)
+    requires resumable_source<Up>
+  {
+    up_.restore(r);
+    r.expect("take");
+    taken_ = r.get();
+  }
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    return forward_buffer_resource(up_, r);
+  }
+
+ private:
+  Up up_;
+  std::uint64_t n_;
+  std::uint64_t taken_ = 0;
+};
+
+}  // namespace detail
+
+struct take_t {
+  template <source S>
+  auto operator()(S&& s, std::uint64_t n) const {
+    detail::require_rvalue_source<S>();
+    return detail::take_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
+  }
+  auto operator()(std::uint64_t n) const {
+    return make_closure([n]<class S>(S&& s) { return take_t{}(std::forward<S>(s), n); });
+  }
+};
+inline constexpr take_t take{};
+
+}  // namespace ferry

@@ -1,0 +1,106 @@
+// batch: collation into one contiguous buffer per field; batch then unbatch is the
+// identity; buffers are recycled.
+#include <doctest/doctest.h>
+
+#include <array>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/ferry.hpp"
+
+using ferry_test::drain;
+
+namespace {
+struct pixel {
+  float r, g, b;
+  int label;
+  bool operator==(const pixel&) const = default;
+};
+}  // namespace
+
+TEST_CASE("batch then unbatch is the identity for a trivially-copyable struct") {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    ferry::detail::splitmix64 g(seed);
+    std::vector<pixel> v(g.below(200));
+    for (auto& p : v) p = {float(g.below(100)), float(g.below(100)), 0.5f, int(g.below(10))};
+    const std::size_t n = 1 + g.below(17);
+    for (bool drop : {false, true}) {
+      auto p = ferry::from_range(v) | ferry::batch(n, {.drop_remainder = drop});
+      std::vector<pixel> back;
+      std::size_t batches = 0;
+      for (auto& b : p) {
+        ++batches;
+        CHECK((b.size() == n || (!drop && b.size() < n)));
+        auto vals = b.field();
+        // One contiguous array of the struct.
+        CHECK(reinterpret_cast<const std::byte*>(vals.data()) == b.field_bytes(0).data());
+        back.insert(back.end(), vals.begin(), vals.end());
+      }
+      const std::size_t kept = drop ? v.size() / n * n : v.size();
+      CHECK(batches == (drop ? v.size() / n : (v.size() + n - 1) / n));
+      CHECK(back == std::vector<pixel>(v.begin(), v.begin() + kept));
+    }
+  }
+}
+
+TEST_CASE("a tuple of fields gets one contiguous buffer per field") {
+  using elem = std::tuple<std::array<float, 4>, std::int32_t>;
+  std::vector<elem> v;
+  for (int i = 0; i < 10; ++i) v.push_back({{float(i), float(i) + 0.25f, -1.f, 2.f}, i * 10});
+  auto p = ferry::from_range(v) | ferry::batch(4);
+  std::vector<elem> back;
+  for (auto& b : p) {
+    static_assert(ferry::batch_of<elem>::field_count == 2);
+    auto xs = b.field<0>();
+    auto ys = b.field<1>();
+    CHECK(b.field_bytes(0).size() == b.size() * 16);
+    CHECK(b.field_bytes(1).size() == b.size() * 4);
+    CHECK(reinterpret_cast<std::uintptr_t>(xs.data()) % ferry::buffer_alignment == 0);
+    for (std::size_t i = 0; i < b.size(); ++i) back.push_back({xs[i], ys[i]});
+  }
+  CHECK(back == v);
+}
+
+TEST_CASE("ragged fields: values in one buffer plus n+1 offsets") {
+  for (std::uint64_t seed = 1; seed <= 10; ++seed) {
+    ferry::detail::splitmix64 g(seed);
+    std::vector<std::tuple<std::string, int>> v;
+    for (int i = 0, n = int(g.below(60)); i < n; ++i)
+      v.push_back({std::string(g.below(20), char('a' + g.below(26))), i});
+    auto p = ferry::from_range(v) | ferry::batch(1 + g.below(8));
+    std::vector<std::tuple<std::string, int>> back;
+    for (auto& b : p) {
+      auto strs = b.field<0>();
+      auto ids = b.field<1>();
+      CHECK(strs.offsets.size() == b.size() + 1);
+      CHECK(strs.values.size() == strs.offsets.back());
+      for (std::size_t i = 0; i < b.size(); ++i)
+        back.push_back({std::string(strs[i].begin(), strs[i].end()), ids[i]});
+    }
+    CHECK(back == v);
+  }
+}
+
+TEST_CASE("batch buffers are recycled: the pool stops allocating after warm-up") {
+  auto pool = std::make_shared<ferry::buffer_pool>();
+  auto p = ferry::from_generator(10'000, [](std::uint64_t i) { return std::array<float, 16>{float(i)}; }) |
+           ferry::batch(100, {.resource = pool});
+  std::uint64_t after_warmup = 0;
+  int k = 0;
+  for (auto& b : p) {
+    CHECK(b.field()[0][0] == float(k * 100));
+    if (++k == 3) after_warmup = pool->statistics().upstream_allocations;
+  }
+  CHECK(k == 100);
+  CHECK(after_warmup <= 2);
+  CHECK(pool->statistics().upstream_allocations == after_warmup);
+  CHECK(pool->statistics().reuses >= 95);
+  CHECK(pool->statistics().outstanding_bytes == 0);
+}
+
+TEST_CASE("batch(0) is a config error") {
+  CHECK_THROWS_WITH_AS(ferry::batch(0), doctest::Contains("at least 1"), ferry::config_error);
+  CHECK_THROWS_AS(ferry::batch(ferry::from_range(std::vector<int>{1}), 0), ferry::config_error);
+}

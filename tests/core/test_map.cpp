@@ -1,0 +1,159 @@
+// map: ordered parallel map equals sequential map; errors reach the consumer at their
+// element; destruction mid-epoch joins every thread.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <numeric>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/ferry.hpp"
+
+using namespace std::chrono_literals;
+using ferry_test::drain;
+using ferry_test::watchdog;
+
+namespace {
+std::uint64_t work(std::uint64_t x) {
+  // Uneven cost, so workers finish out of order.
+  std::uint64_t h = x;
+  for (std::uint64_t i = 0; i < (x % 7) * 200; ++i) h = h * 6364136223846793005ull + 1442695040888963407ull;
+  return x * 1000003 + (h & 1);
+}
+}  // namespace
+
+TEST_CASE("ordered parallel map equals sequential map" * doctest::timeout(60)) {
+  watchdog w(60s);
+  for (std::size_t n : {0, 1, 7, 100, 1000}) {
+    std::vector<std::uint64_t> expect(n);
+    for (std::size_t i = 0; i < n; ++i) expect[i] = work(i);
+    for (std::size_t workers : {1, 2, 3, 8})
+      for (std::size_t window : {0, 1, 5, 64}) {
+        CAPTURE(n);
+        CAPTURE(workers);
+        CAPTURE(window);
+        auto p = ferry::from_generator(n, [](std::uint64_t i) { return i; }) |
+                 ferry::map(work, {.workers = workers, .window = window});
+        CHECK(drain(p) == expect);
+      }
+  }
+}
+
+TEST_CASE("unordered parallel map yields a permutation of the mapped elements" * doctest::timeout(60)) {
+  watchdog w(60s);
+  for (std::size_t workers : {2, 4}) {
+    auto p = ferry::from_generator(2000, [](std::uint64_t i) { return i; }) |
+             ferry::map(work, {.workers = workers, .ordered = false});
+    auto got = drain(p);
+    std::vector<std::uint64_t> expect(2000);
+    for (std::size_t i = 0; i < 2000; ++i) expect[i] = work(i);
+    std::sort(got.begin(), got.end());
+    std::sort(expect.begin(), expect.end());
+    CHECK(got == expect);
+  }
+}
+
+TEST_CASE("an exception in fn reaches the consumer at its element, original kept" * doctest::timeout(60)) {
+  watchdog w(60s);
+  struct boom : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  for (std::size_t workers : {1, 2, 4}) {
+    for (std::uint64_t k : {0, 1, 17, 99}) {
+      CAPTURE(workers);
+      CAPTURE(k);
+      auto p = ferry::from_generator(100, [](std::uint64_t i) { return i; }) |
+               ferry::map(
+                   [k](std::uint64_t x) {
+                     if (x == k) throw boom("bad element " + std::to_string(x));
+                     return x;
+                   },
+                   {.workers = workers});
+      std::vector<std::uint64_t> before;
+      bool threw = false;
+      try {
+        while (auto e = p.next()) before.push_back(*e);
+      } catch (const ferry::element_error& e) {
+        threw = true;
+        CHECK(e.element() == k);
+        CHECK(std::string(e.what()).find("element " + std::to_string(k)) != std::string::npos);
+        bool nested_is_boom = false;
+        try {
+          std::rethrow_if_nested(e);
+        } catch (const boom& b) {
+          nested_is_boom = std::string(b.what()) == "bad element " + std::to_string(k);
+        }
+        CHECK(nested_is_boom);
+      }
+      CHECK(threw);
+      std::vector<std::uint64_t> expect(k);
+      std::iota(expect.begin(), expect.end(), 0);
+      CHECK(before == expect);
+      // A consumer that catches may go on: the rest of the epoch is intact.
+      auto rest = drain(p);
+      std::vector<std::uint64_t> expect_rest(100 - k - 1);
+      std::iota(expect_rest.begin(), expect_rest.end(), k + 1);
+      CHECK(rest == expect_rest);
+    }
+  }
+}
+
+TEST_CASE("an upstream exception reaches the consumer unchanged and ends the epoch" * doctest::timeout(60)) {
+  watchdog w(60s);
+  for (std::size_t workers : {1, 3}) {
+    auto p = ferry_test::throwing_source(50, 20) | ferry::map([](std::uint64_t x) { return x; }, {.workers = workers});
+    std::size_t got = 0;
+    CHECK_THROWS_WITH_AS(
+        [&] {
+          while (p.next()) ++got;
+        }(),
+        "source failed at 20", std::runtime_error);
+    CHECK(got == 20);
+  }
+}
+
+TEST_CASE("destroying a parallel map mid-epoch joins its workers promptly" * doctest::timeout(30)) {
+  watchdog w(30s);
+  std::atomic<int> running{0};
+  {
+    auto p = ferry::from_generator(1'000'000, [](std::uint64_t i) { return i; }) |
+             ferry::map(
+                 [&](std::uint64_t x) {
+                   ++running;
+                   std::this_thread::yield();
+                   --running;
+                   return x;
+                 },
+                 {.workers = 4});
+    for (int i = 0; i < 100; ++i) REQUIRE(p.next());
+  }  // destructor: stop and join
+  CHECK(running == 0);
+}
+
+TEST_CASE("parallel map reads at most `window` elements ahead of the consumer" * doctest::timeout(30)) {
+  watchdog w(30s);
+  ferry_test::gated_source g(1000);
+  auto gate = g.control();
+  gate.open(1000);
+  auto calls = std::make_shared<std::atomic<std::uint64_t>>(0);
+  auto p = std::move(g) | ferry::map(
+                              [calls](std::uint64_t x) {
+                                ++*calls;
+                                return x;
+                              },
+                              {.workers = 3, .window = 6});
+  for (int i = 0; i < 10; ++i) REQUIRE(p.next());
+  // Workers stop when the window is full: at most 10 handed out + 6 in flight.
+  for (int spin = 0; spin < 1000 && *calls < 16; ++spin) std::this_thread::yield();
+  CHECK(*calls <= 16);
+}
+
+TEST_CASE("bad map arguments are config errors") {
+  CHECK_THROWS_AS(ferry::map([](int x) { return x; }, {.workers = 0}), ferry::config_error);
+  CHECK_THROWS_WITH(ferry::map([](int x) { return x; }, {.workers = 0}),
+                    doctest::Contains("workers must be at least 1"));
+}

@@ -1,0 +1,94 @@
+// The source concept, the pipe operator, closures, laziness and range-for.
+#include <doctest/doctest.h>
+
+#include <numeric>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/ferry.hpp"
+
+using ferry_test::counting_source;
+using ferry_test::drain;
+
+static_assert(ferry::source<counting_source>);
+static_assert(ferry::resumable_source<counting_source>);
+static_assert(ferry::rewindable_source<counting_source>);
+static_assert(!ferry::source<int>);
+static_assert(!ferry::source<std::vector<int>>);
+
+TEST_CASE("nothing runs until the first next()") {
+  counting_source src(100);
+  auto calls = src.calls();
+  auto p = std::move(src) | ferry::map([](std::uint64_t x) { return x + 1; }) |
+           ferry::filter([](std::uint64_t x) { return x % 2 == 0; }) | ferry::batch(8);
+  CHECK(*calls == 0);
+  auto b = p.next();
+  REQUIRE(b);
+  CHECK(b->size() == 8);
+  // 8 even values of x+1 need exactly 16 upstream elements: nothing read ahead.
+  CHECK(*calls == 16);
+}
+
+TEST_CASE("a closure chain is a reusable value") {
+  auto prep = ferry::map([](int x) { return x * 3; }) | ferry::filter([](int x) { return x % 2 == 1; }) |
+              ferry::take(4);
+  for (int start : {0, 1}) {
+    std::vector<int> v(20);
+    std::iota(v.begin(), v.end(), start);
+    auto p = ferry::from_range(v) | prep;
+    std::vector<int> expect;
+    for (int x : v)
+      if ((x * 3) % 2 == 1 && expect.size() < 4) expect.push_back(x * 3);
+    CHECK(drain(p) == expect);
+  }
+}
+
+TEST_CASE("call form and pipe form build the same pipeline") {
+  std::vector<int> v{5, 6, 7, 8, 9};
+  auto a = ferry::take(ferry::map(ferry::from_range(v), [](int x) { return -x; }), 3);
+  auto b = ferry::from_range(v) | ferry::map([](int x) { return -x; }) | ferry::take(3);
+  CHECK(drain(a) == drain(b));
+}
+
+TEST_CASE("range-for over a pipeline, and ferry::iterate over a user source") {
+  int sum = 0;
+  for (int x : ferry::from_range(std::vector<int>{1, 2, 3, 4})) sum += x;
+  CHECK(sum == 10);
+  counting_source src(5);
+  std::uint64_t s2 = 0;
+  for (auto x : ferry::iterate(src)) s2 += x;
+  CHECK(s2 == 10);
+}
+
+TEST_CASE("after the end a pipeline keeps returning empty, and rewind starts again") {
+  auto p = ferry::from_range(std::vector<int>{1, 2}) | ferry::map([](int x) { return x; });
+  CHECK(drain(p).size() == 2);
+  CHECK_FALSE(p.next());
+  CHECK_FALSE(p.next());
+  p.rewind();
+  CHECK(drain(p) == std::vector<int>{1, 2});
+}
+
+TEST_CASE("from_generator: bounded and open-ended") {
+  auto a = ferry::from_generator(4, [](std::uint64_t i) { return int(i * i); });
+  CHECK(drain(a) == std::vector<int>{0, 1, 4, 9});
+  auto b = ferry::from_generator([](std::uint64_t i) -> std::optional<int> {
+    if (i == 3) return std::nullopt;
+    return int(i);
+  });
+  CHECK(drain(b) == std::vector<int>{0, 1, 2});
+}
+
+TEST_CASE("filter keeps exactly the elements the predicate accepts") {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    ferry::detail::splitmix64 g(seed);
+    std::vector<std::uint64_t> v(g.below(300));
+    for (auto& x : v) x = g();
+    const std::uint64_t m = 1 + g.below(5);
+    auto p = ferry::from_range(v) | ferry::filter([m](std::uint64_t x) { return x % m == 0; });
+    std::vector<std::uint64_t> expect;
+    for (auto x : v)
+      if (x % m == 0) expect.push_back(x);
+    CHECK(drain(p) == expect);
+  }
+}

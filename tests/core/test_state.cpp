@@ -1,0 +1,133 @@
+// Iterator state: stop after k elements, restore a fresh pipeline from the saved state,
+// and the rest equals an uninterrupted run. Swept over k and over pipeline shapes.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <functional>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/ferry.hpp"
+
+using namespace std::chrono_literals;
+using ferry_test::drain;
+using ferry_test::watchdog;
+
+namespace {
+
+std::uint64_t mix(std::uint64_t x) { return x * 0x9e3779b97f4a7c15ull ^ (x >> 7); }
+
+// Flattens batches so every shape yields a vector of numbers to compare.
+template <class T>
+void flatten(std::vector<std::uint64_t>& out, const T& e) {
+  if constexpr (requires { e.field(); })
+    for (auto x : e.field()) out.push_back(x);
+  else
+    out.push_back(e);
+}
+
+// Runs make() to the end; then for each k: k elements, save, restore into a fresh
+// make(), drain; the concatenation must equal the uninterrupted run.
+template <class Make>
+void check_resume(Make make, std::vector<std::size_t> ks) {
+  std::vector<std::uint64_t> ref;
+  std::size_t total = 0;
+  {
+    auto p = make();
+    while (auto e = p.next()) {
+      flatten(ref, *e);
+      ++total;
+    }
+  }
+  for (std::size_t k : ks) {
+    if (k > total) continue;
+    CAPTURE(k);
+    std::vector<std::uint64_t> got;
+    ferry::pipeline_state st;
+    {
+      auto p = make();
+      for (std::size_t i = 0; i < k; ++i) {
+        auto e = p.next();
+        REQUIRE(e);
+        flatten(got, *e);
+      }
+      st = ferry::save_state(p);
+    }
+    // Through bytes, as a checkpoint file would.
+    auto st2 = ferry::pipeline_state::from_bytes(st.to_bytes());
+    CHECK(st2 == st);
+    auto q = make();
+    ferry::restore_state(q, st2);
+    while (auto e = q.next()) flatten(got, *e);
+    CHECK(got == ref);
+  }
+}
+
+std::vector<std::size_t> ks{0, 1, 2, 5, 13, 63, 64, 65, 100, 299, 300, 1000};
+
+}  // namespace
+
+TEST_CASE("resume is exact: sources and stateless stages") {
+  check_resume([] { return ferry::from_generator(300, [](std::uint64_t i) { return mix(i); }); }, ks);
+  check_resume(
+      [] {
+        return ferry::from_generator(600, [](std::uint64_t i) { return i; }) |
+               ferry::filter([](std::uint64_t x) { return mix(x) % 3 != 0; }) | ferry::shard(3, 1) |
+               ferry::take(150);
+      },
+      ks);
+}
+
+TEST_CASE("resume is exact: shuffle across windows and epochs") {
+  check_resume(
+      [] { return ferry::from_generator(300, [](std::uint64_t i) { return i; }) | ferry::shuffle(64, 5) | ferry::repeat(3); },
+      ks);
+}
+
+TEST_CASE("resume is exact: parallel map and prefetch mid-flight" * doctest::timeout(60)) {
+  watchdog w(60s);
+  for (std::size_t workers : {1, 3})
+    check_resume(
+        [workers] {
+          return ferry::from_generator(1000, [](std::uint64_t i) { return i; }) | ferry::shuffle(100, 9) |
+                 ferry::map([](std::uint64_t x) { return mix(x); }, {.workers = workers, .window = 8}) |
+                 ferry::prefetch(3);
+        },
+        ks);
+}
+
+TEST_CASE("resume is exact: batches of a shuffled, mapped, prefetched pipeline" * doctest::timeout(60)) {
+  watchdog w(60s);
+  check_resume(
+      [] {
+        return ferry::from_generator(2000, [](std::uint64_t i) { return i; }) | ferry::shuffle(128, 1) |
+               ferry::map([](std::uint64_t x) { return x ^ 0xff; }, {.workers = 2}) |
+               ferry::batch(16) | ferry::prefetch(2) | ferry::repeat(2);
+      },
+      {0, 1, 7, 8, 9, 124, 125, 200, 249, 250});
+}
+
+TEST_CASE("a state from another pipeline shape is refused") {
+  auto a = ferry::from_generator(10, [](std::uint64_t i) { return i; }) | ferry::shuffle(4, 1);
+  auto st = ferry::save_state(a);
+  auto b = ferry::from_generator(10, [](std::uint64_t i) { return i; }) | ferry::take(4);
+  CHECK_THROWS_WITH_AS(ferry::restore_state(b, st), doctest::Contains("another shape"), ferry::config_error);
+  auto c = ferry::from_generator(10, [](std::uint64_t i) { return i; });
+  CHECK_THROWS_AS(ferry::restore_state(c, st), ferry::config_error);
+  CHECK_THROWS_AS(ferry::pipeline_state::from_bytes("abc"), ferry::config_error);
+}
+
+TEST_CASE("an unordered parallel map refuses to save" * doctest::timeout(30)) {
+  watchdog w(30s);
+  auto p = ferry::from_generator(100, [](std::uint64_t i) { return i; }) |
+           ferry::map([](std::uint64_t x) { return x; }, {.workers = 2, .ordered = false});
+  REQUIRE(p.next());
+  CHECK_THROWS_AS(ferry::save_state(p), ferry::config_error);
+}
+
+TEST_CASE("a checkpoint stays small: positions, not buffers") {
+  auto p = ferry::from_generator(100000, [](std::uint64_t i) { return i; }) | ferry::shuffle(10000, 1) |
+           ferry::map([](std::uint64_t x) { return x; }) | ferry::batch(64);
+  for (int i = 0; i < 200; ++i) REQUIRE(p.next());
+  CHECK(ferry::save_state(p).words.size() < 16);
+}
