@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <iterator>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <utility>
 
@@ -42,6 +43,16 @@ concept resumable_source = source<S> &&
 
 template <source S>
 using value_t = typename std::remove_cvref_t<S>::value_type;
+
+// Optional fast path: next_bulk(out) fills `out` with the next elements, as out.size()
+// next() calls would, and returns how many it wrote (fewer only at the end of the epoch).
+// batch() uses it to have a source (and inline maps over it) write a whole batch into
+// its buffer in one call, so per-element pulling costs nothing for plain data.
+template <class S>
+concept bulk_source = source<S> &&
+    requires(std::remove_cvref_t<S>& s, std::span<value_t<S>> out) {
+      { s.next_bulk(out) } -> std::same_as<std::size_t>;
+    };
 
 // ---- range-for ------------------------------------------------------------------------
 

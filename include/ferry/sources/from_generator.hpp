@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <utility>
 
@@ -51,6 +52,19 @@ class generator_source : public source_interface<generator_source<F>> {
     } else {
       return std::optional<value_type>(f_(i_++));
     }
+  }
+  std::size_t next_bulk(std::span<value_type> out) {
+    std::size_t k = 0;
+    if constexpr (is_optional<result>::value) {
+      while (k < out.size())
+        if (auto v = next()) out[k++] = std::move(*v);
+        else break;
+    } else {
+      const std::uint64_t left = done_ ? 0 : count_ - i_;
+      const std::size_t n = out.size() < left ? out.size() : static_cast<std::size_t>(left);
+      for (; k < n; ++k) out[k] = f_(i_++);
+    }
+    return k;
   }
   void rewind() { i_ = 0; done_ = false; }
   void save(state_writer& w) const {

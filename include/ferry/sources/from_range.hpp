@@ -8,6 +8,7 @@
 // Runs on the thread that calls next(). Throws nothing itself.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <ranges>
@@ -28,6 +29,13 @@ class range_source : public source_interface<range_source<R>> {
   std::optional<value_type> next() {
     if (i_ >= static_cast<std::uint64_t>(std::ranges::size(r_))) return std::nullopt;
     return std::optional<value_type>(std::ranges::begin(r_)[i_++]);
+  }
+  std::size_t next_bulk(std::span<value_type> out) {
+    const std::uint64_t left = static_cast<std::uint64_t>(std::ranges::size(r_)) - i_;
+    const std::size_t n = out.size() < left ? out.size() : static_cast<std::size_t>(left);
+    std::copy_n(std::ranges::begin(r_) + i_, n, out.begin());
+    i_ += n;
+    return n;
   }
   void rewind() { i_ = 0; }
   void save(state_writer& w) const {

@@ -85,11 +85,15 @@ struct field_list<std::pair<A, B>> {
   static constexpr bool is_tuple = true;
 };
 
+// Struct specialisations rather than a lambda in a concept: nvcc 13 evaluates the latter
+// to false.
+template <class FL>
+struct all_fields_ok : std::false_type {};
+template <class... Fs>
+struct all_fields_ok<std::tuple<Fs...>> : std::bool_constant<(field_type<Fs> && ...)> {};
+
 template <class T>
-concept batchable = []<std::size_t... I>(std::index_sequence<I...>) {
-  using fl = typename field_list<T>::type;
-  return (field_type<std::tuple_element_t<I, fl>> && ...);
-}(std::make_index_sequence<std::tuple_size_v<typename field_list<T>::type>>{});
+concept batchable = all_fields_ok<typename field_list<T>::type>::value;
 
 template <class F>
 struct field_traits {  // fixed
@@ -101,6 +105,11 @@ struct field_traits<F> {
   using element = std::ranges::range_value_t<F>;
   static constexpr bool ragged = true;
 };
+
+template <class FL>
+struct no_ragged : std::false_type {};
+template <class... Fs>
+struct no_ragged<std::tuple<Fs...>> : std::bool_constant<(!field_traits<Fs>::ragged && ...)> {};
 
 template <std::size_t I, class T>
 decltype(auto) get_field(T& e) {
@@ -199,9 +208,7 @@ struct batch_collator {
                 "elements to such a type before batch()");
   using B = batch_of<T>;
   static constexpr std::size_t nf = B::field_count;
-  static constexpr bool all_fixed = []<std::size_t... I>(std::index_sequence<I...>) {
-    return (!B::template is_ragged<I> && ...);
-  }(std::make_index_sequence<nf>{});
+  static constexpr bool all_fixed = detail::no_ragged<typename detail::field_list<T>::type>::value;
 
   // Fixed-only types: allocate for `capacity` elements, then put() each one in place.
   B start(const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
@@ -212,6 +219,11 @@ struct batch_collator {
        ...);
     }(std::make_index_sequence<nf>{});
     return b;
+  }
+  void set_size(B& b, std::size_t n) const { b.n_ = n; }
+  // A single-field batch's whole buffer (capacity elements) as a span, to fill in place.
+  std::span<T> whole(B& b, std::size_t capacity) const {
+    return std::span<T>(reinterpret_cast<T*>(b.data_[0].data()), capacity);
   }
   void put(B& b, T& e) const {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -284,7 +296,15 @@ class batch_source : public source_interface<batch_source<Up>> {
   }
 
   std::optional<value_type> next() {
-    if constexpr (batch_collator<T>::all_fixed) {
+    if constexpr (bulk_source<Up> && batch_collator<T>::all_fixed && value_type::field_count == 1 &&
+                  !field_list<T>::is_tuple) {
+      // One call fills the batch buffer in place.
+      value_type b = collator_.start(res_, n_);
+      const std::size_t k = up_.next_bulk(collator_.whole(b, n_));
+      collator_.set_size(b, k);
+      if (k == 0 || (drop_ && k < n_)) return std::nullopt;
+      return b;
+    } else if constexpr (batch_collator<T>::all_fixed) {
       value_type b = collator_.start(res_, n_);
       while (b.size() < n_) {
         std::optional<T> e = up_.next();

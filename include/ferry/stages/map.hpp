@@ -104,6 +104,7 @@ class map_source : public source_interface<map_source<Up, F>> {
       started_ = o.started_;
       skip_ = o.skip_;
       base_ = o.base_;
+      scratch_ = std::move(o.scratch_);
     }
     return *this;
   }
@@ -141,6 +142,41 @@ class map_source : public source_interface<map_source<Up, F>> {
       rethrow_element(s.error, "map", base_ + seq);
     }
     return std::move(s.value);
+  }
+
+  // Inline maps over a bulk upstream: pull a run of inputs, map them in one loop.
+  std::size_t next_bulk(std::span<Out> out)
+    requires bulk_source<Up>
+  {
+    if (o_.workers != 1) {
+      std::size_t k = 0;
+      while (k < out.size())
+        if (auto e = next()) out[k++] = std::move(*e);
+        else break;
+      return k;
+    }
+    skip_pending();
+    std::size_t n, i = 0;
+    if constexpr (std::is_same_v<In, Out>) {
+      n = c_->up.next_bulk(out);
+    } else {
+      scratch_.resize(out.size());
+      n = c_->up.next_bulk(std::span<In>(scratch_));
+    }
+    try {
+      if constexpr (std::is_same_v<In, Out>)  // map in place: no second pass
+        for (; i < n; ++i) out[i] = std::invoke(c_->fn, std::move(out[i]));
+      else
+        for (; i < n; ++i) out[i] = std::invoke(c_->fn, std::move(scratch_[i]));
+    } catch (...) {
+      // The run was pulled as one unit (a batch's worth): the error names the element,
+      // and a consumer that goes on continues after the run.
+      const std::uint64_t k = base_ + i;
+      base_ += n;
+      rethrow_element(std::current_exception(), "map", k);
+    }
+    base_ += n;
+    return n;
   }
 
   void rewind()
@@ -330,6 +366,7 @@ class map_source : public source_interface<map_source<Up, F>> {
   bool started_ = false;
   std::uint64_t skip_ = 0;  // upstream elements to re-read after restore
   std::uint64_t base_ = 0;  // epoch index of element seq 0 (inline: of the next element)
+  std::vector<In> scratch_;  // next_bulk's inputs, reused
 };
 
 inline void check_map_args(const map_options& o) {

@@ -17,6 +17,7 @@
 // Throws config_error for depth == 0.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -35,10 +36,19 @@
 namespace ferry {
 namespace detail {
 
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 template <source Up>
 class prefetch_source : public source_interface<prefetch_source<Up>> {
   using T = value_t<Up>;
   static constexpr bool resumable = resumable_source<Up>;
+  static constexpr int spin_iterations = 2000;  // a few microseconds of pause
 
   struct item {
     std::optional<T> value;
@@ -53,6 +63,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
     std::mutex m;
     std::condition_variable not_empty, not_full;
     std::deque<item> q;
+    std::atomic<std::size_t> queued{0};  // q.size(), readable without the lock
     bool stop = false;
   };
 
@@ -79,11 +90,16 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
     if (finished_) return std::nullopt;
     if (!started_) start();
     item it;
+    // A short spin before sleeping: when the producer is about to deliver, a futex
+    // sleep and wake would cost more than the wait itself (microseconds per batch).
+    for (int i = 0; i < spin_iterations && c_->queued.load(std::memory_order_acquire) == 0; ++i)
+      detail::cpu_relax();
     {
       std::unique_lock lk(c_->m);
       c_->not_empty.wait(lk, [&] { return !c_->q.empty(); });
       it = std::move(c_->q.front());
       c_->q.pop_front();
+      c_->queued.store(c_->q.size(), std::memory_order_release);
     }
     c_->not_full.notify_one();
     if (it.error || !it.value) {
@@ -102,6 +118,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
   {
     halt();
     c_->q.clear();
+    c_->queued = 0;
     c_->stop = false;
     started_ = finished_ = false;
     c_->up.rewind();
@@ -155,6 +172,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
         c.not_full.wait(lk, [&] { return c.stop || c.q.size() < c.depth; });
         if (c.stop) return;
         c.q.push_back(std::move(it));
+        c.queued.store(c.q.size(), std::memory_order_release);
       }
       c.not_empty.notify_one();
       if (last) return;

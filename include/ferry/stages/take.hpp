@@ -28,6 +28,14 @@ class take_source : public source_interface<take_source<Up>> {
     if (e) ++taken_;
     return e;
   }
+  std::size_t next_bulk(std::span<value_type> out)
+    requires bulk_source<Up>
+  {
+    const std::uint64_t left = n_ - taken_;
+    const std::size_t k = up_.next_bulk(out.first(out.size() < left ? out.size() : left));
+    taken_ += k;
+    return k;
+  }
   void rewind()
     requires rewindable_source<Up>
   {
