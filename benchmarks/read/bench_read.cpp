@@ -1,0 +1,120 @@
+// Read throughput of from_files | batch against `cat` of the same files to /dev/null (the
+// page-cache read limit) and PyTorch's DataLoader (num_workers=2, same batch size) on the
+// same records, all in one run. Prints a table, the ratios, and a JSON line.
+//
+// Usage: bench_read [MiB per format, default 256] [record bytes, default 1024] [python3]
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ferry/sources/detail/crc32c.hpp"
+#include "ferry/sources/from_files.hpp"
+#include "ferry/stages/batch.hpp"
+
+namespace {
+double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+
+std::string le(std::uint64_t v, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += static_cast<char>(v >> (8 * i));
+  return s;
+}
+
+template <class F>
+double best_of(int reps, F&& f) {
+  double best = 1e100;
+  for (int i = 0; i < reps; ++i) {
+    const double t0 = now();
+    f();
+    best = std::min(best, now() - t0);
+  }
+  return best;
+}
+
+double cat_seconds(const std::vector<std::string>& files) {
+  std::string cmd = "cat";
+  for (auto& f : files) cmd += " '" + f + "'";
+  cmd += " > /dev/null";
+  return best_of(3, [&] {
+    if (std::system(cmd.c_str()) != 0) std::fprintf(stderr, "cat failed\n");
+  });
+}
+
+std::uint64_t ferry_read(const std::vector<std::string>& files, ferry::file_format fmt, std::size_t batch) {
+  std::uint64_t n = 0;
+  auto p = ferry::from_files(files, fmt) | ferry::batch(batch);
+  while (auto b = p.next()) n += b->size();
+  return n;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::size_t mib = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 256;
+  const std::size_t rec = argc > 2 ? std::strtoul(argv[2], nullptr, 10) : 1024;
+  const std::string py = argc > 3 ? argv[3] : "/usr/bin/python3";
+  const std::size_t batch = 256, nfiles = 4;
+  const std::size_t per_file = mib * (1u << 20) / nfiles / rec;
+  char tmpl[] = "/tmp/ferry-bench-XXXXXX";
+  const std::string dir = ::mkdtemp(tmpl);
+  std::vector<std::string> fixed, tf;
+  std::mt19937_64 g(1);
+  std::string r(rec, '\0');
+  for (std::size_t f = 0; f < nfiles; ++f) {
+    fixed.push_back(dir + "/f" + std::to_string(f) + ".bin");
+    tf.push_back(dir + "/f" + std::to_string(f) + ".tfrecord");
+    std::ofstream a(fixed.back(), std::ios::binary), b(tf.back(), std::ios::binary);
+    namespace c = ferry::detail::crc32c;
+    const std::string len = le(rec, 8), lcrc = le(c::mask(c::value(len.data(), 8)), 4);
+    for (std::size_t i = 0; i < per_file; ++i) {
+      for (auto& ch : r) ch = static_cast<char>(g());
+      a.write(r.data(), static_cast<std::streamsize>(r.size()));
+      b << len << lcrc << r << le(c::mask(c::value(r.data(), r.size())), 4);
+    }
+  }
+  const double records = double(per_file * nfiles);
+  std::uint64_t got = 0;
+  cat_seconds(fixed), cat_seconds(tf);  // warm the page cache
+  const double cat_fixed = cat_seconds(fixed), cat_tf = cat_seconds(tf);
+  const double t_fixed = best_of(3, [&] { got = ferry_read(fixed, ferry::fixed_length{.record_bytes = rec}, batch); });
+  const bool ok_fixed = got == per_file * nfiles;
+  const double t_tf = best_of(3, [&] { got = ferry_read(tf, ferry::tfrecord{}, batch); });
+  const bool ok_tf = got == per_file * nfiles;
+
+  // PyTorch's DataLoader on the same fixed-length records (a bounded sample: it is slow).
+  double torch_rps = 0;
+  {
+    std::string cmd = py + " " + std::string(FERRY_BENCH_DIR) + "/torch_baseline.py " + std::to_string(rec) + " " +
+                      std::to_string(batch) + " " + std::to_string(std::min<std::size_t>(per_file * nfiles, 200000));
+    for (auto& f : fixed) cmd += " " + f;
+    if (FILE* p = ::popen(cmd.c_str(), "r")) {
+      if (std::fscanf(p, "%lf", &torch_rps) != 1) torch_rps = 0;
+      ::pclose(p);
+    }
+  }
+  const double bytes_fixed = records * rec, bytes_tf = records * (rec + 16);
+  std::printf("# read: %zu files, %.0f records of %zu bytes, batch %zu\n", nfiles, records, rec, batch);
+  std::printf("%-34s %12s %12s %14s %7s\n", "what", "time s", "GB/s", "records/s", "#wrong");
+  auto row = [](const char* w, double t, double b, double n, bool ok) {
+    std::printf("%-34s %12.4f %12.3f %14.0f %7d\n", w, t, b / t / 1e9, n / t, ok ? 0 : 1);
+  };
+  row("cat fixed > /dev/null", cat_fixed, bytes_fixed, records, true);
+  row("ferry fixed_length | batch", t_fixed, bytes_fixed, records, ok_fixed);
+  row("cat tfrecord > /dev/null", cat_tf, bytes_tf, records, true);
+  row("ferry tfrecord (CRC) | batch", t_tf, bytes_tf, records, ok_tf);
+  std::printf("%-34s %12s %12s %14.0f %7s\n", "pytorch DataLoader(num_workers=2)", "-", "-", torch_rps, torch_rps > 0 ? "0" : "n/a");
+  const double r_fixed = cat_fixed / t_fixed, r_tf = cat_tf / t_tf, r_torch = torch_rps > 0 ? (records / t_fixed) / torch_rps : 0;
+  std::printf("ratio fixed/cat: %.2f (target >= 0.8)\nratio tfrecord/cat: %.2f (target >= 0.7)\n", r_fixed, r_tf);
+  std::printf("ratio ferry/pytorch records/s: %.1f (target >= 20)\n", r_torch);
+  std::printf("{\"bench\":\"read\",\"record_bytes\":%zu,\"records\":%.0f,\"cat_fixed_s\":%.5f,\"ferry_fixed_s\":%.5f,"
+              "\"cat_tfrecord_s\":%.5f,\"ferry_tfrecord_s\":%.5f,\"torch_records_per_s\":%.0f,"
+              "\"ratio_fixed_cat\":%.3f,\"ratio_tfrecord_cat\":%.3f,\"ratio_torch\":%.2f}\n",
+              rec, records, cat_fixed, t_fixed, cat_tf, t_tf, torch_rps, r_fixed, r_tf, r_torch);
+  std::string rm = "rm -rf '" + dir + "'";
+  std::system(rm.c_str());
+  return ok_fixed && ok_tf ? 0 : 1;
+}

@@ -1,0 +1,336 @@
+// ferry/sources/detail/byte_stream.hpp: sequential reads of one file (plain or gzip/zlib)
+// into pooled chunks, so records can be handed out as views that own their chunk.
+//
+// A chunk is filled by large read(2) calls (or zlib inflate); a framer asks ensure(n) for
+// n contiguous bytes at the current position, builds a record from them and consume()s
+// it. When the bytes do not fit in the current chunk, a fresh chunk is taken from the
+// pool and only the unconsumed tail is copied over. Chunks are never written below the
+// fill mark once handed out, so records viewing an older part stay valid for as long as
+// they hold a reference; a chunk goes back to the pool when its last record is gone.
+// Memory is bounded: the stream holds one chunk; the rest are held by records downstream.
+//
+// Errors: io_error (open/read failures, with path and offset), format_error (corrupt or
+// truncated gzip stream, at the offset in the uncompressed stream). Single-threaded;
+// chunk_pool is thread-safe (records may die on any thread).
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "ferry/error.hpp"
+
+namespace ferry {
+
+// How a file is compressed. automatic: gzip/zlib when the name ends in ".gz", ".gzip" or
+// ".zlib", plain otherwise.
+enum class compression { automatic, none, gzip };
+
+namespace detail {
+
+struct chunk {
+  std::byte* data;
+  std::size_t capacity;
+};
+
+// Recycles read chunks of the default size; larger (one-off) chunks are freed.
+class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
+ public:
+  explicit chunk_pool(std::size_t chunk_bytes, std::size_t max_free = 8)
+      : bytes_(chunk_bytes), max_free_(max_free) {}
+  ~chunk_pool() {
+    for (chunk* c : free_) destroy(c);
+  }
+  std::size_t chunk_bytes() const { return bytes_; }
+
+  std::shared_ptr<chunk> acquire(std::size_t min_bytes) {
+    chunk* c = nullptr;
+    if (min_bytes <= bytes_) {
+      std::lock_guard lk(m_);
+      if (!free_.empty()) {
+        c = free_.back();
+        free_.pop_back();
+      }
+    }
+    if (!c) {
+      const std::size_t cap = std::max(min_bytes, bytes_);
+      c = new chunk{static_cast<std::byte*>(::operator new(cap, std::align_val_t{64})), cap};
+    }
+    std::weak_ptr<chunk_pool> home = weak_from_this();
+    return std::shared_ptr<chunk>(c, [home](chunk* p) {
+      if (auto pool = home.lock()) pool->give_back(p);
+      else destroy(p);
+    });
+  }
+  std::size_t free_chunks() const {
+    std::lock_guard lk(m_);
+    return free_.size();
+  }
+
+ private:
+  static void destroy(chunk* c) noexcept {
+    ::operator delete(c->data, std::align_val_t{64});
+    delete c;
+  }
+  void give_back(chunk* c) noexcept {
+    if (c->capacity == bytes_) {
+      std::lock_guard lk(m_);
+      if (free_.size() < max_free_) {
+        try {
+          free_.push_back(c);
+          return;
+        } catch (...) {
+        }
+      }
+    }
+    destroy(c);
+  }
+  std::size_t bytes_, max_free_;
+  mutable std::mutex m_;
+  std::vector<chunk*> free_;
+};
+
+inline bool name_says_compressed(const std::string& p) {
+  auto ends = [&](const char* s) {
+    const std::size_t n = std::strlen(s);
+    return p.size() >= n && p.compare(p.size() - n, n, s) == 0;
+  };
+  return ends(".gz") || ends(".gzip") || ends(".zlib") || ends(".GZ");
+}
+
+class byte_stream {
+ public:
+  byte_stream() = default;
+  byte_stream(const byte_stream&) = delete;
+  byte_stream& operator=(const byte_stream&) = delete;
+  byte_stream(byte_stream&& o) noexcept { *this = std::move(o); }
+  byte_stream& operator=(byte_stream&& o) noexcept {
+    if (this != &o) {
+      close();
+      pool_ = std::move(o.pool_);
+      path_ = std::move(o.path_);
+      fd_ = std::exchange(o.fd_, -1);
+      size_ = o.size_;
+      gz_ = o.gz_;
+      zs_ = o.zs_;
+      z_live_ = std::exchange(o.z_live_, false);
+      z_in_ = std::move(o.z_in_);
+      z_eof_in_ = o.z_eof_in_;
+      z_end_ = o.z_end_;
+      file_pos_ = o.file_pos_;
+      cur_ = std::move(o.cur_);
+      pos_ = o.pos_;
+      end_ = o.end_;
+      base_ = o.base_;
+      eof_ = o.eof_;
+    }
+    return *this;
+  }
+  ~byte_stream() { close(); }
+
+  void set_pool(std::shared_ptr<chunk_pool> p) { pool_ = std::move(p); }
+
+  // Throws io_error when the path cannot be opened, is a directory, or cannot be read.
+  void open(const std::string& path, compression c) {
+    close();
+    path_ = path;
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw io_error(path, 0, std::error_code(errno, std::generic_category()), "cannot open");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const int e = errno;
+      ::close(fd);
+      throw io_error(path, 0, std::error_code(e, std::generic_category()), "cannot stat");
+    }
+    if (S_ISDIR(st.st_mode)) {
+      ::close(fd);
+      throw io_error(path, 0, std::make_error_code(std::errc::is_a_directory), "cannot read");
+    }
+    fd_ = fd;
+#ifdef POSIX_FADV_SEQUENTIAL
+    ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
+#endif
+    gz_ = c == compression::gzip || (c == compression::automatic && name_says_compressed(path));
+    size_ = (S_ISREG(st.st_mode) && !gz_) ? std::optional<std::uint64_t>(st.st_size) : std::nullopt;
+    file_pos_ = 0;
+    base_ = 0;
+    pos_ = end_ = 0;
+    eof_ = false;
+    cur_.reset();
+    if (gz_) {
+      zs_ = z_stream{};
+      if (inflateInit2(&zs_, 15 + 32) != Z_OK)  // 15 + 32: gzip or zlib header, detected
+        throw io_error(path, 0, std::make_error_code(std::errc::not_enough_memory), "cannot start zlib");
+      z_live_ = true;
+      if (z_in_.size() != in_bytes) z_in_.assign(in_bytes, std::byte{});
+      zs_.avail_in = 0;
+      z_eof_in_ = false;
+      z_end_ = false;
+    }
+  }
+  void close() noexcept {
+    if (z_live_) inflateEnd(&zs_);
+    z_live_ = false;
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+    cur_.reset();
+    pos_ = end_ = 0;
+  }
+  bool is_open() const { return fd_ >= 0; }
+  const std::string& path() const { return path_; }
+  bool compressed() const { return gz_; }
+  // Size of the (uncompressed) stream when known: plain regular files only.
+  std::optional<std::uint64_t> size() const { return size_; }
+  // Offset of the current position in the (uncompressed) stream.
+  std::uint64_t offset() const { return base_ + pos_; }
+  const std::byte* data() const { return cur_ ? cur_->data + pos_ : nullptr; }
+  std::size_t available() const { return end_ - pos_; }
+  const std::shared_ptr<chunk>& current_chunk() const { return cur_; }
+  // True once the whole file has been read into the buffer (available() is all that's left).
+  bool at_eof() const { return eof_; }
+
+  // Makes n contiguous bytes available at data(); returns fewer only at the end of the file.
+  std::size_t ensure(std::size_t n) {
+    if (end_ - pos_ >= n) return n;
+    while (end_ - pos_ < n && !eof_) refill(n);
+    return std::min(n, end_ - pos_);
+  }
+  void consume(std::size_t n) { pos_ += n; }
+
+  // Moves to `target` in the (uncompressed) stream: lseek for plain files, inflate and
+  // discard for compressed ones (they can only be read sequentially).
+  void seek(std::uint64_t target) {
+    if (target == offset()) return;
+    if (!gz_) {
+      if (::lseek(fd_, static_cast<off_t>(target), SEEK_SET) < 0)
+        throw io_error(path_, target, std::error_code(errno, std::generic_category()), "cannot seek");
+      file_pos_ = target;
+      base_ = target;
+      pos_ = end_ = 0;
+      eof_ = false;
+      cur_.reset();
+      return;
+    }
+    if (target < offset()) open(path_, compression::gzip);
+    while (offset() < target) {
+      std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(target - offset(), pool_->chunk_bytes()));
+      std::size_t got = ensure(want);
+      if (got == 0)
+        throw format_error(path_, offset(), "cannot resume: the compressed stream ends before the saved position");
+      consume(got);
+    }
+  }
+
+ private:
+  static constexpr std::size_t in_bytes = 256 * 1024;
+
+  void refill(std::size_t n) {
+    const std::size_t have = end_ - pos_;
+    const std::size_t chunk_bytes = pool_->chunk_bytes();
+    // A fresh chunk when the current one cannot hold n bytes from pos_, or its free tail
+    // is too small for a worthwhile read.
+    const std::size_t room_now = cur_ ? cur_->capacity - end_ : 0;
+    if (!cur_ || cur_->capacity - pos_ < n || room_now < chunk_bytes / 16) {
+      std::size_t want = std::max(n, chunk_bytes);
+      if (size_) {  // never allocate beyond what the file holds
+        const std::uint64_t left = *size_ > offset() ? *size_ - offset() : 0;
+        if (want > left) want = static_cast<std::size_t>(left);
+      }
+      want = std::max(want, have + 1);
+      std::shared_ptr<chunk> fresh = pool_->acquire(want);
+      if (have) std::memcpy(fresh->data, cur_->data + pos_, have);
+      base_ += pos_;
+      cur_ = std::move(fresh);
+      pos_ = 0;
+      end_ = have;
+    }
+    std::byte* dst = cur_->data + end_;
+    const std::size_t room = cur_->capacity - end_;
+    const std::size_t got = gz_ ? inflate_into(dst, room) : read_into(dst, room);
+    end_ += got;
+    if (got == 0) eof_ = true;
+  }
+
+  std::size_t read_into(std::byte* dst, std::size_t room) {
+    for (;;) {
+      ssize_t r = ::read(fd_, dst, room);
+      if (r >= 0) {
+        file_pos_ += static_cast<std::uint64_t>(r);
+        return static_cast<std::size_t>(r);
+      }
+      if (errno == EINTR) continue;
+      const int e = errno;
+      if (e == EISDIR)
+        throw io_error(path_, file_pos_, std::make_error_code(std::errc::is_a_directory), "cannot read");
+      throw io_error(path_, offset(), std::error_code(e, std::generic_category()), "read failed");
+    }
+  }
+
+  // Inflates into dst; 0 only at the clean end of the stream. Concatenated gzip members
+  // (what `cat a.gz b.gz` makes) are read as one stream, as gzip(1) does.
+  std::size_t inflate_into(std::byte* dst, std::size_t room) {
+    zs_.next_out = reinterpret_cast<Bytef*>(dst);
+    zs_.avail_out = static_cast<uInt>(std::min<std::size_t>(room, 1u << 30));
+    const uInt start = zs_.avail_out;
+    while (zs_.avail_out == start) {
+      if (zs_.avail_in == 0 && !z_eof_in_) {
+        std::size_t got = read_into(z_in_.data(), z_in_.size());
+        if (got == 0) z_eof_in_ = true;
+        zs_.next_in = reinterpret_cast<Bytef*>(z_in_.data());
+        zs_.avail_in = static_cast<uInt>(got);
+      }
+      if (z_end_) {
+        if (zs_.avail_in == 0 && z_eof_in_) return 0;  // clean end
+        if (zs_.avail_in == 0) continue;
+        inflateReset(&zs_);  // another member follows
+        z_end_ = false;
+      }
+      if (zs_.avail_in == 0 && z_eof_in_)
+        throw format_error(path_, offset(),
+                           "truncated gzip stream (offset in the uncompressed data)");
+      int rc = inflate(&zs_, Z_NO_FLUSH);
+      if (rc == Z_STREAM_END) {
+        z_end_ = true;
+      } else if (rc == Z_BUF_ERROR) {
+        continue;  // needs more input; loop reads it
+      } else if (rc != Z_OK) {
+        throw format_error(path_, offset(),
+                           std::string("corrupt gzip stream (") + (zs_.msg ? zs_.msg : "zlib error") +
+                               "; offset in the uncompressed data)");
+      }
+    }
+    return start - zs_.avail_out;
+  }
+
+  std::shared_ptr<chunk_pool> pool_;
+  std::string path_;
+  int fd_ = -1;
+  std::optional<std::uint64_t> size_;
+  bool gz_ = false;
+  z_stream zs_{};
+  bool z_live_ = false;
+  std::vector<std::byte> z_in_;
+  bool z_eof_in_ = false, z_end_ = false;
+  std::uint64_t file_pos_ = 0;  // bytes read from the file itself
+  std::shared_ptr<chunk> cur_;
+  std::size_t pos_ = 0, end_ = 0;
+  std::uint64_t base_ = 0;  // stream offset of cur_->data[0]
+  bool eof_ = false;
+};
+
+}  // namespace detail
+}  // namespace ferry

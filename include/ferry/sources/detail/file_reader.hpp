@@ -1,0 +1,202 @@
+// ferry/sources/detail/file_reader.hpp: one file at a time, cut into records by a
+// format's framer; the piece from_files and interleave share. Also the error policy.
+#pragma once
+
+#include <glob.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/sources/array_meta.hpp"
+#include "ferry/sources/detail/byte_stream.hpp"
+#include "ferry/sources/fixed_length.hpp"
+#include "ferry/sources/idx.hpp"
+#include "ferry/sources/npy.hpp"
+#include "ferry/sources/record.hpp"
+#include "ferry/sources/text_lines.hpp"
+#include "ferry/sources/tfrecord.hpp"
+
+namespace ferry {
+
+using file_format = std::variant<tfrecord, npy, idx, fixed_length, text_lines>;
+
+enum class error_policy { raise, skip };
+
+// What a skip reports: the file, the offset where the bad record starts (in the
+// uncompressed stream for compressed files) and what was wrong.
+struct skipped_record {
+  std::string path;
+  std::uint64_t offset = 0;
+  std::string reason;
+  std::string message() const { return path + ": " + reason + " at offset " + std::to_string(offset); }
+};
+
+struct from_files_options {
+  // raise: the first bad record throws (format_error / io_error). skip: bad records are
+  // counted, reported to on_skip, and reading goes on (a bad TFRecord data CRC skips that
+  // record; anything that loses the framing skips the rest of that file, counted once).
+  error_policy on_error = error_policy::raise;
+  // Called for each skip; by default a line on stderr. Runs on the thread reading the
+  // file (a worker of interleave when it has workers): make it thread-safe there.
+  std::function<void(const skipped_record&)> on_skip = nullptr;
+  std::size_t chunk_bytes = 1 << 20;               // size of each read buffer
+  std::uint64_t max_record_bytes = 1ull << 30;     // largest record of a compressed stream
+  compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib
+};
+
+namespace detail {
+
+inline void log_skip(const from_files_options& o, const skipped_record& s) {
+  if (o.on_skip) o.on_skip(s);
+  else std::fprintf(stderr, "ferry: skipped %s\n", s.message().c_str());
+}
+
+// The parts of a ferry error: for io_error "what (system message)".
+inline skipped_record describe(const ferry::error& e) {
+  skipped_record r;
+  if (auto* f = dynamic_cast<const format_error*>(&e)) {
+    r.path = f->path();
+    r.offset = f->offset();
+    r.reason = f->reason();
+  } else if (auto* io = dynamic_cast<const io_error*>(&e)) {
+    r.path = io->path();
+    r.offset = io->offset();
+    std::string w = e.what();
+    const std::size_t start = io->path().size() + 2, stop = w.rfind(" at offset ");
+    r.reason = (stop != std::string::npos && stop > start ? w.substr(start, stop - start) : std::string("I/O error")) +
+               " (" + io->code().message() + ")";
+  } else {
+    r.reason = e.what();
+  }
+  return r;
+}
+
+using framer = std::variant<tfrecord_framer, npy_framer, idx_framer, fixed_framer, lines_framer>;
+
+inline framer make_framer(const file_format& f, std::uint64_t max_record) {
+  return std::visit(
+      [&](const auto& o) -> framer {
+        using O = std::decay_t<decltype(o)>;
+        if constexpr (std::is_same_v<O, tfrecord>) return tfrecord_framer{o, max_record};
+        else if constexpr (std::is_same_v<O, npy>) return npy_framer{max_record, {}, {}};
+        else if constexpr (std::is_same_v<O, idx>) return idx_framer{max_record, {}, {}};
+        else if constexpr (std::is_same_v<O, fixed_length>) return fixed_framer{o, max_record};
+        else return lines_framer{max_record};
+      },
+      f);
+}
+
+inline void check_format(const file_format& f) {
+  if (auto* fl = std::get_if<fixed_length>(&f); fl && fl->record_bytes == 0)
+    throw config_error("from_files: fixed_length.record_bytes must be at least 1");
+}
+
+// Reads one file at a time. Not thread-safe; one per reading thread.
+class file_reader {
+ public:
+  file_reader(const file_format& f, const from_files_options& o, std::shared_ptr<chunk_pool> pool)
+      : fr_(make_framer(f, o.max_record_bytes)), compress_(o.compress) {
+    s_.set_pool(std::move(pool));
+  }
+
+  // Opens `path` and reads its header; with `first` set, checks its rows match (npy/idx).
+  // Throws io_error / format_error (then nothing is open).
+  void open(const std::string& path, std::optional<array_meta>& first) {
+    try {
+      s_.open(path, compress_);
+      std::visit([&](auto& f) { f.open(s_); }, fr_);
+      if (const array_meta* m = meta()) {
+        if (!first) first = *m;
+        else if (!first->same_rows(*m))
+          throw format_error(path, 0, "its rows (" + m->describe() + ") differ from the first file's (" +
+                                          first->describe() + ")");
+      }
+    } catch (...) {
+      s_.close();
+      throw;
+    }
+    rec_ = 0;
+  }
+  // Moves to a saved position (offset of the next record, records read before it).
+  void seek(std::uint64_t offset, std::uint64_t rec) {
+    s_.seek(offset);
+    std::visit([&](auto& f) { f.seek_rows(rec); }, fr_);
+    rec_ = rec;
+  }
+  void close() { s_.close(); }
+  bool is_open() const { return s_.is_open(); }
+  std::uint64_t offset() const { return s_.offset(); }
+  std::uint64_t records() const { return rec_; }
+  const std::string& path() const { return s_.path(); }
+  const array_meta* meta() const {
+    return std::visit([](const auto& f) { return f.meta(); }, fr_);
+  }
+
+  // Throws format_error / io_error when the rest of the file cannot be read.
+  frame_status next(record& out, skipped_record& bad) {
+    frame f;
+    frame_status st = std::visit([&](auto& fr) { return fr.next(s_, f); }, fr_);
+    if (st == frame_status::record) {
+      out = record(std::shared_ptr<const std::byte>(s_.current_chunk(), f.out.data()), f.out.size());
+      s_.consume(f.advance);
+      ++rec_;
+    } else if (st == frame_status::bad_record) {
+      bad = skipped_record{s_.path(), f.bad_offset, std::move(f.why)};
+      ++rec_;
+    }
+    return st;
+  }
+
+ private:
+  byte_stream s_;
+  framer fr_;
+  compression compress_;
+  std::uint64_t rec_ = 0;
+};
+
+inline bool has_glob_chars(const std::string& p) { return p.find_first_of("*?[") != std::string::npos; }
+
+// Expands glob patterns (sorted, as glob(3) sorts); plain paths are kept as given, even
+// when missing (the error comes when the file is read). A pattern that matches nothing
+// is an io_error.
+inline std::vector<std::string> expand_paths(const std::vector<std::string>& in) {
+  std::vector<std::string> out;
+  for (const std::string& p : in) {
+    if (!has_glob_chars(p)) {
+      out.push_back(p);
+      continue;
+    }
+    glob_t g{};
+    const int rc = ::glob(p.c_str(), GLOB_ERR, nullptr, &g);
+    if (rc == GLOB_NOMATCH) {
+      globfree(&g);
+      throw io_error(p, 0, std::make_error_code(std::errc::no_such_file_or_directory), "no file matches the pattern");
+    }
+    if (rc != 0) {
+      globfree(&g);
+      throw io_error(p, 0, std::make_error_code(std::errc::io_error), "cannot expand the pattern");
+    }
+    for (std::size_t i = 0; i < g.gl_pathc; ++i) out.emplace_back(g.gl_pathv[i]);
+    globfree(&g);
+  }
+  return out;
+}
+
+inline std::uint64_t hash_files(const std::vector<std::string>& files) {
+  std::uint64_t h = 0xcbf29ce484222325ull;
+  for (const auto& f : files) {
+    for (char c : f) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+    h = (h ^ 0xff) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+}  // namespace detail
+}  // namespace ferry

@@ -1,0 +1,207 @@
+// ferry/sources/from_files.hpp: records streamed from many files, with bounded memory.
+//
+//   auto src = ferry::from_files({"data/train-*.tfrecord"}, ferry::tfrecord{});
+//   auto src = ferry::from_files({"x.npy"}, ferry::npy{}, {.on_error = ferry::error_policy::skip});
+//   for (ferry::record& r : src) use(r.bytes());
+//
+// Formats: ferry::tfrecord{.verify_crc}, npy{}, idx{}, fixed_length{.record_bytes,
+// .header_bytes, .footer_bytes}, text_lines{} (see each header). Files whose names end in
+// .gz/.gzip/.zlib are inflated on the fly (options.compress overrides the guess).
+// Paths containing * ? [ are glob patterns, expanded (sorted) when from_files is called;
+// files are read in the order given.
+//
+// Reading: each file is read sequentially with large read(2) calls into pooled chunks of
+// options.chunk_bytes (default 1 MiB); a record is a view into its chunk that owns a
+// reference to it (ferry::record), valid until the record and its copies are destroyed.
+// Only a record larger than a chunk needs a larger chunk, and never larger than what is
+// left in the file (or max_record_bytes for compressed streams, whose size is unknown).
+// Nothing is opened until the first next(). After the end, next() returns nullopt until
+// rewind().
+//
+// File-level sharding: `| shard(n, i)` right after from_files calls shard_files(n, i),
+// keeping files j with j % n == i (tf.data's rule) - no record of another shard is read.
+//
+// Errors: with error_policy::raise (default) next() throws io_error (missing file,
+// directory, read failure) or format_error (file, offset where the bad record starts,
+// what was wrong); reading can go on after the throw, past the bad record (a TFRecord
+// data CRC mismatch) or from the next file. With error_policy::skip those are counted
+// (skipped()) and reported through options.on_skip. from_files itself throws config_error
+// for a bad format option and io_error for a pattern matching no file.
+// Thread: everything runs on the thread calling next().
+#pragma once
+
+#include <cstdint>
+#include <memory_resource>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/source.hpp"
+#include "ferry/sources/array_meta.hpp"
+#include "ferry/sources/detail/file_reader.hpp"
+#include "ferry/sources/record.hpp"
+
+namespace ferry {
+namespace detail {
+
+class file_source : public source_interface<file_source> {
+ public:
+  using value_type = record;
+
+  file_source(std::vector<std::string> files, file_format fmt, from_files_options o)
+      : files_(std::move(files)), fmt_(std::move(fmt)), opt_(std::move(o)),
+        pool_(std::make_shared<chunk_pool>(std::max<std::size_t>(opt_.chunk_bytes, 64))),
+        reader_(fmt_, opt_, pool_), hash_(hash_files(files_)) {}
+
+  std::optional<record> next() {
+    for (;;) {
+      if (done_) return std::nullopt;
+      if (!reader_.is_open()) {
+        if (fi_ >= files_.size()) {
+          done_ = true;
+          return std::nullopt;
+        }
+        try {
+          reader_.open(files_[fi_], first_meta_);
+          if (pending_) {
+            reader_.seek(pending_->first, pending_->second);
+            pending_.reset();
+          }
+        } catch (const ferry::error& e) {
+          pending_.reset();
+          ++fi_;
+          on_bad(e);
+          continue;
+        }
+      }
+      record r;
+      skipped_record bad;
+      frame_status st;
+      try {
+        st = reader_.next(r, bad);
+      } catch (const ferry::error& e) {
+        reader_.close();
+        ++fi_;
+        on_bad(e);
+        continue;
+      }
+      if (st == frame_status::record) return r;
+      if (st == frame_status::end) {
+        reader_.close();
+        ++fi_;
+        continue;
+      }
+      if (opt_.on_error == error_policy::raise) throw format_error(bad.path, bad.offset, bad.reason);
+      ++skipped_;
+      log_skip(opt_, bad);
+    }
+  }
+
+  void rewind() {
+    reader_.close();
+    fi_ = 0;
+    done_ = false;
+    pending_.reset();
+  }
+
+  // Words: file-list hash, file index, open flag, offset, records read in the file, done.
+  void save(state_writer& w) const {
+    w.tag("from_files");
+    w.put(hash_);
+    w.put(fi_);
+    const bool open = reader_.is_open() || pending_.has_value();
+    w.put(open);
+    w.put(reader_.is_open() ? reader_.offset() : pending_ ? pending_->first : 0);
+    w.put(reader_.is_open() ? reader_.records() : pending_ ? pending_->second : 0);
+    w.put(done_);
+  }
+  // Throws config_error for a state saved from another file list. The file is re-opened
+  // at the next next(); compressed files are inflated up to the saved offset.
+  void restore(state_reader& r) {
+    r.expect("from_files");
+    if (r.get() != hash_)
+      throw config_error("restore_state: from_files: the state was saved for another list of files");
+    const std::uint64_t fi = r.get();
+    const bool open = r.get() != 0;
+    const std::uint64_t off = r.get(), rec = r.get();
+    const bool done = r.get() != 0;
+    if (fi > files_.size()) throw config_error("restore_state: from_files: file index out of range");
+    reader_.close();
+    fi_ = fi;
+    done_ = done;
+    pending_.reset();
+    if (open) pending_ = std::make_pair(off, rec);
+  }
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>&) { return false; }
+
+  // Keeps files j with j % count == index. Throws config_error when count == 0,
+  // index >= count or count > the number of files. Call before the first next().
+  file_source shard_files(std::size_t count, std::size_t index) && {
+    if (count == 0 || index >= count)
+      throw config_error("shard: index must be in [0, count): got index " + std::to_string(index) + " of " +
+                         std::to_string(count));
+    if (count > files_.size())
+      throw config_error("shard: " + std::to_string(count) + " shards of " + std::to_string(files_.size()) +
+                         " files would leave some shards empty; shard fewer ways, or by element "
+                         "(shard(count, index, ferry::by_element))");
+    std::vector<std::string> keep;
+    for (std::size_t j = index; j < files_.size(); j += count) keep.push_back(std::move(files_[j]));
+    return file_source(std::move(keep), std::move(fmt_), std::move(opt_));
+  }
+
+  const std::vector<std::string>& files() const { return files_; }
+  const file_format& format() const { return fmt_; }
+  const from_files_options& options() const { return opt_; }
+  // Records skipped under error_policy::skip since construction (a file that could not
+  // be framed to its end counts once).
+  std::uint64_t skipped() const { return skipped_; }
+  // For npy and idx: dtype and shape of the rows (opens the first file if none is open
+  // yet; throws as next() would). nullopt for the other formats.
+  std::optional<array_meta> meta() {
+    if (!first_meta_ && !reader_.is_open() && !done_ && fi_ < files_.size() &&
+        (std::holds_alternative<npy>(fmt_) || std::holds_alternative<idx>(fmt_))) {
+      std::optional<array_meta> probe;
+      file_reader r(fmt_, opt_, pool_);
+      r.open(files_[fi_], probe);
+      return probe;
+    }
+    return first_meta_;
+  }
+
+ private:
+  void on_bad(const ferry::error& e) {
+    if (opt_.on_error == error_policy::raise) throw;
+    ++skipped_;
+    log_skip(opt_, describe(e));
+  }
+
+  std::vector<std::string> files_;
+  file_format fmt_;
+  from_files_options opt_;
+  std::shared_ptr<chunk_pool> pool_;
+  file_reader reader_;
+  std::uint64_t hash_;
+  std::size_t fi_ = 0;
+  bool done_ = false;
+  std::uint64_t skipped_ = 0;
+  std::optional<array_meta> first_meta_;
+  std::optional<std::pair<std::uint64_t, std::uint64_t>> pending_;
+};
+
+}  // namespace detail
+
+struct from_files_t {
+  // Throws config_error for a bad format option, io_error for a pattern matching nothing.
+  auto operator()(const std::vector<std::string>& paths, file_format fmt, from_files_options o = {}) const {
+    detail::check_format(fmt);
+    return detail::file_source(detail::expand_paths(paths), std::move(fmt), std::move(o));
+  }
+  auto operator()(const char* path, file_format fmt, from_files_options o = {}) const {
+    return (*this)(std::vector<std::string>{path}, std::move(fmt), std::move(o));
+  }
+};
+inline constexpr from_files_t from_files{};
+
+}  // namespace ferry

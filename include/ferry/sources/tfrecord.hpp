@@ -1,0 +1,81 @@
+// ferry/sources/tfrecord.hpp: the TFRecord format (TensorFlow's TFRecordWriter), for
+// from_files(paths, ferry::tfrecord{...}).
+//
+//   record := uint64 length (LE) | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data)
+//
+// Records are the data bytes. CRCs are verified unless .verify_crc = false. Files whose
+// names end in .gz/.zlib are inflated (whole-file GZIP/ZLIB, as TFRecordOptions writes).
+// Errors (format_error, at the offset where the bad record starts; in the uncompressed
+// stream for compressed files): "truncated record", "corrupted record (length CRC
+// mismatch)", "corrupted record (data CRC mismatch)", a length larger than what is left in
+// the file (never allocated). An empty file is a valid file of no records, as in TensorFlow.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ferry/sources/array_meta.hpp"
+#include "ferry/sources/detail/byte_stream.hpp"
+#include "ferry/sources/detail/crc32c.hpp"
+#include "ferry/sources/detail/framing.hpp"
+
+namespace ferry {
+
+struct tfrecord {
+  bool verify_crc = true;
+};
+
+namespace detail {
+
+struct tfrecord_framer {
+  tfrecord opt;
+  std::uint64_t max_record = 0;
+
+  void open(byte_stream&) {}
+  void seek_rows(std::uint64_t) {}
+  const array_meta* meta() const { return nullptr; }
+
+  frame_status next(byte_stream& s, frame& f) {
+    const std::size_t h = s.ensure(12);
+    if (h == 0) return frame_status::end;
+    if (h < 12)
+      throw format_error(s.path(), s.offset(),
+                         "truncated record (" + std::to_string(h) + " bytes of a 12-byte header)");
+    const std::byte* p = s.data();
+    const std::uint64_t len = load_le64(p);
+    if (opt.verify_crc && crc32c::mask(crc32c::value(p, 8)) != load_le32(p + 8))
+      throw format_error(s.path(), s.offset(), "corrupted record (length CRC mismatch)");
+    std::uint64_t left;
+    if (s.size()) {
+      left = *s.size() - s.offset();
+      if (len > left || left - len < 16)
+        throw format_error(s.path(), s.offset(),
+                           "truncated record (the length field says " + std::to_string(len) + " bytes, " +
+                               std::to_string(left < 16 ? 0 : left - 16) + " are left in the file)");
+    } else if (len > max_record) {
+      throw format_error(s.path(), s.offset(),
+                         "record length " + std::to_string(len) + " exceeds max_record_bytes (" +
+                             std::to_string(max_record) + ")");
+    }
+    const std::size_t need = static_cast<std::size_t>(len) + 16;
+    const std::size_t got = s.ensure(need);
+    if (got < need)
+      throw format_error(s.path(), s.offset(),
+                         "truncated record (the length field says " + std::to_string(len) + " bytes, " +
+                             std::to_string(got < 16 ? 0 : got - 16) + " are left)");
+    p = s.data();
+    if (opt.verify_crc &&
+        crc32c::mask(crc32c::value(p + 12, static_cast<std::size_t>(len))) != load_le32(p + 12 + len)) {
+      f.bad_offset = s.offset();
+      f.why = "corrupted record (data CRC mismatch)";
+      s.consume(need);
+      return frame_status::bad_record;
+    }
+    f.out = {p + 12, static_cast<std::size_t>(len)};
+    f.advance = need;
+    return frame_status::record;
+  }
+};
+
+}  // namespace detail
+}  // namespace ferry

@@ -1,0 +1,356 @@
+// ferry/stages/interleave.hpp: interleave(cycle, {.workers, .block}) reads `cycle` files at
+// once and interleaves their records, `block` at a time from each, in a fixed order.
+//
+//   from_files({"shards/*.tfrecord"}, ferry::tfrecord{}) | ferry::shard(n, i)
+//     | ferry::interleave(4, {.workers = 4, .block = 16}) | ferry::batch(256)
+//
+// Only directly after from_files (and shard): it reads the file list itself. Slot s of the
+// cycle reads files s, s + cycle, s + 2*cycle, ... back to back; the output takes `block`
+// records from slot 0, then slot 1, ..., skipping slots whose files are all read. The
+// order depends only on the files and (cycle, block), never on thread timing, so
+// save/restore is exact (the state is each slot's file, offset and record count). This
+// differs from tf.data, which hands a finished slot the next unread file: that order
+// would depend on which slot ends first.
+//
+// Threads: with .workers = w > 0, w threads read ahead (slot s on thread s % w), each
+// slot buffering up to .buffer records (and about 4 read chunks of bytes); with
+// .workers = 0 everything runs on the thread calling next(). on_skip runs on the reading
+// thread. Errors: as from_files (error_policy raise: the error reaches next() at the
+// record's place in the order, skip: counted in skipped()). The destructor and rewind()
+// stop and join the threads at once, even mid-epoch. Throws config_error for cycle == 0
+// or block == 0.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <memory_resource>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/source.hpp"
+#include "ferry/sources/from_files.hpp"
+
+namespace ferry {
+
+struct interleave_options {
+  std::size_t workers = 2;   // reading threads; 0 reads on the consumer's thread
+  std::size_t block = 1;     // records taken from a slot before moving to the next
+  std::size_t buffer = 64;   // records each slot may read ahead (workers > 0)
+};
+
+namespace detail {
+
+template <class Up>
+class interleave_source : public source_interface<interleave_source<Up>> {
+  struct pos {
+    std::uint64_t ord = 0;  // index into the slot's files
+    bool open = false;
+    std::uint64_t offset = 0, rec = 0;
+  };
+  struct entry {
+    std::optional<record> rec;
+    std::exception_ptr err;
+    bool end = false;
+    pos after;
+  };
+  struct slot {
+    std::vector<std::string> files;
+    std::unique_ptr<file_reader> reader;
+    std::optional<array_meta> meta;
+    pos at;                       // producer's position
+    std::optional<pos> pending;   // a restored position to seek to
+    bool producing_done = false;  // producer reached the end
+    std::deque<entry> q;
+    std::size_t q_bytes = 0;
+    bool active = true;           // consumer side: not yet ended
+    pos consumed;                 // consumer side: after the last record taken
+    std::uint64_t skipped = 0;
+  };
+
+ public:
+  using value_type = record;
+
+  interleave_source(Up up, std::size_t cycle, interleave_options o)
+      : up_(std::move(up)), cycle_(cycle), o_(o),
+        pool_(std::make_shared<chunk_pool>(std::max<std::size_t>(up_.options().chunk_bytes, 64))) {
+    reset_slots();
+  }
+  interleave_source(interleave_source&& other) noexcept(false)
+      : up_((other.stop_threads(), std::move(other.up_))), cycle_(other.cycle_), o_(other.o_), pool_(other.pool_) {
+    slots_ = std::move(other.slots_);
+    cur_ = other.cur_;
+    in_block_ = other.in_block_;
+  }
+  interleave_source& operator=(interleave_source&&) = delete;
+  ~interleave_source() { stop_threads(); }
+
+  std::optional<record> next() {
+    if (o_.workers > 0 && threads_.empty() && !all_done()) start_threads();
+    for (;;) {
+      if (all_done()) return std::nullopt;
+      slot& s = slots_[cur_];
+      entry e = take(cur_);
+      if (e.end) {
+        s.active = false;
+        advance();
+        continue;
+      }
+      s.consumed = e.after;
+      if (e.err) std::rethrow_exception(e.err);  // takes no turn: the order matches skip's
+      if (++in_block_ >= o_.block) advance();
+      return std::move(e.rec);
+    }
+  }
+
+  void rewind() {
+    stop_threads();
+    reset_slots();
+  }
+
+  void save(state_writer& w) const {
+    w.tag("interleave");
+    w.put(hash_files(up_.files()));
+    w.put(cycle_);
+    w.put(o_.block);
+    w.put(cur_);
+    w.put(in_block_);
+    for (const slot& s : slots_) {
+      w.put(s.active);
+      w.put(s.consumed.ord);
+      w.put(s.consumed.open);
+      w.put(s.consumed.offset);
+      w.put(s.consumed.rec);
+    }
+  }
+  // Throws config_error for a state from another file list, cycle or block.
+  void restore(state_reader& r) {
+    r.expect("interleave");
+    if (r.get() != hash_files(up_.files()) || r.get() != cycle_ || r.get() != o_.block)
+      throw config_error("restore_state: interleave: the state was saved with other files, cycle or block");
+    stop_threads();
+    reset_slots();
+    cur_ = static_cast<std::size_t>(r.get());
+    in_block_ = static_cast<std::size_t>(r.get());
+    if (cur_ >= slots_.size() && !slots_.empty()) throw config_error("restore_state: interleave: bad slot");
+    for (slot& s : slots_) {
+      s.active = r.get() != 0;
+      pos p;
+      p.ord = r.get();
+      p.open = r.get() != 0;
+      p.offset = r.get();
+      p.rec = r.get();
+      s.consumed = s.at = p;
+      s.producing_done = !s.active;
+      if (p.open) s.pending = p;
+    }
+  }
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>&) { return false; }
+
+  // Records skipped under error_policy::skip (counted when read, possibly ahead).
+  std::uint64_t skipped() const {
+    std::lock_guard lk(m_);
+    std::uint64_t n = 0;
+    for (const slot& s : slots_) n += s.skipped;
+    return n;
+  }
+  const std::vector<std::string>& files() const { return up_.files(); }
+
+ private:
+  bool all_done() const {
+    for (const slot& s : slots_)
+      if (s.active) return false;
+    return true;
+  }
+  void advance() {
+    in_block_ = 0;
+    for (std::size_t k = 1; k <= slots_.size(); ++k) {
+      const std::size_t c = (cur_ + k) % slots_.size();
+      if (slots_[c].active) {
+        cur_ = c;
+        return;
+      }
+    }
+  }
+  void reset_slots() {
+    slots_.clear();
+    const auto& files = up_.files();
+    const std::size_t n = std::min(cycle_, files.size());
+    slots_.resize(n);
+    for (std::size_t j = 0; j < files.size(); ++j) slots_[j % n].files.push_back(files[j]);
+    for (slot& s : slots_) s.reader = std::make_unique<file_reader>(up_.format(), up_.options(), pool_);
+    cur_ = 0;
+    in_block_ = 0;
+  }
+
+  // Reads the next entry of slot s (no lock held: only one thread produces for a slot).
+  entry produce(slot& s) {
+    const from_files_options& opt = up_.options();
+    file_reader& rd = *s.reader;
+    for (;;) {
+      if (!rd.is_open()) {
+        if (s.at.ord >= s.files.size()) return entry{std::nullopt, nullptr, true, s.at};
+        try {
+          rd.open(s.files[s.at.ord], s.meta);
+          if (s.pending) rd.seek(s.pending->offset, s.pending->rec);
+          s.pending.reset();
+        } catch (const ferry::error& e) {
+          s.pending.reset();
+          s.at = pos{s.at.ord + 1, false, 0, 0};
+          if (opt.on_error == error_policy::raise) return entry{std::nullopt, std::current_exception(), false, s.at};
+          note_skip(s, describe(e));
+          continue;
+        }
+      }
+      record r;
+      skipped_record bad;
+      frame_status st;
+      try {
+        st = rd.next(r, bad);
+      } catch (const ferry::error& e) {
+        rd.close();
+        s.at = pos{s.at.ord + 1, false, 0, 0};
+        if (opt.on_error == error_policy::raise) return entry{std::nullopt, std::current_exception(), false, s.at};
+        note_skip(s, describe(e));
+        continue;
+      }
+      if (st == frame_status::end) {
+        rd.close();
+        s.at = pos{s.at.ord + 1, false, 0, 0};
+        continue;
+      }
+      s.at = pos{s.at.ord, true, rd.offset(), rd.records()};
+      if (st == frame_status::record) return entry{std::move(r), nullptr, false, s.at};
+      if (opt.on_error == error_policy::raise)
+        return entry{std::nullopt, std::make_exception_ptr(format_error(bad.path, bad.offset, bad.reason)), false, s.at};
+      note_skip(s, bad);
+    }
+  }
+  void note_skip(slot& s, const skipped_record& r) {
+    log_skip(up_.options(), r);
+    std::lock_guard lk(m_);
+    ++s.skipped;
+  }
+
+  entry take(std::size_t i) {
+    slot& s = slots_[i];
+    if (o_.workers == 0) return produce(s);
+    std::unique_lock lk(m_);
+    not_empty_.wait(lk, [&] { return !s.q.empty(); });
+    entry e = std::move(s.q.front());
+    s.q.pop_front();
+    if (e.rec) s.q_bytes -= e.rec->size();
+    lk.unlock();
+    not_full_.notify_all();
+    return e;
+  }
+
+  bool has_room(const slot& s) const {
+    return !s.producing_done && s.q.size() < std::max<std::size_t>(o_.buffer, 1) &&
+           (s.q.empty() || s.q_bytes < 4 * pool_->chunk_bytes());
+  }
+  void worker(std::size_t t) {
+    const std::size_t w = threads_count_;
+    for (;;) {
+      std::size_t pick = slots_.size();
+      {
+        std::unique_lock lk(m_);
+        not_full_.wait(lk, [&] {
+          if (stop_) return true;
+          for (std::size_t s = t; s < slots_.size(); s += w)
+            if (has_room(slots_[s])) return true;
+          return false;
+        });
+        if (stop_) return;
+        // The slot with the fewest buffered entries first: the consumer needs them in turn.
+        for (std::size_t s = t; s < slots_.size(); s += w)
+          if (has_room(slots_[s]) && (pick == slots_.size() || slots_[s].q.size() < slots_[pick].q.size())) pick = s;
+      }
+      entry e = produce(slots_[pick]);
+      {
+        std::lock_guard lk(m_);
+        slot& s = slots_[pick];
+        if (e.end) s.producing_done = true;
+        if (e.rec) s.q_bytes += e.rec->size();
+        s.q.push_back(std::move(e));
+      }
+      not_empty_.notify_all();
+    }
+  }
+  void start_threads() {
+    stop_ = false;
+    threads_count_ = std::min(o_.workers, slots_.size());
+    for (std::size_t t = 0; t < threads_count_; ++t) threads_.emplace_back([this, t] { worker(t); });
+  }
+  void stop_threads() noexcept {
+    {
+      std::lock_guard lk(m_);
+      stop_ = true;
+    }
+    not_full_.notify_all();
+    for (auto& th : threads_) th.join();
+    threads_.clear();
+    // Entries read ahead are dropped; producers restart from the consumed positions.
+    for (slot& s : slots_) {
+      s.q.clear();
+      s.q_bytes = 0;
+      if (s.reader) s.reader->close();
+      s.at = s.consumed;
+      s.producing_done = !s.active;
+      if (s.consumed.open) s.pending = s.consumed;
+      else s.pending.reset();
+    }
+  }
+
+  Up up_;
+  std::size_t cycle_;
+  interleave_options o_;
+  std::shared_ptr<chunk_pool> pool_;
+  std::vector<slot> slots_;
+  std::size_t cur_ = 0, in_block_ = 0;
+  mutable std::mutex m_;
+  std::condition_variable not_empty_, not_full_;
+  bool stop_ = false;
+  std::size_t threads_count_ = 0;
+  std::vector<std::thread> threads_;
+};
+
+inline void check_interleave_args(std::size_t cycle, const interleave_options& o) {
+  if (cycle == 0) throw config_error("interleave: cycle must be at least 1 (got 0)");
+  if (o.block == 0) throw config_error("interleave: block must be at least 1 (got 0)");
+}
+
+template <class S>
+concept interleavable = requires(const S& s) {
+  s.files();
+  s.format();
+  s.options();
+};
+
+}  // namespace detail
+
+struct interleave_t {
+  template <source S>
+  auto operator()(S&& s, std::size_t cycle, interleave_options o = {}) const {
+    detail::require_rvalue_source<S>();
+    static_assert(detail::interleavable<std::remove_cvref_t<S>>,
+                  "ferry::interleave reads files itself: use it directly after from_files (and shard)");
+    detail::check_interleave_args(cycle, o);
+    return detail::interleave_source<std::remove_cvref_t<S>>(std::forward<S>(s), cycle, o);
+  }
+  auto operator()(std::size_t cycle, interleave_options o = {}) const {
+    detail::check_interleave_args(cycle, o);
+    return make_closure([cycle, o]<class S>(S&& s) { return interleave_t{}(std::forward<S>(s), cycle, o); });
+  }
+};
+inline constexpr interleave_t interleave{};
+
+}  // namespace ferry

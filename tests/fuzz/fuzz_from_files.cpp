@@ -1,0 +1,49 @@
+// libFuzzer harness for the record parsers: the input is written to a memfd and read
+// through from_files, plain and gzip-inflated, with both error policies. Any crash,
+// sanitizer report, hang or huge allocation is a bug; ferry::error is the expected outcome.
+// Build one per format with -DFERRY_FUZZ_FORMAT=<tfrecord|npy|idx|fixed|lines>.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+
+#include "ferry/sources/from_files.hpp"
+
+#ifndef FERRY_FUZZ_FORMAT
+#define FERRY_FUZZ_FORMAT tfrecord
+#endif
+#define FERRY_STR2(x) #x
+#define FERRY_STR(x) FERRY_STR2(x)
+
+static ferry::file_format fuzz_format() {
+  const std::string f = FERRY_STR(FERRY_FUZZ_FORMAT);
+  if (f == "npy") return ferry::npy{};
+  if (f == "idx") return ferry::idx{};
+  if (f == "fixed") return ferry::fixed_length{.record_bytes = 7, .header_bytes = 3, .footer_bytes = 2};
+  if (f == "lines") return ferry::text_lines{};
+  return ferry::tfrecord{};
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  const int fd = ::memfd_create("ferry-fuzz", 0);
+  if (fd < 0) return 0;
+  if (size && ::write(fd, data, size) != static_cast<ssize_t>(size)) {
+    ::close(fd);
+    return 0;
+  }
+  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  for (auto comp : {ferry::compression::none, ferry::compression::gzip})
+    for (auto pol : {ferry::error_policy::raise, ferry::error_policy::skip}) {
+      try {
+        auto src = ferry::from_files({path}, fuzz_format(),
+                                     {.on_error = pol, .on_skip = [](const ferry::skipped_record&) {},
+                                      .chunk_bytes = 64, .max_record_bytes = 1 << 20, .compress = comp});
+        std::uint64_t n = 0;
+        while (auto r = src.next()) n += r->size();
+      } catch (const ferry::error&) {
+      }
+    }
+  ::close(fd);
+  return 0;
+}

@@ -1,0 +1,74 @@
+// Helpers for the source tests: a temporary directory, file writers, a naive oracle.
+#pragma once
+
+#include <stdlib.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ferry/sources/detail/crc32c.hpp"
+
+namespace src_test {
+
+inline std::string data_dir() {
+  const char* d = std::getenv("FERRY_TEST_DATA");
+  return std::string(d ? d : "tests/data") + "/sources";
+}
+
+struct temp_dir {
+  std::string path;
+  temp_dir() {
+    char tmpl[] = "/tmp/ferry-src-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~temp_dir() { std::filesystem::remove_all(path); }
+  std::string operator/(const std::string& n) const { return path + "/" + n; }
+};
+
+inline void write_file(const std::string& p, const std::string& bytes) {
+  FILE* f = std::fopen(p.c_str(), "wb");
+  if (!f) throw std::runtime_error("cannot write " + p);
+  std::fwrite(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+}
+inline void write_gzip(const std::string& p, const std::string& bytes) {
+  gzFile f = gzopen(p.c_str(), "wb");
+  gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+  gzclose(f);
+}
+inline std::string read_file(const std::string& p) {
+  FILE* f = std::fopen(p.c_str(), "rb");
+  std::string s;
+  char buf[65536];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  std::fclose(f);
+  return s;
+}
+
+inline std::string le(std::uint64_t v, int bytes) {
+  std::string s;
+  for (int i = 0; i < bytes; ++i) s += static_cast<char>(v >> (8 * i));
+  return s;
+}
+// One TFRecord (the test-side writer; its CRC/masking is checked against formats.md's
+// vectors, written by TensorFlow).
+inline std::string tfrecord_of(const std::string& data) {
+  namespace c = ferry::detail::crc32c;
+  std::string len = le(data.size(), 8);
+  return len + le(c::mask(c::value(len.data(), 8)), 4) + data + le(c::mask(c::value(data.data(), data.size())), 4);
+}
+
+inline std::string random_bytes(std::mt19937_64& g, std::size_t n) {
+  std::string s(n, '\0');
+  for (auto& c : s) c = static_cast<char>(g());
+  return s;
+}
+
+}  // namespace src_test

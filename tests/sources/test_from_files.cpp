@@ -1,0 +1,512 @@
+// from_files: the formats against formats.md's vectors and real writers' files, property
+// sweeps against a naive oracle, bad input, error policy, sharding, resume.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/sources/from_files.hpp"
+#include "ferry/stages/batch.hpp"
+#include "sources/helpers.hpp"
+
+using namespace src_test;
+namespace crc = ferry::detail::crc32c;
+
+namespace {
+std::vector<std::string> read_all(auto& src) {
+  std::vector<std::string> out;
+  while (auto r = src.next()) out.emplace_back(r->str());
+  return out;
+}
+std::vector<std::string> read_all(const std::vector<std::string>& files, ferry::file_format f,
+                                  ferry::from_files_options o = {}) {
+  auto src = ferry::from_files(files, f, o);
+  return read_all(src);
+}
+// Runs `f`, expecting a ferry error naming `path` at `offset` whose message contains `what`.
+template <class E = ferry::error, class F>
+void expect_error(F&& f, const std::string& path, std::uint64_t offset, const std::string& what) {
+  try {
+    f();
+    FAIL("no error; expected: " << what);
+  } catch (const E& e) {
+    const auto d = ferry::detail::describe(e);
+    CHECK(d.path == path);
+    CHECK(d.offset == offset);
+    CHECK_MESSAGE(std::string(e.what()).find(what) != std::string::npos, e.what());
+  }
+}
+std::vector<std::string> split_lines(const std::string& s) {  // the oracle
+  std::vector<std::string> out;
+  std::size_t i = 0;
+  while (i < s.size()) {
+    std::size_t j = s.find('\n', i);
+    if (j == std::string::npos) {
+      out.push_back(s.substr(i));
+      break;
+    }
+    std::string l = s.substr(i, j - i);
+    if (!l.empty() && l.back() == '\r') l.pop_back();
+    out.push_back(l);
+    i = j + 1;
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("crc32c: check value, masking, and the fast path against the bitwise oracle") {
+  CHECK(crc::value("123456789", 9) == 0xE3069283u);
+  CHECK(crc::extend_portable(0, "123456789", 9) == 0xE3069283u);
+  CHECK(crc::unmask(crc::mask(0xdeadbeefu)) == 0xdeadbeefu);
+  std::mt19937_64 g(7);
+  for (std::size_t n : {0ul, 1ul, 7ul, 8ul, 9ul, 100ul, 767ul, 768ul, 1024ul, 1500ul, 2304ul, 24575ul, 24576ul, 24577ul, 50000ul, 100003ul}) {
+    std::string s = random_bytes(g, n);
+    CHECK(crc::value(s.data(), n) == crc::extend_portable(0, s.data(), n));
+    const std::size_t cut = n / 3;
+    CHECK(crc::extend(crc::value(s.data(), cut), s.data() + cut, n - cut) == crc::value(s.data(), n));
+    CHECK(crc::combine(crc::value(s.data(), cut), crc::value(s.data() + cut, n - cut), n - cut) ==
+          crc::value(s.data(), n));
+  }
+}
+
+TEST_CASE("tfrecord: formats.md's vectors, plain and gzip") {
+  const std::string d = data_dir();
+  // The test-side writer reproduces TensorFlow's bytes exactly.
+  CHECK(read_file(d + "/vectors.tfrecord") ==
+        tfrecord_of("") + tfrecord_of("hello") + tfrecord_of(std::string(32, '\0')));
+  const std::vector<std::string> want = {"", "hello", std::string(32, '\0')};
+  CHECK(read_all({d + "/vectors.tfrecord"}, ferry::tfrecord{}) == want);
+  CHECK(read_all({d + "/vectors.tfrecord.gz"}, ferry::tfrecord{}) == want);
+  CHECK(read_all({d + "/vectors.tfrecord", d + "/vectors.tfrecord.gz"}, ferry::tfrecord{}).size() == 6);
+}
+
+TEST_CASE("tfrecord, lines, fixed: random files against the oracle, any chunk size") {
+  temp_dir t;
+  std::mt19937_64 g(42);
+  for (int trial = 0; trial < 12; ++trial) {
+    const bool gz = trial % 3 == 2;
+    const std::size_t chunk = std::vector<std::size_t>{64, 1000, 1 << 16}[trial % 3];
+    std::vector<std::string> want, files;
+    std::string all_lines;
+    std::vector<std::string> want_lines, line_files, want_fixed, fixed_files;
+    for (int f = 0; f < 3; ++f) {
+      std::string tf, lines, fixed = "HDR";
+      const int n = static_cast<int>(g() % 40);
+      for (int i = 0; i < n; ++i) {
+        const std::size_t len = g() % 8 == 0 ? g() % 5000 : g() % 100;
+        std::string rec = random_bytes(g, len);
+        want.push_back(rec);
+        tf += tfrecord_of(rec);
+        std::string line;
+        for (std::size_t k = 0; k < len % 300; ++k) line += static_cast<char>('a' + g() % 26);
+        lines += line + (g() % 2 ? "\r\n" : "\n");
+        std::string fr = random_bytes(g, 37);
+        want_fixed.push_back(fr);
+        fixed += fr;
+      }
+      if (g() % 2) lines += "tail without newline";
+      fixed += "FOOTER";
+      for (auto& l : split_lines(lines)) want_lines.push_back(l);
+      const std::string base = t / ("f" + std::to_string(trial) + "_" + std::to_string(f));
+      const std::string ext = gz ? ".gz" : "";
+      if (gz) {
+        write_gzip(base + ".tfrecord" + ext, tf);
+        write_gzip(base + ".txt" + ext, lines);
+        write_gzip(base + ".bin" + ext, fixed);
+      } else {
+        write_file(base + ".tfrecord", tf);
+        write_file(base + ".txt", lines);
+        write_file(base + ".bin", fixed);
+      }
+      files.push_back(base + ".tfrecord" + ext);
+      line_files.push_back(base + ".txt" + ext);
+      fixed_files.push_back(base + ".bin" + ext);
+    }
+    ferry::from_files_options o{.chunk_bytes = chunk};
+    CHECK(read_all(files, ferry::tfrecord{}, o) == want);
+    CHECK(read_all(line_files, ferry::text_lines{}, o) == want_lines);
+    CHECK(read_all(fixed_files, ferry::fixed_length{.record_bytes = 37, .header_bytes = 3, .footer_bytes = 6}, o) ==
+          want_fixed);
+  }
+}
+
+TEST_CASE("text lines: endings, empty lines, last line") {
+  temp_dir t;
+  write_file(t / "a.txt", "a\r\n\nb\n\r\nlast");
+  CHECK(read_all({t / "a.txt"}, ferry::text_lines{}) == std::vector<std::string>{"a", "", "b", "", "last"});
+  write_file(t / "b.txt", "x\n");
+  CHECK(read_all({t / "b.txt"}, ferry::text_lines{}) == std::vector<std::string>{"x"});
+  write_file(t / "e.txt", "");
+  CHECK(read_all({t / "e.txt"}, ferry::text_lines{}).empty());
+  write_file(t / "n.txt", "\n");
+  CHECK(read_all({t / "n.txt"}, ferry::text_lines{}) == std::vector<std::string>{""});
+}
+
+TEST_CASE("npy: files written by numpy.save, v1/v2/v3, and meta") {
+  const std::string d = data_dir();
+  const std::string v1 = read_file(d + "/f4_2x3.npy");
+  // formats.md's vector: v1.0, header length 118, data at 128, 152 bytes.
+  REQUIRE(v1.size() == 152);
+  CHECK(v1.substr(0, 10) == std::string("\x93NUMPY\x01\x00\x76\x00", 10));
+  std::vector<std::string> want;
+  for (int r = 0; r < 2; ++r) {
+    std::string row;
+    for (int c = 0; c < 3; ++c) {
+      float v = static_cast<float>(r * 3 + c);
+      row.append(reinterpret_cast<const char*>(&v), 4);
+    }
+    want.push_back(row);
+  }
+  for (auto f : {"/f4_2x3.npy", "/f4_2x3_v2.npy", "/f4_2x3_v3.npy"}) {
+    auto src = ferry::from_files({d + f}, ferry::npy{});
+    auto m = src.meta();
+    REQUIRE(m);
+    CHECK(m->dtype == "<f4");
+    CHECK(m->shape == std::vector<std::uint64_t>{2, 3});
+    CHECK(m->row_shape() == std::vector<std::uint64_t>{3});
+    CHECK(m->row_bytes == 12);
+    CHECK(read_all(src) == want);
+  }
+  auto u1 = read_all({d + "/u1_4x2x3.npy"}, ferry::npy{});
+  REQUIRE(u1.size() == 4);
+  for (int r = 0; r < 4; ++r)
+    for (int k = 0; k < 6; ++k) CHECK(static_cast<unsigned char>(u1[r][k]) == r * 6 + k);
+  auto be = read_all({d + "/i2be_5.npy"}, ferry::npy{});
+  REQUIRE(be.size() == 5);
+  CHECK(be[2] == std::string("\x01\x2c", 2));  // 300, big-endian as stored
+  auto sc = ferry::from_files({d + "/scalar_f8.npy"}, ferry::npy{});
+  CHECK(sc.meta()->shape.empty());
+  auto s = read_all(sc);
+  REQUIRE(s.size() == 1);
+  double v;
+  std::memcpy(&v, s[0].data(), 8);
+  CHECK(v == 2.5);
+  CHECK(read_all({d + "/bool_3.npy"}, ferry::npy{}) == std::vector<std::string>{"\x01", std::string(1, '\0'), "\x01"});
+  CHECK(read_all({d + "/empty_0x4.npy"}, ferry::npy{}).empty());
+  CHECK(read_all({d + "/fortran_1d.npy"}, ferry::npy{}).size() == 3);
+  // Files of different row layouts cannot be read together.
+  expect_error([&] { read_all({d + "/f4_2x3.npy", d + "/u1_4x2x3.npy"}, ferry::npy{}); }, d + "/u1_4x2x3.npy", 0,
+               "differ from the first file's");
+}
+
+TEST_CASE("idx: fixtures, gzip, and Fashion-MNIST when installed") {
+  const std::string d = data_dir();
+  auto a = read_all({d + "/u1_3x4x5.idx"}, ferry::idx{});
+  auto b = read_all({d + "/u1_3x4x5.idx.gz"}, ferry::idx{});
+  REQUIRE(a.size() == 3);
+  CHECK(a == b);
+  for (int i = 0; i < 60; ++i) CHECK(static_cast<unsigned char>(a[i / 20][i % 20]) == i % 251);
+  auto f = ferry::from_files({d + "/f4be_2x2.idx"}, ferry::idx{});
+  CHECK(f.meta()->dtype == ">f4");
+  CHECK(read_all(f)[0] == std::string("\x3f\xc0\x00\x00\xc0\x00\x00\x00", 8));  // 1.5, -2 big-endian
+
+  const std::string fm = "/usr/share/datasets/fashion-mnist/";
+  if (!std::filesystem::exists(fm + "train-labels-idx1-ubyte.gz")) {
+    MESSAGE("Fashion-MNIST not installed (Debian dataset-fashion-mnist): skipped that part");
+    return;
+  }
+  auto imgs = ferry::from_files({fm + "train-images-idx3-ubyte.gz"}, ferry::idx{});
+  CHECK(imgs.meta()->shape == std::vector<std::uint64_t>{60000, 28, 28});
+  std::uint64_t n = 0;
+  while (auto r = imgs.next()) n += r->size() == 784;
+  CHECK(n == 60000);
+  std::map<int, int> per_class;
+  auto labels = ferry::from_files({fm + "train-labels-idx1-ubyte.gz"}, ferry::idx{});
+  while (auto r = labels.next()) ++per_class[std::to_integer<int>((*r).data()[0])];
+  CHECK(per_class.size() == 10);
+  for (auto [c, k] : per_class) CHECK(k == 6000);  // Fashion-MNIST is balanced
+}
+
+TEST_CASE("fixed length: header, footer, record count") {
+  temp_dir t;
+  write_file(t / "a.bin", "HH0123456789FFF");
+  CHECK(read_all({t / "a.bin"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = 2, .footer_bytes = 3}) ==
+        std::vector<std::string>{"01234", "56789"});
+  CHECK_THROWS_AS(ferry::from_files({t / "a.bin"}, ferry::fixed_length{}), ferry::config_error);
+}
+
+TEST_CASE("bad input: a clear error naming file and offset") {
+  temp_dir t;
+  const std::string d = data_dir();
+  const std::string good = tfrecord_of("abc") + tfrecord_of("defgh");  // records at 0 and 19
+  SUBCASE("missing file, directory, pattern matching nothing") {
+    expect_error<ferry::io_error>([&] { read_all({t / "nope.tfrecord"}, ferry::tfrecord{}); }, t / "nope.tfrecord", 0,
+                                  "No such file");
+    expect_error<ferry::io_error>([&] { read_all({t.path}, ferry::tfrecord{}); }, t.path, 0, "directory");
+    CHECK_THROWS_AS(ferry::from_files({t / "*.none"}, ferry::tfrecord{}), ferry::io_error);
+  }
+  SUBCASE("empty files") {
+    write_file(t / "e", "");
+    CHECK(read_all({t / "e"}, ferry::tfrecord{}).empty());  // as TensorFlow: no records
+    CHECK(read_all({t / "e"}, ferry::fixed_length{.record_bytes = 4}).empty());
+    expect_error([&] { read_all({t / "e"}, ferry::npy{}); }, t / "e", 0, "truncated npy header");
+    expect_error([&] { read_all({t / "e"}, ferry::idx{}); }, t / "e", 0, "truncated IDX header");
+    expect_error([&] { read_all({t / "e"}, ferry::fixed_length{.record_bytes = 4, .header_bytes = 2}); }, t / "e", 0,
+                 "not header (2)");
+  }
+  SUBCASE("tfrecord: truncated header and payload") {
+    write_file(t / "h", good + good.substr(0, 5));
+    expect_error([&] { read_all({t / "h"}, ferry::tfrecord{}); }, t / "h", 40, "truncated record");
+    write_file(t / "p", good + tfrecord_of("0123456789").substr(0, 20));
+    expect_error([&] { read_all({t / "p"}, ferry::tfrecord{}); }, t / "p", 40, "truncated record");
+    write_gzip(t / "p.gz", good + tfrecord_of("0123456789").substr(0, 20));
+    expect_error([&] { read_all({t / "p.gz"}, ferry::tfrecord{}); }, t / "p.gz", 40, "truncated record");
+  }
+  SUBCASE("tfrecord: CRC mismatches, and --no-verify") {
+    std::string bad = good;
+    bad[19 + 12 + 2] ^= 1;  // data of the second record
+    write_file(t / "c", bad);
+    expect_error([&] { read_all({t / "c"}, ferry::tfrecord{}); }, t / "c", 19, "corrupted record (data CRC mismatch)");
+    CHECK(read_all({t / "c"}, ferry::tfrecord{.verify_crc = false}).size() == 2);
+    bad = good;
+    bad[19 + 9] ^= 1;  // length CRC of the second
+    write_file(t / "l", bad);
+    expect_error([&] { read_all({t / "l"}, ferry::tfrecord{}); }, t / "l", 19, "length CRC mismatch");
+  }
+  SUBCASE("tfrecord: a length field of 2^63 is never allocated") {
+    std::string len = le(1ull << 63, 8);
+    std::string rec = len + le(crc::mask(crc::value(len.data(), 8)), 4) + "xyz" + le(0, 4);
+    write_file(t / "big", good + rec);
+    expect_error([&] { read_all({t / "big"}, ferry::tfrecord{}); }, t / "big", 40, "the length field says 9223372036854775808");
+    write_gzip(t / "big.gz", good + rec);
+    expect_error([&] { read_all({t / "big.gz"}, ferry::tfrecord{}); }, t / "big.gz", 40, "exceeds max_record_bytes");
+  }
+  SUBCASE("npy: truncated header, header lying about its size, refused dtypes, missing rows") {
+    const std::string v1 = read_file(d + "/f4_2x3.npy");
+    write_file(t / "h.npy", v1.substr(0, 8));
+    expect_error([&] { read_all({t / "h.npy"}, ferry::npy{}); }, t / "h.npy", 0, "truncated npy header");
+    std::string lie = v1;
+    lie[8] = '\xff', lie[9] = '\x7f';  // header length 32767 > file
+    write_file(t / "lie.npy", lie);
+    expect_error([&] { read_all({t / "lie.npy"}, ferry::npy{}); }, t / "lie.npy", 8, "header length field says 32767");
+    write_file(t / "short.npy", v1.substr(0, 128 + 12 + 5));  // one whole row and a part
+    expect_error([&] { read_all({t / "short.npy"}, ferry::npy{}); }, t / "short.npy", 140, "truncated row 1 of 2");
+    write_file(t / "long.npy", v1 + "x");
+    expect_error([&] { read_all({t / "long.npy"}, ferry::npy{}); }, t / "long.npy", 152, "unexpected bytes");
+    expect_error([&] { read_all({d + "/object.npy"}, ferry::npy{}); }, d + "/object.npy", 10, "object arrays");
+    expect_error([&] { read_all({d + "/structured.npy"}, ferry::npy{}); }, d + "/structured.npy", 10, "structured");
+    expect_error([&] { read_all({d + "/fortran_2d.npy"}, ferry::npy{}); }, d + "/fortran_2d.npy", 10, "fortran_order");
+    std::string magic = v1;
+    magic[1] = 'X';
+    write_file(t / "m.npy", magic);
+    expect_error([&] { read_all({t / "m.npy"}, ferry::npy{}); }, t / "m.npy", 0, "bad magic");
+  }
+  SUBCASE("idx: wrong magic, truncated") {
+    std::string idx = read_file(d + "/u1_3x4x5.idx");
+    std::string w = idx;
+    w[0] = 1;
+    write_file(t / "w.idx", w);
+    expect_error([&] { read_all({t / "w.idx"}, ferry::idx{}); }, t / "w.idx", 0, "wrong magic 0x01000803");
+    w = idx;
+    w[2] = 0x42;
+    write_file(t / "t.idx", w);
+    expect_error([&] { read_all({t / "t.idx"}, ferry::idx{}); }, t / "t.idx", 0, "wrong magic");
+    write_file(t / "s.idx", idx.substr(0, 16 + 20 + 3));
+    expect_error([&] { read_all({t / "s.idx"}, ferry::idx{}); }, t / "s.idx", 36, "truncated row 1 of 3");
+  }
+  SUBCASE("fixed length: a size that is not a multiple") {
+    write_file(t / "f.bin", "HH0123456789xFFF");
+    expect_error([&] { read_all({t / "f.bin"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = 2, .footer_bytes = 3}); },
+                 t / "f.bin", 12, "the file has 16 bytes");
+  }
+  SUBCASE("corrupt gzip stream") {
+    std::string z;
+    write_gzip(t / "z.gz", good + good + good);
+    z = read_file(t / "z.gz");
+    z[z.size() / 2] ^= 0x55;
+    z[z.size() / 2 + 1] ^= 0x55;
+    write_file(t / "z.gz", z);
+    CHECK_THROWS_AS(read_all({t / "z.gz"}, ferry::tfrecord{}), ferry::format_error);
+  }
+}
+
+TEST_CASE("on_error = skip: exact count, every good record arrives, reading goes on") {
+  temp_dir t;
+  std::vector<std::string> files, want;
+  std::uint64_t want_skipped = 0;
+  std::mt19937_64 g(3);
+  for (int f = 0; f < 6; ++f) {
+    std::string tf;
+    for (int i = 0; i < 20; ++i) {
+      std::string rec = "f" + std::to_string(f) + "r" + std::to_string(i) + random_bytes(g, g() % 50);
+      std::string enc = tfrecord_of(rec);
+      if (f == 1 && i % 5 == 0) {  // data CRC mismatch: that record only
+        enc[enc.size() - 5] ^= 0x20;
+        ++want_skipped;
+      } else if (f == 3 && i == 12) {  // corrupt length: the rest of the file, counted once
+        enc[9] ^= 1;
+        tf += enc;
+        ++want_skipped;
+        break;
+      } else {
+        want.push_back(rec);
+      }
+      tf += enc;
+    }
+    files.push_back(t / ("s" + std::to_string(f) + ".tfrecord"));
+    write_file(files.back(), tf);
+  }
+  files.insert(files.begin() + 2, t / "missing.tfrecord");
+  ++want_skipped;
+  std::vector<ferry::skipped_record> log;
+  ferry::from_files_options o{.on_error = ferry::error_policy::skip,
+                              .on_skip = [&](const ferry::skipped_record& s) { log.push_back(s); }};
+  auto src = ferry::from_files(files, ferry::tfrecord{}, o);
+  CHECK(read_all(src) == want);
+  CHECK(src.skipped() == want_skipped);
+  REQUIRE(log.size() == want_skipped);
+  CHECK(log[4].path == t / "missing.tfrecord");
+  CHECK(log.back().path == files[4]);
+  CHECK(log.back().reason.find("length CRC") != std::string::npos);
+  // raise: throws at the bad record, then reading can go on past it.
+  auto strict = ferry::from_files(files, ferry::tfrecord{});
+  std::size_t got = 0, errors = 0;
+  for (;;) {
+    try {
+      auto r = strict.next();
+      if (!r) break;
+      ++got;
+    } catch (const ferry::error&) {
+      ++errors;
+    }
+  }
+  CHECK(got == want.size());
+  CHECK(errors == want_skipped);
+  CHECK(!strict.next());
+}
+
+TEST_CASE("shard_files: disjoint shards whose union is the dataset; bad arguments") {
+  temp_dir t;
+  std::vector<std::string> files;
+  std::vector<std::string> all;
+  for (int f = 0; f < 7; ++f) {
+    std::string s;
+    for (int i = 0; i < f + 1; ++i) s += std::to_string(f) + ":" + std::to_string(i) + "\n";
+    files.push_back(t / ("l" + std::to_string(f) + ".txt"));
+    write_file(files.back(), s);
+  }
+  for (auto& r : read_all(files, ferry::text_lines{})) all.push_back(r);
+  for (std::size_t n = 1; n <= 7; ++n) {
+    std::vector<std::string> u;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto s = ferry::from_files(files, ferry::text_lines{}).shard_files(n, i);
+      for (std::size_t j = 0; j < s.files().size(); ++j) CHECK(s.files()[j] == files[i + j * n]);
+      for (auto& r : read_all(s)) u.push_back(r);
+    }
+    std::sort(u.begin(), u.end());
+    auto a = all;
+    std::sort(a.begin(), a.end());
+    CHECK(u == a);  // each record in exactly one shard
+  }
+  CHECK_THROWS_AS(ferry::from_files(files, ferry::text_lines{}).shard_files(8, 0), ferry::config_error);
+  CHECK_THROWS_AS(ferry::from_files(files, ferry::text_lines{}).shard_files(2, 2), ferry::config_error);
+  CHECK_THROWS_AS(ferry::from_files(files, ferry::text_lines{}).shard_files(0, 0), ferry::config_error);
+}
+
+TEST_CASE("save/restore at every position, rewind, end stays ended") {
+  temp_dir t;
+  std::mt19937_64 g(11);
+  for (bool gz : {false, true}) {
+    std::vector<std::string> files;
+    for (int f = 0; f < 3; ++f) {
+      std::string s;
+      for (int i = 0; i < 9; ++i) s += tfrecord_of(random_bytes(g, g() % 300));
+      files.push_back(t / ("r" + std::to_string(f) + (gz ? ".tfrecord.gz" : ".tfrecord")));
+      gz ? write_gzip(files.back(), s) : write_file(files.back(), s);
+    }
+    ferry::from_files_options o{.chunk_bytes = 512};
+    const auto all = read_all(files, ferry::tfrecord{}, o);
+    REQUIRE(all.size() == 27);
+    for (std::size_t k = 0; k <= all.size(); ++k) {
+      auto a = ferry::from_files(files, ferry::tfrecord{}, o);
+      for (std::size_t i = 0; i < k; ++i) a.next();
+      const ferry::pipeline_state st = ferry::save_state(a);
+      auto b = ferry::from_files(files, ferry::tfrecord{}, o);
+      ferry::restore_state(b, ferry::pipeline_state::from_bytes(st.to_bytes()));
+      const auto rest = read_all(b);
+      CHECK(rest == std::vector<std::string>(all.begin() + static_cast<long>(k), all.end()));
+    }
+    auto c = ferry::from_files(files, ferry::tfrecord{}, o);
+    CHECK(read_all(c) == all);
+    CHECK(!c.next());
+    CHECK(!c.next());
+    c.rewind();
+    CHECK(read_all(c) == all);
+    auto other = ferry::from_files({files[0]}, ferry::tfrecord{}, o);
+    CHECK_THROWS_AS(ferry::restore_state(other, ferry::save_state(c)), ferry::config_error);
+  }
+  // npy rows resume too.
+  auto n = ferry::from_files({data_dir() + "/u1_4x2x3.npy"}, ferry::npy{});
+  n.next();
+  auto st = ferry::save_state(n);
+  auto m = ferry::from_files({data_dir() + "/u1_4x2x3.npy"}, ferry::npy{});
+  ferry::restore_state(m, st);
+  CHECK(read_all(m).size() == 3);
+}
+
+TEST_CASE("records outlive the reader's chunk; batch collates them as a ragged field") {
+  temp_dir t;
+  std::string s;
+  std::vector<std::string> want;
+  for (int i = 0; i < 500; ++i) {
+    want.push_back(std::string(static_cast<std::size_t>(i % 97), static_cast<char>('a' + i % 26)));
+    s += want.back() + "\n";
+  }
+  write_file(t / "x.txt", s);
+  auto src = ferry::from_files({t / "x.txt"}, ferry::text_lines{}, {.chunk_bytes = 256});
+  std::vector<ferry::record> kept;  // held across many chunk refills
+  while (auto r = src.next()) kept.push_back(*r);
+  REQUIRE(kept.size() == 500);
+  for (std::size_t i = 0; i < 500; ++i) CHECK(kept[i].str() == want[i]);
+  auto b = ferry::from_files({t / "x.txt"}, ferry::text_lines{}, {.chunk_bytes = 256}) | ferry::batch(64);
+  std::size_t i = 0;
+  while (auto batch = b.next()) {
+    auto f = batch->field<0>();
+    for (std::size_t k = 0; k < batch->size(); ++k, ++i)
+      CHECK(std::string(reinterpret_cast<const char*>(f[k].data()), f[k].size()) == want[i]);
+  }
+  CHECK(i == 500);
+}
+
+namespace {
+long vm_hwm_kib() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmHWM:", 0) == 0) return std::stol(line.substr(6));
+  return -1;
+}
+}  // namespace
+
+TEST_CASE("memory: peak RSS stays flat reading far more than the read buffers" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  temp_dir t;
+  const std::size_t rec = 1024, per_file = 32 * 1024;  // 2 files x 32 MiB
+  std::string block(rec * 1024, '\0');
+  for (std::size_t i = 0; i < block.size(); ++i) block[i] = static_cast<char>(i * 131);
+  std::vector<std::string> files;
+  for (int f = 0; f < 2; ++f) {
+    files.push_back(t / ("m" + std::to_string(f) + ".bin"));
+    std::ofstream o(files.back(), std::ios::binary);
+    for (std::size_t k = 0; k < per_file / 1024; ++k) o.write(block.data(), static_cast<std::streamsize>(block.size()));
+  }
+  block = std::string();
+  {  // reset the high-water mark where the kernel allows it
+    std::ofstream clear("/proc/self/clear_refs");
+    clear << "5";
+  }
+  const long before = vm_hwm_kib();
+  auto src = ferry::from_files(files, ferry::fixed_length{.record_bytes = rec}) | ferry::batch(256);
+  std::uint64_t n = 0;
+  while (auto b = src.next()) n += b->size();
+  CHECK(n == 2 * per_file);
+  const long grew = vm_hwm_kib() - before;
+  MESSAGE("read 64 MiB; peak RSS grew by " << grew << " KiB");
+  CHECK(grew < 16 * 1024);  // a few 1 MiB chunks and batch buffers, never the files
+}
