@@ -1,0 +1,153 @@
+// ferry/cuda/device_pool.hpp: device memory blocks recycled in stream order.
+//
+// A block released with an event (recorded on the stream of its last user) can be handed
+// out again at once: acquire(bytes, s) makes stream `s` wait for that event on the GPU
+// (cudaStreamWaitEvent), so the new copy into the block runs only after the last user's
+// work, and the host never waits. In steady state nothing is allocated: blocks and events
+// are cached. Blocks are reused oldest-released first, so a copy for step k+1 waits for
+// step k-1's work, not for step k's (which is what lets it overlap step k). One pool per replica (its device is made current inside).
+//
+// Thread-safe. acquire/take_event throw ferry::cuda_error; release/give_event and the
+// destructor never throw (the destructor waits for pending release events, then frees).
+#pragma once
+
+#include "ferry/config.hpp"
+
+#if defined(FERRY_WITH_CUDART)
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "ferry/cuda/error.hpp"
+#include "ferry/cuda/stream.hpp"
+
+namespace ferry::cuda {
+
+class device_buffer_pool {
+ public:
+  struct stats {
+    std::uint64_t allocations = 0;  // cudaMalloc calls, ever
+    std::uint64_t reuses = 0;       // blocks handed out again
+    std::uint64_t outstanding = 0;  // blocks handed out now
+    std::uint64_t events_created = 0;
+  };
+
+  explicit device_buffer_pool(int device) : device_(device) {}
+  device_buffer_pool(const device_buffer_pool&) = delete;
+  device_buffer_pool& operator=(const device_buffer_pool&) = delete;
+  ~device_buffer_pool() {
+    int prev = 0;
+    const bool have_prev = cudaGetDevice(&prev) == cudaSuccess;
+    FERRY_CUDA_LOG(cudaSetDevice(device_));
+    for (auto& [bytes, blocks] : free_)
+      for (auto& b : blocks) {
+        if (b.after) {
+          FERRY_CUDA_LOG(cudaEventSynchronize(b.after));  // its last user may still run
+          FERRY_CUDA_LOG(cudaEventDestroy(b.after));
+        }
+        FERRY_CUDA_LOG(cudaFree(b.p));
+      }
+    for (cudaEvent_t e : events_) FERRY_CUDA_LOG(cudaEventDestroy(e));
+    if (have_prev) FERRY_CUDA_LOG(cudaSetDevice(prev));
+  }
+
+  int device() const noexcept { return device_; }
+  stats statistics() const {
+    std::lock_guard lk(m_);
+    return st_;
+  }
+
+  // A block of `bytes`, ready for work enqueued on `s` after this call.
+  void* acquire(std::size_t bytes, cudaStream_t s) {
+    block b{};
+    {
+      std::lock_guard lk(m_);
+      auto it = free_.find(bytes);
+      if (it != free_.end() && !it->second.empty()) {
+        b = it->second.front();  // least recently released: its last user is likeliest done
+        it->second.pop_front();
+        ++st_.reuses;
+        ++st_.outstanding;
+      }
+    }
+    if (b.p) {
+      if (b.after) {
+        const cudaError_t st = cudaStreamWaitEvent(s, b.after, 0);
+        give_event(b.after);
+        if (st != cudaSuccess) {
+          release(b.p, bytes, nullptr);
+          FERRY_CUDA_TRY(st);
+        }
+      }
+      return b.p;
+    }
+    device_guard g(device_);
+    void* p = nullptr;
+    FERRY_CUDA_TRY(cudaMalloc(&p, bytes));
+    std::lock_guard lk(m_);
+    ++st_.allocations;
+    ++st_.outstanding;
+    return p;
+  }
+
+  // Takes `p` back; `after` (an event from take_event, recorded on the last user's
+  // stream, or null when no work is pending) now belongs to the pool.
+  void release(void* p, std::size_t bytes, cudaEvent_t after) noexcept {
+    std::lock_guard lk(m_);
+    free_[bytes].push_back({p, after});
+    --st_.outstanding;
+  }
+
+  // An event on this pool's device (cached, timing disabled).
+  cudaEvent_t take_event() {
+    {
+      std::lock_guard lk(m_);
+      if (!events_.empty()) {
+        cudaEvent_t e = events_.back();
+        events_.pop_back();
+        return e;
+      }
+    }
+    device_guard g(device_);
+    cudaEvent_t e = nullptr;
+    FERRY_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    std::lock_guard lk(m_);
+    ++st_.events_created;
+    return e;
+  }
+  // The non-throwing form for release paths: null when no event could be had.
+  cudaEvent_t try_take_event() noexcept {
+    try {
+      return take_event();
+    } catch (...) {
+      return nullptr;
+    }
+  }
+  void give_event(cudaEvent_t e) noexcept {
+    std::lock_guard lk(m_);
+    try {
+      events_.push_back(e);
+    } catch (...) {
+      FERRY_CUDA_LOG(cudaEventDestroy(e));
+    }
+  }
+
+ private:
+  struct block {
+    void* p = nullptr;
+    cudaEvent_t after = nullptr;
+  };
+  int device_;
+  mutable std::mutex m_;
+  std::map<std::size_t, std::deque<block>> free_;
+  std::vector<cudaEvent_t> events_;
+  stats st_;
+};
+
+}  // namespace ferry::cuda
+#endif

@@ -1,0 +1,329 @@
+// ferry/cuda/devices.hpp: the CUDA backend of distribute(): one replica per listed device.
+//
+//   auto steps = std::move(batches) | ferry::distribute(ferry::cuda::devices{0, 1});
+//   for (auto& step : steps) {
+//     auto& rb = step[r];
+//     my_kernel<<<g, b, 0, (cudaStream_t)rb.stream()>>>(rb.field<0>().data(), rb.size());
+//   }
+//
+// Per step and replica: the replica's slice of the (pinned) host batch is copied with
+// cudaMemcpyAsync on that replica's own copy stream into a block from the replica's
+// device_buffer_pool; an event is recorded after the copy and the replica's compute
+// stream waits on it (cudaStreamWaitEvent): the data is ready for any work enqueued on
+// rb.stream() after next() returned, and the host never waits.
+//
+// The release contract. A step is released when the next step is requested (next()) or
+// when it is destroyed, whichever comes first. At release, an event is recorded on each
+// replica's compute stream and the device block returns to its pool with it; the next
+// copy into that block waits (on the GPU) for the event. So: enqueue all work that reads
+// step k on rb.stream() (or on streams that rb.stream() waits for) before asking for step
+// k+1; work enqueued after that may see the block overwritten. The host batch is kept
+// until the copies out of it have finished (polled with cudaEventQuery, never waited for
+// on the host), then returned to the pinned pool. Copies of step k+1 are enqueued while
+// the GPU still runs step k's work, so they overlap it.
+//
+// Streams: by default ferry creates one non-blocking copy stream and one non-blocking
+// compute stream per replica; pass compute streams of your own in `compute_streams`
+// (one per ordinal; they must outlive the pipeline and every step). The same ordinal may
+// appear more than once: each occurrence is a separate replica with its own streams.
+//
+// Shutdown: when the pipeline and all its steps are gone, ferry synchronises the copy
+// streams and the release events, then frees every block, event and owned stream, also
+// mid-epoch. Throws config_error for an empty or out-of-range device list or no usable
+// device, and cuda_error (call, device, status) for runtime failures. Runs on the thread
+// calling next(); steps may be destroyed on any thread.
+//
+// Without the CUDA runtime (FERRY_WITH_CUDART unset) only the tag is defined, and
+// distribute(cuda::devices{...}) fails to compile with a message.
+#pragma once
+
+#include <cstddef>
+#include <initializer_list>
+#include <utility>
+#include <vector>
+
+#include "ferry/config.hpp"
+#include "ferry/stages/distribute.hpp"
+
+#if defined(FERRY_WITH_CUDART)
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "ferry/cuda/device_pool.hpp"
+#include "ferry/cuda/error.hpp"
+#include "ferry/cuda/runtime.hpp"
+#include "ferry/cuda/stream.hpp"
+#include "ferry/memory/pinned.hpp"
+#endif
+
+namespace ferry::cuda {
+
+// The tag: CUDA device ordinals, one replica each.
+struct devices {
+  std::vector<int> ordinals;
+  std::vector<void*> compute_streams;  // cudaStream_t each; empty: ferry's own streams
+
+  devices(std::initializer_list<int> ids) : ordinals(ids) {}
+  explicit devices(std::vector<int> ids, std::vector<void*> streams = {})
+      : ordinals(std::move(ids)), compute_streams(std::move(streams)) {}
+};
+
+#if !defined(FERRY_WITH_CUDART)
+
+template <class D>
+  requires std::same_as<D, devices>
+auto make_distribute_backend(const D&) {
+  static_assert(::ferry::detail::always_false<D>,
+                "ferry::cuda::devices needs the CUDA runtime: link cudart and define "
+                "FERRY_WITH_CUDART (Meson: cudart_dep), or use ferry::host_replicas");
+  return ::ferry::detail::host_replicas_backend(host_replicas{1});
+}
+
+#else
+
+namespace detail {
+
+inline constexpr std::size_t field_alignment = 256;
+
+// Everything the backend owns; shared by the stage and by the steps it handed out, so it
+// lives until both are gone.
+class devices_state {
+ public:
+  struct replica {
+    int device = 0;
+    stream copy;
+    stream compute;
+    std::unique_ptr<device_buffer_pool> pool;
+  };
+  // A host batch whose copies may still be running, and the events that say when not.
+  struct deferred {
+    std::shared_ptr<const void> host;
+    std::vector<std::pair<std::size_t, cudaEvent_t>> copies;  // (replica, event)
+  };
+
+  devices_state(const std::vector<int>& ordinals, const std::vector<void*>& streams) {
+    r_.reserve(ordinals.size());
+    for (std::size_t i = 0; i < ordinals.size(); ++i) {
+      replica rep;
+      rep.device = ordinals[i];
+      rep.copy = stream::create(ordinals[i]);
+      rep.compute = streams.empty() ? stream::create(ordinals[i])
+                                    : stream::borrow(static_cast<cudaStream_t>(streams[i]), ordinals[i]);
+      rep.pool = std::make_unique<device_buffer_pool>(ordinals[i]);
+      r_.push_back(std::move(rep));
+    }
+  }
+  devices_state(const devices_state&) = delete;
+  devices_state& operator=(const devices_state&) = delete;
+  ~devices_state() {
+    for (auto& rep : r_) {
+      rep.copy.synchronize_noexcept();
+      if (rep.compute.owned()) rep.compute.synchronize_noexcept();
+    }
+    for (auto& d : pending_)
+      for (auto [r, e] : d.copies) r_[r].pool->give_event(e);
+    pending_.clear();
+    // replicas go in reverse member order: pool (waits on release events) before streams
+  }
+
+  replica& at(std::size_t r) { return r_[r]; }
+  const replica& at(std::size_t r) const { return r_[r]; }
+  std::size_t size() const noexcept { return r_.size(); }
+
+  // Frees host batches whose copies have finished; never blocks.
+  void poll() noexcept {
+    std::vector<std::shared_ptr<const void>> done;
+    {
+      std::lock_guard lk(m_);
+      while (!pending_.empty() && copies_done(pending_.front())) {
+        for (auto [r, e] : pending_.front().copies) r_[r].pool->give_event(e);
+        done.push_back(std::move(pending_.front().host));
+        pending_.pop_front();
+      }
+    }
+  }  // `done` frees the batches here, outside the lock
+
+  void defer(deferred d) noexcept {
+    if (copies_done(d)) {
+      for (auto [r, e] : d.copies) r_[r].pool->give_event(e);
+      return;
+    }
+    std::lock_guard lk(m_);
+    try {
+      pending_.push_back(std::move(d));
+    } catch (...) {  // out of memory: wait instead
+      for (auto [r, e] : d.copies) {
+        FERRY_CUDA_LOG(cudaEventSynchronize(e));
+        r_[r].pool->give_event(e);
+      }
+    }
+  }
+  std::size_t pending_host_batches() const {
+    std::lock_guard lk(m_);
+    return pending_.size();
+  }
+
+ private:
+  static bool copies_done(const deferred& d) noexcept {
+    for (auto [r, e] : d.copies) {
+      const cudaError_t st = cudaEventQuery(e);
+      if (st == cudaErrorNotReady) return false;
+      if (st != cudaSuccess) FERRY_CUDA_LOG(st);  // treat as done: nothing more will run
+    }
+    return true;
+  }
+
+  std::vector<replica> r_;
+  mutable std::mutex m_;
+  std::deque<deferred> pending_;
+};
+
+// The device blocks and host batch one step holds.
+class devices_lease final : public ::ferry::detail::step_lease {
+ public:
+  struct held {
+    void* p = nullptr;
+    std::size_t bytes = 0;
+    cudaEvent_t copied = nullptr;
+  };
+  devices_lease(std::shared_ptr<devices_state> st, std::shared_ptr<const void> host)
+      : st_(std::move(st)), host_(std::move(host)), held_(st_->size()) {}
+  ~devices_lease() override { release(); }
+
+  held& at(std::size_t r) { return held_[r]; }
+
+  void release() noexcept override {
+    std::lock_guard lk(m_);
+    if (released_) return;
+    released_ = true;
+    devices_state::deferred d;
+    d.host = std::move(host_);
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    for (std::size_t r = 0; r < held_.size(); ++r) {
+      auto& h = held_[r];
+      auto& rep = st_->at(r);
+      FERRY_CUDA_LOG(cudaSetDevice(rep.device));
+      if (h.copied) {
+        try {
+          d.copies.emplace_back(r, h.copied);
+        } catch (...) {
+          FERRY_CUDA_LOG(cudaEventSynchronize(h.copied));
+          rep.pool->give_event(h.copied);
+        }
+      }
+      if (!h.p) continue;
+      cudaEvent_t ev = rep.pool->try_take_event();
+      if (ev && cudaEventRecord(ev, rep.compute.get()) == cudaSuccess) {
+        rep.pool->release(h.p, h.bytes, ev);
+      } else {  // cannot order reuse on the GPU: wait for the consumer on the host
+        if (ev) rep.pool->give_event(ev);
+        rep.compute.synchronize_noexcept();
+        rep.pool->release(h.p, h.bytes, nullptr);
+      }
+      h.p = nullptr;
+    }
+    if (prev >= 0) FERRY_CUDA_LOG(cudaSetDevice(prev));
+    st_->defer(std::move(d));
+  }
+
+ private:
+  std::mutex m_;
+  std::shared_ptr<devices_state> st_;
+  std::shared_ptr<const void> host_;
+  std::vector<held> held_;
+  bool released_ = false;
+};
+
+class devices_backend {
+ public:
+  explicit devices_backend(const devices& d) : ord_(d.ordinals), streams_(d.compute_streams) {
+    if (ord_.empty()) throw config_error("distribute(cuda::devices{}): list at least one device");
+    if (!available())
+      throw config_error("distribute(cuda::devices): no usable CUDA device (" + unavailable_reason() +
+                         "); use ferry::host_replicas on machines without a GPU");
+    for (int o : ord_)
+      if (o < 0 || o >= device_count())
+        throw config_error("distribute(cuda::devices): device " + std::to_string(o) +
+                           " does not exist (this machine has " + std::to_string(device_count()) + ")");
+    if (!streams_.empty() && streams_.size() != ord_.size())
+      throw config_error("distribute(cuda::devices): give one compute stream per device (" +
+                         std::to_string(ord_.size()) + "), or none");
+  }
+
+  std::size_t replicas() const noexcept { return ord_.size(); }
+  std::shared_ptr<std::pmr::memory_resource> default_host_resource() const { return pinned_pool(); }
+
+  template <class T>
+  step<T> make_step(std::shared_ptr<const batch_of<T>> host,
+                    std::span<const ::ferry::detail::replica_slice> slices, std::size_t per,
+                    std::uint64_t index) {
+    using access = ::ferry::detail::step_access;
+    constexpr std::size_t nf = batch_of<T>::field_count;
+    if (!st_) st_ = std::make_shared<devices_state>(ord_, streams_);
+    st_->poll();
+
+    // One block per replica, each field's full per-replica rows at an aligned offset:
+    // every step asks for the same size, so the pool always reuses.
+    std::array<std::size_t, nf> off{};
+    std::size_t total = 0;
+    for (std::size_t f = 0; f < nf; ++f) {
+      off[f] = total;
+      total += (per * host->element_bytes(f) + field_alignment - 1) / field_alignment * field_alignment;
+    }
+
+    auto lease = std::make_shared<devices_lease>(st_, host);
+    step<T> s = access::make<T>(host, ord_.size(), index);
+    for (std::size_t r = 0; r < ord_.size(); ++r) {
+      auto& rep = st_->at(r);
+      device_guard g(rep.device);
+      auto& h = lease->at(r);
+      h.p = rep.pool->acquire(total, rep.copy.get());
+      h.bytes = total;
+      auto* base = static_cast<std::byte*>(h.p);
+      std::array<const std::byte*, nf> data{};
+      for (std::size_t f = 0; f < nf; ++f) {
+        data[f] = base + off[f];
+        const std::size_t es = host->element_bytes(f);
+        const std::size_t bytes = slices[r].rows * es;
+        if (bytes)
+          FERRY_CUDA_TRY(cudaMemcpyAsync(base + off[f], host->field_buffer(f).data() + slices[r].first * es,
+                                         bytes, cudaMemcpyHostToDevice, rep.copy.get()));
+      }
+      h.copied = rep.pool->take_event();
+      FERRY_CUDA_TRY(cudaEventRecord(h.copied, rep.copy.get()));
+      FERRY_CUDA_TRY(cudaStreamWaitEvent(rep.compute.get(), h.copied, 0));
+      access::set_replica(s[r], data.data(), *host, slices[r], rep.device, rep.compute.get());
+    }
+    access::set_lease(s, std::move(lease));
+    return s;
+  }
+
+  // For tests and benchmarks.
+  cudaStream_t copy_stream(std::size_t r) const { return st_ ? st_->at(r).copy.get() : nullptr; }
+  cudaStream_t compute_stream(std::size_t r) const { return st_ ? st_->at(r).compute.get() : nullptr; }
+  device_buffer_pool::stats pool_stats(std::size_t r) const {
+    return st_ ? st_->at(r).pool->statistics() : device_buffer_pool::stats{};
+  }
+  std::size_t pending_host_batches() const { return st_ ? st_->pending_host_batches() : 0; }
+
+ private:
+  std::vector<int> ord_;
+  std::vector<void*> streams_;
+  std::shared_ptr<devices_state> st_;  // created by the first step (nothing runs before)
+};
+
+}  // namespace detail
+
+inline detail::devices_backend make_distribute_backend(const devices& d) {
+  return detail::devices_backend(d);
+}
+
+#endif
+
+}  // namespace ferry::cuda

@@ -1,0 +1,124 @@
+// ferry/memory/pinned.hpp: page-locked host memory for batches that go to a GPU.
+//
+//   auto pool = ferry::pinned_pool();          // process-wide buffer_pool over pinned memory
+//   auto mine = ferry::make_pinned_pool();     // a private one (its own statistics)
+//
+// pinned_resource allocates with cudaHostAlloc(cudaHostAllocPortable) when a CUDA driver
+// and device are present, so every device's copy engine can DMA from it; otherwise
+// (no driver, no device, or a build without the runtime) it returns page-aligned memory
+// from std::aligned_alloc, transparently. The choice is made once per process
+// (cuda::available()). Pinning is slow (a syscall and page-table work per block), which
+// is why batches never allocate from it directly: buffer_pool recycles its blocks, so a
+// pipeline in steady state pins nothing.
+//
+// Throws std::bad_alloc when memory runs out and ferry::cuda_error when cudaHostAlloc
+// fails otherwise. Thread-safe; no user code runs.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <memory_resource>
+#include <new>
+
+#include "ferry/config.hpp"
+#include "ferry/cuda/error.hpp"
+#include "ferry/cuda/runtime.hpp"
+#include "ferry/memory/buffer.hpp"
+
+namespace ferry {
+
+inline constexpr std::size_t page_bytes = 4096;
+
+class pinned_resource : public std::pmr::memory_resource {
+ public:
+  // Decided once per resource, from the once-per-process probe.
+  pinned_resource() : pinned_(cuda::available()) {}
+
+  // True when blocks are page-locked by the driver; false when page-aligned fallback.
+  bool pinned() const noexcept { return pinned_; }
+  // Blocks obtained from the driver / the OS so far, and returned.
+  std::uint64_t allocations() const noexcept { return allocs_.load(std::memory_order_relaxed); }
+  std::uint64_t deallocations() const noexcept { return frees_.load(std::memory_order_relaxed); }
+
+ private:
+  static std::size_t rounded(std::size_t bytes) noexcept {
+    return (bytes + page_bytes - 1) / page_bytes * page_bytes;
+  }
+
+  void* do_allocate(std::size_t bytes, std::size_t align) override {
+    if (align > page_bytes) throw std::bad_alloc();  // pages are all either can promise
+    if (bytes == 0) bytes = 1;
+    void* p = nullptr;
+#if defined(FERRY_WITH_CUDART)
+    if (pinned_) {
+      const cudaError_t st = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+      if (st == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        throw std::bad_alloc();
+      }
+      FERRY_CUDA_TRY(st);
+      allocs_.fetch_add(1, std::memory_order_relaxed);
+      return p;
+    }
+#endif
+    p = std::aligned_alloc(page_bytes, rounded(bytes));
+    if (!p) throw std::bad_alloc();
+    allocs_.fetch_add(1, std::memory_order_relaxed);
+    return p;
+  }
+
+  void do_deallocate(void* p, std::size_t, std::size_t) override {
+    frees_.fetch_add(1, std::memory_order_relaxed);
+#if defined(FERRY_WITH_CUDART)
+    if (pinned_) {
+      FERRY_CUDA_LOG(cudaFreeHost(p));
+      return;
+    }
+#endif
+    std::free(p);
+  }
+
+  bool do_is_equal(const std::pmr::memory_resource& o) const noexcept override { return this == &o; }
+
+  bool pinned_;
+  std::atomic<std::uint64_t> allocs_{0}, frees_{0};
+};
+
+// A buffer_pool over its own pinned_resource; the pool owns the resource.
+class pinned_buffer_pool : public buffer_pool {
+  // Base-from-member: the resource must exist before the pool that uses it.
+  struct holder {
+    pinned_resource res;
+  };
+
+ public:
+  explicit pinned_buffer_pool(std::size_t max_cached_bytes = std::size_t(1) << 30)
+      : pinned_buffer_pool(std::make_unique<holder>(), max_cached_bytes) {}
+  ~pinned_buffer_pool() override { trim(); }  // before the resource goes
+  const pinned_resource& upstream_resource() const noexcept { return h_->res; }
+  bool pinned() const noexcept { return h_->res.pinned(); }
+
+ private:
+  pinned_buffer_pool(std::unique_ptr<holder> h, std::size_t max_cached)
+      : buffer_pool(&h->res, max_cached), h_(std::move(h)) {}
+  std::unique_ptr<holder> h_;
+};
+
+// A private pinned pool: its statistics count only what its users allocate.
+inline std::shared_ptr<pinned_buffer_pool> make_pinned_pool(
+    std::size_t max_cached_bytes = std::size_t(1) << 30) {
+  return std::make_shared<pinned_buffer_pool>(max_cached_bytes);
+}
+
+// The process-wide pinned pool that distribute() hands to batch() by default. It is
+// never destroyed (freeing pinned memory after the CUDA runtime has unloaded at exit
+// fails); its cached blocks stay reachable until the process ends.
+inline const std::shared_ptr<pinned_buffer_pool>& pinned_pool() {
+  static auto* p = new std::shared_ptr<pinned_buffer_pool>(make_pinned_pool());
+  return *p;
+}
+
+}  // namespace ferry

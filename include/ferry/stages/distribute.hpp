@@ -1,0 +1,444 @@
+// ferry/stages/distribute.hpp: distribute(replicas, {.remainder}) splits each global batch
+// into one batch per replica: tf.distribute's experimental_distribute_dataset for C++.
+//
+//   auto steps = std::move(src) | ferry::batch(256) | ferry::prefetch(2)
+//              | ferry::distribute(ferry::host_replicas{4}, {.remainder = ferry::remainder_policy::pad});
+//   auto steps = ... | ferry::distribute(ferry::cuda::devices{0, 1});   // ferry/cuda/devices.hpp
+//   for (auto& step : steps)
+//     for (std::size_t r = 0; r < step.replicas(); ++r) {
+//       auto& rb = step[r];   // rb.field<0>(), rb.size(), rb.valid(), rb.device(), rb.stream()
+//     }
+//
+// Splitting. A global batch of G rows goes to R replicas as R contiguous slices of G / R
+// rows: replica r gets rows [r*G/R, (r+1)*G/R). G is distribute_options::global_batch, or
+// the upstream batch stage's size when batch() is directly upstream, or else the size of
+// the first batch; G not divisible by R is a config_error. A batch larger than G is a
+// config_error. Only fixed-size fields can be split (a ragged field is a compile error).
+//
+// The last batch (any batch shorter than G, m rows) follows remainder_policy; every
+// replica always gets the same NUMBER of steps, so collective training never hangs:
+//   drop     the short batch is skipped (the default: every step is full).
+//   pad      it is padded to G rows with zero-valued rows (a value-initialised T, so the
+//            element type must be default-constructible): every replica's slice has
+//            size() == G/R, and valid() says how many leading rows are real; rows at and
+//            after valid() are zeros (replicas past the data get valid() == 0).
+//   partial  the m rows are split as evenly as possible: replica r gets m/R rows, plus
+//            one for r < m%R, contiguous and in order; size() == valid(); a replica may
+//            get 0 rows (empty spans, but still a step).
+//
+// Backends are chosen by the tag, found by argument-dependent lookup of
+// make_distribute_backend(tag) (the way Thrust picks a system):
+//   host_replicas{n}   n replicas in host memory: zero-copy views of the host batch, so
+//                      the whole API runs and is tested without a GPU. device() == -1,
+//                      stream() == nullptr. A step's data lives as long as the step.
+//   cuda::devices{...} one replica per listed device: see ferry/cuda/devices.hpp for the
+//                      copies, streams and the release contract.
+//
+// Memory: before the first pull, distribute hands the backend's batch memory (the
+// process-wide pinned pool for CUDA, a private pool for host replicas, or
+// distribute_options::host_resource) up the pipeline with set_buffer_resource, so batch()
+// collates straight into it and each row is written once and copied to the GPU from there.
+//
+// Order: steps come in upstream order; within a step replica r holds the r-th slice.
+// save/restore/rewind forward to the upstream (plus this stage's step counter).
+// Runs on the thread calling next(). Throws config_error as above, cuda_error from the
+// CUDA backend; upstream errors propagate unchanged.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <memory_resource>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/source.hpp"
+#include "ferry/stages/batch.hpp"
+
+namespace ferry {
+
+enum class remainder_policy { drop, pad, partial };
+
+struct distribute_options {
+  remainder_policy remainder = remainder_policy::drop;
+  // Global batch size G; 0 means: ask batch() directly upstream, else the first batch's size.
+  std::size_t global_batch = 0;
+  // Where batch() collates; null means the backend's default (pinned pool for CUDA).
+  std::shared_ptr<std::pmr::memory_resource> host_resource = nullptr;
+};
+
+// The host backend's tag: n replicas whose batches stay in host memory.
+struct host_replicas {
+  std::size_t n = 1;
+};
+
+template <class T>
+class step;
+
+namespace detail {
+struct step_access;
+
+// Rows [first, first + rows) of the global batch; the first `valid` of them are data.
+struct replica_slice {
+  std::size_t first = 0, rows = 0, valid = 0;
+};
+
+// Backend resources a step holds; release() says "the consumer has enqueued all its work
+// on this step" (called when the next step is requested or the step is destroyed).
+struct step_lease {
+  virtual ~step_lease() = default;
+  virtual void release() noexcept = 0;
+};
+
+template <class B>
+struct is_batch_of : std::false_type {};
+template <class T>
+struct is_batch_of<batch_of<T>> : std::true_type {};
+}  // namespace detail
+
+// One replica's part of a step: `size()` rows of each field in that replica's memory.
+template <class T>
+class replica_batch {
+  using B = batch_of<T>;
+
+ public:
+  static constexpr std::size_t field_count = B::field_count;
+  template <std::size_t I>
+  using field_t = typename B::template field_t<I>;
+
+  replica_batch() = default;
+
+  // Rows in this slice (padding included).
+  std::size_t size() const noexcept { return size_; }
+  // Rows that are real data: the first valid() rows. == size() except for a padded or
+  // partial last batch.
+  std::size_t valid() const noexcept { return valid_; }
+  bool empty() const noexcept { return size_ == 0; }
+  // -1 for host replicas, else the CUDA device ordinal the data is on.
+  int device() const noexcept { return device_; }
+  // The cudaStream_t on which the data is ready (enqueue work on it); nullptr for host.
+  void* stream() const noexcept { return stream_; }
+
+  // Field I of this slice: host memory for host replicas, device memory for CUDA (do not
+  // dereference it on the host then).
+  template <std::size_t I = 0>
+  std::span<const field_t<I>> field() const {
+    static_assert(!B::template is_ragged<I>, "ferry::distribute: ragged fields cannot be split");
+    return {reinterpret_cast<const field_t<I>*>(data_[I]), size_};
+  }
+  // Raw bytes of field f: size() * sizeof(field f).
+  std::span<const std::byte> field_bytes(std::size_t f) const {
+    return {data_[f], size_ * elem_bytes_[f]};
+  }
+
+ private:
+  friend struct detail::step_access;
+  std::array<const std::byte*, field_count> data_{};
+  std::array<std::size_t, field_count> elem_bytes_{};
+  std::size_t size_ = 0, valid_ = 0;
+  int device_ = -1;
+  void* stream_ = nullptr;
+};
+
+// One training step: one replica_batch per replica, all with the same size(). Move-only.
+// It keeps the host batch alive (and, for CUDA, the device buffers leased to it).
+template <class T>
+class step {
+ public:
+  step() = default;
+  step(step&&) noexcept = default;
+  step& operator=(step&&) noexcept = default;
+  step(const step&) = delete;
+  step& operator=(const step&) = delete;
+
+  std::size_t replicas() const noexcept { return r_.size(); }
+  replica_batch<T>& operator[](std::size_t r) { return r_[r]; }
+  const replica_batch<T>& operator[](std::size_t r) const { return r_[r]; }
+  auto begin() { return r_.begin(); }
+  auto end() { return r_.end(); }
+  auto begin() const { return r_.begin(); }
+  auto end() const { return r_.end(); }
+
+  // Rows over all replicas (padding included), and real rows.
+  std::size_t global_size() const noexcept {
+    std::size_t s = 0;
+    for (auto& b : r_) s += b.size();
+    return s;
+  }
+  std::size_t valid() const noexcept {
+    std::size_t s = 0;
+    for (auto& b : r_) s += b.valid();
+    return s;
+  }
+  // 0-based step number within the epoch.
+  std::uint64_t index() const noexcept { return index_; }
+  // The global host batch the slices were cut from (the padded copy under pad).
+  const batch_of<T>& host_batch() const { return *host_; }
+
+ private:
+  friend struct detail::step_access;
+  std::vector<replica_batch<T>> r_;
+  std::shared_ptr<const batch_of<T>> host_;
+  std::shared_ptr<detail::step_lease> lease_;
+  std::uint64_t index_ = 0;
+};
+
+namespace detail {
+
+// What backends use to build steps.
+struct step_access {
+  template <class T>
+  static step<T> make(std::shared_ptr<const batch_of<T>> host, std::size_t replicas,
+                      std::uint64_t index) {
+    step<T> s;
+    s.host_ = std::move(host);
+    s.r_.resize(replicas);
+    s.index_ = index;
+    return s;
+  }
+  template <class T>
+  static void set_lease(step<T>& s, std::shared_ptr<step_lease> l) {
+    s.lease_ = std::move(l);
+  }
+  template <class T>
+  static const std::shared_ptr<step_lease>& lease(const step<T>& s) {
+    return s.lease_;
+  }
+  template <class T>
+  static void set_replica(replica_batch<T>& rb, const std::byte* const* data, const batch_of<T>& host,
+                          const replica_slice& sl, int device, void* stream) {
+    for (std::size_t f = 0; f < batch_of<T>::field_count; ++f) {
+      rb.data_[f] = data[f];
+      rb.elem_bytes_[f] = host.element_bytes(f);
+    }
+    rb.size_ = sl.rows;
+    rb.valid_ = sl.valid;
+    rb.device_ = device;
+    rb.stream_ = stream;
+  }
+};
+
+// The host backend: slices are views of the host batch; nothing is copied.
+class host_replicas_backend {
+ public:
+  explicit host_replicas_backend(host_replicas h) : n_(h.n) {
+    if (n_ == 0) throw config_error("distribute(host_replicas{0}): need at least one replica");
+  }
+  std::size_t replicas() const noexcept { return n_; }
+  std::shared_ptr<std::pmr::memory_resource> default_host_resource() const {
+    return std::make_shared<buffer_pool>();
+  }
+  template <class T>
+  step<T> make_step(std::shared_ptr<const batch_of<T>> host, std::span<const replica_slice> slices,
+                    std::size_t /*rows_per_replica*/, std::uint64_t index) {
+    constexpr std::size_t nf = batch_of<T>::field_count;
+    step<T> s = step_access::make<T>(host, n_, index);
+    for (std::size_t r = 0; r < n_; ++r) {
+      std::array<const std::byte*, nf> data{};
+      for (std::size_t f = 0; f < nf; ++f)
+        data[f] = host->field_buffer(f).data() + slices[r].first * host->element_bytes(f);
+      step_access::set_replica(s[r], data.data(), *host, slices[r], -1, nullptr);
+    }
+    return s;
+  }
+
+ private:
+  std::size_t n_;
+};
+
+}  // namespace detail
+
+// The customisation point: found by ADL on the tag.
+inline detail::host_replicas_backend make_distribute_backend(const host_replicas& h) {
+  return detail::host_replicas_backend(h);
+}
+
+namespace detail {
+
+template <source Up, class Backend>
+class distribute_source : public source_interface<distribute_source<Up, Backend>> {
+  using in_t = value_t<Up>;
+  static_assert(is_batch_of<in_t>::value,
+                "ferry::distribute: the upstream must yield batches: put batch(global_size) "
+                "(and prefetch) before distribute()");
+  using T = typename in_t::element_type;
+  static_assert(batch_collator<T>::all_fixed,
+                "ferry::distribute: only fixed-size fields can be split across replicas; map "
+                "ragged fields (vectors, strings) to fixed-size std::arrays before batch()");
+
+ public:
+  using value_type = step<T>;
+
+  distribute_source(Up up, Backend be, distribute_options o)
+      : up_(std::move(up)), be_(std::move(be)), o_(std::move(o)) {
+    if (o_.remainder == remainder_policy::pad && !std::is_default_constructible_v<T>)
+      throw config_error("distribute: remainder_policy::pad fills with value-initialised "
+                         "elements, and this element type is not default-constructible; "
+                         "use drop or partial");
+    if (o_.global_batch != 0) check_global(o_.global_batch);
+  }
+  distribute_source(distribute_source&&) = default;
+  ~distribute_source() { release_previous(); }
+
+  std::optional<value_type> next() {
+    if (!started_) start();
+    release_previous();
+    const std::size_t R = be_.replicas();
+    for (;;) {
+      std::optional<in_t> b = up_.next();
+      if (!b) return std::nullopt;
+      const std::size_t m = b->size();
+      if (m == 0) continue;
+      if (global_ == 0) {
+        check_global(m);
+        global_ = m;
+      }
+      if (m > global_)
+        throw config_error("distribute: got a batch of " + std::to_string(m) +
+                           " rows, larger than the global batch size " + std::to_string(global_));
+      const std::size_t per = global_ / R;
+      slices_.resize(R);
+      if (m == global_) {
+        for (std::size_t r = 0; r < R; ++r) slices_[r] = {r * per, per, per};
+      } else if (o_.remainder == remainder_policy::drop) {
+        ++dropped_;
+        continue;
+      } else if (o_.remainder == remainder_policy::pad) {
+        b = pad(*b);
+        for (std::size_t r = 0; r < R; ++r)
+          slices_[r] = {r * per, per, std::min(per, m > r * per ? m - r * per : 0)};
+      } else {  // partial
+        std::size_t first = 0;
+        for (std::size_t r = 0; r < R; ++r) {
+          const std::size_t rows = m / R + (r < m % R ? 1 : 0);
+          slices_[r] = {first, rows, rows};
+          first += rows;
+        }
+      }
+      auto host = std::make_shared<const in_t>(std::move(*b));
+      value_type s = be_.template make_step<T>(std::move(host), slices_, per, index_++);
+      last_ = step_access::lease(s);
+      return s;
+    }
+  }
+
+  void rewind()
+    requires rewindable_source<Up>
+  {
+    release_previous();
+    up_.rewind();
+    index_ = 0;
+  }
+  void save(state_writer& w) const
+    requires resumable_source<Up>
+  {
+    up_.save(w);
+    w.tag("distribute");
+    w.put(index_);
+  }
+  void restore(state_reader& r)
+    requires resumable_source<Up>
+  {
+    up_.restore(r);
+    r.expect("distribute");
+    index_ = r.get();
+  }
+
+  std::size_t replicas() const noexcept { return be_.replicas(); }
+  // The global batch size, once known (0 before the first batch when it had to be inferred).
+  std::size_t global_batch() const noexcept { return global_; }
+  // Whether an upstream batch stage took distribute's memory (false: batches come from
+  // wherever upstream puts them; for CUDA that may be pageable memory, copied slower).
+  bool collates_into_distribute_memory() const noexcept { return hooked_; }
+  // Short batches skipped under remainder_policy::drop, over this stage's life.
+  std::uint64_t dropped() const noexcept { return dropped_; }
+  const std::shared_ptr<std::pmr::memory_resource>& host_resource() const noexcept { return res_; }
+  Backend& backend() noexcept { return be_; }
+
+ private:
+  void start() {
+    started_ = true;
+    res_ = o_.host_resource ? o_.host_resource : be_.default_host_resource();
+    hooked_ = forward_buffer_resource(up_, res_);
+    global_ = o_.global_batch;
+    if constexpr (requires { { up_.batch_size() } -> std::convertible_to<std::size_t>; }) {
+      if (global_ == 0) {
+        check_global(up_.batch_size());
+        global_ = up_.batch_size();
+      }
+    }
+  }
+
+  void check_global(std::size_t g) const {
+    const std::size_t R = be_.replicas();
+    if (g % R != 0)
+      throw config_error("distribute: the global batch size " + std::to_string(g) +
+                         " does not divide among " + std::to_string(R) +
+                         " replicas; use a batch size that is a multiple of " + std::to_string(R));
+  }
+
+  // The short batch copied into a full-size one whose tail rows are value-initialised T.
+  in_t pad(const in_t& b) {
+    if constexpr (std::is_default_constructible_v<T>) {
+      batch_collator<T> c;
+      in_t p = c.start(res_, global_);
+      T zero{};
+      for (std::size_t i = 0; i < global_; ++i) c.put(p, zero);
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        ((std::memcpy(p.template field<I>().data(), b.template field<I>().data(),
+                      b.size() * sizeof(typename in_t::template field_t<I>))),
+         ...);
+      }(std::make_index_sequence<in_t::field_count>{});
+      return p;
+    } else {
+      throw config_error("distribute: cannot pad a batch of non-default-constructible elements");
+    }
+  }
+
+  void release_previous() noexcept {
+    if (auto l = last_.lock()) l->release();
+    last_.reset();
+  }
+
+  Up up_;
+  Backend be_;
+  distribute_options o_;
+  std::shared_ptr<std::pmr::memory_resource> res_;
+  std::vector<replica_slice> slices_;
+  std::weak_ptr<step_lease> last_;
+  std::size_t global_ = 0;
+  std::uint64_t index_ = 0;
+  std::uint64_t dropped_ = 0;
+  bool started_ = false;
+  bool hooked_ = false;
+};
+
+}  // namespace detail
+
+struct distribute_t {
+  template <source S, class Tag>
+    requires requires(const Tag& t) { make_distribute_backend(t); }
+  auto operator()(S&& s, const Tag& tag, distribute_options o = {}) const {
+    detail::require_rvalue_source<S>();
+    using Be = decltype(make_distribute_backend(tag));
+    return detail::distribute_source<std::remove_cvref_t<S>, Be>(
+        std::forward<S>(s), make_distribute_backend(tag), std::move(o));
+  }
+  template <class Tag>
+    requires(!source<Tag>) && requires(const Tag& t) { make_distribute_backend(t); }
+  auto operator()(const Tag& tag, distribute_options o = {}) const {
+    return make_closure([tag, o]<class S>(S&& s) { return distribute_t{}(std::forward<S>(s), tag, o); });
+  }
+};
+inline constexpr distribute_t distribute{};
+
+}  // namespace ferry

@@ -1,0 +1,319 @@
+// distribute() with host replicas: the splitting, the remainder policies, memory reuse and
+// shutdown, checked on the CPU against a naive oracle (the upstream order, cut by hand).
+#include <doctest/doctest.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/memory/pinned.hpp"
+#include "ferry/sources/from_range.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/distribute.hpp"
+#include "ferry/stages/prefetch.hpp"
+
+using namespace std::chrono_literals;
+using elem = std::tuple<std::uint32_t, std::array<float, 3>>;
+
+namespace {
+
+std::vector<elem> make_data(std::uint32_t n) {
+  std::vector<elem> v;
+  for (std::uint32_t i = 0; i < n; ++i)
+    v.emplace_back(i + 1, std::array<float, 3>{float(i), float(i) * 0.5f, -float(i)});
+  return v;
+}
+
+std::string name(ferry::remainder_policy p) {
+  switch (p) {
+    case ferry::remainder_policy::drop: return "drop";
+    case ferry::remainder_policy::pad: return "pad";
+    default: return "partial";
+  }
+}
+
+// Checks every step of `steps` against the oracle: the data cut into G-row batches,
+// each split as the documented policy says. Returns the number of steps seen.
+template <class P>
+std::size_t check_epoch(P& steps, const std::vector<elem>& data, std::size_t R, std::size_t per,
+                        ferry::remainder_policy pol) {
+  const std::size_t G = R * per, n = data.size();
+  std::size_t pos = 0, nsteps = 0;
+  std::vector<std::size_t> seen(n, 0);
+  for (auto& st : steps) {
+    REQUIRE(st.replicas() == R);
+    CHECK(st.index() == nsteps);
+    const std::size_t m = std::min(G, n - pos);  // rows of this global batch
+    REQUIRE(m > 0);
+    if (pol == ferry::remainder_policy::drop) REQUIRE(m == G);
+    std::size_t cursor = pos;
+    for (std::size_t r = 0; r < R; ++r) {
+      auto& rb = st[r];
+      CHECK(rb.device() == -1);
+      CHECK(rb.stream() == nullptr);
+      std::size_t expect_rows = per, expect_valid = per;
+      if (m < G && pol == ferry::remainder_policy::pad) {
+        expect_valid = std::min(per, m > r * per ? m - r * per : 0);
+      } else if (m < G) {  // partial
+        expect_rows = expect_valid = m / R + (r < m % R ? 1 : 0);
+      }
+      REQUIRE(rb.size() == expect_rows);
+      REQUIRE(rb.valid() == expect_valid);
+      auto ids = rb.template field<0>();
+      auto xs = rb.template field<1>();
+      REQUIRE(ids.size() == rb.size());
+      for (std::size_t i = 0; i < rb.valid(); ++i) {
+        REQUIRE(cursor < n);
+        CHECK(ids[i] == std::get<0>(data[cursor]));
+        CHECK(xs[i] == std::get<1>(data[cursor]));
+        ++seen[cursor++];
+      }
+      for (std::size_t i = rb.valid(); i < rb.size(); ++i) {  // padding is zeros
+        CHECK(ids[i] == 0u);
+        CHECK(xs[i] == std::array<float, 3>{0, 0, 0});
+      }
+    }
+    CHECK(cursor == pos + m);
+    CHECK(st.valid() == m);
+    pos += m;
+    ++nsteps;
+  }
+  // Exactly once each: all elements, or all of the full batches under drop.
+  const std::size_t covered = pol == ferry::remainder_policy::drop ? n / G * G : n;
+  for (std::size_t i = 0; i < n; ++i) CHECK(seen[i] == (i < covered ? 1u : 0u));
+  return nsteps;
+}
+
+}  // namespace
+
+TEST_CASE("distribute(host_replicas): every element reaches exactly one replica, in order, "
+          "for every remainder policy (sweep against the oracle)") {
+  std::mt19937 rng(20240611);
+  for (auto pol : {ferry::remainder_policy::drop, ferry::remainder_policy::pad,
+                   ferry::remainder_policy::partial}) {
+    for (int trial = 0; trial < 60; ++trial) {
+      const std::size_t R = 1 + rng() % 5, per = 1 + rng() % 6, G = R * per;
+      const auto data = make_data(rng() % (4 * G + 3));
+      CAPTURE(name(pol));
+      CAPTURE(R);
+      CAPTURE(per);
+      CAPTURE(data.size());
+      auto steps = ferry::from_range(data) | ferry::batch(G) |
+                   ferry::distribute(ferry::host_replicas{R}, {.remainder = pol});
+      const std::size_t n = data.size();
+      const std::size_t expect =
+          pol == ferry::remainder_policy::drop ? n / G : (n + G - 1) / G;
+      CHECK(check_epoch(steps, data, R, per, pol) == expect);
+      CHECK(steps.global_batch() == G);
+      CHECK(steps.dropped() == (pol == ferry::remainder_policy::drop && n % G ? 1u : 0u));
+    }
+  }
+}
+
+TEST_CASE("distribute(host_replicas): slices are zero-copy views of the host batch") {
+  auto data = make_data(64);
+  auto steps = ferry::from_range(data) | ferry::batch(16) | ferry::distribute(ferry::host_replicas{4});
+  for (auto& st : steps) {
+    const auto& hb = st.host_batch();
+    for (std::size_t r = 0; r < 4; ++r) {
+      CHECK(st[r].field<0>().data() == hb.field<0>().data() + 4 * r);
+      CHECK(st[r].field<1>().data() == hb.field<1>().data() + 4 * r);
+      CHECK(st[r].field_bytes(1).size() == 4 * sizeof(std::array<float, 3>));
+    }
+  }
+}
+
+TEST_CASE("distribute: batch() collates into the memory distribute hands up, through prefetch" *
+          doctest::timeout(20)) {
+  ferry_test::watchdog wd(30s, "hook test");
+  auto pool = ferry::make_pinned_pool();
+  auto data = make_data(100);
+  auto steps = ferry::from_range(data) | ferry::batch(20) | ferry::prefetch(2) |
+               ferry::distribute(ferry::host_replicas{2}, {.host_resource = pool});
+  std::size_t rows = 0;
+  for (auto& st : steps) {
+    CHECK(st.host_batch().field_buffer(0).resource() == pool);
+    CHECK(st.host_batch().field_buffer(1).resource() == pool);
+    rows += st.valid();
+  }
+  CHECK(rows == 100);
+  CHECK(steps.collates_into_distribute_memory());
+  CHECK(steps.global_batch() == 20);  // inferred from the first batch (prefetch hides batch_size)
+}
+
+TEST_CASE("distribute: the default host resource is used through the same hook") {
+  auto data = make_data(40);
+  auto steps = ferry::from_range(data) | ferry::batch(8) | ferry::distribute(ferry::host_replicas{2});
+  auto st = steps.next();
+  REQUIRE(st);
+  CHECK(steps.collates_into_distribute_memory());
+  REQUIRE(steps.host_resource() != nullptr);
+  CHECK(st->host_batch().field_buffer(0).resource() == steps.host_resource());
+}
+
+TEST_CASE("distribute: the pool stops allocating after warm-up, for every policy") {
+  // Single-threaded, so the number of batches alive at once is exact: allocation must
+  // stop after the first epoch.
+  for (auto pol : {ferry::remainder_policy::drop, ferry::remainder_policy::pad,
+                   ferry::remainder_policy::partial}) {
+    CAPTURE(name(pol));
+    auto pool = ferry::make_pinned_pool();
+    auto data = make_data(1003);  // a short last batch every epoch
+    {
+      auto steps = ferry::from_range(data) | ferry::batch(32) |
+                   ferry::distribute(ferry::host_replicas{4}, {.remainder = pol, .host_resource = pool});
+      std::uint64_t after_warmup = 0;
+      for (int epoch = 0; epoch < 5; ++epoch) {
+        std::size_t n = 0;
+        for (auto& st : steps) n += st.valid();
+        CHECK(n == (pol == ferry::remainder_policy::drop ? 992u : 1003u));
+        if (epoch == 0) after_warmup = pool->statistics().upstream_allocations;
+        steps.rewind();
+      }
+      // Two fields, and two batches alive at once (range-for builds the next step
+      // before dropping the last), plus the padded copy.
+      CHECK(after_warmup >= 2);
+      CHECK(after_warmup <= 2 * 3);
+      CHECK(pool->statistics().upstream_allocations == after_warmup);
+      CHECK(pool->statistics().reuses > 100);
+    }
+    CHECK(pool->statistics().outstanding_bytes == 0);
+  }
+}
+
+TEST_CASE("distribute: with prefetch, the pool stays bounded by the batches in flight" *
+          doctest::timeout(30)) {
+  ferry_test::watchdog wd(60s, "pool bound test");
+  for (auto pol : {ferry::remainder_policy::drop, ferry::remainder_policy::pad,
+                   ferry::remainder_policy::partial}) {
+    CAPTURE(name(pol));
+    auto pool = ferry::make_pinned_pool();
+    auto data = make_data(1003);
+    {
+      auto steps = ferry::from_range(data) | ferry::batch(32) | ferry::prefetch(3) |
+                   ferry::distribute(ferry::host_replicas{4}, {.remainder = pol, .host_resource = pool});
+      for (int epoch = 0; epoch < 5; ++epoch) {
+        std::size_t n = 0;
+        for (auto& st : steps) n += st.valid();
+        CHECK(n == (pol == ferry::remainder_policy::drop ? 992u : 1003u));
+        steps.rewind();
+      }
+      // Batches alive at once: prefetch's depth + 2 (its documented bound), one more held
+      // by the step being replaced, and the padded copy; two fields each. 5 epochs x 32
+      // batches would be 320 allocations without the pool.
+      CHECK(pool->statistics().upstream_allocations <= 2 * (3 + 2 + 1 + 1));
+      CHECK(pool->statistics().reuses >= 300);
+    }
+    CHECK(pool->statistics().outstanding_bytes == 0);
+  }
+}
+
+TEST_CASE("distribute: a consumer abandoning mid-epoch frees everything" * doctest::timeout(20)) {
+  ferry_test::watchdog wd(30s, "abandon test");
+  auto pool = ferry::make_pinned_pool();
+  auto data = make_data(5000);
+  std::optional<ferry::step<elem>> kept;
+  {
+    auto steps = ferry::from_range(data) | ferry::batch(40) | ferry::prefetch(4) |
+                 ferry::distribute(ferry::host_replicas{4}, {.host_resource = pool});
+    int k = 0;
+    for (auto& st : steps) {
+      if (++k == 7) {
+        kept = std::move(st);  // a step may outlive its pipeline
+        break;
+      }
+    }
+    CHECK(pool->statistics().outstanding_bytes > 0);
+  }  // pipeline destroyed with prefetch's queue full
+  REQUIRE(kept);
+  CHECK((*kept)[3].field<0>()[9] == std::get<0>(data[6 * 40 + 3 * 10 + 9]));  // still readable
+  CHECK(pool->statistics().outstanding_bytes == kept->host_batch().payload_bytes());
+  kept.reset();
+  CHECK(pool->statistics().outstanding_bytes == 0);
+}
+
+TEST_CASE("distribute: configuration errors say what to do") {
+  auto data = make_data(100);
+  SUBCASE("global batch not divisible by the replicas") {
+    auto steps = ferry::from_range(data) | ferry::batch(10) | ferry::distribute(ferry::host_replicas{4});
+    CHECK_THROWS_AS(steps.next(), ferry::config_error);
+  }
+  SUBCASE("inferred global batch not divisible (through prefetch)") {
+    auto steps = ferry::from_range(data) | ferry::batch(10) | ferry::prefetch(1) |
+                 ferry::distribute(ferry::host_replicas{3});
+    CHECK_THROWS_WITH_AS(steps.next(), doctest::Contains("multiple of 3"), ferry::config_error);
+  }
+  SUBCASE("explicit global batch not divisible") {
+    CHECK_THROWS_AS(ferry::from_range(data) | ferry::batch(10) |
+                        ferry::distribute(ferry::host_replicas{4}, {.global_batch = 10}),
+                    ferry::config_error);
+  }
+  SUBCASE("a batch larger than the global batch") {
+    auto steps = ferry::from_range(data) | ferry::batch(16) |
+                 ferry::distribute(ferry::host_replicas{4}, {.global_batch = 8});
+    CHECK_THROWS_WITH_AS(steps.next(), doctest::Contains("larger than"), ferry::config_error);
+  }
+  SUBCASE("zero replicas") {
+    CHECK_THROWS_AS(ferry::distribute(ferry::from_range(data) | ferry::batch(4), ferry::host_replicas{0}),
+                    ferry::config_error);
+  }
+}
+
+TEST_CASE("distribute: an upstream error reaches the consumer unchanged") {
+  auto steps = ferry::batch(ferry_test::throwing_source(100, 37), 8) |
+               ferry::distribute(ferry::host_replicas{2});
+  std::size_t ok = 0;
+  CHECK_THROWS_WITH_AS(
+      [&] {
+        while (auto s = steps.next()) ok += s->valid();
+      }(),
+      doctest::Contains("source failed at 37"), std::runtime_error);
+  CHECK(ok == 32);
+}
+
+TEST_CASE("distribute: save/restore resumes at the same step; rewind starts over") {
+  auto data = make_data(200);
+  auto make = [&] {
+    return ferry::from_range(data) | ferry::batch(12) |
+           ferry::distribute(ferry::host_replicas{3}, {.remainder = ferry::remainder_policy::pad});
+  };
+  auto a = make();
+  for (int i = 0; i < 5; ++i) REQUIRE(a.next());
+  const auto st = ferry::save_state(a);
+  auto b = make();
+  ferry::restore_state(b, st);
+  std::size_t steps = 0;
+  while (auto sa = a.next()) {
+    auto sb = b.next();
+    REQUIRE(sb);
+    CHECK(sa->index() == sb->index());
+    CHECK(sa->valid() == sb->valid());
+    for (std::size_t r = 0; r < 3; ++r)
+      for (std::size_t i = 0; i < (*sa)[r].size(); ++i)
+        CHECK((*sa)[r].field<0>()[i] == (*sb)[r].field<0>()[i]);
+    ++steps;
+  }
+  CHECK_FALSE(b.next());
+  CHECK(steps == 17 - 5);  // ceil(200 / 12) == 17
+  a.rewind();
+  auto first = a.next();
+  REQUIRE(first);
+  CHECK(first->index() == 0);
+  CHECK((*first)[0].field<0>()[0] == 1u);
+}
+
+TEST_CASE("distribute: nothing runs before the first next()") {
+  auto calls = std::make_shared<std::atomic<std::uint64_t>>(0);
+  auto steps = ferry::batch(ferry_test::counting_source(64, calls), 8) |
+               ferry::distribute(ferry::host_replicas{2});
+  CHECK(calls->load() == 0);
+  REQUIRE(steps.next());
+  CHECK(calls->load() == 8);
+}

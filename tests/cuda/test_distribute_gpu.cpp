@@ -1,0 +1,226 @@
+// distribute(cuda::devices) on a real GPU. Exits 77 (SKIP) with the reason when there is
+// no usable device. Several replicas share device 0 when the machine has one GPU: each
+// is a separate replica with its own streams and pool, so the splitting is exercised.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <iterator>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/cuda/devices.hpp"
+#include "gpu_kernels.hpp"
+#include "ferry/cuda/runtime.hpp"
+#include "ferry/cuda/stream.hpp"
+#include "ferry/memory/pinned.hpp"
+#include "ferry/sources/from_range.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/distribute.hpp"
+#include "ferry/stages/prefetch.hpp"
+
+namespace ferry_test {
+extern std::atomic<long> device_syncs, stream_syncs, event_syncs;  // sync_counter.cpp
+}
+
+using namespace std::chrono_literals;
+using elem = std::tuple<std::uint32_t, std::array<float, 3>>;
+
+namespace {
+
+std::vector<elem> make_data(std::uint32_t n) {
+  std::vector<elem> v;
+  for (std::uint32_t i = 0; i < n; ++i)
+    v.emplace_back(i + 1, std::array<float, 3>{float(i), float(i) * 0.5f, -float(i)});
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("device contents equal the host batch, byte for byte, for every policy" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(120s, "bytes test");
+  for (auto pol : {ferry::remainder_policy::drop, ferry::remainder_policy::pad,
+                   ferry::remainder_policy::partial}) {
+    for (int R : {1, 2, 3}) {
+      CAPTURE(static_cast<int>(pol));
+      CAPTURE(R);
+      const std::size_t per = 16, G = R * per;
+      const auto data = make_data(1003);
+      std::vector<int> ords(R, 0);
+      auto steps = ferry::from_range(data) | ferry::batch(G) | ferry::prefetch(2) |
+                   ferry::distribute(ferry::cuda::devices(ords), {.remainder = pol});
+      std::size_t cursor = 0, nsteps = 0;
+      for (auto& st : steps) {
+        REQUIRE(st.replicas() == std::size_t(R));
+        std::size_t first = 0;
+        for (int r = 0; r < R; ++r) {
+          auto& rb = st[r];
+          CHECK(rb.device() == 0);
+          REQUIRE(rb.stream() != nullptr);
+          auto s = static_cast<cudaStream_t>(rb.stream());
+          std::vector<std::uint32_t> ids(rb.size());
+          std::vector<std::array<float, 3>> xs(rb.size());
+          if (rb.size()) {
+            FERRY_CUDA_TRY(cudaMemcpyAsync(ids.data(), rb.field<0>().data(), rb.field_bytes(0).size(),
+                                           cudaMemcpyDeviceToHost, s));
+            FERRY_CUDA_TRY(cudaMemcpyAsync(xs.data(), rb.field<1>().data(), rb.field_bytes(1).size(),
+                                           cudaMemcpyDeviceToHost, s));
+          }
+          FERRY_CUDA_TRY(cudaStreamSynchronize(s));
+          const auto& hb = st.host_batch();
+          CHECK(std::memcmp(ids.data(), hb.field_bytes(0, first, rb.size()).data(), rb.field_bytes(0).size()) == 0);
+          CHECK(std::memcmp(xs.data(), hb.field_bytes(1, first, rb.size()).data(), rb.field_bytes(1).size()) == 0);
+          for (std::size_t i = 0; i < rb.valid(); ++i, ++cursor) CHECK(ids[i] == std::get<0>(data[cursor]));
+          for (std::size_t i = rb.valid(); i < rb.size(); ++i) CHECK(ids[i] == 0u);
+          first += rb.size();
+        }
+        ++nsteps;
+      }
+      const std::size_t n = data.size();
+      CHECK(cursor == (pol == ferry::remainder_policy::drop ? n / G * G : n));
+      CHECK(nsteps == (pol == ferry::remainder_policy::drop ? n / G : (n + G - 1) / G));
+    }
+  }
+}
+
+TEST_CASE("the hot path never waits on the host, and device memory stops growing" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(120s, "sync test");
+  const auto data = make_data(64 * 200);
+  unsigned long long* d_sum = nullptr;
+  FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_sum), 2 * sizeof(unsigned long long)));
+  FERRY_CUDA_TRY(cudaMemset(d_sum, 0, 2 * sizeof(unsigned long long)));
+  auto pool = ferry::make_pinned_pool();
+  {
+    auto steps = ferry::from_range(data) | ferry::batch(64) | ferry::prefetch(2) |
+                 ferry::distribute(ferry::cuda::devices{0, 0}, {.host_resource = pool});
+    REQUIRE(steps.collates_into_distribute_memory());
+    const long d0 = ferry_test::device_syncs, s0 = ferry_test::stream_syncs, e0 = ferry_test::event_syncs;
+    std::uint64_t allocs_after_warmup = 0;
+    int k = 0;
+    for (auto& st : steps) {
+      for (int r = 0; r < 2; ++r)
+        FERRY_CUDA_TRY(ferry_test::launch_sum_ids(st[r].stream(), st[r].field<0>().data(), st[r].size(), d_sum + r));
+      if (++k == 4) allocs_after_warmup = steps.backend().pool_stats(0).allocations;
+    }
+    CHECK(ferry_test::device_syncs - d0 == 0);
+    CHECK(ferry_test::stream_syncs - s0 == 0);
+    CHECK(ferry_test::event_syncs - e0 == 0);
+    CHECK(k == 200);
+    CHECK(allocs_after_warmup >= 1);
+    CHECK(steps.backend().pool_stats(0).allocations == allocs_after_warmup);
+    CHECK(steps.backend().pool_stats(1).allocations <= allocs_after_warmup + 1);
+    CHECK(steps.backend().pool_stats(0).reuses >= 190);
+    CHECK(pool->statistics().upstream_allocations <= 2 * 6);
+    FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().compute_stream(0)));
+    FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().compute_stream(1)));
+  }
+  unsigned long long sums[2] = {};
+  FERRY_CUDA_TRY(cudaMemcpy(sums, d_sum, sizeof sums, cudaMemcpyDeviceToHost));
+  const unsigned long long n = data.size();
+  CHECK(sums[0] + sums[1] == n * (n + 1) / 2);  // each id (1..n) reached exactly one replica
+  FERRY_CUDA_TRY(cudaFree(d_sum));
+  CHECK(pool->statistics().outstanding_bytes == 0);
+}
+
+TEST_CASE("copies of step k+1 overlap the kernel of step k (measured with events)" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(120s, "overlap test");
+  struct big {  // 1 KiB rows: 8 MiB per step
+    float v[256];
+  };
+  std::vector<big> data(8192 * 8);
+  for (std::size_t i = 0; i < data.size(); ++i) std::fill(std::begin(data[i].v), std::end(data[i].v), float(i));
+  float* d_out = nullptr;
+  FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_out), sizeof(float)));
+  const long long cycles = ferry_test::cycles_for_ms(20);
+  auto steps = ferry::from_range(data) | ferry::batch(8192) | ferry::prefetch(3) |
+               ferry::distribute(ferry::cuda::devices{0});
+  std::vector<ferry::cuda::event> kernel_end, copy_end;
+  for (int i = 0; i < 8; ++i) {
+    kernel_end.push_back(ferry::cuda::event::create(true));
+    copy_end.push_back(ferry::cuda::event::create(true));
+  }
+  int k = 0;
+  for (auto& st : steps) {
+    // The copy for this step was enqueued by next(): mark its end on the copy stream.
+    copy_end[k].record(steps.backend().copy_stream(0));
+    auto s = static_cast<cudaStream_t>(st[0].stream());
+    FERRY_CUDA_TRY(ferry_test::launch_spin(s, cycles, st[0].field<0>().data(), d_out));
+    kernel_end[k].record(s);
+    ++k;
+  }
+  REQUIRE(k == 8);
+  FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().compute_stream(0)));
+  int overlapped = 0;
+  for (int i = 0; i + 1 < k; ++i) {
+    // Copy k+1 finished before kernel k did: it ran while the kernel ran.
+    const float ms = ferry::cuda::event::elapsed_ms(copy_end[i + 1], kernel_end[i]);
+    MESSAGE("step " << i << ": kernel ended " << ms << " ms after the next copy");
+    if (ms > 0) ++overlapped;
+  }
+  CHECK(overlapped >= k - 2);  // the host may fall behind once while prefetch warms up
+  FERRY_CUDA_TRY(cudaFree(d_out));
+}
+
+TEST_CASE("abandoning mid-epoch synchronises and frees every block" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(120s, "shutdown test");
+  std::size_t free0 = 0, total = 0, free1 = 0;
+  FERRY_CUDA_TRY(cudaMemGetInfo(&free0, &total));
+  auto pool = ferry::make_pinned_pool();
+  struct big {
+    float v[1024];
+  };
+  std::vector<big> data(4096 * 6, big{});
+  float* d_out = nullptr;
+  FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_out), sizeof(float)));
+  {
+    auto steps = ferry::from_range(data) | ferry::batch(4096) | ferry::prefetch(2) |
+                 ferry::distribute(ferry::cuda::devices{0, 0}, {.host_resource = pool});
+    int k = 0;
+    for (auto& st : steps) {
+      for (int r = 0; r < 2; ++r)
+        FERRY_CUDA_TRY(ferry_test::launch_spin(st[r].stream(), ferry_test::cycles_for_ms(2),
+                                               st[r].field<0>().data(), d_out));
+      if (++k == 3) break;  // kernels still running, copies in flight
+    }
+  }
+  FERRY_CUDA_TRY(cudaFree(d_out));
+  FERRY_CUDA_TRY(cudaMemGetInfo(&free1, &total));
+  // 16 MiB blocks, two replicas, two or three steps' worth: all of it must be back.
+  CHECK(free0 - std::min(free0, free1) < (std::size_t(4) << 20));
+  CHECK(pool->statistics().outstanding_bytes == 0);
+}
+
+TEST_CASE("user compute streams are used as given; bad device lists are config errors") {
+  ferry::cuda::stream mine = ferry::cuda::stream::create(0);
+  auto data = make_data(64);
+  auto steps = ferry::from_range(data) | ferry::batch(16) |
+               ferry::distribute(ferry::cuda::devices({0}, {static_cast<void*>(mine.get())}));
+  for (auto& st : steps) CHECK(st[0].stream() == static_cast<void*>(mine.get()));
+  CHECK_THROWS_AS(ferry::distribute(ferry::from_range(data) | ferry::batch(16), ferry::cuda::devices{999}),
+                  ferry::config_error);
+  CHECK_THROWS_AS(ferry::distribute(ferry::from_range(data) | ferry::batch(16),
+                                    ferry::cuda::devices(std::vector<int>{})),
+                  ferry::config_error);
+}
+
+int main(int argc, char** argv) {
+  if (!ferry::cuda::available()) {
+    std::printf("SKIP: no usable CUDA device: %s\n", ferry::cuda::unavailable_reason().c_str());
+    return 77;
+  }
+  for (int i = 1; i < argc; ++i)
+    if (std::strcmp(argv[i], "--ferry-probe") == 0) return 0;
+  doctest::Context ctx(argc, argv);
+  return ctx.run();
+}
