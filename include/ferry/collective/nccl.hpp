@@ -1,0 +1,135 @@
+// ferry/collective/nccl.hpp: NCCL communicators over the local GPUs, one rank per GPU;
+// the communicator of GPU replicas. Plain C API: compiles with g++ when the target links
+// cudart (FERRY_WITH_CUDART) and NCCL (nccl.h, libnccl); needs no nvcc.
+//
+//   auto comms = ferry::nccl_communicator::local({0, 1});   // ncclCommInitAll
+//   comms[r].set_stream(replica_stream);                     // on replica r's thread
+//   comms[r].all_reduce_average(device_grads);               // enqueued on that stream
+//
+// Collectives are enqueued on the communicator's stream and return at once (stream
+// order is the synchronisation, as with any CUDA work); barrier() synchronises the stream.
+// When one thread drives several ranks it must bracket their calls with group_start() /
+// group_end() (NCCL's rule); the trainer gives every GPU replica its own thread instead.
+//
+// Throws ferry::error naming the NCCL/CUDA call and its status string on failure.
+#pragma once
+
+#include "ferry/config.hpp"
+
+#if defined(FERRY_WITH_CUDART)
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdio>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/collective/communicator.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry {
+
+namespace detail {
+inline void nccl_check(ncclResult_t r, const char* call) {
+  if (r != ncclSuccess)
+    throw error(std::string("NCCL: ") + call + " failed: " + ncclGetErrorString(r));
+}
+inline void cuda_check_nccl(cudaError_t r, const char* call) {
+  if (r != cudaSuccess)
+    throw error(std::string("CUDA: ") + call + " failed: " + cudaGetErrorString(r));
+}
+}  // namespace detail
+
+class nccl_communicator {
+ public:
+  // One communicator per listed device, rank i on devices[i] (ncclCommInitAll).
+  // Throws config_error for an empty list, ferry::error when NCCL fails.
+  static std::vector<nccl_communicator> local(const std::vector<int>& devices) {
+    if (devices.empty()) throw config_error("nccl_communicator::local: no devices given");
+    std::vector<ncclComm_t> raw(devices.size());
+    detail::nccl_check(ncclCommInitAll(raw.data(), static_cast<int>(devices.size()),
+                                       devices.data()),
+                       "ncclCommInitAll");
+    std::vector<nccl_communicator> out;
+    out.reserve(devices.size());
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      out.push_back(nccl_communicator(raw[i], devices[i], static_cast<int>(i),
+                                      static_cast<int>(devices.size())));
+    return out;
+  }
+
+  nccl_communicator(nccl_communicator&& o) noexcept
+      : comm_(std::exchange(o.comm_, nullptr)), dev_(o.dev_), rank_(o.rank_), size_(o.size_),
+        stream_(o.stream_), scratch_(std::exchange(o.scratch_, nullptr)) {}
+  nccl_communicator& operator=(nccl_communicator&& o) noexcept {
+    if (this != &o) {
+      release();
+      comm_ = std::exchange(o.comm_, nullptr);
+      dev_ = o.dev_;
+      rank_ = o.rank_;
+      size_ = o.size_;
+      stream_ = o.stream_;
+      scratch_ = std::exchange(o.scratch_, nullptr);
+    }
+    return *this;
+  }
+  nccl_communicator(const nccl_communicator&) = delete;
+  nccl_communicator& operator=(const nccl_communicator&) = delete;
+  ~nccl_communicator() { release(); }
+
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return size_; }
+  int device() const noexcept { return dev_; }
+  // The stream collectives are enqueued on (default: the legacy default stream).
+  void set_stream(void* stream) noexcept { stream_ = static_cast<cudaStream_t>(stream); }
+
+  // `s` is device memory on device().
+  void all_reduce_sum(std::span<float> s) { reduce(s, ncclSum); }
+  void all_reduce_average(std::span<float> s) { reduce(s, ncclAvg); }
+  void broadcast(std::span<float> s, int root) {
+    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
+    detail::nccl_check(ncclBroadcast(s.data(), s.data(), s.size(), ncclFloat, root, comm_,
+                                     stream_),
+                       "ncclBroadcast");
+  }
+  // Every rank's queued work, collectives included, is done when barrier() returns.
+  void barrier() {
+    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
+    if (!scratch_) detail::cuda_check_nccl(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+    detail::nccl_check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
+                       "ncclAllReduce (barrier)");
+    detail::cuda_check_nccl(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  static void group_start() { detail::nccl_check(ncclGroupStart(), "ncclGroupStart"); }
+  static void group_end() { detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd"); }
+
+ private:
+  nccl_communicator(ncclComm_t c, int dev, int rank, int size)
+      : comm_(c), dev_(dev), rank_(rank), size_(size) {}
+  void reduce(std::span<float> s, ncclRedOp_t op) {
+    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
+    detail::nccl_check(ncclAllReduce(s.data(), s.data(), s.size(), ncclFloat, op, comm_, stream_),
+                       "ncclAllReduce");
+  }
+  void release() noexcept {
+    if (scratch_) cudaFree(scratch_);
+    if (comm_) ncclCommDestroy(comm_);
+    scratch_ = nullptr;
+    comm_ = nullptr;
+  }
+
+  ncclComm_t comm_ = nullptr;
+  int dev_ = 0, rank_ = 0, size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  float* scratch_ = nullptr;
+};
+
+static_assert(communicator<nccl_communicator>);
+
+}  // namespace ferry
+
+#endif  // FERRY_WITH_CUDART

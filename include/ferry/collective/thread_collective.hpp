@@ -1,0 +1,167 @@
+// ferry/collective/thread_collective.hpp: collectives among N threads of one process, the
+// communicator of host replicas.
+//
+//   ferry::thread_group g(4);                 // shared by the 4 replica threads
+//   auto c = g.communicator(r);               // on replica thread r
+//   c.all_reduce_average(grads);              // every thread calls it, same length
+//
+// all_reduce: each rank posts its buffer, then rank r sums slice r of every buffer in rank
+// order 0..N-1 and writes the sum into slice r of every buffer (a reduce-scatter and an
+// all-gather in one pass, no staging copy). Every rank ends with bit-identical values, and
+// the result does not depend on thread timing. Two barriers per call; no allocation.
+//
+// Failure: if one thread fails (its replica threw), abort() wakes every thread waiting in
+// a collective and makes it throw ferry::error instead of waiting forever. Buffers passed
+// to one call must all have the same length (config_error otherwise, on every rank).
+//
+// Thread safety: a thread_group is shared by its N threads; each thread_communicator is
+// used by one thread. Runs no user code.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/collective/communicator.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry {
+
+class thread_communicator;
+
+class thread_group {
+ public:
+  // Throws config_error for size < 1.
+  explicit thread_group(int size)
+      : n_(size), bufs_(size > 0 ? size : 0), lens_(size > 0 ? size : 0) {
+    if (size < 1)
+      throw config_error("thread_group: the group needs at least 1 thread (got " +
+                         std::to_string(size) + ")");
+  }
+  thread_group(const thread_group&) = delete;
+  thread_group& operator=(const thread_group&) = delete;
+
+  int size() const noexcept { return n_; }
+  inline thread_communicator communicator(int rank);
+
+  // Wakes every waiter; every later collective throws. Called when a member thread fails.
+  void abort() noexcept {
+    {
+      std::lock_guard lk(m_);
+      aborted_ = true;
+    }
+    cv_.notify_all();
+  }
+  bool aborted() const noexcept {
+    std::lock_guard lk(m_);
+    return aborted_;
+  }
+  // Makes the group usable again after abort() (no thread may be inside a collective).
+  void reset() noexcept {
+    std::lock_guard lk(m_);
+    aborted_ = false;
+    waiting_ = 0;
+  }
+
+  // A reusable generation barrier that abort() can break.
+  void barrier() {
+    std::unique_lock lk(m_);
+    if (aborted_) throw error("thread_group: a collective was aborted (another replica failed)");
+    const std::uint64_t gen = gen_;
+    if (++waiting_ == n_) {
+      waiting_ = 0;
+      ++gen_;
+      lk.unlock();
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lk, [&] { return gen_ != gen || aborted_; });
+    if (gen_ == gen) throw error("thread_group: a collective was aborted (another replica failed)");
+  }
+
+ private:
+  friend class thread_communicator;
+
+  void all_reduce(int rank, std::span<float> s, bool average) {
+    bufs_[rank] = s.data();
+    lens_[rank] = s.size();
+    barrier();
+    for (int q = 0; q < n_; ++q)
+      if (lens_[q] != s.size()) {
+        barrier();  // let every rank see the mismatch before anyone reposts
+        throw config_error("thread_group::all_reduce: ranks passed buffers of different "
+                           "lengths (" + std::to_string(lens_[q]) + " on rank " +
+                           std::to_string(q) + ", " + std::to_string(s.size()) + " on rank " +
+                           std::to_string(rank) + ")");
+      }
+    const std::size_t len = s.size();
+    const std::size_t lo = len * rank / n_, hi = len * (rank + 1) / n_;
+    const float scale = average ? 1.0f / static_cast<float>(n_) : 1.0f;
+    for (std::size_t i = lo; i < hi; ++i) {
+      float t = bufs_[0][i];
+      for (int q = 1; q < n_; ++q) t += bufs_[q][i];
+      if (average) t *= scale;
+      for (int q = 0; q < n_; ++q) bufs_[q][i] = t;
+    }
+    barrier();  // nobody returns (and reuses its buffer) while others still read or write it
+  }
+
+  void broadcast(int rank, std::span<float> s, int root) {
+    if (root < 0 || root >= n_)
+      throw config_error("thread_group::broadcast: root " + std::to_string(root) +
+                         " is not a rank of a group of " + std::to_string(n_));
+    bufs_[rank] = s.data();
+    lens_[rank] = s.size();
+    barrier();
+    if (lens_[root] != s.size()) {
+      barrier();
+      throw config_error("thread_group::broadcast: rank " + std::to_string(rank) + " passed " +
+                         std::to_string(s.size()) + " floats, the root " +
+                         std::to_string(lens_[root]));
+    }
+    if (rank != root)
+      for (std::size_t i = 0; i < s.size(); ++i) s[i] = bufs_[root][i];
+    barrier();
+  }
+
+  int n_;
+  std::vector<float*> bufs_;
+  std::vector<std::size_t> lens_;
+  mutable std::mutex m_;
+  std::condition_variable cv_;
+  int waiting_ = 0;
+  std::uint64_t gen_ = 0;
+  bool aborted_ = false;
+};
+
+// One rank's handle on a thread_group; satisfies ferry::communicator.
+class thread_communicator {
+ public:
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return g_->size(); }
+  void all_reduce_sum(std::span<float> s) { g_->all_reduce(rank_, s, false); }
+  void all_reduce_average(std::span<float> s) { g_->all_reduce(rank_, s, true); }
+  void broadcast(std::span<float> s, int root) { g_->broadcast(rank_, s, root); }
+  void barrier() { g_->barrier(); }
+
+ private:
+  friend class thread_group;
+  thread_communicator(thread_group* g, int rank) : g_(g), rank_(rank) {}
+  thread_group* g_;
+  int rank_;
+};
+
+inline thread_communicator thread_group::communicator(int rank) {
+  if (rank < 0 || rank >= n_)
+    throw config_error("thread_group::communicator: rank " + std::to_string(rank) +
+                       " is not in [0, " + std::to_string(n_) + ")");
+  return thread_communicator(this, rank);
+}
+
+static_assert(communicator<thread_communicator>);
+
+}  // namespace ferry

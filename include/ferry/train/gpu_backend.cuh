@@ -1,0 +1,128 @@
+// ferry/train/gpu_backend.cuh: the GPU backend of the trainer: GEMMs through cuBLAS and
+// the same elementwise functors as the host backend through Thrust's CUDA system, all on
+// the replica's compute stream (the stream distribute() hands out with each slice).
+//
+//   using gpu_trainer = ferry::train::mirrored_trainer<ferry::train::gpu_backend,
+//                                                      ferry::nccl_communicator>;
+//   gpu_trainer t(cfg, opts, ferry::nccl_communicator::local({0, 1}),
+//                 {{.device = 0, .stream = s0}, {.device = 1, .stream = s1}});
+//
+// Memory: alloc() is cudaMalloc on the replica's device, zeroed, freed with the backend;
+// everything is allocated when the trainer is built, nothing per step. Work is enqueued
+// asynchronously (thrust::cuda::par_nosync); only download() (the step statistics, 16
+// bytes) waits for the stream. No stream given: the backend creates one and owns it.
+//
+// Throws ferry::error naming the CUDA / cuBLAS call on failure. One backend per replica,
+// used by that replica's thread (it calls cudaSetDevice on entry to each operation).
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/system/cuda/execution_policy.h>
+
+#include "ferry/error.hpp"
+
+namespace ferry::train {
+
+namespace detail {
+inline void gpu_check(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) throw error(std::string("CUDA: ") + call + " failed: " + cudaGetErrorString(e));
+}
+inline void blas_check(cublasStatus_t s, const char* call) {
+  if (s != CUBLAS_STATUS_SUCCESS)
+    throw error(std::string("cuBLAS: ") + call + " failed with status " + std::to_string(int(s)));
+}
+// p[i] = v (namespace scope: kernels cannot name a private nested type).
+struct fill_fn {
+  float* p;
+  float v;
+  __host__ __device__ void operator()(std::size_t i) const { p[i] = v; }
+};
+}  // namespace detail
+
+class gpu_backend {
+ public:
+  static constexpr bool on_device = true;
+
+  // Context: anything with .device and .stream (replica_context).
+  template <class Context>
+  explicit gpu_backend(const Context& ctx) : dev_(ctx.device < 0 ? 0 : ctx.device) {
+    detail::gpu_check(cudaSetDevice(dev_), "cudaSetDevice");
+    if (ctx.stream) {
+      stream_ = static_cast<cudaStream_t>(ctx.stream);
+    } else {
+      detail::gpu_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      own_stream_ = true;
+    }
+    detail::blas_check(cublasCreate(&blas_), "cublasCreate");
+    detail::blas_check(cublasSetStream(blas_, stream_), "cublasSetStream");
+  }
+  gpu_backend(const gpu_backend&) = delete;
+  gpu_backend& operator=(const gpu_backend&) = delete;
+  ~gpu_backend() {
+    cudaSetDevice(dev_);
+    cudaStreamSynchronize(stream_);
+    for (float* p : blocks_) cudaFree(p);
+    if (blas_) cublasDestroy(blas_);
+    if (own_stream_) cudaStreamDestroy(stream_);
+  }
+
+  int device() const { return dev_; }
+  void* stream() const { return stream_; }
+
+  float* alloc(std::size_t n) {
+    float* p = nullptr;
+    detail::gpu_check(cudaSetDevice(dev_), "cudaSetDevice");
+    detail::gpu_check(cudaMalloc(&p, (n ? n : 1) * sizeof(float)), "cudaMalloc");
+    blocks_.push_back(p);
+    detail::gpu_check(cudaMemsetAsync(p, 0, (n ? n : 1) * sizeof(float), stream_), "cudaMemsetAsync");
+    return p;
+  }
+
+  // Row-major C(m x n) = op(A) op(B) + beta C. cuBLAS is column-major: a row-major C is a
+  // column-major C^T = op(B)^T op(A)^T, so swap the operands (no transposes copied).
+  void gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b,
+            int ldb, float beta, float* c, int ldc) {
+    const float one = 1.0f;
+    detail::blas_check(cublasSgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                   n, m, k, &one, b, ldb, a, lda, &beta, c, ldc),
+                       "cublasSgemm");
+  }
+  // y(cols) = A^T x, A rows x cols row-major (= column-major cols x rows: y = A_cm x).
+  void gemv_t(int rows, int cols, const float* a, const float* x, float* y) {
+    const float one = 1.0f, zero = 0.0f;
+    detail::blas_check(cublasSgemv(blas_, CUBLAS_OP_N, cols, rows, &one, a, cols, x, 1, &zero, y, 1),
+                       "cublasSgemv");
+  }
+  template <class F>
+  void for_each(std::size_t n, F f) {
+    thrust::for_each(thrust::cuda::par_nosync.on(stream_), thrust::counting_iterator<std::size_t>(0),
+                     thrust::counting_iterator<std::size_t>(n), f);
+  }
+  void fill(float* p, std::size_t n, float v) { for_each(n, detail::fill_fn{p, v}); }
+  void upload(void* dst, const void* src, std::size_t bytes) {
+    detail::gpu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    sync();  // src may be a temporary on the caller's stack
+  }
+  void download(void* dst, const void* src, std::size_t bytes) {
+    detail::gpu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    sync();
+  }
+  void sync() { detail::gpu_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+ private:
+  int dev_;
+  cudaStream_t stream_ = nullptr;
+  bool own_stream_ = false;
+  cublasHandle_t blas_ = nullptr;
+  std::vector<float*> blocks_;
+};
+
+}  // namespace ferry::train

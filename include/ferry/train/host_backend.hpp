@@ -1,0 +1,78 @@
+// ferry/train/host_backend.hpp: the CPU backend of the trainer: GEMMs through OpenBLAS's
+// cblas_sgemm, elementwise functors through Thrust's CPP (host) system.
+//
+// Build: link OpenBLAS (Meson's cblas_dep) and give g++ Thrust's headers
+// (-isystem /usr/local/cuda/include/cccl) with THRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP
+// on that target only (never globally: device_vector would change meaning across targets).
+// Under nvcc the device system stays CUDA; this backend names thrust::cpp::par explicitly.
+//
+// Memory: alloc() hands out zeroed float arrays owned by the backend, freed with it; the
+// trainer allocates everything up front, so a step allocates nothing.
+// One backend per replica; it is used by that replica's thread only. Throws
+// std::bad_alloc from alloc(); nothing else.
+#pragma once
+
+#if !defined(__CUDACC__) && !defined(THRUST_DEVICE_SYSTEM)
+#error "ferry/train/host_backend.hpp: compile this target with -DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP (and -isystem /usr/local/cuda/include/cccl)"
+#endif
+
+#include <cblas.h>
+
+#include <cstddef>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/system/cpp/execution_policy.h>
+
+namespace ferry::train {
+
+class host_backend {
+ public:
+  static constexpr bool on_device = false;
+
+  host_backend() = default;
+  template <class Context>
+  explicit host_backend(const Context&) {}  // host replicas need no device or stream
+  host_backend(const host_backend&) = delete;
+  host_backend& operator=(const host_backend&) = delete;
+
+  float* alloc(std::size_t n) {
+    blocks_.push_back(std::make_unique<float[]>(n ? n : 1));  // value-initialised: zeros
+    return blocks_.back().get();
+  }
+
+  // Row-major C(m x n) = op(A) op(B) + beta C, op(X) = X^T when t is set.
+  void gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b,
+            int ldb, float beta, float* c, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                m, n, k, 1.0f, a, lda, b, ldb, beta, c, ldc);
+  }
+  // y(cols) = A^T x, A rows x cols row-major (the bias gradient: column sums).
+  void gemv_t(int rows, int cols, const float* a, const float* x, float* y) {
+    cblas_sgemv(CblasRowMajor, CblasTrans, rows, cols, 1.0f, a, cols, x, 1, 0.0f, y, 1);
+  }
+  template <class F>
+  void for_each(std::size_t n, F f) {
+    thrust::for_each(thrust::cpp::par, thrust::counting_iterator<std::size_t>(0),
+                     thrust::counting_iterator<std::size_t>(n), f);
+  }
+  void fill(float* p, std::size_t n, float v) {
+    for (std::size_t i = 0; i < n; ++i) p[i] = v;
+  }
+  // Host <-> backend memory: plain copies here.
+  void upload(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  void sync() {}
+  void* stream() const { return nullptr; }
+
+  // OpenBLAS's own thread count (process-wide): 1 when replicas run on their own threads.
+  static void set_blas_threads(int n) { openblas_set_num_threads(n); }
+
+ private:
+  std::vector<std::unique_ptr<float[]>> blocks_;
+};
+
+}  // namespace ferry::train

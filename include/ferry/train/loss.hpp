@@ -1,0 +1,67 @@
+// ferry/train/loss.hpp: softmax cross-entropy with optional per-class weights, as a
+// functor over rows (FERRY_HOST_DEVICE: the same code runs on the host and GPU backends).
+//
+// For row i with label y and weight w = (i < valid rows) ? class_weight[y] : 0:
+//   loss_i = -w * log softmax(z_i)[y]
+//   dz_i   =  w * (softmax(z_i) - onehot(y))          (gradient of the SUM of losses)
+// The trainer sums loss_i, w and the gradients over the global batch (all-reduce) and
+// divides by the global weight sum: the mean over the global batch, whatever the replica
+// count. Labels outside [0, classes) are treated as padding (weight 0) and counted in
+// stats[3] as not valid, never read out of bounds. Throws nothing.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "ferry/config.hpp"
+
+namespace ferry::train {
+
+struct softmax_xent_rows {
+  const float* logits;        // n x classes
+  const std::int32_t* labels; // n
+  const float* class_weights; // classes, or null for all ones
+  float* dlogits;             // n x classes: gradient of the summed loss
+  float* stats;               // n x 4: weighted loss, weight, correct, valid
+  int classes;
+  int valid;                  // rows [valid, n) are padding
+
+  FERRY_HOST_DEVICE void operator()(std::size_t i) const {
+    const float* z = logits + i * classes;
+    float* d = dlogits + i * classes;
+    const std::int32_t y = labels[i];
+    const bool real = static_cast<int>(i) < valid && y >= 0 && y < classes;
+    const float w = real ? (class_weights ? class_weights[y] : 1.0f) : 0.0f;
+    float m = z[0];
+    int arg = 0;
+    for (int c = 1; c < classes; ++c)
+      if (z[c] > m) { m = z[c]; arg = c; }
+    float s = 0.0f;
+    for (int c = 0; c < classes; ++c) s += expf(z[c] - m);
+    const float inv = 1.0f / s;
+    for (int c = 0; c < classes; ++c) {
+      const float p = expf(z[c] - m) * inv;
+      d[c] = w * (p - (c == y ? 1.0f : 0.0f));
+    }
+    const float logp = real ? (z[y] - m) - logf(s) : 0.0f;
+    float* st = stats + i * 4;
+    st[0] = -w * logp;
+    st[1] = w;
+    st[2] = (real && arg == y) ? 1.0f : 0.0f;
+    st[3] = real ? 1.0f : 0.0f;
+  }
+};
+
+// Sums column k of an n x 4 stats array into out[k] (k < 4): launched with 4 indices.
+struct sum_stats {
+  const float* stats;
+  float* out;
+  int n;
+  FERRY_HOST_DEVICE void operator()(std::size_t k) const {
+    float s = 0.0f;
+    for (int i = 0; i < n; ++i) s += stats[i * 4 + k];
+    out[k] = s;
+  }
+};
+
+}  // namespace ferry::train

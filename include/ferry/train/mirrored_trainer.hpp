@@ -1,0 +1,313 @@
+// ferry/train/mirrored_trainer.hpp: MirroredStrategy for C++: one MLP replicated on every
+// local replica, each replica training on its slice of the global batch, gradients
+// all-reduced so every replica stays identical.
+//
+//   // host replicas (threads), in-process all-reduce:
+//   ferry::train::host_trainer t({.layers = {784, 256, 128, 10}},
+//                                {.opt = {.lr = 1e-3f}, .seed = 1, .max_rows = 64}, 4);
+//   for (auto& step : batches | ferry::distribute(ferry::host_replicas{4}))
+//     auto s = t.train_step(step);         // s.loss, s.accuracy: global, every replica
+//
+//   // any communicator (NCCL for GPUs; MPI, issue 6): one replica per local communicator
+//   ferry::train::mirrored_trainer<Backend, Comm> t(cfg, opts, std::move(comms), contexts);
+//
+// A step: every replica runs forward/backward on its own thread (replica 0 on the
+// caller's), packs all layers' gradients AND the step statistics into one contiguous
+// buffer, calls ONE all_reduce_sum, and applies the optimizer, dividing by the global
+// weight sum: the mean loss over the global batch, whatever the replica count. So 1 x B
+// and N x B/N give the same weights up to float reassociation. Nothing is allocated per
+// step: activations are sized for max_rows rows per replica.
+//
+// Threads: replicas 1..N-1 run on worker threads that live as long as the trainer and are
+// joined by its destructor; a 1-replica trainer starts none. The trainer itself is used
+// from one thread. Runs no user code.
+//
+// Errors: a slice larger than max_rows, or a step with the wrong number of slices, is a
+// config_error (checked on the caller before any replica starts). If a replica throws, the
+// others are released from the collective (communicator abort hook), the first error is
+// rethrown on the caller, and the trainer stays usable. load() throws what load_weights
+// throws, and config_error when the file's layers differ from the model's.
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include "ferry/collective/communicator.hpp"
+#include "ferry/collective/thread_collective.hpp"
+#include "ferry/error.hpp"
+#include "ferry/train/mlp.hpp"
+#include "ferry/train/optimizer.hpp"
+#include "ferry/train/replica.hpp"
+#include "ferry/train/weights_file.hpp"
+
+namespace ferry::train {
+
+struct trainer_options {
+  optimizer_config opt{};
+  std::uint64_t seed = 0;
+  int max_rows = 256;  // the most rows one replica's slice may have
+};
+
+// Where a replica runs: passed to the backend's constructor (-1 / null for host).
+struct replica_context {
+  int device = -1;
+  void* stream = nullptr;
+};
+
+template <class Backend, communicator Comm>
+class mirrored_trainer {
+ public:
+  // One replica per communicator (their ranks' order). contexts: one per replica, or empty.
+  mirrored_trainer(const mlp_config& cfg, const trainer_options& o, std::vector<Comm> comms,
+                   std::vector<replica_context> contexts = {})
+      : cfg_(cfg), opts_(o), comms_(std::move(comms)) {
+    init(std::move(contexts));
+  }
+
+  // Host replicas: `replicas` threads joined by an in-process thread_group.
+  mirrored_trainer(const mlp_config& cfg, const trainer_options& o, int replicas)
+    requires std::same_as<Comm, thread_communicator>
+      : cfg_(cfg), opts_(o), group_(std::make_unique<thread_group>(replicas)) {
+    for (int r = 0; r < replicas; ++r) comms_.push_back(group_->communicator(r));
+    abort_ = [g = group_.get()] { g->abort(); };
+    reset_ = [g = group_.get()] { g->reset(); };
+    if constexpr (requires { Backend::set_blas_threads(1); })
+      if (replicas > 1) Backend::set_blas_threads(1);  // the replica threads are the parallelism
+    init({});
+  }
+
+  mirrored_trainer(const mirrored_trainer&) = delete;
+  mirrored_trainer& operator=(const mirrored_trainer&) = delete;
+
+  ~mirrored_trainer() { shutdown(); }
+
+  int replicas() const { return static_cast<int>(reps_.size()); }
+  const mlp_layout& layout() const { return reps_[0]->layout(); }
+  replica<Backend>& replica_at(int r) { return *reps_[r]; }
+  std::uint64_t steps() const { return steps_; }
+
+  // One training step on one slice per replica (in each replica's backend memory).
+  // Returns the global loss (weighted mean) and accuracy of the batch, before the update.
+  step_stats train_step(std::span<const replica_input> in) {
+    check(in);
+    run_all([&](int r) {
+      reps_[r]->forward_backward(in[r]);
+      reps_[r]->reduce_and_update(comms_[r]);
+    });
+    ++steps_;
+    return reps_[0]->read_stats();
+  }
+
+  // A step as distribute() hands it out: field 0 the inputs (floats, e.g.
+  // std::array<float, 784>), field 1 the int32 labels.
+  template <class Step>
+    requires requires(Step& s) { s.replicas(); s[0].valid(); }
+  step_stats train_step(Step& step) {
+    return train_step(std::span<const replica_input>(slices(step)));
+  }
+
+  // Loss and accuracy on a held-out batch, reduced across replicas; no update.
+  step_stats evaluate(std::span<const replica_input> in) {
+    check(in);
+    run_all([&](int r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
+    return reps_[0]->read_eval();
+  }
+  template <class Step>
+    requires requires(Step& s) { s.replicas(); s[0].valid(); }
+  step_stats evaluate(Step& step) {
+    return evaluate(std::span<const replica_input>(slices(step)));
+  }
+
+  // Replica 0's parameters (every replica holds the same).
+  std::vector<float> parameters() { return reps_[0]->download_params(); }
+  // Sets every replica's parameters and clears the optimizer state.
+  void set_parameters(const std::vector<float>& p) {
+    if (p.size() != layout().params)
+      throw config_error("mirrored_trainer::set_parameters: " + std::to_string(p.size()) +
+                         " values for " + std::to_string(layout().params) + " parameters");
+    run_all([&](int r) { reps_[r]->upload_params(p); });
+  }
+
+  void save(const std::string& path) { save_weights(path, cfg_.layers, parameters()); }
+  void load(const std::string& path) {
+    mlp_weights w = load_weights(path);
+    if (w.layers != cfg_.layers) {
+      auto str = [](const std::vector<int>& v) {
+        std::string s;
+        for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+        return s;
+      };
+      throw config_error(path + ": the file holds an MLP " + str(w.layers) + ", the model is " +
+                         str(cfg_.layers));
+    }
+    set_parameters(w.params);
+  }
+
+ private:
+  void init(std::vector<replica_context> ctx) {
+    if (comms_.empty()) throw config_error("mirrored_trainer: no replicas");
+    if (!ctx.empty() && ctx.size() != comms_.size())
+      throw config_error("mirrored_trainer: " + std::to_string(ctx.size()) + " contexts for " +
+                         std::to_string(comms_.size()) + " replicas");
+    ctx.resize(comms_.size());
+    const mlp_layout lay(cfg_);
+    const std::vector<float> p0 = init_params(lay, opts_.seed);
+    reps_.resize(comms_.size());
+    errs_.resize(comms_.size());
+    slices_.resize(comms_.size());
+    for (std::size_t r = 1; r < comms_.size(); ++r)
+      workers_.emplace_back([this, r] { worker(static_cast<int>(r)); });
+    // Each replica is built on its own thread (its memory is first touched there); then
+    // rank 0's parameters are broadcast, so ranks of other processes agree too.
+    try {
+      run_all([&](int r) {
+      reps_[r] = std::make_unique<replica<Backend>>(cfg_, opts_.opt, p0, opts_.max_rows, ctx[r]);
+      if constexpr (requires { comms_[r].set_stream(ctx[r].stream); })
+        comms_[r].set_stream(reps_[r]->backend().stream());
+      comms_[r].broadcast(reps_[r]->parameters(), 0);
+      });
+    } catch (...) {
+      shutdown();  // a constructor that throws runs no destructor: join here
+      throw;
+    }
+  }
+
+  void shutdown() noexcept {
+    {
+      std::lock_guard lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_)
+      if (t.joinable()) t.join();
+  }
+
+  template <class Step>
+  std::vector<replica_input>& slices(Step& step) {
+    if (static_cast<std::size_t>(step.replicas()) != reps_.size())
+      throw config_error("mirrored_trainer: a step for " + std::to_string(step.replicas()) +
+                         " replicas, the trainer has " + std::to_string(reps_.size()));
+    for (std::size_t r = 0; r < reps_.size(); ++r) {
+      auto& rb = step[r];
+      auto x = rb.template field<0>();
+      auto y = rb.template field<1>();
+      using X = typename decltype(x)::element_type;
+      using Y = typename decltype(y)::element_type;
+      static_assert(sizeof(X) % sizeof(float) == 0 && std::is_trivially_copyable_v<X>,
+                    "mirrored_trainer: field 0 must hold floats (e.g. std::array<float, 784>)");
+      static_assert(sizeof(Y) == 4 && std::is_integral_v<std::remove_cv_t<Y>>,
+                    "mirrored_trainer: field 1 must be the int32 labels");
+      if (sizeof(X) / sizeof(float) != static_cast<std::size_t>(layout().inputs()))
+        throw config_error("mirrored_trainer: inputs have " +
+                           std::to_string(sizeof(X) / sizeof(float)) + " floats, the model " +
+                           std::to_string(layout().inputs()));
+      slices_[r] = replica_input{reinterpret_cast<const float*>(x.data()),
+                                 reinterpret_cast<const std::int32_t*>(y.data()),
+                                 static_cast<int>(rb.size()), static_cast<int>(rb.valid())};
+    }
+    return slices_;
+  }
+
+  void check(std::span<const replica_input> in) const {
+    if (in.size() != reps_.size())
+      throw config_error("mirrored_trainer: " + std::to_string(in.size()) + " slices for " +
+                         std::to_string(reps_.size()) + " replicas");
+    for (std::size_t r = 0; r < in.size(); ++r)
+      if (in[r].rows < 0 || in[r].rows > opts_.max_rows || in[r].valid < 0 ||
+          in[r].valid > in[r].rows)
+        throw config_error("mirrored_trainer: replica " + std::to_string(r) + "'s slice has " +
+                           std::to_string(in[r].rows) + " rows (" + std::to_string(in[r].valid) +
+                           " valid); at most max_rows = " + std::to_string(opts_.max_rows) +
+                           " fit");
+  }
+
+  // Runs job(r) for every replica r, replica 0 on this thread; rethrows the first failure.
+  template <class F>
+  void run_all(F&& job) {
+    std::function<void(int)> fn = std::ref(job);
+    const std::size_t N = reps_.size();
+    if (N > 1) {
+      std::lock_guard lk(m_);
+      job_ = &fn;
+      done_ = 0;
+      ++gen_;
+    }
+    cv_.notify_all();
+    run_one(fn, 0);
+    if (N > 1) {
+      std::unique_lock lk(m_);
+      done_cv_.wait(lk, [&] { return done_ == N - 1; });
+      job_ = nullptr;
+    }
+    if (failed_ >= 0) {
+      std::exception_ptr e = errs_[failed_];
+      for (auto& x : errs_) x = nullptr;
+      failed_ = -1;
+      if (reset_) reset_();
+      std::rethrow_exception(e);
+    }
+  }
+  void run_one(std::function<void(int)>& fn, int r) {
+    try {
+      fn(r);
+    } catch (...) {
+      {
+        std::lock_guard lk(fail_m_);
+        errs_[r] = std::current_exception();
+        if (failed_ < 0) failed_ = r;  // the first failure, not the aborts it caused
+      }
+      if (abort_) abort_();
+    }
+  }
+  void worker(int r) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      std::function<void(int)>* fn;
+      {
+        std::unique_lock lk(m_);
+        cv_.wait(lk, [&] { return stop_ || gen_ != seen; });
+        if (stop_) return;
+        seen = gen_;
+        fn = job_;
+      }
+      run_one(*fn, r);
+      {
+        std::lock_guard lk(m_);
+        ++done_;
+      }
+      done_cv_.notify_one();
+    }
+  }
+
+  mlp_config cfg_;
+  trainer_options opts_;
+  std::unique_ptr<thread_group> group_;  // host replicas only
+  std::vector<Comm> comms_;
+  std::function<void()> abort_, reset_;
+  std::vector<std::unique_ptr<replica<Backend>>> reps_;
+  std::vector<replica_input> slices_;
+  std::uint64_t steps_ = 0;
+
+  std::vector<std::thread> workers_;
+  std::mutex m_;
+  std::condition_variable cv_, done_cv_;
+  std::function<void(int)>* job_ = nullptr;
+  std::uint64_t gen_ = 0;
+  std::size_t done_ = 0;
+  bool stop_ = false;
+  std::mutex fail_m_;
+  std::vector<std::exception_ptr> errs_;
+  int failed_ = -1;
+};
+
+}  // namespace ferry::train

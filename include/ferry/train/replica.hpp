@@ -1,0 +1,233 @@
+// ferry/train/replica.hpp: one replica of the MLP on one backend: its parameters,
+// optimizer state, packed gradient buffer and activations, all allocated up front for
+// `max_rows` rows, and the forward / backward / update of one step.
+//
+// Backend-generic: the same code drives host_backend (OpenBLAS + Thrust CPP) and
+// gpu_backend (cuBLAS + Thrust CUDA on the replica's stream). The communicator's
+// collectives take this replica's buffers, so they must live where the communicator
+// expects them (host for threads/MPI, device for NCCL).
+//
+// Throws config_error when a slice has more rows than max_rows; backend errors propagate.
+// Used by one thread at a time (the replica's thread in mirrored_trainer).
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/collective/communicator.hpp"
+#include "ferry/config.hpp"
+#include "ferry/error.hpp"
+#include "ferry/train/loss.hpp"
+#include "ferry/train/mlp.hpp"
+#include "ferry/train/optimizer.hpp"
+
+namespace ferry::train {
+
+// One replica's slice of a global batch: `rows` rows of inputs() floats and labels, in the
+// backend's memory; rows [valid, rows) are padding and carry no loss or gradient.
+struct replica_input {
+  const float* x = nullptr;
+  const std::int32_t* y = nullptr;
+  int rows = 0;
+  int valid = 0;
+};
+
+// Global figures of one step or evaluation, identical on every replica.
+struct step_stats {
+  double loss = 0;      // weighted mean loss over the global batch
+  double accuracy = 0;  // fraction of valid rows predicted right
+  double weight = 0;    // sum of row weights
+  double rows = 0;      // valid rows
+};
+
+// z = z + b (per column), then ReLU unless this is the last layer.
+struct bias_act {
+  float* z;
+  const float* b;
+  int out;
+  bool relu;
+  FERRY_HOST_DEVICE void operator()(std::size_t i) const {
+    const float v = z[i] + b[i % out];
+    z[i] = (relu && v < 0.0f) ? 0.0f : v;
+  }
+};
+
+// d = d * (a > 0): the ReLU's backward, from its output.
+struct relu_backward {
+  float* d;
+  const float* a;
+  FERRY_HOST_DEVICE void operator()(std::size_t i) const {
+    if (!(a[i] > 0.0f)) d[i] = 0.0f;
+  }
+};
+
+template <class Backend>
+class replica {
+ public:
+  template <class... BackendArgs>
+  replica(const mlp_config& cfg, const optimizer_config& opt, const std::vector<float>& init,
+          int max_rows, BackendArgs&&... args)
+      : lay_(cfg), opt_(opt), be_(std::forward<BackendArgs>(args)...), max_rows_(max_rows) {
+    opt_.validate();
+    if (max_rows < 1) throw config_error("replica: max_rows must be at least 1");
+    if (init.size() != lay_.params)
+      throw config_error("replica: " + std::to_string(init.size()) + " initial parameters for a "
+                         "model of " + std::to_string(lay_.params));
+    const std::size_t P = lay_.params;
+    params_ = be_.alloc(P);
+    grads_ = be_.alloc(lay_.grad_floats());
+    state_ = be_.alloc(P * opt_.state_per_param());
+    for (std::size_t l = 0; l < lay_.layers(); ++l)
+      acts_.push_back(be_.alloc(std::size_t(max_rows) * lay_.out(l)));
+    d0_ = be_.alloc(std::size_t(max_rows) * lay_.widest());
+    d1_ = be_.alloc(std::size_t(max_rows) * lay_.widest());
+    stats_ = be_.alloc(std::size_t(max_rows) * 4);
+    ones_ = be_.alloc(max_rows);
+    eval_ = be_.alloc(mlp_layout::extras);
+    be_.fill(ones_, max_rows, 1.0f);
+    be_.upload(params_, init.data(), P * sizeof(float));
+    if (!cfg.class_weights.empty()) {
+      cw_ = be_.alloc(cfg.class_weights.size());
+      be_.upload(cw_, cfg.class_weights.data(), cfg.class_weights.size() * sizeof(float));
+    }
+    be_.sync();
+  }
+
+  const mlp_layout& layout() const { return lay_; }
+  Backend& backend() { return be_; }
+  std::span<float> gradient_buffer() { return {grads_, lay_.grad_floats()}; }
+  std::span<float> parameters() { return {params_, lay_.params}; }
+  int max_rows() const { return max_rows_; }
+
+  // Forward, loss and backward: the gradient of the SUMMED loss of this slice, and its
+  // statistics, land in gradient_buffer().
+  void forward_backward(const replica_input& in) {
+    check(in);
+    const int n = in.rows;
+    float* G = grads_;
+    if (n == 0) {
+      be_.fill(G, lay_.grad_floats(), 0.0f);
+      return;
+    }
+    forward(in.x, n);
+    const std::size_t L = lay_.layers();
+    be_.for_each(std::size_t(n), softmax_xent_rows{acts_[L - 1], in.y, cw_, d0_, stats_,
+                                                   lay_.classes(), in.valid});
+    be_.for_each(mlp_layout::extras, sum_stats{stats_, G + lay_.params, n});
+    float* d = d0_;
+    float* dn = d1_;
+    for (std::size_t l = L; l-- > 0;) {
+      const int I = lay_.in(l), O = lay_.out(l);
+      const float* a_prev = l == 0 ? in.x : acts_[l - 1];
+      be_.gemm(true, false, O, I, n, d, O, a_prev, I, 0.0f, G + lay_.w_off[l], I);
+      be_.gemv_t(n, O, d, ones_, G + lay_.b_off[l]);
+      if (l > 0) {
+        be_.gemm(false, false, n, I, O, d, O, params_ + lay_.w_off[l], I, 0.0f, dn, I);
+        be_.for_each(std::size_t(n) * I, relu_backward{dn, acts_[l - 1]});
+        std::swap(d, dn);
+      }
+    }
+  }
+
+  // All-reduce (sum) the packed buffer, one call, then update the parameters.
+  template <communicator Comm>
+  void reduce_and_update(Comm& comm) {
+    comm.all_reduce_sum(gradient_buffer());
+    update();
+  }
+
+  // The optimizer step from the (already reduced) gradient buffer.
+  void update() {
+    ++t_;
+    const float* wsum = grads_ + lay_.params + mlp_layout::weight_sum;
+    if (opt_.kind == optimizer_kind::sgd) {
+      be_.for_each(lay_.params, sgd_update{params_, grads_, state_, wsum, opt_.lr, opt_.momentum});
+    } else {
+      const float bc1 = 1.0f - static_cast<float>(std::pow(double(opt_.beta1), double(t_)));
+      const float bc2 = 1.0f - static_cast<float>(std::pow(double(opt_.beta2), double(t_)));
+      be_.for_each(lay_.params, adam_update{params_, grads_, state_, state_ + lay_.params, wsum,
+                                            opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, bc1, bc2});
+    }
+  }
+
+  // The statistics part of the gradient buffer, read back to the host (waits for the
+  // backend).
+  step_stats read_stats() { return to_stats(grads_ + lay_.params); }
+
+  // Forward and loss only; returns the summed stats of this slice (not reduced) in the
+  // backend's 4-float eval buffer, which the caller all-reduces.
+  std::span<float> evaluate_local(const replica_input& in) {
+    check(in);
+    if (in.rows == 0) {
+      be_.fill(eval_, mlp_layout::extras, 0.0f);
+      return {eval_, mlp_layout::extras};
+    }
+    forward(in.x, in.rows);
+    be_.for_each(std::size_t(in.rows),
+                 softmax_xent_rows{acts_[lay_.layers() - 1], in.y, cw_, d0_, stats_,
+                                   lay_.classes(), in.valid});
+    be_.for_each(mlp_layout::extras, sum_stats{stats_, eval_, in.rows});
+    return {eval_, mlp_layout::extras};
+  }
+  step_stats read_eval() { return to_stats(eval_); }
+
+  // The logits of the last forward pass (rows x classes), backend memory.
+  const float* logits() const { return acts_.back(); }
+
+  std::vector<float> download_params() {
+    std::vector<float> p(lay_.params);
+    be_.download(p.data(), params_, p.size() * sizeof(float));
+    return p;
+  }
+  // Replaces the parameters and clears the optimizer state.
+  void upload_params(const std::vector<float>& p) {
+    be_.upload(params_, p.data(), p.size() * sizeof(float));
+    be_.fill(state_, lay_.params * opt_.state_per_param(), 0.0f);
+    t_ = 0;
+    be_.sync();
+  }
+
+ private:
+  void check(const replica_input& in) const {
+    if (in.rows < 0 || in.rows > max_rows_ || in.valid < 0 || in.valid > in.rows)
+      throw config_error("replica: a slice of " + std::to_string(in.rows) + " rows (" +
+                         std::to_string(in.valid) + " valid) does not fit the trainer's " +
+                         std::to_string(max_rows_) + " rows per replica");
+  }
+  void forward(const float* x, int n) {
+    const float* a = x;
+    for (std::size_t l = 0; l < lay_.layers(); ++l) {
+      const int I = lay_.in(l), O = lay_.out(l);
+      be_.gemm(false, true, n, O, I, a, I, params_ + lay_.w_off[l], I, 0.0f, acts_[l], O);
+      be_.for_each(std::size_t(n) * O,
+                   bias_act{acts_[l], params_ + lay_.b_off[l], O, l + 1 < lay_.layers()});
+      a = acts_[l];
+    }
+  }
+  step_stats to_stats(const float* ex) {
+    float h[mlp_layout::extras];
+    be_.download(h, ex, sizeof h);
+    step_stats s;
+    s.weight = h[mlp_layout::weight_sum];
+    s.rows = h[mlp_layout::valid];
+    s.loss = s.weight > 0 ? h[mlp_layout::loss_sum] / s.weight : 0.0;
+    s.accuracy = s.rows > 0 ? h[mlp_layout::correct] / s.rows : 0.0;
+    return s;
+  }
+
+  mlp_layout lay_;
+  optimizer_config opt_;
+  Backend be_;
+  int max_rows_;
+  std::uint64_t t_ = 0;
+  float *params_ = nullptr, *grads_ = nullptr, *state_ = nullptr, *cw_ = nullptr;
+  float *d0_ = nullptr, *d1_ = nullptr, *stats_ = nullptr, *ones_ = nullptr, *eval_ = nullptr;
+  std::vector<float*> acts_;
+};
+
+}  // namespace ferry::train

@@ -1,0 +1,159 @@
+// ferry/train/weights_file.hpp: save and load MLP weights in a small, versioned,
+// checksummed file.
+//
+// Format version 1, all integers and floats little-endian:
+//
+//   offset     bytes  field
+//   0          8      magic "FERRYMLP"
+//   8          4      u32 format version (1)
+//   12         4      u32 S, the number of layer sizes (2 .. 4096)
+//   16         4*S    u32 layer sizes (input, hidden..., classes), each >= 1
+//   16+4S      8      u64 P, the parameter count (must equal what the sizes imply)
+//   24+4S      4*P    f32 parameters in mlp_layout order (W_l row-major out x in, b_l)
+//   24+4S+4P   4      u32 CRC-32 (zlib's crc32) of every preceding byte
+//
+// save_weights writes to "<path>.tmp" then renames, so a crash never leaves a half file
+// under `path`. load_weights throws io_error when the file cannot be opened or read, and
+// format_error (naming the file and byte offset) for a wrong magic, an unknown version,
+// bad sizes, a truncated file, trailing bytes or a checksum mismatch. It checks the
+// declared sizes against the file's length before allocating. Runs on the caller's thread.
+#pragma once
+
+#include <zlib.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/train/mlp.hpp"
+
+namespace ferry::train {
+
+static_assert(std::endian::native == std::endian::little,
+              "ferry weights files are little-endian; add byte swapping for this target");
+
+inline constexpr char weights_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'M', 'L', 'P'};
+inline constexpr std::uint32_t weights_version = 1;
+
+struct mlp_weights {
+  std::vector<int> layers;
+  std::vector<float> params;
+};
+
+inline void save_weights(const std::string& path, const std::vector<int>& layers,
+                         const std::vector<float>& params) {
+  const mlp_layout lay(mlp_config{layers, {}});
+  if (params.size() != lay.params)
+    throw config_error("save_weights: " + std::to_string(params.size()) +
+                       " parameters for layers needing " + std::to_string(lay.params));
+  std::string out;
+  out.append(weights_magic, 8);
+  auto put32 = [&](std::uint32_t v) { out.append(reinterpret_cast<const char*>(&v), 4); };
+  put32(weights_version);
+  put32(static_cast<std::uint32_t>(layers.size()));
+  for (int s : layers) put32(static_cast<std::uint32_t>(s));
+  const std::uint64_t P = params.size();
+  out.append(reinterpret_cast<const char*>(&P), 8);
+  out.append(reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float));
+  put32(static_cast<std::uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size()))));
+
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw io_error(tmp, 0, std::error_code(errno, std::generic_category()), "cannot create");
+  const std::size_t w = std::fwrite(out.data(), 1, out.size(), f);
+  const int e = errno;
+  if (std::fclose(f) != 0 || w != out.size()) {
+    std::remove(tmp.c_str());
+    throw io_error(tmp, w, std::error_code(e, std::generic_category()), "cannot write");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw io_error(path, 0, ec, "cannot rename " + tmp + " to");
+}
+
+inline mlp_weights load_weights(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw io_error(path, 0, std::error_code(errno, std::generic_category()), "cannot open");
+  struct closer {
+    std::FILE* f;
+    ~closer() { std::fclose(f); }
+  } guard{f};
+  std::error_code ec;
+  const std::uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec) throw io_error(path, 0, ec, "cannot stat");
+  // Reads bytes [have, upto) into data: only what the header says the file should hold.
+  std::string data;
+  auto read_to = [&](std::size_t upto) {
+    const std::size_t have = data.size();
+    data.resize(upto);
+    const std::size_t got = std::fread(data.data() + have, 1, upto - have, f);
+    if (got != upto - have) {
+      if (std::ferror(f))
+        throw io_error(path, have + got, std::error_code(errno, std::generic_category()), "cannot read");
+      data.resize(have + got);
+    }
+  };
+  auto need = [&](std::size_t bytes, const char* what) {
+    if (data.size() < bytes) read_to(bytes);
+    if (data.size() < bytes)
+      throw format_error(path, data.size(), std::string("truncated weights file: expected ") + what +
+                                                " (" + std::to_string(bytes) +
+                                                " bytes), the file ends");
+  };
+  auto get32 = [&](std::size_t off) {
+    std::uint32_t v;
+    std::memcpy(&v, data.data() + off, 4);
+    return v;
+  };
+  need(16, "the header");
+  if (std::memcmp(data.data(), weights_magic, 8) != 0)
+    throw format_error(path, 0, "not a ferry weights file (magic is not \"FERRYMLP\")");
+  const std::uint32_t ver = get32(8);
+  if (ver != weights_version)
+    throw format_error(path, 8, "unsupported weights format version " + std::to_string(ver) +
+                                    " (this ferry reads version 1)");
+  const std::uint32_t S = get32(12);
+  if (S < 2 || S > 4096)
+    throw format_error(path, 12, "bad layer count " + std::to_string(S) + " (expected 2 .. 4096)");
+  need(16 + 4ull * S + 8, "the layer sizes and parameter count");
+  mlp_weights w;
+  std::uint64_t implied = 0;
+  for (std::uint32_t i = 0; i < S; ++i) {
+    const std::uint32_t s = get32(16 + 4ull * i);
+    if (s < 1 || s > (1u << 24))
+      throw format_error(path, 16 + 4ull * i, "bad layer size " + std::to_string(s));
+    w.layers.push_back(static_cast<int>(s));
+    if (i > 0) implied += std::uint64_t(w.layers[i - 1]) * s + s;
+  }
+  const std::size_t poff = 16 + 4ull * S;
+  std::uint64_t P;
+  std::memcpy(&P, data.data() + poff, 8);
+  if (P != implied)
+    throw format_error(path, poff, "parameter count " + std::to_string(P) + " does not match the "
+                                   "layer sizes (" + std::to_string(implied) + ")");
+  const std::size_t doff = poff + 8;
+  const std::uint64_t total = doff + P * 4 + 4;
+  if (size < total)  // checked before allocating what the header claims
+    throw format_error(path, size, "truncated weights file: expected " + std::to_string(total) +
+                                       " bytes, the file has " + std::to_string(size));
+  if (size > total) throw format_error(path, total, "trailing bytes after the checksum");
+  need(total, "the parameters and checksum");
+  const std::uint32_t want = get32(doff + P * 4);
+  const auto got = static_cast<std::uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(doff + P * 4)));
+  if (want != got)
+    throw format_error(path, doff + P * 4, "checksum mismatch (the file is corrupt)");
+  w.params.resize(P);
+  std::memcpy(w.params.data(), data.data() + doff, P * 4);
+  return w;
+}
+
+}  // namespace ferry::train

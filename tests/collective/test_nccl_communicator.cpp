@@ -1,0 +1,62 @@
+// nccl_communicator: one rank per local GPU, all ranks driven from their own threads.
+// Exits 77 (SKIP) with a reason when no CUDA device is usable; must pass on a GPU machine.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+#include "ferry/collective/nccl.hpp"
+
+int main() {
+  int driver = 0, count = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    std::printf("SKIP: no CUDA driver on this machine\n");
+    return 77;
+  }
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("SKIP: no usable CUDA device\n");
+    return 77;
+  }
+  std::vector<int> devs;
+  for (int d = 0; d < count; ++d) devs.push_back(d);
+  auto comms = ferry::nccl_communicator::local(devs);
+  const std::size_t len = 1 << 20;
+  std::vector<int> bad(count, 0);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < count; ++r)
+    ts.emplace_back([&, r] {
+      cudaSetDevice(devs[r]);
+      cudaStream_t s;
+      cudaStreamCreate(&s);
+      comms[r].set_stream(s);
+      float* d = nullptr;
+      cudaMalloc(&d, len * sizeof(float));
+      std::vector<float> h(len);
+      for (std::size_t i = 0; i < len; ++i) h[i] = float(r + 1) + float(i % 7);
+      cudaMemcpy(d, h.data(), len * sizeof(float), cudaMemcpyHostToDevice);
+      comms[r].all_reduce_sum({d, len});
+      comms[r].barrier();
+      cudaMemcpy(h.data(), d, len * sizeof(float), cudaMemcpyDeviceToHost);
+      const float ranks = float(count) * float(count + 1) / 2.0f;
+      for (std::size_t i = 0; i < len; ++i)
+        if (h[i] != ranks + float(count) * float(i % 7)) ++bad[r];
+      // broadcast from the last rank
+      for (std::size_t i = 0; i < len; ++i) h[i] = float(r);
+      cudaMemcpy(d, h.data(), len * sizeof(float), cudaMemcpyHostToDevice);
+      comms[r].broadcast({d, len}, count - 1);
+      comms[r].all_reduce_average({d, len});
+      comms[r].barrier();
+      cudaMemcpy(h.data(), d, len * sizeof(float), cudaMemcpyDeviceToHost);
+      for (std::size_t i = 0; i < len; ++i)
+        if (h[i] != float(count - 1)) ++bad[r];
+      cudaFree(d);
+      cudaStreamDestroy(s);
+    });
+  for (auto& t : ts) t.join();
+  int wrong = 0;
+  for (int b : bad) wrong += b;
+  std::printf("nccl_communicator: %d rank(s), %zu floats, #wrong %d\n", count, len, wrong);
+  return wrong == 0 ? 0 : 1;
+}

@@ -1,0 +1,170 @@
+// thread_group / thread_communicator: all-reduce, broadcast and barrier among N threads,
+// against a naive oracle (sums in rank order), plus the failure paths.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/collective/communicator.hpp"
+#include "ferry/collective/thread_collective.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+// Runs f(rank) on n threads and joins them; rethrows nothing (tests check results).
+template <class F>
+void on_threads(int n, F f) {
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n; ++r) ts.emplace_back([&, r] { f(r); });
+  for (auto& t : ts) t.join();
+}
+std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> d(-10.0f, 10.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("solo_communicator is the identity" * doctest::timeout(5)) {
+  ferry::solo_communicator c;
+  std::vector<float> v{1, 2, 3};
+  c.all_reduce_sum(v);
+  c.all_reduce_average(v);
+  c.broadcast(v, 0);
+  c.barrier();
+  CHECK(v == std::vector<float>{1, 2, 3});
+  CHECK(c.rank() == 0);
+  CHECK(c.size() == 1);
+}
+
+TEST_CASE("all_reduce sum and average equal the rank-order oracle, bit for bit" *
+          doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "all_reduce sweep");
+  for (int n : {1, 2, 3, 4, 5}) {
+    for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(3), std::size_t(7),
+                            std::size_t(1000), std::size_t(4099)}) {
+      ferry::thread_group g(n);
+      std::vector<std::vector<float>> in(n), sum(n), avg(n);
+      for (int r = 0; r < n; ++r) in[r] = random_floats(len, 100u * n + r + len);
+      std::vector<float> want_sum(len), want_avg(len);
+      for (std::size_t i = 0; i < len; ++i) {
+        float t = in[0][i];
+        for (int r = 1; r < n; ++r) t += in[r][i];
+        want_sum[i] = t;
+        want_avg[i] = t * (1.0f / n);
+      }
+      on_threads(n, [&](int r) {
+        auto c = g.communicator(r);
+        sum[r] = in[r];
+        avg[r] = in[r];
+        for (int rep = 0; rep < 3; ++rep) {  // the group is reusable call after call
+          if (rep > 0) sum[r] = in[r], avg[r] = in[r];
+          c.all_reduce_sum(sum[r]);
+          c.all_reduce_average(avg[r]);
+        }
+      });
+      for (int r = 0; r < n; ++r) {
+        INFO("n=" << n << " len=" << len << " rank=" << r);
+        CHECK(sum[r] == want_sum);
+        CHECK(avg[r] == want_avg);
+      }
+    }
+  }
+}
+
+TEST_CASE("broadcast copies the root's values to every rank" * doctest::timeout(20)) {
+  ferry_test::watchdog wd(20s, "broadcast");
+  const int n = 4;
+  ferry::thread_group g(n);
+  for (int root = 0; root < n; ++root) {
+    std::vector<std::vector<float>> v(n);
+    for (int r = 0; r < n; ++r) v[r] = random_floats(333, 7u * r + root);
+    const std::vector<float> want = v[root];
+    on_threads(n, [&](int r) { g.communicator(r).broadcast(v[r], root); });
+    for (int r = 0; r < n; ++r) CHECK(v[r] == want);
+  }
+}
+
+TEST_CASE("barrier: nobody leaves before everybody arrived" * doctest::timeout(20)) {
+  ferry_test::watchdog wd(20s, "barrier");
+  const int n = 4;
+  ferry::thread_group g(n);
+  std::atomic<int> arrived{0};
+  std::atomic<int> early{0};
+  on_threads(n, [&](int r) {
+    auto c = g.communicator(r);
+    for (int round = 1; round <= 50; ++round) {
+      arrived.fetch_add(1);
+      c.barrier();
+      if (arrived.load() < round * n) early.fetch_add(1);
+      c.barrier();
+    }
+  });
+  CHECK(early.load() == 0);
+  CHECK(arrived.load() == 50 * n);
+}
+
+TEST_CASE("mismatched lengths are a config_error on every rank" * doctest::timeout(20)) {
+  ferry_test::watchdog wd(20s, "mismatch");
+  const int n = 3;
+  ferry::thread_group g(n);
+  std::atomic<int> errors{0};
+  on_threads(n, [&](int r) {
+    std::vector<float> v(10 + (r == 1 ? 1 : 0), 1.0f);
+    try {
+      g.communicator(r).all_reduce_sum(v);
+    } catch (const ferry::config_error&) {
+      errors.fetch_add(1);
+    }
+  });
+  CHECK(errors.load() == n);
+  // and the group still works afterwards
+  std::vector<std::vector<float>> v(n, std::vector<float>(5, 2.0f));
+  on_threads(n, [&](int r) { g.communicator(r).all_reduce_sum(v[r]); });
+  for (auto& x : v) CHECK(x == std::vector<float>(5, 6.0f));
+}
+
+TEST_CASE("abort releases ranks waiting in a collective" * doctest::timeout(20)) {
+  ferry_test::watchdog wd(20s, "abort");
+  const int n = 3;
+  ferry::thread_group g(n);
+  std::atomic<int> released{0};
+  std::atomic<int> waiting{0};
+  std::vector<std::thread> ts;
+  for (int r = 0; r < n - 1; ++r)  // rank n-1 never comes: its replica "failed"
+    ts.emplace_back([&, r] {
+      std::vector<float> v(8, 1.0f);
+      waiting.fetch_add(1);
+      try {
+        g.communicator(r).all_reduce_sum(v);
+      } catch (const ferry::error&) {
+        released.fetch_add(1);
+      }
+    });
+  while (waiting.load() < n - 1) std::this_thread::yield();
+  g.abort();
+  for (auto& t : ts) t.join();
+  CHECK(released.load() == n - 1);
+  CHECK(g.aborted());
+  std::vector<float> v(1);
+  CHECK_THROWS_AS(g.communicator(0).barrier(), ferry::error);
+  g.reset();
+  CHECK_FALSE(g.aborted());
+}
+
+TEST_CASE("bad group sizes, ranks and roots are config_errors") {
+  CHECK_THROWS_AS(ferry::thread_group(0), ferry::config_error);
+  ferry::thread_group g(2);
+  CHECK_THROWS_AS(g.communicator(2), ferry::config_error);
+  CHECK_THROWS_AS(g.communicator(-1), ferry::config_error);
+  ferry::thread_group one(1);
+  std::vector<float> v(3, 1.0f);
+  CHECK_THROWS_AS(one.communicator(0).broadcast(v, 1), ferry::config_error);
+}

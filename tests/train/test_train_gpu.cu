@@ -1,0 +1,140 @@
+// The trainer's GPU backend (cuBLAS + Thrust CUDA on the replica's stream) against the host
+// backend, and the mirrored trainer with NCCL, one rank per local GPU.
+// Exits 77 (SKIP) with a reason when no CUDA device is usable; must pass on a GPU machine.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <vector>
+
+#include "ferry/collective/nccl.hpp"
+#include "ferry/train/gpu_backend.cuh"
+#include "ferry/train/host_trainer.hpp"
+
+namespace tr = ferry::train;
+
+static int failures = 0;
+#define EXPECT(cond, ...)                                   \
+  do {                                                      \
+    if (!(cond)) {                                          \
+      ++failures;                                           \
+      std::printf("FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+      std::printf(__VA_ARGS__);                             \
+      std::printf("\n");                                    \
+    }                                                       \
+  } while (0)
+
+struct data {
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+};
+static data blobs(int n, int dim, int classes, unsigned seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> c(std::size_t(classes) * dim);
+  for (auto& v : c) v = 3.0f * nd(g);
+  data d;
+  for (int i = 0; i < n; ++i) {
+    d.y.push_back(i % classes);
+    for (int k = 0; k < dim; ++k) d.x.push_back(c[std::size_t(i % classes) * dim + k] + 0.5f * nd(g));
+  }
+  return d;
+}
+template <class T>
+static T* to_device(const std::vector<T>& v) {
+  T* p = nullptr;
+  cudaMalloc(&p, v.size() * sizeof(T));
+  cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return p;
+}
+
+int main() {
+  int driver = 0, count = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    std::printf("SKIP: no CUDA driver on this machine\n");
+    return 77;
+  }
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("SKIP: no usable CUDA device\n");
+    return 77;
+  }
+  const int dim = 32, classes = 5, B = 64, steps = 60;
+  const tr::mlp_config cfg{{dim, 48, 24, classes}, {1.0f, 2.0f, 0.5f, 1.0f, 1.5f}};
+  const data d = blobs(B * steps, dim, classes, 3);
+  float* dx = to_device(d.x);
+  std::int32_t* dy = to_device(d.y);
+
+  // 1. One replica each: gradients of the first step, then the loss curve.
+  {
+    const tr::mlp_layout lay(cfg);
+    const auto p0 = tr::init_params(lay, 7);
+    tr::replica<tr::host_backend> h(cfg, {}, p0, B, tr::replica_context{});
+    tr::replica<tr::gpu_backend> g(cfg, {}, p0, B, tr::replica_context{0, nullptr});
+    h.forward_backward({d.x.data(), d.y.data(), B, B - 3});
+    g.forward_backward({dx, dy, B, B - 3});
+    std::vector<float> gh(h.gradient_buffer().begin(), h.gradient_buffer().end());
+    std::vector<float> gg(lay.grad_floats());
+    g.backend().download(gg.data(), g.gradient_buffer().data(), gg.size() * sizeof(float));
+    double worst = 0, scale = 0;
+    for (std::size_t i = 0; i < gh.size(); ++i) {
+      worst = std::fmax(worst, std::fabs(gh[i] - gg[i]));
+      scale = std::fmax(scale, std::fabs(gh[i]));
+    }
+    EXPECT(worst <= 1e-4 * scale + 1e-5, "gradients differ: worst %g (scale %g)", worst, scale);
+
+    tr::host_trainer ht(cfg, {.seed = 7, .max_rows = B}, 1);
+    tr::mirrored_trainer<tr::gpu_backend, ferry::solo_communicator> gt(
+        cfg, {.seed = 7, .max_rows = B}, std::vector<ferry::solo_communicator>(1),
+        {tr::replica_context{0, nullptr}});
+    double worst_loss = 0;
+    for (int s = 0; s < steps; ++s) {
+      const std::size_t o = std::size_t(s) * B;
+      const tr::replica_input hi{d.x.data() + o * dim, d.y.data() + o, B, B};
+      const tr::replica_input gi{dx + o * dim, dy + o, B, B};
+      const double lh = ht.train_step(std::span(&hi, 1)).loss;
+      const double lg = gt.train_step(std::span(&gi, 1)).loss;
+      worst_loss = std::fmax(worst_loss, std::fabs(lh - lg) / std::fmax(1e-3, std::fabs(lh)));
+    }
+    EXPECT(worst_loss < 1e-3, "loss curves differ: worst relative %g", worst_loss);
+    std::printf("gpu vs host: gradient max diff %g, loss curve max rel diff %g over %d steps\n",
+                worst, worst_loss, steps);
+  }
+
+  // 2. NCCL, one rank per local GPU, against one host replica with the same global batch.
+  {
+    std::vector<int> devs;
+    for (int i = 0; i < count; ++i) devs.push_back(i);
+    std::vector<tr::replica_context> ctx;
+    for (int i : devs) ctx.push_back({i, nullptr});
+    const int per = B / count;  // B is a multiple of 1, 2, 4, 8
+    tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> gt(
+        cfg, {.seed = 9, .max_rows = per}, ferry::nccl_communicator::local(devs), ctx);
+    tr::host_trainer ht(cfg, {.seed = 9, .max_rows = B}, 1);
+    std::vector<float*> rx(count);
+    std::vector<std::int32_t*> ry(count);
+    for (int r = 0; r < count; ++r) {  // every device gets its own copy of the data
+      cudaSetDevice(r);
+      rx[r] = to_device(d.x);
+      ry[r] = to_device(d.y);
+    }
+    double worst_loss = 0;
+    for (int s = 0; s < steps; ++s) {
+      const std::size_t o = std::size_t(s) * B;
+      std::vector<tr::replica_input> gi;
+      for (int r = 0; r < count; ++r)
+        gi.push_back({rx[r] + (o + std::size_t(r) * per) * dim, ry[r] + o + std::size_t(r) * per, per, per});
+      const tr::replica_input hi{d.x.data() + o * dim, d.y.data() + o, B, B};
+      const double lh = ht.train_step(std::span(&hi, 1)).loss;
+      const double lg = gt.train_step(gi).loss;
+      worst_loss = std::fmax(worst_loss, std::fabs(lh - lg) / std::fmax(1e-3, std::fabs(lh)));
+    }
+    EXPECT(worst_loss < 1e-3, "nccl trainer loss differs from host: %g", worst_loss);
+    const auto p0 = gt.parameters();
+    for (int r = 1; r < count; ++r)
+      EXPECT(gt.replica_at(r).download_params() == p0, "replica %d diverged", r);
+    std::printf("nccl: %d rank(s), loss curve max rel diff vs host %g\n", count, worst_loss);
+  }
+  std::printf("%s\n", failures ? "FAILED" : "OK");
+  return failures ? 1 : 0;
+}

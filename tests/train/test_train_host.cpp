@@ -1,0 +1,258 @@
+// The trainer on the host backend: gradients against finite differences, training a
+// separable problem with 1, 2 and 4 replicas (same weights up to reassociation), run-to-run
+// determinism, the distribute() step adapter, and input errors.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/collective/communicator.hpp"
+#include "ferry/train/host_trainer.hpp"
+
+using namespace std::chrono_literals;
+namespace tr = ferry::train;
+
+namespace {
+
+struct dataset {
+  int dim, classes;
+  std::vector<float> x;
+  std::vector<std::int32_t> y;
+  std::size_t size() const { return y.size(); }
+};
+
+// `classes` Gaussian blobs around well separated centres: linearly separable.
+dataset blobs(int n, int dim, int classes, std::uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> centres(std::size_t(classes) * dim);
+  for (auto& c : centres) c = 4.0f * nd(g);
+  dataset d{dim, classes, {}, {}};
+  for (int i = 0; i < n; ++i) {
+    const int c = i % classes;
+    d.y.push_back(c);
+    for (int k = 0; k < dim; ++k) d.x.push_back(centres[std::size_t(c) * dim + k] + 0.3f * nd(g));
+  }
+  return d;
+}
+
+// Splits rows [first, first + B) into `reps` equal contiguous slices.
+std::vector<tr::replica_input> split(const dataset& d, std::size_t first, int B, int reps) {
+  std::vector<tr::replica_input> in;
+  const int per = B / reps;
+  for (int r = 0; r < reps; ++r) {
+    const std::size_t row = first + std::size_t(r) * per;
+    in.push_back({d.x.data() + row * d.dim, d.y.data() + row, per, per});
+  }
+  return in;
+}
+
+std::vector<float> train(const dataset& d, const tr::mlp_config& cfg, tr::trainer_options o,
+                         int reps, int B, int epochs, double* last_loss = nullptr) {
+  o.max_rows = B / reps;
+  tr::host_trainer t(cfg, o, reps);
+  double loss = 0;
+  for (int e = 0; e < epochs; ++e)
+    for (std::size_t first = 0; first + B <= d.size(); first += B)
+      loss = t.train_step(split(d, first, B, reps)).loss;
+  if (last_loss) *last_loss = loss;
+  return t.parameters();
+}
+
+// L(p) = the weighted mean loss of one slice, through a 1-replica trainer.
+double loss_at(tr::replica<tr::host_backend>& rep, const std::vector<float>& p,
+               const tr::replica_input& in) {
+  rep.upload_params(p);
+  rep.forward_backward(in);
+  return rep.read_stats().loss;
+}
+
+}  // namespace
+
+TEST_CASE("gradients match central finite differences (host backend)") {
+  for (bool weighted : {false, true}) {
+    tr::mlp_config cfg{{5, 7, 6, 3}, {}};
+    if (weighted) cfg.class_weights = {0.5f, 2.0f, 1.25f};
+    const tr::mlp_layout lay(cfg);
+    auto p = tr::init_params(lay, 42);
+    for (std::size_t l = 0; l < lay.layers(); ++l)  // non-zero biases exercise their gradient
+      for (int j = 0; j < lay.out(l); ++j) p[lay.b_off[l] + j] = 0.05f * float(j + 1);
+    std::mt19937 g(7);
+    std::normal_distribution<float> nd;
+    const int n = 9, valid = 8;  // the last row is padding: no loss, no gradient
+    std::vector<float> x(std::size_t(n) * 5);
+    for (auto& v : x) v = nd(g);
+    std::vector<std::int32_t> y(n);
+    for (int i = 0; i < n; ++i) y[i] = i % 3;
+    tr::replica<tr::host_backend> rep(cfg, {}, p, n);
+    const tr::replica_input in{x.data(), y.data(), n, valid};
+    rep.forward_backward(in);
+    const auto G = rep.gradient_buffer();
+    const float W = G[lay.params + tr::mlp_layout::weight_sum];
+    float wsum = 0;
+    for (int i = 0; i < valid; ++i) wsum += weighted ? cfg.class_weights[y[i]] : 1.0f;
+    CHECK(W == doctest::Approx(wsum));
+    CHECK(G[lay.params + tr::mlp_layout::valid] == valid);
+    std::vector<float> analytic(G.begin(), G.begin() + lay.params);
+    for (auto& a : analytic) a /= W;
+
+    std::size_t checked = 0, bad = 0;
+    double worst = 0;
+    for (std::size_t i = 0; i < lay.params; ++i) {
+      const float h = 1e-2f;
+      auto pp = p, pm = p;
+      pp[i] += h;
+      pm[i] -= h;
+      const double fd = (loss_at(rep, pp, in) - loss_at(rep, pm, in)) / (2.0 * h);
+      const double err = std::abs(fd - analytic[i]);
+      worst = std::max(worst, err);
+      if (err > 2e-3 + 2e-2 * std::abs(fd)) ++bad;
+      ++checked;
+    }
+    INFO("weighted=" << weighted << " worst abs error " << worst);
+    CHECK(checked == lay.params);
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("a separable problem trains to near-zero loss; 1, 2, 4 replicas agree" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s, "separable training");
+  const dataset d = blobs(512, 8, 4, 3);
+  const tr::mlp_config cfg{{8, 16, 4}, {}};
+  for (auto kind : {tr::optimizer_kind::sgd, tr::optimizer_kind::adam}) {
+    tr::trainer_options o;
+    o.seed = 11;
+    o.opt.kind = kind;
+    o.opt.lr = kind == tr::optimizer_kind::sgd ? 0.05f : 0.01f;
+    double loss1 = 0, loss2 = 0, loss4 = 0;
+    const auto w1 = train(d, cfg, o, 1, 32, 6, &loss1);
+    const auto w2 = train(d, cfg, o, 2, 32, 6, &loss2);
+    const auto w4 = train(d, cfg, o, 4, 32, 6, &loss4);
+    INFO("optimizer " << (kind == tr::optimizer_kind::sgd ? "sgd" : "adam"));
+    CHECK(loss1 < 0.02);
+    CHECK(loss2 < 0.02);
+    CHECK(loss4 < 0.02);
+    double d2 = 0, d4 = 0, scale = 0;
+    for (std::size_t i = 0; i < w1.size(); ++i) {
+      d2 = std::max(d2, double(std::abs(w1[i] - w2[i])));
+      d4 = std::max(d4, double(std::abs(w1[i] - w4[i])));
+      scale = std::max(scale, double(std::abs(w1[i])));
+    }
+    INFO("max |w1 - w2| " << d2 << ", max |w1 - w4| " << d4 << ", max |w| " << scale);
+    CHECK(d2 < 1e-3 * scale);
+    CHECK(d4 < 1e-3 * scale);
+    CHECK(w2 != tr::init_params(tr::mlp_layout(cfg), o.seed));  // it did train
+  }
+}
+
+TEST_CASE("the same seed gives the same weights run to run, bit for bit" *
+          doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "determinism");
+  const dataset d = blobs(256, 6, 3, 9);
+  const tr::mlp_config cfg{{6, 10, 3}, {}};
+  tr::trainer_options o;
+  o.seed = 5;
+  for (int reps : {1, 2, 3}) {
+    const auto a = train(d, cfg, o, reps, 24, 2);
+    const auto b = train(d, cfg, o, reps, 24, 2);
+    CHECK(a == b);
+  }
+  o.seed = 6;
+  CHECK(train(d, cfg, o, 1, 24, 1) != train(d, cfg, {.seed = 5}, 1, 24, 1));
+}
+
+TEST_CASE("evaluate reduces loss and accuracy across replicas and skips padding" *
+          doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "evaluate");
+  const dataset d = blobs(64, 4, 2, 1);
+  const tr::mlp_config cfg{{4, 8, 2}, {}};
+  tr::host_trainer one(cfg, {.seed = 3, .max_rows = 64}, 1);
+  tr::host_trainer two(cfg, {.seed = 3, .max_rows = 32}, 2);
+  const auto s1 = one.evaluate(split(d, 0, 64, 1));
+  auto in2 = split(d, 0, 64, 2);
+  const auto s2 = two.evaluate(in2);
+  CHECK(s1.rows == 64);
+  CHECK(s2.rows == 64);
+  CHECK(s2.loss == doctest::Approx(s1.loss).epsilon(1e-5));
+  CHECK(s2.accuracy == doctest::Approx(s1.accuracy));
+  in2[1].valid = 10;  // 22 padding rows: not counted
+  CHECK(two.evaluate(in2).rows == 42);
+}
+
+namespace {
+// The shape distribute() hands out (ferry::step / ferry::replica_batch), over host arrays.
+struct fake_replica_batch {
+  std::span<const std::array<float, 4>> x;
+  std::span<const std::int32_t> y;
+  std::size_t valid_rows;
+  std::size_t size() const { return y.size(); }
+  std::size_t valid() const { return valid_rows; }
+  int device() const { return -1; }
+  void* stream() const { return nullptr; }
+  template <std::size_t I>
+  auto field() const {
+    if constexpr (I == 0) return x; else return y;
+  }
+};
+struct fake_step {
+  std::vector<fake_replica_batch> rb;
+  std::size_t replicas() const { return rb.size(); }
+  fake_replica_batch& operator[](std::size_t r) { return rb[r]; }
+};
+}  // namespace
+
+TEST_CASE("train_step takes a distribute() step" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "step adapter");
+  const dataset d = blobs(64, 4, 2, 2);
+  const tr::mlp_config cfg{{4, 8, 2}, {}};
+  tr::host_trainer a(cfg, {.seed = 1, .max_rows = 32}, 2);
+  tr::host_trainer b(cfg, {.seed = 1, .max_rows = 32}, 2);
+  auto* rows = reinterpret_cast<const std::array<float, 4>*>(d.x.data());
+  fake_step st{{{{rows, 32}, {d.y.data(), 32}, 32}, {{rows + 32, 32}, {d.y.data() + 32, 32}, 32}}};
+  const auto sa = a.train_step(st);
+  const auto sb = b.train_step(split(d, 0, 64, 2));
+  CHECK(sa.loss == sb.loss);
+  CHECK(a.parameters() == b.parameters());
+  fake_step wrong{{st.rb[0]}};
+  CHECK_THROWS_AS(a.train_step(wrong), ferry::config_error);
+}
+
+TEST_CASE("bad configurations and slices are config_errors; the trainer stays usable" *
+          doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "errors");
+  CHECK_THROWS_AS(tr::mlp_layout(tr::mlp_config{{4}, {}}), ferry::config_error);
+  CHECK_THROWS_AS(tr::mlp_layout(tr::mlp_config{{4, 0, 2}, {}}), ferry::config_error);
+  CHECK_THROWS_AS(tr::mlp_layout(tr::mlp_config{{4, 2}, {1.0f}}), ferry::config_error);
+  CHECK_THROWS_AS(tr::mlp_layout(tr::mlp_config{{4, 2}, {1.0f, -1.0f}}), ferry::config_error);
+  CHECK_THROWS_AS(tr::host_trainer(tr::mlp_config{{4, 2}, {}}, {.opt = {.lr = 0.0f}}, 1),
+                  ferry::config_error);
+  CHECK_THROWS_AS(tr::host_trainer(tr::mlp_config{{4, 2}, {}}, {}, 0), ferry::config_error);
+
+  const dataset d = blobs(64, 4, 2, 4);
+  tr::host_trainer t(tr::mlp_config{{4, 8, 2}, {}}, {.seed = 2, .max_rows = 16}, 2);
+  CHECK_THROWS_AS(t.train_step(split(d, 0, 64, 2)), ferry::config_error);  // 32 > 16 rows
+  CHECK_THROWS_AS(t.train_step(split(d, 0, 32, 1)), ferry::config_error);  // 1 slice for 2
+  auto in = split(d, 0, 32, 2);
+  in[0].valid = 17;
+  CHECK_THROWS_AS(t.train_step(in), ferry::config_error);
+  CHECK(t.train_step(split(d, 0, 32, 2)).rows == 32);
+  CHECK(t.steps() == 1);
+}
+
+TEST_CASE("a batch of padding only leaves the weights unchanged" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "padding");
+  const dataset d = blobs(16, 4, 2, 4);
+  tr::host_trainer t(tr::mlp_config{{4, 8, 2}, {}}, {.seed = 2, .max_rows = 8}, 2);
+  const auto before = t.parameters();
+  auto in = split(d, 0, 16, 2);
+  in[0].valid = in[1].valid = 0;
+  const auto s = t.train_step(in);
+  CHECK(s.rows == 0);
+  CHECK(t.parameters() == before);
+}
