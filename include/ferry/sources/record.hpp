@@ -1,5 +1,5 @@
 // ferry/sources/record.hpp: one record read from a file: a contiguous, read-only byte
-// range that keeps the read chunk it views alive.
+// range that keeps the read chunk it views alive, and knows where it came from.
 //
 // A record is a view into the reader's chunk (no copy on the read path) plus a shared
 // reference to that chunk, so it stays valid for as long as the record (or any copy of
@@ -8,16 +8,30 @@
 // std::ranges::contiguous_range of std::byte, so batch() collates records as a ragged
 // field (one contiguous buffer plus offsets). Holding many records holds their chunks:
 // consume or copy them if you keep them long.
+//
+// origin() says where a record read by from_files/interleave was: the file and the byte
+// offset where the record starts (its header, for TFRecord; in the uncompressed stream
+// for compressed files), so a decoder further down the pipeline (parse_example) can
+// report "file: what at offset n" like the readers do. The file name is owned by the
+// chunk the record holds, so it lives exactly as long as the record. Records built by
+// hand have an empty origin (file "").
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 
 namespace ferry {
+
+struct record_origin {
+  std::string_view file;     // "" when unknown
+  std::uint64_t offset = 0;  // where the record starts in the file (its framing header)
+  std::uint64_t data_offset = 0;  // where its first payload byte is
+};
 
 class record {
  public:
@@ -26,6 +40,10 @@ class record {
   record() = default;
   record(std::shared_ptr<const std::byte> bytes, std::size_t size) noexcept
       : p_(std::move(bytes)), n_(size) {}
+  // `file` must live as long as the bytes do (from_files keeps it in the chunk).
+  record(std::shared_ptr<const std::byte> bytes, std::size_t size, const std::string* file,
+         std::uint64_t offset, std::uint32_t header_bytes) noexcept
+      : p_(std::move(bytes)), n_(size), file_(file), off_(offset), head_(header_bytes) {}
 
   const std::byte* data() const noexcept { return p_.get(); }
   std::size_t size() const noexcept { return n_; }
@@ -34,10 +52,16 @@ class record {
   const std::byte* end() const noexcept { return p_.get() + n_; }
   std::span<const std::byte> bytes() const noexcept { return {p_.get(), n_}; }
   std::string_view str() const noexcept { return {reinterpret_cast<const char*>(p_.get()), n_}; }
+  record_origin origin() const noexcept {
+    return {file_ ? std::string_view(*file_) : std::string_view(), off_, off_ + head_};
+  }
 
  private:
   std::shared_ptr<const std::byte> p_;
   std::size_t n_ = 0;
+  const std::string* file_ = nullptr;
+  std::uint64_t off_ = 0;
+  std::uint32_t head_ = 0;
 };
 
 }  // namespace ferry

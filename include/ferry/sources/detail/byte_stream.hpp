@@ -45,6 +45,9 @@ namespace detail {
 struct chunk {
   std::byte* data;
   std::size_t capacity;
+  // The file the chunk was filled from: records viewing the chunk point at this name, so
+  // it lives as long as they do. A chunk only ever holds bytes of one file.
+  std::shared_ptr<const std::string> file;
 };
 
 // Recycles read chunks of the default size; larger (one-off) chunks are freed.
@@ -68,7 +71,7 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
     }
     if (!c) {
       const std::size_t cap = std::max(min_bytes, bytes_);
-      c = new chunk{static_cast<std::byte*>(::operator new(cap, std::align_val_t{64})), cap};
+      c = new chunk{static_cast<std::byte*>(::operator new(cap, std::align_val_t{64})), cap, nullptr};
     }
     std::weak_ptr<chunk_pool> home = weak_from_this();
     return std::shared_ptr<chunk>(c, [home](chunk* p) {
@@ -87,6 +90,7 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
     delete c;
   }
   void give_back(chunk* c) noexcept {
+    c->file.reset();
     if (c->capacity == bytes_) {
       std::lock_guard lk(m_);
       if (free_.size() < max_free_) {
@@ -123,6 +127,7 @@ class byte_stream {
       close();
       pool_ = std::move(o.pool_);
       path_ = std::move(o.path_);
+      file_ = std::move(o.file_);
       fd_ = std::exchange(o.fd_, -1);
       size_ = o.size_;
       gz_ = o.gz_;
@@ -147,6 +152,7 @@ class byte_stream {
   // Throws io_error when the path cannot be opened, is a directory, or cannot be read.
   void open(const std::string& path, compression c) {
     close();
+    if (path_ != path || !file_) file_ = std::make_shared<const std::string>(path);
     path_ = path;
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw io_error(path, 0, std::error_code(errno, std::generic_category()), "cannot open");
@@ -252,6 +258,7 @@ class byte_stream {
       }
       want = std::max(want, have + 1);
       std::shared_ptr<chunk> fresh = pool_->acquire(want);
+      fresh->file = file_;
       if (have) std::memcpy(fresh->data, cur_->data + pos_, have);
       base_ += pos_;
       cur_ = std::move(fresh);
@@ -318,6 +325,7 @@ class byte_stream {
 
   std::shared_ptr<chunk_pool> pool_;
   std::string path_;
+  std::shared_ptr<const std::string> file_;  // path_, shared with the chunks filled from it
   int fd_ = -1;
   std::optional<std::uint64_t> size_;
   bool gz_ = false;

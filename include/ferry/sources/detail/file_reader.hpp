@@ -144,7 +144,9 @@ class file_reader {
     frame f;
     frame_status st = std::visit([&](auto& fr) { return fr.next(s_, f); }, fr_);
     if (st == frame_status::record) {
-      out = record(std::shared_ptr<const std::byte>(s_.current_chunk(), f.out.data()), f.out.size());
+      const std::shared_ptr<chunk>& c = s_.current_chunk();
+      out = record(std::shared_ptr<const std::byte>(c, f.out.data()), f.out.size(), c->file.get(), s_.offset(),
+                   static_cast<std::uint32_t>(f.out.data() - s_.data()));
       s_.consume(f.advance);
       ++rec_;
     } else if (st == frame_status::bad_record) {
