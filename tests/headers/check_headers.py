@@ -11,6 +11,7 @@ usage: check_headers.py INCLUDE_DIR CXX [NVCC]
 import concurrent.futures as cf
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,11 @@ for h in headers:
 
 # Thrust host backend for headers that use Thrust from g++ (the trainer's CPU math).
 base = ["-std=c++20", "-I", inc, "-isystem", f"{cuda}/include/cccl", "-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_CPP"]
+# MPI headers (ferry/collective/mpi.hpp, ferry/distributed.hpp) compile only with MPI's
+# include path; without it they declare nothing, so check them with it where MPI exists.
+if shutil.which("mpicxx"):
+    base += subprocess.run(["mpicxx", "--showme:compile"], capture_output=True, text=True).stdout.split()
+    base += ["-DOMPI_SKIP_MPICXX=1"]
 have_cudart = os.path.exists(f"{cuda}/include/cuda_runtime_api.h")
 
 

@@ -11,6 +11,17 @@
 // When one thread drives several ranks it must bracket their calls with group_start() /
 // group_end() (NCCL's rule); the trainer gives every GPU replica its own thread instead.
 //
+// Across processes and nodes (issue 6): rank 0 makes an id, every process receives it
+// (ferry::nccl_communicators in ferry/distributed.hpp broadcasts it over MPI) and joins:
+//
+//   ncclUniqueId id = ...;                                    // same bytes on every rank
+//   auto comms = ferry::nccl_communicator::join(id, nranks, first_rank, {0, 1});
+//
+// Asynchronous errors: a peer that dies or a broken network shows up late, as an async
+// error of the communicator, not as a failed call. check_async() throws it (and aborts
+// the communicator); barrier() polls it while it waits, so a lost peer ends in an error
+// rather than a hang.
+//
 // Throws ferry::error naming the NCCL/CUDA call and its status string on failure.
 #pragma once
 
@@ -22,6 +33,7 @@
 #include <nccl.h>
 
 #include <cstdio>
+#include <thread>
 #include <span>
 #include <string>
 #include <utility>
@@ -58,6 +70,48 @@ class nccl_communicator {
     for (std::size_t i = 0; i < devices.size(); ++i)
       out.push_back(nccl_communicator(raw[i], devices[i], static_cast<int>(i),
                                       static_cast<int>(devices.size())));
+    return out;
+  }
+
+  // A fresh id for a new clique (rank 0 makes it; the others receive its bytes).
+  static ncclUniqueId unique_id() {
+    ncclUniqueId id{};
+    detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
+    return id;
+  }
+
+  // This process's ranks of a clique of `nranks` spread over processes: rank first + i on
+  // devices[i] (ncclCommInitRank for each, in one group). Every process of the clique
+  // must call it with the same id and nranks. Throws config_error for an empty device
+  // list or ranks outside [0, nranks), ferry::error when NCCL fails.
+  static std::vector<nccl_communicator> join(const ncclUniqueId& id, int nranks, int first,
+                                             const std::vector<int>& devices) {
+    const int k = static_cast<int>(devices.size());
+    if (k == 0) throw config_error("nccl_communicator::join: no devices given");
+    if (first < 0 || first + k > nranks)
+      throw config_error("nccl_communicator::join: ranks " + std::to_string(first) + ".." +
+                         std::to_string(first + k - 1) + " do not fit a clique of " +
+                         std::to_string(nranks));
+    std::vector<ncclComm_t> raw(devices.size(), nullptr);
+    detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
+    ncclResult_t st = ncclSuccess;
+    for (int i = 0; i < k && st == ncclSuccess; ++i) {
+      if (cudaSetDevice(devices[i]) != cudaSuccess) {
+        st = ncclUnhandledCudaError;
+        break;
+      }
+      st = ncclCommInitRank(&raw[i], nranks, id, first + i);
+    }
+    const ncclResult_t end = ncclGroupEnd();
+    if (st == ncclSuccess) st = end;
+    if (st != ncclSuccess) {
+      for (ncclComm_t c : raw)
+        if (c) ncclCommAbort(c);
+      detail::nccl_check(st, "ncclCommInitRank");
+    }
+    std::vector<nccl_communicator> out;
+    out.reserve(devices.size());
+    for (int i = 0; i < k; ++i) out.push_back(nccl_communicator(raw[i], devices[i], first + i, nranks));
     return out;
   }
 
@@ -101,7 +155,28 @@ class nccl_communicator {
     if (!scratch_) detail::cuda_check_nccl(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
     detail::nccl_check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
                        "ncclAllReduce (barrier)");
-    detail::cuda_check_nccl(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    // Poll instead of cudaStreamSynchronize: a peer that failed leaves the all-reduce
+    // waiting forever, and only the communicator's async error says so.
+    for (;;) {
+      const cudaError_t q = cudaStreamQuery(stream_);
+      if (q == cudaSuccess) break;
+      if (q != cudaErrorNotReady) detail::cuda_check_nccl(q, "cudaStreamQuery");
+      check_async();
+      std::this_thread::yield();
+    }
+    check_async();
+  }
+
+  // Throws the communicator's asynchronous error, if any, after aborting the
+  // communicator (NCCL's rule: a communicator with an async error is unusable).
+  void check_async() {
+    ncclResult_t a = ncclSuccess;
+    detail::nccl_check(ncclCommGetAsyncError(comm_, &a), "ncclCommGetAsyncError");
+    if (a != ncclSuccess && a != ncclInProgress) {
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      detail::nccl_check(a, "an earlier NCCL collective (asynchronous error)");
+    }
   }
 
   static void group_start() { detail::nccl_check(ncclGroupStart(), "ncclGroupStart"); }

@@ -1,0 +1,197 @@
+// train_multi_node: the Fashion-MNIST MLP trained by several processes, on one machine or
+// many, launched by mpirun or srun (docs/multi_node.md):
+//
+//   mpirun -np 4 train_multi_node --epochs 3 --batch 128
+//   srun --ntasks=16 train_multi_node --epochs 3 --batch 512
+//
+// One replica per process (host backend, OpenBLAS); gradients are all-reduced across
+// processes by ferry::mpi_communicator through the unchanged mirrored trainer. The global
+// batch is --batch: each rank takes batch / world rows a step.
+//
+// Data: Debian's Fashion-MNIST is ONE file per split, fewer files than ranks, so this
+// program shards by element (shard(world, rank, by_element)): every rank streams the file
+// and keeps rows k % world == rank. A dataset of many files would shard by file
+// (shard(world, rank)) and read only its own. Each rank shuffles its shard with seed
+// (seed, rank). Before each epoch the ranks agree on the step count (MIN for training:
+// every step full; MAX for the test set, with empty steps on ranks that run out, so every
+// test image counts once).
+//
+// Output (rank 0, stdout): "epoch <k> loss <l> test_accuracy <a> elapsed_s <s>" per epoch,
+// then "test_accuracy: <a>". Any rank's error ends the job: "rank R: <error>" on stderr and
+// a non-zero exit from mpirun (MPI_Abort), never a hang.
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ferry/collective/agree_steps.hpp"
+#include "ferry/distributed.hpp"
+#include "ferry/error.hpp"
+#include "ferry/source.hpp"
+#include "ferry/sources/from_files.hpp"
+#include "ferry/sources/idx.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/distribute.hpp"
+#include "ferry/stages/map.hpp"
+#include "ferry/stages/prefetch.hpp"
+#include "ferry/stages/shard.hpp"
+#include "ferry/stages/shuffle.hpp"
+#include "ferry/train/host_backend.hpp"
+#include "ferry/train/mirrored_trainer.hpp"
+
+namespace {
+
+// Pairs the i-th images and labels; different lengths are a format error.
+template <class A, class B>
+class zip_source : public ferry::source_interface<zip_source<A, B>> {
+ public:
+  using value_type = std::pair<ferry::value_t<A>, ferry::value_t<B>>;
+  zip_source(A a, B b, std::string what) : a_(std::move(a)), b_(std::move(b)), what_(std::move(what)) {}
+  std::optional<value_type> next() {
+    auto x = a_.next();
+    auto y = b_.next();
+    if (!x && !y) return std::nullopt;
+    if (!x || !y)
+      throw ferry::format_error(what_, n_, "the image and label files hold different numbers of records");
+    ++n_;
+    return value_type(std::move(*x), std::move(*y));
+  }
+  void rewind() {
+    a_.rewind();
+    b_.rewind();
+    n_ = 0;
+  }
+
+ private:
+  A a_;
+  B b_;
+  std::string what_;
+  std::uint64_t n_ = 0;
+};
+
+constexpr int pixels = 28 * 28;
+using sample = std::tuple<std::array<float, pixels>, std::int32_t>;
+
+template <class Pair>
+sample to_sample(const Pair& p) {
+  auto img = p.first.bytes();
+  auto lab = p.second.bytes();
+  if (img.size() != pixels || lab.size() != 1)
+    throw ferry::config_error("fashion-mnist: expected 784-byte images and 1-byte labels");
+  sample s;
+  auto& x = std::get<0>(s);
+  for (int i = 0; i < pixels; ++i)
+    x[std::size_t(i)] = (std::to_integer<int>(img[std::size_t(i)]) * (1.0f / 255.0f) - 0.2860f) * (1.0f / 0.3530f);
+  std::get<1>(s) = std::to_integer<int>(lab[0]);
+  return s;
+}
+
+auto pipeline(const std::string& dir, const std::string& split, bool train, std::size_t per_rank,
+              int world, int rank, std::uint64_t seed) {
+  auto images = ferry::from_files(std::vector<std::string>{dir + "/" + split + "-images-idx3-ubyte.gz"}, ferry::idx{});
+  auto labels = ferry::from_files(std::vector<std::string>{dir + "/" + split + "-labels-idx1-ubyte.gz"}, ferry::idx{});
+  using Z = zip_source<decltype(images), decltype(labels)>;
+  Z pairs(std::move(images), std::move(labels), dir + "/" + split + "-*-idx*-ubyte.gz");
+  return std::move(pairs) | ferry::shard(std::uint64_t(world), std::uint64_t(rank), ferry::by_element) |
+         ferry::shuffle(train ? 10000 : 1, seed * 1000003u + std::uint64_t(rank)) |
+         ferry::map([](const auto& p) { return to_sample(p); }) | ferry::batch(per_rank) |
+         ferry::prefetch(2) |
+         ferry::distribute(ferry::host_replicas{1},
+                           {.remainder = train ? ferry::remainder_policy::drop : ferry::remainder_policy::pad});
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ferry::distributed_context ctx(argc, argv, {.devices_per_rank = 0});
+  return ferry::abort_on_exception([&] {
+    int epochs = 3;
+    std::size_t batch = 128;
+    std::uint64_t seed = 1;
+    std::int64_t max_steps = -1;
+    float lr = 1e-3f;
+    std::string dir = "/usr/share/datasets/fashion-mnist";
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      auto val = [&]() -> std::string {
+        if (i + 1 >= argc) throw ferry::config_error(a + " needs a value");
+        return argv[++i];
+      };
+      auto whole = [&](const std::string& v) {
+        char* end = nullptr;
+        const long long x = std::strtoll(v.c_str(), &end, 10);
+        if (v.empty() || *end || x < 1) throw ferry::config_error(a + ": expected a whole number >= 1, got '" + v + "'");
+        return x;
+      };
+      if (a == "--epochs") epochs = int(whole(val()));
+      else if (a == "--batch") batch = std::size_t(whole(val()));
+      else if (a == "--seed") seed = std::uint64_t(whole(val()));
+      else if (a == "--steps") max_steps = whole(val());
+      else if (a == "--lr") lr = std::strtof(val().c_str(), nullptr);
+      else if (a == "--data") dir = val();
+      else throw ferry::config_error("usage: train_multi_node [--epochs N] [--batch GLOBAL] [--seed S] "
+                                     "[--steps MAX_PER_EPOCH] [--lr LR] [--data DIR]; unknown '" + a + "'");
+    }
+    const int W = ctx.world_size(), me = ctx.rank();
+    if (batch % std::size_t(W) != 0)
+      throw ferry::config_error("--batch " + std::to_string(batch) + " is not divisible by " +
+                                std::to_string(W) + " ranks");
+    const std::size_t per_rank = batch / std::size_t(W);
+    ferry::train::host_backend::set_blas_threads(1);  // ranks are the parallelism
+
+    ferry::train::mirrored_trainer<ferry::train::host_backend, ferry::mpi_communicator> trainer(
+        {.layers = {pixels, 256, 128, 10}, .class_weights = {}},
+        {.opt = {.kind = ferry::train::optimizer_kind::adam, .lr = lr}, .seed = seed,
+         .max_rows = int(per_rank)},
+        ferry::one_replica_per_process(ctx));
+    auto train = pipeline(dir, "train", true, per_rank, W, me, seed);
+    auto test = pipeline(dir, "t10k", false, per_rank, W, me, seed);
+    if (me == 0)
+      std::fprintf(stderr, "train_multi_node: %d ranks on %d node(s), global batch %zu (%zu per rank); "
+                           "1 file per split < %d ranks: element-level shards\n",
+                   W, W / ctx.local_size(), batch, per_rank, W);
+
+    const auto t0 = std::chrono::steady_clock::now();
+    double accuracy = 0;
+    for (int e = 1; e <= epochs; ++e) {
+      std::int64_t n = ferry::agree_steps(
+          ctx.world(), ferry::steps_for(ferry::shard_rows(60000, W, me), std::int64_t(per_rank), ferry::step_policy::drop),
+          ferry::step_policy::drop);
+      if (max_steps > 0) n = std::min(n, max_steps);
+      double loss = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        auto s = train.next();
+        if (!s) throw ferry::error("the training shard ended before the agreed " + std::to_string(n) + " steps");
+        loss += trainer.train_step(*s).loss;
+      }
+      train.rewind();
+      const std::int64_t m = ferry::agree_steps(
+          ctx.world(), ferry::steps_for(ferry::shard_rows(10000, W, me), std::int64_t(per_rank), ferry::step_policy::pad),
+          ferry::step_policy::pad);
+      double correct = 0, rows = 0;
+      for (std::int64_t i = 0; i < m; ++i) {
+        auto s = test.next();
+        const auto st = s ? trainer.evaluate(*s) : trainer.evaluate(std::vector<ferry::train::replica_input>(1));
+        correct += st.accuracy * st.rows;
+        rows += st.rows;
+      }
+      test.rewind();
+      accuracy = rows > 0 ? correct / rows : 0.0;
+      if (me == 0) {
+        const double el = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        std::printf("epoch %d loss %.4f test_accuracy %.4f elapsed_s %.1f\n", e, n ? loss / double(n) : 0.0,
+                    accuracy, el);
+        std::fflush(stdout);
+      }
+    }
+    if (me == 0) std::printf("test_accuracy: %.4f\n", accuracy);
+    return 0;
+  });
+}

@@ -1,0 +1,448 @@
+// Multi-process training over MPI: run under `mpirun -np 2` and `-np 4` (tests/mpi/meson.build).
+// Every rank runs every test case in the same order, so the collectives inside match;
+// checks use CHECK (not REQUIRE) where leaving a test case early would skip a collective
+// the other ranks still enter. Each case has a watchdog: a hang aborts the rank and
+// mpirun ends the job.
+//
+//   mpi_communicator   against a naive oracle computed on every rank (rank-seeded data)
+//   trainer            W ranks x 1 replica, per-rank batch B/W, element-level shards, give
+//                      the same weights as one process with batch B and the same seed
+//   exactly once       uneven files, file-level shards, 2 local replicas per rank,
+//                      pad: every record seen exactly once; drop: equal full steps
+//   uneven + trainer   equal step counts agreed before the epoch, no hang
+//   fewer files        file-level shard with fewer files than ranks is a config_error;
+//                      by_element is the explicit fallback
+#include <doctest/doctest.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/collective/agree_steps.hpp"
+#include "ferry/distributed.hpp"
+#include "ferry/sources/fixed_length.hpp"
+#include "ferry/sources/from_files.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/distribute.hpp"
+#include "ferry/stages/map.hpp"
+#include "ferry/stages/shard.hpp"
+#include "ferry/train/host_backend.hpp"
+#include "ferry/train/host_trainer.hpp"
+#include "ferry/train/mirrored_trainer.hpp"
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+ferry::distributed_context& ctx() {
+  static ferry::distributed_context c({.devices_per_rank = 0});
+  return c;
+}
+
+// A fresh directory made by rank 0, its path broadcast to every rank.
+fs::path shared_dir(const char* tag) {
+  auto& w = ctx().world();
+  std::array<char, 512> buf{};
+  if (w.rank() == 0) {
+    std::string t = (fs::temp_directory_path() / (std::string("ferry-mpi-") + tag + "-XXXXXX")).string();
+    if (!mkdtemp(t.data())) t.clear();
+    std::snprintf(buf.data(), buf.size(), "%s", t.c_str());
+  }
+  w.broadcast_bytes(std::as_writable_bytes(std::span<char>(buf)), 0);
+  return fs::path(buf.data());
+}
+
+void write_file(const fs::path& p, const void* data, std::size_t bytes) {
+  std::ofstream f(p, std::ios::binary);
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(bytes));
+}
+
+// ---- a small classification dataset: 8 features, 4 classes, label = argmax(W x) ----
+constexpr int features = 8, classes = 4;
+struct row {
+  float x[features];
+  std::int32_t y;
+};
+static_assert(sizeof(row) == 36);
+using sample = std::tuple<std::array<float, features>, std::int32_t>;
+
+std::vector<fs::path> write_dataset(const fs::path& dir, const std::vector<int>& rows_per_file,
+                                    std::uint32_t seed) {
+  std::vector<fs::path> files;
+  std::mt19937 g(seed);
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  float W[classes][features];
+  for (auto& r : W)
+    for (float& v : r) v = n(g);
+  for (std::size_t f = 0; f < rows_per_file.size(); ++f) {
+    std::vector<row> rows(static_cast<std::size_t>(rows_per_file[f]));
+    for (row& r : rows) {
+      for (float& v : r.x) v = n(g);
+      float best = -1e30f;
+      for (int c = 0; c < classes; ++c) {
+        float s = 0;
+        for (int i = 0; i < features; ++i) s += W[c][i] * r.x[i];
+        if (s > best) best = s, r.y = c;
+      }
+    }
+    char name[32];
+    std::snprintf(name, sizeof name, "part-%02zu.bin", f);
+    files.push_back(dir / name);
+    if (ctx().rank() == 0) write_file(files.back(), rows.data(), rows.size() * sizeof(row));
+  }
+  ctx().world().barrier();  // the files exist before anyone opens them
+  return files;
+}
+
+std::vector<std::string> strings(const std::vector<fs::path>& v) {
+  return {v.begin(), v.end()};
+}
+
+auto to_sample = [](const ferry::record& r) {
+  row w;
+  std::memcpy(&w, r.bytes().data(), sizeof w);
+  sample s;
+  std::memcpy(std::get<0>(s).data(), w.x, sizeof w.x);
+  std::get<1>(s) = w.y;
+  return s;
+};
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("distributed_context: ranks, local ranks, devices" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s);
+  auto& c = ctx();
+  int n = 0, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  CHECK(c.world_size() == n);
+  CHECK(c.rank() == r);
+  CHECK(c.local_rank() >= 0);
+  CHECK(c.local_rank() < c.local_size());
+  CHECK(c.local_size() <= c.world_size());
+  // One machine here: every rank is local, and local ranks are a permutation of ranks.
+  auto& w = c.world();
+  CHECK(w.all_reduce_sum(std::int64_t(c.local_size())) == std::int64_t(n) * n);
+  CHECK(w.all_reduce_sum(std::int64_t(c.local_rank())) == std::int64_t(n) * (n - 1) / 2);
+  CHECK(c.local_devices().empty());  // devices_per_rank = 0
+  CHECK(!c.host().empty());
+
+  // Device ownership, pure: 2 ranks x 2 devices on a 4-GPU node; a launcher that shows
+  // each rank only its own devices; too few devices is a clear error.
+  CHECK(ferry::pick_local_devices(1, 2, 2, 4) == std::vector<int>{2, 3});
+  CHECK(ferry::pick_local_devices(3, 8, 1, 8) == std::vector<int>{3});
+  CHECK(ferry::pick_local_devices(3, 4, 1, 1) == std::vector<int>{0});
+  CHECK(ferry::pick_local_devices(2, 4, 1, 0).empty());
+  CHECK_THROWS_AS(ferry::pick_local_devices(2, 3, 2, 4), ferry::config_error);
+  CHECK_THROWS_AS(ferry::pick_local_devices(0, 1, -1, 4), ferry::config_error);
+}
+
+TEST_CASE("mpi_communicator against a naive oracle" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s);
+  auto& w = ctx().world();
+  const int n = w.size(), me = w.rank();
+  auto data = [](int rank, std::size_t len) {
+    std::mt19937 g(1234u + unsigned(rank));
+    std::uniform_int_distribution<int> d(-1000, 1000);
+    std::vector<float> v(len);
+    for (auto& x : v) x = float(d(g)) * 0.25f;  // exact in float: sums are exact too
+    return v;
+  };
+  for (std::size_t len : {std::size_t(0), std::size_t(1), std::size_t(7), std::size_t(100003)}) {
+    CAPTURE(len);
+    std::vector<float> oracle(len, 0.0f);
+    for (int q = 0; q < n; ++q) {
+      const auto v = data(q, len);
+      for (std::size_t i = 0; i < len; ++i) oracle[i] += v[i];
+    }
+    auto mine = data(me, len);
+    w.all_reduce_sum(mine);
+    CHECK(mine == oracle);
+    mine = data(me, len);
+    w.all_reduce_average(mine);
+    bool avg_ok = true;
+    for (std::size_t i = 0; i < len; ++i)
+      avg_ok = avg_ok && std::fabs(mine[i] - oracle[i] / float(n)) <= 1e-4f * (1 + std::fabs(oracle[i]));
+    CHECK(avg_ok);
+    for (int root = 0; root < n; ++root) {
+      mine = data(me, len);
+      w.broadcast(mine, root);
+      CHECK(mine == data(root, len));
+    }
+  }
+  CHECK(w.all_reduce_min(std::int64_t(10 + me)) == 10);
+  CHECK(w.all_reduce_max(std::int64_t(10 + me)) == 10 + n - 1);
+  CHECK(w.exclusive_scan_sum(std::int64_t(me + 1)) == std::int64_t(me) * (me + 1) / 2);
+  CHECK_THROWS_AS(w.broadcast(std::span<float>(), n), ferry::config_error);
+  w.barrier();
+}
+
+TEST_CASE("agree_steps: MIN for drop, MAX for pad" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s);
+  auto& w = ctx().world();
+  const std::int64_t local = 5 + 3 * w.rank();
+  CHECK(ferry::agree_steps(w, local, ferry::step_policy::drop) == 5);
+  CHECK(ferry::agree_steps(w, local, ferry::step_policy::pad) == 5 + 3 * (w.size() - 1));
+  CHECK(ferry::steps_for(10, 4, ferry::step_policy::drop) == 2);
+  CHECK(ferry::steps_for(10, 4, ferry::step_policy::pad) == 3);
+  CHECK(ferry::steps_for(0, 4, ferry::step_policy::pad) == 0);
+  CHECK_THROWS_AS(ferry::steps_for(10, 0, ferry::step_policy::pad), ferry::config_error);
+  CHECK(ferry::shard_rows(10, 4, 1) == 3);
+  CHECK(ferry::shard_rows(10, 4, 3) == 2);
+  CHECK_THROWS_AS(ferry::agree_steps(w, -1, ferry::step_policy::pad), ferry::config_error);
+}
+
+TEST_CASE("W ranks train to the same weights as one process with the same global batch" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  auto& c = ctx();
+  const int W = c.world_size(), me = c.rank();
+  ferry::train::host_backend::set_blas_threads(1);
+  const fs::path dir = shared_dir("same-weights");
+  const auto files = strings(write_dataset(dir, {96, 96, 96, 96}, 7));
+  const std::size_t B = 32;  // global batch: 12 steps an epoch
+  const int epochs = 2;
+  const ferry::train::mlp_config cfg{.layers = {features, 16, classes}, .class_weights = {}};
+  const ferry::train::trainer_options opts{
+      .opt = {.kind = ferry::train::optimizer_kind::sgd, .lr = 0.1f, .momentum = 0.9f},
+      .seed = 11, .max_rows = int(B)};
+  const ferry::fixed_length fmt{.record_bytes = sizeof(row)};
+
+  // One process, one replica, batch B, every file.
+  ferry::train::host_trainer ref(cfg, opts, 1);
+  {
+    auto steps = ferry::from_files(files, fmt) | ferry::map(to_sample) | ferry::batch(B) |
+                 ferry::distribute(ferry::host_replicas{1});
+    for (int e = 0; e < epochs; ++e, steps.rewind())
+      for (auto& s : steps) ref.train_step(s);
+  }
+
+  // W processes, one replica each, batch B / W, element-level shards: step k of rank r
+  // holds the global rows of step k that are == r mod W, so every step's global batch is
+  // the one-process batch.
+  ferry::train::mirrored_trainer<ferry::train::host_backend, ferry::mpi_communicator> t(
+      cfg, {.opt = opts.opt, .seed = opts.seed, .max_rows = int(B) / W},
+      ferry::one_replica_per_process(c));
+  auto steps = ferry::from_files(files, fmt) | ferry::shard(W, me, ferry::by_element) |
+               ferry::map(to_sample) | ferry::batch(B / W) |
+               ferry::distribute(ferry::host_replicas{1});
+  const std::int64_t local = ferry::steps_for(ferry::shard_rows(4 * 96, W, me), B / W,
+                                              ferry::step_policy::drop);
+  const std::int64_t n = ferry::agree_steps(c.world(), local, ferry::step_policy::drop);
+  CHECK(n == 12);
+  double first_loss = 0, last_loss = 0;
+  for (int e = 0; e < epochs; ++e, steps.rewind()) {
+    std::int64_t k = 0;
+    for (auto& s : steps) {
+      if (k == n) break;
+      const auto st = t.train_step(s);
+      CHECK(st.rows == doctest::Approx(double(B)));  // global figures on every rank
+      if (e == 0 && k == 0) first_loss = st.loss;
+      last_loss = st.loss;
+      ++k;
+    }
+    CHECK(k == n);
+  }
+  const auto mine = t.parameters(), theirs = ref.parameters();
+  REQUIRE(mine.size() == theirs.size());
+  const double d = max_abs_diff(mine, theirs);
+  CAPTURE(d);
+  CHECK(d < 1e-4);
+  CHECK(mine != ferry::train::init_params(ferry::train::mlp_layout(cfg), opts.seed));
+  CHECK(last_loss < first_loss);  // it learned something
+  // Every rank holds the same weights: rank 0's, bit for bit.
+  auto r0 = mine;
+  c.world().broadcast(r0, 0);
+  CHECK(r0 == mine);
+  c.world().barrier();
+  if (me == 0) fs::remove_all(dir);
+}
+
+namespace {
+// Files of record ids (int64, 8 bytes each), of uneven sizes; ids are global and dense.
+std::vector<std::string> write_id_files(const fs::path& dir, const std::vector<int>& sizes) {
+  std::vector<std::string> files;
+  std::int64_t id = 0;
+  for (std::size_t f = 0; f < sizes.size(); ++f) {
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(sizes[f]));
+    for (auto& x : ids) x = id++;
+    char name[32];
+    std::snprintf(name, sizeof name, "ids-%02zu.bin", f);
+    files.push_back((dir / name).string());
+    if (ctx().rank() == 0) write_file(files.back(), ids.data(), ids.size() * 8);
+  }
+  ctx().world().barrier();
+  return files;
+}
+// Rows of this rank's files (file-level shard j % W == r), from the file sizes: a
+// fixed-length format knows its row count before reading a byte.
+std::int64_t my_rows(const std::vector<std::string>& files, int W, int r) {
+  std::int64_t rows = 0;
+  for (std::size_t j = std::size_t(r); j < files.size(); j += std::size_t(W))
+    rows += std::int64_t(fs::file_size(files[j]) / 8);
+  return rows;
+}
+auto to_id = [](const ferry::record& r) {
+  std::int64_t v;
+  std::memcpy(&v, r.bytes().data(), 8);
+  return v;
+};
+}  // namespace
+
+TEST_CASE("uneven files: every record exactly once across ranks and replicas, equal steps" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  auto& c = ctx();
+  auto& w = c.world();
+  const int W = c.world_size(), me = c.rank();
+  const fs::path dir = shared_dir("once");
+  const std::vector<int> sizes{7, 13, 5, 11, 9, 3, 17, 1};  // 66 records
+  const auto files = write_id_files(dir, sizes);
+  const std::int64_t total = 66;
+  const std::size_t R = 2, b = 4;  // 2 local replicas, per-rank batch 4
+  const ferry::fixed_length fmt{.record_bytes = 8};
+
+  for (auto policy : {ferry::step_policy::pad, ferry::step_policy::drop}) {
+    const bool pad = policy == ferry::step_policy::pad;
+    CAPTURE(pad);
+    auto steps = ferry::from_files(files, fmt) | ferry::shard(W, me) | ferry::map(to_id) |
+                 ferry::batch(b) |
+                 ferry::distribute(ferry::host_replicas{R},
+                                   {.remainder = pad ? ferry::remainder_policy::pad
+                                                     : ferry::remainder_policy::drop});
+    const std::int64_t local = ferry::steps_for(my_rows(files, W, me), b, policy);
+    const std::int64_t n = ferry::agree_steps(w, local, policy);
+    std::vector<std::int64_t> visits(std::size_t(total), 0);
+    std::int64_t ran = 0, empty = 0, bad_ids = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      auto s = steps.next();
+      if (s) {
+        CHECK(s->replicas() == R);
+        for (std::size_t r = 0; r < R; ++r) {
+          auto ids = (*s)[r].field<0>();
+          for (std::size_t k = 0; k < (*s)[r].valid(); ++k)
+            if (ids[k] >= 0 && ids[k] < total) ++visits[std::size_t(ids[k])];
+            else ++bad_ids;
+        }
+      } else {
+        ++empty;  // this rank ran out: an empty step (it would still join the all-reduce)
+      }
+      w.barrier();  // stands in for the step's all-reduce: every rank must enter it
+      ++ran;
+    }
+    CHECK(bad_ids == 0);
+    CHECK(w.all_reduce_min(ran) == n);
+    CHECK(w.all_reduce_max(ran) == n);
+    w.all_reduce_sum(std::span<std::int64_t>(visits));
+    std::int64_t seen = 0, twice = 0, never = 0;
+    for (auto v : visits) {
+      seen += v;
+      twice += v > 1;
+      never += v == 0;
+    }
+    CHECK(twice == 0);
+    if (pad) {
+      CHECK(never == 0);  // every record of the epoch, exactly once
+      CHECK(seen == total);
+      if (local < n) CHECK(empty == n - local);
+    } else {
+      CHECK(seen == n * std::int64_t(b) * W);  // full steps only, the same count everywhere
+      CHECK(empty == 0);
+    }
+  }
+  w.barrier();
+  if (me == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("uneven files with the trainer: pad with empty steps, no hang" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  auto& c = ctx();
+  const int W = c.world_size(), me = c.rank();
+  ferry::train::host_backend::set_blas_threads(1);
+  const fs::path dir = shared_dir("uneven-train");
+  // Rank 0's files are far larger than the others' (file j goes to rank j % W).
+  std::vector<int> sizes;
+  for (int j = 0; j < 2 * W; ++j) sizes.push_back(j % W == 0 ? 40 : 4 + j);
+  const auto files = strings(write_dataset(dir, sizes, 3));
+  std::int64_t total = 0, mine = 0;
+  for (int j = 0; j < 2 * W; ++j) {
+    total += sizes[std::size_t(j)];
+    if (j % W == me) mine += sizes[std::size_t(j)];
+  }
+  const std::size_t b = 8;
+  ferry::train::mirrored_trainer<ferry::train::host_backend, ferry::mpi_communicator> t(
+      {.layers = {features, 8, classes}, .class_weights = {}}, {.opt = {.lr = 0.01f}, .seed = 5, .max_rows = int(b)},
+      ferry::one_replica_per_process(c));
+  auto steps = ferry::from_files(files, ferry::fixed_length{.record_bytes = sizeof(row)}) |
+               ferry::shard(W, me) | ferry::map(to_sample) | ferry::batch(b) |
+               ferry::distribute(ferry::host_replicas{1}, {.remainder = ferry::remainder_policy::pad});
+  for (int e = 0; e < 2; ++e, steps.rewind()) {
+    const std::int64_t n = ferry::agree_steps(
+        c.world(), ferry::steps_for(mine, std::int64_t(b), ferry::step_policy::pad),
+        ferry::step_policy::pad);
+    double rows = 0;
+    std::int64_t ran = 0;
+    for (std::int64_t i = 0; i < n; ++i, ++ran) {
+      auto s = steps.next();
+      const auto st = s ? t.train_step(*s)
+                        : t.train_step(std::vector<ferry::train::replica_input>(1));
+      rows += st.rows;  // global rows of this step, the same on every rank
+    }
+    CHECK(!steps.next());  // nothing left behind on this rank
+    CHECK(rows == doctest::Approx(double(total)));
+    CHECK(c.world().all_reduce_min(ran) == c.world().all_reduce_max(ran));
+  }
+  c.world().barrier();
+  if (me == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("fewer files than ranks: a config_error, or element level when asked" *
+          doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s);
+  auto& c = ctx();
+  auto& w = c.world();
+  const int W = c.world_size(), me = c.rank();
+  const fs::path dir = shared_dir("few");
+  const auto files = write_id_files(dir, {23});  // one file, like Fashion-MNIST's
+  const ferry::fixed_length fmt{.record_bytes = 8};
+  if (W > 1) {
+    try {
+      auto s = ferry::from_files(files, fmt) | ferry::shard(W, me);
+      FAIL("file-level shard of 1 file over " << W << " ranks did not throw");
+    } catch (const ferry::config_error& e) {
+      CHECK(std::string(e.what()).find("by_element") != std::string::npos);  // says what to do
+    }
+  }
+  auto src = ferry::from_files(files, fmt) | ferry::shard(W, me, ferry::by_element) | ferry::map(to_id);
+  std::vector<std::int64_t> visits(23, 0);
+  std::int64_t got = 0;
+  while (auto v = src.next()) {
+    ++got;
+    if (*v >= 0 && *v < 23) ++visits[std::size_t(*v)];
+  }
+  CHECK(got == ferry::shard_rows(23, W, me));
+  w.all_reduce_sum(std::span<std::int64_t>(visits));
+  bool once = true;
+  for (auto v : visits) once = once && v == 1;
+  CHECK(once);
+  w.barrier();
+  if (me == 0) fs::remove_all(dir);
+}
