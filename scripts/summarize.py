@@ -6,9 +6,22 @@ Meson prints no such line itself. Exit status 1 when any test failed or a log is
 import json
 import sys
 
+import re
+
 passed = failed = skipped = 0
 missing = []
-for path in sys.argv[1:]:
+args = sys.argv[1:]
+# --extra "consumers: N passed, N failed": counts from a check that is not a Meson test.
+while args and args[0] == "--extra":
+    m = re.search(r"(\d+) passed, (\d+) failed", args[1])
+    if m:
+        passed += int(m.group(1))
+        failed += int(m.group(2))
+    else:
+        print(f"extra check printed no result: {args[1]!r}")
+        failed += 1
+    args = args[2:]
+for path in args:
     try:
         with open(path) as f:
             lines = [json.loads(l) for l in f if l.strip()]

@@ -5,6 +5,7 @@
 #   2. the CPU suite again under ASan+UBSan;
 #   3. the threaded tests under TSan;
 #   4. each libFuzzer harness for a short run over its seed corpus (clang);
+#   5. three tiny consumer projects built against ferry (Meson subproject, pkg-config, CMake);
 # and a closing line "N passed, N failed, N skipped" over all of them.
 # Exits non-zero when anything failed.
 set -uo pipefail
@@ -48,5 +49,11 @@ if command -v clang++ >/dev/null && [ -f tests/fuzz/meson.build ]; then
   ninja -C build-fuzz && run_suite build-fuzz --suite fuzz || status=1
 fi
 
-python3 scripts/summarize.py "${logs[@]}" || status=1
+echo "== consumers (Meson subproject, pkg-config, CMake find_package)"
+consumers_log=$(mktemp)
+bash scripts/check_consumers.sh 2>&1 | tee "$consumers_log"
+consumers=$(tail -n 1 "$consumers_log")
+rm -f "$consumers_log"
+
+python3 scripts/summarize.py --extra "$consumers" "${logs[@]}" || status=1
 exit $status
