@@ -39,8 +39,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         auto src = ferry::from_files({path}, fuzz_format(),
                                      {.on_error = pol, .on_skip = [](const ferry::skipped_record&) {},
                                       .chunk_bytes = 64, .max_record_bytes = 1 << 20, .compress = comp});
-        std::uint64_t n = 0;
-        while (auto r = src.next()) n += r->size();
+        // A valid header may promise billions of zero-byte rows (an IDX or npy dimension of
+        // 0): reading them all is correct but slow, and the fuzzer hunts crashes, not speed.
+        std::uint64_t n = 0, records = 0;
+        while (records++ < 100000)
+          if (auto r = src.next()) n += r->size();
+          else break;
       } catch (const ferry::error&) {
       }
     }
