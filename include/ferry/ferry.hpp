@@ -16,3 +16,5 @@
 #include "ferry/stages/shard.hpp"
 #include "ferry/stages/shuffle.hpp"
 #include "ferry/stages/take.hpp"
+#include "ferry/stats.hpp"
+#include "ferry/trace.hpp"

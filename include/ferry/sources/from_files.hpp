@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 #include "ferry/sources/array_meta.hpp"
 #include "ferry/sources/detail/file_reader.hpp"
@@ -56,6 +57,14 @@ class file_source : public source_interface<file_source> {
         reader_(fmt_, opt_, pool_), hash_(hash_files(files_)) {}
 
   std::optional<record> next() {
+    return observe::observed_next(stats_, "from_files", [&] { return next_impl(); });
+  }
+  void visit_stages(observe::stage_visitor& v) const {
+    v.add("from_files", stats_, observe::stage_mode::source_stage, 1);
+  }
+
+ private:
+  std::optional<record> next_impl() {
     for (;;) {
       if (done_) return std::nullopt;
       if (!reader_.is_open()) {
@@ -99,6 +108,8 @@ class file_source : public source_interface<file_source> {
     }
   }
 
+
+ public:
   void rewind() {
     reader_.close();
     fi_ = 0;
@@ -188,6 +199,7 @@ class file_source : public source_interface<file_source> {
   std::uint64_t skipped_ = 0;
   std::optional<array_meta> first_meta_;
   std::optional<std::pair<std::uint64_t, std::uint64_t>> pending_;
+  observe::stage_counters stats_;
 };
 
 }  // namespace detail

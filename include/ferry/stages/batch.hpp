@@ -35,6 +35,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -296,33 +297,7 @@ class batch_source : public source_interface<batch_source<Up>> {
   }
 
   std::optional<value_type> next() {
-    if constexpr (bulk_source<Up> && batch_collator<T>::all_fixed && value_type::field_count == 1 &&
-                  !field_list<T>::is_tuple) {
-      // One call fills the batch buffer in place.
-      value_type b = collator_.start(res_, n_);
-      const std::size_t k = up_.next_bulk(collator_.whole(b, n_));
-      collator_.set_size(b, k);
-      if (k == 0 || (drop_ && k < n_)) return std::nullopt;
-      return b;
-    } else if constexpr (batch_collator<T>::all_fixed) {
-      value_type b = collator_.start(res_, n_);
-      while (b.size() < n_) {
-        std::optional<T> e = up_.next();
-        if (!e) break;
-        collator_.put(b, *e);
-      }
-      if (b.empty() || (drop_ && b.size() < n_)) return std::nullopt;
-      return b;
-    } else {
-      hold_.clear();
-      while (hold_.size() < n_) {
-        std::optional<T> e = up_.next();
-        if (!e) break;
-        hold_.push_back(std::move(*e));
-      }
-      if (hold_.empty() || (drop_ && hold_.size() < n_)) return std::nullopt;
-      return collator_.collate(res_, std::span<T>(hold_));
-    }
+    return observe::observed_next(stats_, "batch", [&] { return next_impl(); });
   }
 
   void rewind()
@@ -349,14 +324,50 @@ class batch_source : public source_interface<batch_source<Up>> {
   std::size_t batch_size() const { return n_; }
   bool drops_remainder() const { return drop_; }
   Up& upstream() { return up_; }
+  void visit_stages(observe::stage_visitor& v) const {
+    probe_.visit(up_, v);
+    v.add("batch", stats_, observe::stage_mode::inline_stage, 1);
+  }
 
  private:
+  std::optional<value_type> next_impl() {
+    if constexpr (bulk_source<Up> && batch_collator<T>::all_fixed && value_type::field_count == 1 &&
+                  !field_list<T>::is_tuple) {
+      // One call fills the batch buffer in place.
+      value_type b = collator_.start(res_, n_);
+      const std::size_t k = probe_.pull_bulk(up_, collator_.whole(b, n_));
+      collator_.set_size(b, k);
+      if (k == 0 || (drop_ && k < n_)) return std::nullopt;
+      return b;
+    } else if constexpr (batch_collator<T>::all_fixed) {
+      value_type b = collator_.start(res_, n_);
+      while (b.size() < n_) {
+        std::optional<T> e = probe_.pull(up_);
+        if (!e) break;
+        collator_.put(b, *e);
+      }
+      if (b.empty() || (drop_ && b.size() < n_)) return std::nullopt;
+      return b;
+    } else {
+      hold_.clear();
+      while (hold_.size() < n_) {
+        std::optional<T> e = probe_.pull(up_);
+        if (!e) break;
+        hold_.push_back(std::move(*e));
+      }
+      if (hold_.empty() || (drop_ && hold_.size() < n_)) return std::nullopt;
+      return collator_.collate(res_, std::span<T>(hold_));
+    }
+  }
+
   Up up_;
   std::size_t n_;
   bool drop_;
   std::shared_ptr<std::pmr::memory_resource> res_;
   batch_collator<T> collator_;
   std::vector<T> hold_;  // ragged types only; capacity reused batch to batch
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 inline void check_batch_args(std::size_t n) {

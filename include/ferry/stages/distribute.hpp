@@ -59,8 +59,10 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/cuda/nvtx.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 #include "ferry/stages/batch.hpp"
 
@@ -290,11 +292,20 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   ~distribute_source() { release_previous(); }
 
   std::optional<value_type> next() {
+    return observe::observed_next(stats_, "distribute", [&] { return next_impl(); });
+  }
+  void visit_stages(observe::stage_visitor& v) const {
+    probe_.visit(up_, v);
+    v.add("distribute", stats_, observe::stage_mode::inline_stage, 1);
+  }
+
+ private:
+  std::optional<value_type> next_impl() {
     if (!started_) start();
     release_previous();
     const std::size_t R = be_.replicas();
     for (;;) {
-      std::optional<in_t> b = up_.next();
+      std::optional<in_t> b = probe_.pull(up_);
       if (!b) return std::nullopt;
       const std::size_t m = b->size();
       if (m == 0) continue;
@@ -325,12 +336,14 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
         }
       }
       auto host = std::make_shared<const in_t>(std::move(*b));
+      cuda::nvtx_range range("ferry distribute: copy to replicas");
       value_type s = be_.template make_step<T>(std::move(host), slices_, per, index_++);
       last_ = step_access::lease(s);
       return s;
     }
   }
 
+ public:
   void rewind()
     requires rewindable_source<Up>
   {
@@ -420,6 +433,8 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   std::uint64_t dropped_ = 0;
   bool started_ = false;
   bool hooked_ = false;
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

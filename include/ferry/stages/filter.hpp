@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -23,9 +24,11 @@ class filter_source : public source_interface<filter_source<Up, P>> {
   filter_source(Up up, P p) : up_(std::move(up)), p_(std::move(p)) {}
 
   std::optional<value_type> next() {
-    while (std::optional<value_type> e = up_.next())
-      if (p_(std::as_const(*e))) return e;
-    return std::nullopt;
+    return observe::observed_next(stats_, "filter", [&]() -> std::optional<value_type> {
+      while (std::optional<value_type> e = probe_.pull(up_))
+        if (p_(std::as_const(*e))) return e;
+      return std::nullopt;
+    });
   }
   void rewind()
     requires rewindable_source<Up>
@@ -47,10 +50,16 @@ class filter_source : public source_interface<filter_source<Up, P>> {
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return forward_buffer_resource(up_, r);
   }
+  void visit_stages(observe::stage_visitor& v) const {
+    probe_.visit(up_, v);
+    v.add("filter", stats_, observe::stage_mode::inline_stage, 1);
+  }
 
  private:
   Up up_;
   P p_;
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 #include "ferry/sources/from_files.hpp"
 
@@ -94,6 +95,18 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   ~interleave_source() { stop_threads(); }
 
   std::optional<record> next() {
+    return observe::observed_next(stats_, "interleave", [&] { return next_impl(); });
+  }
+  void visit_stages(observe::stage_visitor& v) const {
+    // from_files only lists the files here; interleave does the reading itself.
+    if (o_.workers == 0)
+      v.add("interleave", stats_, observe::stage_mode::source_stage, 1);
+    else
+      v.add("interleave", stats_, observe::stage_mode::threaded_stage, std::min(o_.workers, std::max<std::size_t>(slots_.size(), 1)));
+  }
+
+ private:
+  std::optional<record> next_impl() {
     if (o_.workers > 0 && threads_.empty() && !all_done()) start_threads();
     for (;;) {
       if (all_done()) return std::nullopt;
@@ -111,6 +124,8 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     }
   }
 
+
+ public:
   void rewind() {
     stop_threads();
     reset_slots();
@@ -244,7 +259,12 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     slot& s = slots_[i];
     if (o_.workers == 0) return produce(s);
     std::unique_lock lk(m_);
-    not_empty_.wait(lk, [&] { return !s.q.empty(); });
+    if (s.q.empty()) {  // the consumer waits for the readers
+      observe::wait_timer wt;
+      wt.start();
+      not_empty_.wait(lk, [&] { return !s.q.empty(); });
+      wt.stop(stats_.wait_up, "interleave: wait upstream");
+    }
     entry e = std::move(s.q.front());
     s.q.pop_front();
     if (e.rec) s.q_bytes -= e.rec->size();
@@ -258,23 +278,37 @@ class interleave_source : public source_interface<interleave_source<Up>> {
            (s.q.empty() || s.q_bytes < 4 * pool_->chunk_bytes());
   }
   void worker(std::size_t t) {
+    observe::name_this_thread("ferry interleave reader");
     const std::size_t w = threads_count_;
     for (;;) {
       std::size_t pick = slots_.size();
       {
         std::unique_lock lk(m_);
-        not_full_.wait(lk, [&] {
+        auto room = [&] {
           if (stop_) return true;
           for (std::size_t s = t; s < slots_.size(); s += w)
             if (has_room(slots_[s])) return true;
           return false;
-        });
+        };
+        if (!room()) {  // every slot of this reader is full: the consumer is slower
+          observe::wait_timer wt;
+          wt.start();
+          not_full_.wait(lk, room);
+          wt.stop(stats_.wait_down, "interleave: wait downstream", /*shared=*/true);
+        }
         if (stop_) return;
         // The slot with the fewest buffered entries first: the consumer needs them in turn.
         for (std::size_t s = t; s < slots_.size(); s += w)
           if (has_room(slots_[s]) && (pick == slots_.size() || slots_[s].q.size() < slots_[pick].q.size())) pick = s;
       }
+      const bool timed = observe::on();
+      const observe::ticks t0 = timed ? observe::now() : 0;
       entry e = produce(slots_[pick]);
+      if (timed) {
+        const observe::ticks t1 = observe::now();
+        stats_.work.add_shared(t1 - t0);
+        if (observe::tracing()) observe::record("interleave: read", t0, t1);
+      }
       {
         std::lock_guard lk(m_);
         slot& s = slots_[pick];
@@ -321,6 +355,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   bool stop_ = false;
   std::size_t threads_count_ = 0;
   std::vector<std::thread> threads_;
+  observe::stage_counters stats_;
 };
 
 inline void check_interleave_args(std::size_t cycle, const interleave_options& o) {

@@ -43,6 +43,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -84,6 +85,8 @@ class map_source : public source_interface<map_source<Up, F>> {
     std::deque<std::pair<std::uint64_t, pipeline_state>> anchors;  // upstream state before seq
     std::uint64_t next_pull = 0, next_out = 0, end_seq = none;
     bool ended = false, stop = false;
+    observe::stage_counters stats;
+    [[no_unique_address]] observe::upstream_probe<Up> probe;
   };
 
  public:
@@ -111,6 +114,33 @@ class map_source : public source_interface<map_source<Up, F>> {
   ~map_source() { halt(); }
 
   std::optional<Out> next() {
+    return observe::observed_next(c_->stats, "map", [&] { return next_impl(); });
+  }
+
+  // Inline maps over a bulk upstream: pull a run of inputs, map them in one loop.
+  std::size_t next_bulk(std::span<Out> out)
+    requires bulk_source<Up>
+  {
+    if (o_.workers != 1) {
+      std::size_t k = 0;
+      while (k < out.size())
+        if (auto e = next()) out[k++] = std::move(*e);
+        else break;
+      return k;
+    }
+    return observe::observed_bulk(c_->stats, "map", out, [&] { return bulk_inline(out); });
+  }
+
+  void visit_stages(observe::stage_visitor& v) const {
+    c_->probe.visit(c_->up, v);
+    if (o_.workers == 1)
+      v.add("map", c_->stats, observe::stage_mode::inline_stage, 1);
+    else
+      v.add("map", c_->stats, observe::stage_mode::threaded_stage, o_.workers);
+  }
+
+ private:
+  std::optional<Out> next_impl() {
     skip_pending();
     if (o_.workers == 1) return next_inline();
     if (!started_) start();
@@ -120,7 +150,13 @@ class map_source : public source_interface<map_source<Up, F>> {
       std::unique_lock lk(c_->m);
       if (o_.ordered) {
         slot& head = c_->ring[c_->next_out % o_.window];
-        c_->ready.wait(lk, [&] { return head.ready || (c_->ended && c_->next_out >= c_->end_seq); });
+        auto have = [&] { return head.ready || (c_->ended && c_->next_out >= c_->end_seq); };
+        if (!have()) {
+          observe::wait_timer wt;
+          wt.start();
+          c_->ready.wait(lk, have);
+          wt.stop(c_->stats.wait_up, "map: wait upstream");
+        }
         if (!head.ready) return std::nullopt;
         s = std::move(head);
         head = slot{};
@@ -128,7 +164,13 @@ class map_source : public source_interface<map_source<Up, F>> {
         auto& a = c_->anchors;
         while (a.size() >= 2 && a[1].first <= c_->next_out) a.pop_front();
       } else {
-        c_->ready.wait(lk, [&] { return !c_->done.empty() || (c_->ended && c_->next_out >= c_->end_seq); });
+        auto have = [&] { return !c_->done.empty() || (c_->ended && c_->next_out >= c_->end_seq); };
+        if (!have()) {
+          observe::wait_timer wt;
+          wt.start();
+          c_->ready.wait(lk, have);
+          wt.stop(c_->stats.wait_up, "map: wait upstream");
+        }
         if (c_->done.empty()) return std::nullopt;
         seq = c_->done.front().first;
         s = std::move(c_->done.front().second);
@@ -144,24 +186,14 @@ class map_source : public source_interface<map_source<Up, F>> {
     return std::move(s.value);
   }
 
-  // Inline maps over a bulk upstream: pull a run of inputs, map them in one loop.
-  std::size_t next_bulk(std::span<Out> out)
-    requires bulk_source<Up>
-  {
-    if (o_.workers != 1) {
-      std::size_t k = 0;
-      while (k < out.size())
-        if (auto e = next()) out[k++] = std::move(*e);
-        else break;
-      return k;
-    }
+  std::size_t bulk_inline(std::span<Out> out) {
     skip_pending();
     std::size_t n, i = 0;
     if constexpr (std::is_same_v<In, Out>) {
-      n = c_->up.next_bulk(out);
+      n = c_->probe.pull_bulk(c_->up, out);
     } else {
       scratch_.resize(out.size());
-      n = c_->up.next_bulk(std::span<In>(scratch_));
+      n = c_->probe.pull_bulk(c_->up, std::span<In>(scratch_));
     }
     try {
       if constexpr (std::is_same_v<In, Out>)  // map in place: no second pass
@@ -179,6 +211,7 @@ class map_source : public source_interface<map_source<Up, F>> {
     return n;
   }
 
+ public:
   void rewind()
     requires rewindable_source<Up>
   {
@@ -241,7 +274,7 @@ class map_source : public source_interface<map_source<Up, F>> {
   }
 
   std::optional<Out> next_inline() {
-    std::optional<In> e = c_->up.next();
+    std::optional<In> e = c_->probe.pull(c_->up);
     if (!e) return std::nullopt;
     const std::uint64_t k = base_++;
     try {
@@ -260,11 +293,18 @@ class map_source : public source_interface<map_source<Up, F>> {
   }
 
   static void work(core& c, const map_options o) {
+    observe::name_this_thread("ferry map worker");
     const std::uint64_t window = o.window;
     for (;;) {
       {
         std::unique_lock lk(c.m);
-        c.space.wait(lk, [&] { return c.stop || c.ended || c.next_pull < c.next_out + window; });
+        auto room = [&] { return c.stop || c.ended || c.next_pull < c.next_out + window; };
+        if (!room()) {
+          observe::wait_timer wt;
+          wt.start();
+          c.space.wait(lk, room);
+          wt.stop(c.stats.wait_down, "map: wait downstream", /*shared=*/true);
+        }
         if (c.stop || c.ended) return;
       }
       std::unique_lock pl(c.pull_m);
@@ -286,7 +326,7 @@ class map_source : public source_interface<map_source<Up, F>> {
             c.up.save(w);
           }
         }
-        e = c.up.next();
+        e = c.probe.pull(c.up);
       } catch (...) {
         uerr = std::current_exception();
       }
@@ -315,10 +355,17 @@ class map_source : public source_interface<map_source<Up, F>> {
         s.error = uerr;
         s.from_upstream = true;
       } else {
+        const bool timed = observe::on();
+        const observe::ticks t0 = timed ? observe::now() : 0;
         try {
           s.value.emplace(std::invoke(c.fn, std::move(*e)));
         } catch (...) {
           s.error = std::current_exception();
+        }
+        if (timed) {
+          const observe::ticks t1 = observe::now();
+          c.stats.work.add_shared(t1 - t0);
+          if (observe::tracing()) observe::record("map: fn", t0, t1);
         }
       }
       s.ready = true;

@@ -25,12 +25,14 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -65,6 +67,9 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
     std::deque<item> q;
     std::atomic<std::size_t> queued{0};  // q.size(), readable without the lock
     bool stop = false;
+    std::string save_error;  // why the upstream cannot be saved (written once, under m)
+    observe::stage_counters stats;
+    [[no_unique_address]] observe::upstream_probe<Up> probe;
   };
 
  public:
@@ -87,9 +92,20 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
   ~prefetch_source() { halt(); }
 
   std::optional<T> next() {
+    return observe::observed_next(c_->stats, "prefetch", [&] { return next_impl(); });
+  }
+  void visit_stages(observe::stage_visitor& v) const {
+    c_->probe.visit(c_->up, v);
+    v.add("prefetch", c_->stats, observe::stage_mode::threaded_stage, 1);
+  }
+
+ private:
+  std::optional<T> next_impl() {
     if (finished_) return std::nullopt;
     if (!started_) start();
     item it;
+    observe::wait_timer wt;  // the consumer waits on an empty queue: upstream is slower
+    if (c_->queued.load(std::memory_order_acquire) == 0) wt.start();
     // A short spin before sleeping: when the producer is about to deliver, a futex
     // sleep and wake would cost more than the wait itself (microseconds per batch).
     for (int i = 0; i < spin_iterations && c_->queued.load(std::memory_order_acquire) == 0; ++i)
@@ -101,6 +117,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
       c_->q.pop_front();
       c_->queued.store(c_->q.size(), std::memory_order_release);
     }
+    wt.stop(c_->stats.wait_up, "prefetch: wait upstream");
     c_->not_full.notify_one();
     if (it.error || !it.value) {
       finished_ = true;
@@ -113,6 +130,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
     return std::move(it.value);
   }
 
+ public:
   void rewind()
     requires rewindable_source<Up>
   {
@@ -126,9 +144,11 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
   void save(state_writer& w) const
     requires resumable
   {
-    if (started_)
+    if (started_) {
+      std::lock_guard lk(c_->m);
+      if (!c_->save_error.empty()) throw config_error(c_->save_error);
       w.put_words(last_.words);
-    else
+    } else
       c_->up.save(w);
     w.tag("prefetch");
   }
@@ -155,13 +175,21 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
   }
 
   static void produce(core& c) {
+    observe::name_this_thread("ferry prefetch");
     for (;;) {
       item it;
       try {
-        it.value = c.up.next();
+        it.value = c.probe.pull(c.up);
         if constexpr (resumable) {
-          state_writer w(it.state);
-          c.up.save(w);
+          if (c.save_error.empty()) {
+            try {
+              state_writer w(it.state);
+              c.up.save(w);
+            } catch (const config_error& e) {  // e.g. an unordered parallel map: the data
+              std::lock_guard lk(c.m);         // still flows; only save() will fail
+              c.save_error = e.what();
+            }
+          }
         }
       } catch (...) {
         it.error = std::current_exception();
@@ -169,7 +197,13 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
       const bool last = it.error || !it.value;
       {
         std::unique_lock lk(c.m);
-        c.not_full.wait(lk, [&] { return c.stop || c.q.size() < c.depth; });
+        auto room = [&] { return c.stop || c.q.size() < c.depth; };
+        if (!room()) {  // the queue is full: the consumer is slower
+          observe::wait_timer wt;
+          wt.start();
+          c.not_full.wait(lk, room);
+          wt.stop(c.stats.wait_down, "prefetch: wait downstream");
+        }
         if (c.stop) return;
         c.q.push_back(std::move(it));
         c.queued.store(c.q.size(), std::memory_order_release);

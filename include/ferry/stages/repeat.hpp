@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -25,22 +26,7 @@ class repeat_source : public source_interface<repeat_source<Up>> {
   repeat_source(Up up, std::uint64_t n) : up_(std::move(up)), n_(n) {}
 
   std::optional<value_type> next() {
-    while (epoch_ < n_) {
-      std::optional<value_type> e = up_.next();
-      if (e) {
-        seen_in_epoch_ = true;
-        return e;
-      }
-      if (!seen_in_epoch_) {  // an empty epoch: the dataset is empty, stop
-        epoch_ = n_;
-        break;
-      }
-      if (++epoch_ < n_) {
-        up_.rewind();
-        seen_in_epoch_ = false;
-      }
-    }
-    return std::nullopt;
+    return observe::observed_next(stats_, "repeat", [&] { return next_impl(); });
   }
   // The number of completed passes over the upstream dataset.
   std::uint64_t epoch() const { return epoch_; }
@@ -69,12 +55,37 @@ class repeat_source : public source_interface<repeat_source<Up>> {
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return forward_buffer_resource(up_, r);
   }
+  void visit_stages(observe::stage_visitor& v) const {
+    probe_.visit(up_, v);
+    v.add("repeat", stats_, observe::stage_mode::inline_stage, 1);
+  }
 
  private:
+  std::optional<value_type> next_impl() {
+    while (epoch_ < n_) {
+      std::optional<value_type> e = probe_.pull(up_);
+      if (e) {
+        seen_in_epoch_ = true;
+        return e;
+      }
+      if (!seen_in_epoch_) {  // an empty epoch: the dataset is empty, stop
+        epoch_ = n_;
+        break;
+      }
+      if (++epoch_ < n_) {
+        up_.rewind();
+        seen_in_epoch_ = false;
+      }
+    }
+    return std::nullopt;
+  }
+
   Up up_;
   std::uint64_t n_;
   std::uint64_t epoch_ = 0;
   bool seen_in_epoch_ = false;
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

@@ -21,6 +21,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -42,9 +43,11 @@ class shard_source : public source_interface<shard_source<Up>> {
       : up_(std::move(up)), count_(count), index_(index) {}
 
   std::optional<value_type> next() {
-    while (std::optional<value_type> e = up_.next())
-      if (k_++ % count_ == index_) return e;
-    return std::nullopt;
+    return observe::observed_next(stats_, "shard", [&]() -> std::optional<value_type> {
+      while (std::optional<value_type> e = probe_.pull(up_))
+        if (k_++ % count_ == index_) return e;
+      return std::nullopt;
+    });
   }
   void rewind()
     requires rewindable_source<Up>
@@ -69,11 +72,17 @@ class shard_source : public source_interface<shard_source<Up>> {
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return forward_buffer_resource(up_, r);
   }
+  void visit_stages(observe::stage_visitor& v) const {
+    probe_.visit(up_, v);
+    v.add("shard", stats_, observe::stage_mode::inline_stage, 1);
+  }
 
  private:
   Up up_;
   std::uint64_t count_, index_;
   std::uint64_t k_ = 0;  // elements pulled from upstream this epoch
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 inline void check_shard_args(std::uint64_t count, std::uint64_t index) {

@@ -26,6 +26,7 @@
 #include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -39,8 +40,10 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
       : up_(std::move(up)), cap_(buffer), seed_(seed) {}
 
   std::optional<value_type> next() {
-    if (pos_ >= win_.size() && !fill()) return std::nullopt;
-    return std::optional<value_type>(std::move(win_[pos_++]));
+    return observe::observed_next(stats_, "shuffle", [&]() -> std::optional<value_type> {
+      if (pos_ >= win_.size() && !fill()) return std::nullopt;
+      return std::optional<value_type>(std::move(win_[pos_++]));
+    });
   }
 
   // The next epoch: a new permutation.
@@ -87,6 +90,10 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return forward_buffer_resource(up_, r);
   }
+  void visit_stages(observe::stage_visitor& v) const {
+    probe_.visit(up_, v);
+    v.add("shuffle", stats_, observe::stage_mode::inline_stage, 1);
+  }
 
  private:
   bool fill() {
@@ -99,7 +106,7 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
       up_.save(w);
     }
     while (win_.size() < cap_) {
-      std::optional<value_type> e = up_.next();
+      std::optional<value_type> e = probe_.pull(up_);
       if (!e) {
         ended_ = true;
         break;
@@ -123,6 +130,8 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
   std::size_t pos_ = 0;
   bool ended_ = false;
   pipeline_state start_;  // upstream position at the current window's start
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

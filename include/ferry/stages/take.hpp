@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -23,18 +24,22 @@ class take_source : public source_interface<take_source<Up>> {
   take_source(Up up, std::uint64_t n) : up_(std::move(up)), n_(n) {}
 
   std::optional<value_type> next() {
-    if (taken_ >= n_) return std::nullopt;
-    std::optional<value_type> e = up_.next();
-    if (e) ++taken_;
-    return e;
+    return observe::observed_next(stats_, "take", [&]() -> std::optional<value_type> {
+      if (taken_ >= n_) return std::nullopt;
+      std::optional<value_type> e = probe_.pull(up_);
+      if (e) ++taken_;
+      return e;
+    });
   }
   std::size_t next_bulk(std::span<value_type> out)
     requires bulk_source<Up>
   {
-    const std::uint64_t left = n_ - taken_;
-    const std::size_t k = up_.next_bulk(out.first(out.size() < left ? out.size() : left));
-    taken_ += k;
-    return k;
+    return observe::observed_bulk(stats_, "take", out, [&] {
+      const std::uint64_t left = n_ - taken_;
+      const std::size_t k = probe_.pull_bulk(up_, out.first(out.size() < left ? out.size() : left));
+      taken_ += k;
+      return k;
+    });
   }
   void rewind()
     requires rewindable_source<Up>
@@ -59,11 +64,17 @@ class take_source : public source_interface<take_source<Up>> {
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return forward_buffer_resource(up_, r);
   }
+  void visit_stages(observe::stage_visitor& v) const {
+    probe_.visit(up_, v);
+    v.add("take", stats_, observe::stage_mode::inline_stage, 1);
+  }
 
  private:
   Up up_;
   std::uint64_t n_;
   std::uint64_t taken_ = 0;
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

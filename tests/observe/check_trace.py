@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Checks a ferry Chrome trace: valid JSON, well-formed events, and the named stages present.
+
+usage: check_trace.py TRACE.json [--events N] [--dropped] [NAME ...]
+  --events N   exactly N complete ("X") events
+  --dropped    otherData.dropped_events must be > 0
+  NAME         at least one complete event with this name
+"""
+import json
+import sys
+
+args = sys.argv[1:]
+path = args.pop(0)
+want_events = None
+want_dropped = False
+names = []
+while args:
+    a = args.pop(0)
+    if a == "--events":
+        want_events = int(args.pop(0))
+    elif a == "--dropped":
+        want_dropped = True
+    else:
+        names.append(a)
+
+with open(path) as f:
+    doc = json.load(f)  # raises on invalid JSON
+errors = []
+evs = doc.get("traceEvents")
+if not isinstance(evs, list):
+    errors.append("no traceEvents list")
+    evs = []
+complete = [e for e in evs if e.get("ph") == "X"]
+for e in complete:
+    for k in ("name", "ts", "dur", "tid", "pid"):
+        if k not in e:
+            errors.append(f"event without {k}: {e}")
+    if e.get("dur", 0) < 0 or e.get("ts", 0) < 0:
+        errors.append(f"negative time: {e}")
+for e in evs:
+    if e.get("ph") == "M" and not e.get("args", {}).get("name"):
+        errors.append(f"metadata event without a name: {e}")
+seen = {e["name"] for e in complete if "name" in e}
+for n in names:
+    if n not in seen:
+        errors.append(f"no event named {n!r} (have {sorted(seen)})")
+if want_events is not None and len(complete) != want_events:
+    errors.append(f"{len(complete)} events, expected {want_events}")
+dropped = doc.get("otherData", {}).get("dropped_events")
+if not isinstance(dropped, int):
+    errors.append("otherData.dropped_events missing")
+elif want_dropped and dropped <= 0:
+    errors.append("expected dropped events")
+if doc.get("otherData", {}).get("recorded_events") != len(complete):
+    errors.append("otherData.recorded_events does not match the events written")
+for e in errors:
+    print("check_trace:", e)
+print(f"check_trace: {len(complete)} events, {dropped} dropped, names {sorted(seen)}")
+sys.exit(1 if errors else 0)

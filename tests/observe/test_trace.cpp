@@ -1,0 +1,132 @@
+// Tracing: the file is valid JSON (checked by python's json module) with events for the
+// stages of the pipeline; a full buffer drops events but keeps the file valid; no
+// session, no events; one session at a time; write failures are io_errors.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <unistd.h>
+
+#include "common/doubles.hpp"
+#include "ferry/cuda/nvtx.hpp"
+#include "ferry/ferry.hpp"
+#include "ferry/stats.hpp"
+#include "ferry/trace.hpp"
+
+using namespace std::chrono_literals;
+using ferry_test::drain;
+using ferry_test::watchdog;
+
+namespace {
+
+struct scratch {
+  std::filesystem::path dir;
+  scratch() {
+    dir = std::filesystem::temp_directory_path() / ("ferry_trace_" + std::to_string(::getpid()));
+    std::filesystem::create_directories(dir);
+  }
+  ~scratch() { std::filesystem::remove_all(dir); }
+  std::string file(const std::string& name) const { return (dir / name).string(); }
+};
+
+// Runs tests/observe/check_trace.py on `path` with `args`; its exit status.
+int check_trace(const std::string& path, const std::string& args) {
+  const std::string cmd = std::string(FERRY_PYTHON) + " " + FERRY_TRACE_CHECKER + " '" + path + "' " + args;
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+auto pipeline() {
+  return ferry::from_generator(4000, [](std::uint64_t i) { return i; }) |
+         ferry::map([](std::uint64_t x) { return x + 1; }, {.workers = 2}) |
+         ferry::filter([](std::uint64_t x) { return x % 3 != 0; }) | ferry::batch(32) | ferry::prefetch(2);
+}
+
+}  // namespace
+
+TEST_CASE("a trace is valid JSON with events for each stage, on named threads" * doctest::timeout(60)) {
+  watchdog w(60s);
+  scratch s;
+  const std::string path = s.file("pipeline.json");
+  std::size_t recorded = 0;
+  {
+    ferry::tracing t(path);
+    auto p = pipeline();
+    CHECK(drain(p).size() == (4000 * 2 / 3 + 31) / 32);
+    t.stop();
+    recorded = t.recorded();
+    CHECK(t.dropped() == 0);
+  }
+  CHECK(recorded > 4000);  // one event per element for source, map's fn and filter at least
+  CHECK(check_trace(path, "--events " + std::to_string(recorded) +
+                              " source map filter batch prefetch 'map: fn'") == 0);
+  // Tracing ended with the session: stats are off again.
+  CHECK_FALSE(ferry::stats_enabled());
+}
+
+TEST_CASE("a full buffer drops events, counts them, and the file is still valid JSON" * doctest::timeout(60)) {
+  watchdog w(60s);
+  scratch s;
+  const std::string path = s.file("small.json");
+  ferry::tracing t(path, {.capacity = 10});
+  auto p = pipeline();
+  drain(p);
+  t.stop();
+  CHECK(t.recorded() == 10);
+  CHECK(t.dropped() > 0);
+  CHECK(check_trace(path, "--events 10 --dropped") == 0);
+}
+
+TEST_CASE("with no session open, nothing is recorded" * doctest::timeout(60)) {
+  watchdog w(60s);
+  scratch s;
+  auto p = pipeline();
+  drain(p);  // before the session: must leave no events behind
+  const std::string path = s.file("empty.json");
+  {
+    ferry::tracing t(path);
+    t.stop();
+    CHECK(t.recorded() == 0);
+  }
+  CHECK(check_trace(path, "--events 0") == 0);
+  // And after the session: a new one sees only its own events.
+  auto p2 = pipeline();
+  {
+    ferry::tracing t(s.file("again.json"));
+    t.stop();
+    drain(p2);
+    CHECK(t.recorded() == 0);
+  }
+}
+
+TEST_CASE("one session at a time; trace_to opens one") {
+  scratch s;
+  auto t = ferry::trace_to(s.file("a.json"));
+  CHECK_THROWS_AS(ferry::tracing(s.file("b.json")), ferry::config_error);
+  t->stop();
+  ferry::tracing again(s.file("c.json"));  // the first one is closed: fine
+  again.stop();
+  CHECK(std::filesystem::exists(s.file("a.json")));
+  CHECK(std::filesystem::exists(s.file("c.json")));
+}
+
+TEST_CASE("a trace file that cannot be written is an io_error naming it") {
+  ferry::tracing t("/nonexistent-ferry-dir/trace.json");
+  try {
+    t.stop();
+    FAIL("stop() should have thrown");
+  } catch (const ferry::io_error& e) {
+    CHECK(e.path() == "/nonexistent-ferry-dir/trace.json");
+  }
+}
+
+TEST_CASE("nvtx ranges are off by default and harmless without a profiler") {
+  ferry::cuda::nvtx_range r("ferry test");  // compiles to nothing, or a no-op push/pop
+  ferry::enable_nvtx(true);
+  { ferry::cuda::nvtx_range r2("ferry test on"); }
+  ferry::enable_nvtx(false);
+  CHECK_FALSE(ferry::stats_enabled());  // NVTX does not turn stats on
+}
