@@ -27,6 +27,8 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -41,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/spin.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
 #include "ferry/observe/hooks.hpp"
@@ -51,7 +54,7 @@ namespace ferry {
 struct map_options {
   std::size_t workers = 1;   // threads running fn; 1 runs it inline on the consumer's thread
   bool ordered = true;       // hand out elements in upstream order
-  std::size_t window = 0;    // elements in flight ahead of the consumer; 0 means 4 × workers
+  std::size_t window = 0;    // elements read ahead of the consumer; 0: 1024, fewer for large elements
 };
 
 namespace detail {
@@ -65,6 +68,9 @@ class map_source : public source_interface<map_source<Up, F>> {
                 "ferry::filter");
   static constexpr bool resumable = resumable_source<Up>;
   static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
+  static constexpr int spin_rounds = 64;
+  // A run should take long enough to amortise a thread sleep and wake (tens of µs on a VM).
+  static constexpr double target_run_seconds = 200e-6;
 
   struct slot {
     std::optional<Out> value;
@@ -83,8 +89,15 @@ class map_source : public source_interface<map_source<Up, F>> {
     std::vector<slot> ring;                              // ordered: element seq at seq % window
     std::deque<std::pair<std::uint64_t, slot>> done;    // unordered: in finishing order
     std::deque<std::pair<std::uint64_t, pipeline_state>> anchors;  // upstream state before seq
+    // next_out: elements the consumer has taken from ring/done into its local queue;
+    // handed: elements it has handed out (what bounds the read-ahead).
     std::uint64_t next_pull = 0, next_out = 0, end_seq = none;
+    std::atomic<std::uint64_t> handed{0};  // written by the consumer without the lock
     bool ended = false, stop = false;
+    int consumer_waiting = 0;                // notify only when someone sleeps
+    std::atomic<int> workers_waiting{0};
+    std::atomic<std::uint64_t> published{0};  // runs published by workers (for spinning)
+    std::uint64_t next_out_seen = 0;           // consumer's last view of `published`
     observe::stage_counters stats;
     [[no_unique_address]] observe::upstream_probe<Up> probe;
   };
@@ -94,7 +107,12 @@ class map_source : public source_interface<map_source<Up, F>> {
 
   map_source(Up up, F fn, map_options o)
       : c_(std::make_unique<core>(std::move(up), std::move(fn))), o_(o) {
-    if (o_.window == 0) o_.window = 4 * o_.workers;
+    // Default: enough in flight for each worker to claim runs of several elements.
+    // 1024 elements, or fewer when they are large (32 MiB of Out at most). A deep window
+    // matters when workers fill every core: the consumer then runs only when they block.
+    if (o_.window == 0)
+      o_.window = std::clamp<std::size_t>((std::size_t(32) << 20) / sizeof(Out), 4 * o_.workers,
+                                          std::max<std::size_t>(1024, 4 * o_.workers));
     if (o_.window < o_.workers) o_.window = o_.workers;
   }
   map_source(map_source&&) noexcept = default;
@@ -108,6 +126,7 @@ class map_source : public source_interface<map_source<Up, F>> {
       skip_ = o.skip_;
       base_ = o.base_;
       scratch_ = std::move(o.scratch_);
+      local_ = std::move(o.local_);
     }
     return *this;
   }
@@ -144,46 +163,79 @@ class map_source : public source_interface<map_source<Up, F>> {
     skip_pending();
     if (o_.workers == 1) return next_inline();
     if (!started_) start();
-    slot s;
-    std::uint64_t seq;
-    {
-      std::unique_lock lk(c_->m);
-      if (o_.ordered) {
-        slot& head = c_->ring[c_->next_out % o_.window];
-        auto have = [&] { return head.ready || (c_->ended && c_->next_out >= c_->end_seq); };
-        if (!have()) {
-          observe::wait_timer wt;
-          wt.start();
-          c_->ready.wait(lk, have);
-          wt.stop(c_->stats.wait_up, "map: wait upstream");
-        }
-        if (!head.ready) return std::nullopt;
-        s = std::move(head);
-        head = slot{};
-        seq = c_->next_out++;
-        auto& a = c_->anchors;
-        while (a.size() >= 2 && a[1].first <= c_->next_out) a.pop_front();
-      } else {
-        auto have = [&] { return !c_->done.empty() || (c_->ended && c_->next_out >= c_->end_seq); };
-        if (!have()) {
-          observe::wait_timer wt;
-          wt.start();
-          c_->ready.wait(lk, have);
-          wt.stop(c_->stats.wait_up, "map: wait upstream");
-        }
-        if (c_->done.empty()) return std::nullopt;
-        seq = c_->done.front().first;
-        s = std::move(c_->done.front().second);
-        c_->done.pop_front();
-        ++c_->next_out;
-      }
+    if (local_.empty() && !take_ready()) return std::nullopt;
+    auto [seq, s] = std::move(local_.front());
+    local_.pop_front();
+    // No lock per element: `handed` is atomic. A worker registers as waiting before it
+    // re-checks for room (both seq_cst), so either it sees this increment or we see it
+    // waiting; taking the lock before notifying closes the gap before its wait().
+    const std::uint64_t h = c_->handed.fetch_add(1) + 1;
+    bool wake = false;
+    if (c_->workers_waiting.load() > 0) {
+      std::lock_guard lk(c_->m);
+      const std::uint64_t free = h + o_.window - std::min(c_->next_pull, h + o_.window);
+      wake = free >= std::max<std::uint64_t>(1, o_.window / 4);
     }
-    c_->space.notify_all();
+    if (wake) c_->space.notify_all();
     if (s.error) {
       if (s.from_upstream) std::rethrow_exception(s.error);
       rethrow_element(s.error, "map", base_ + seq);
     }
     return std::move(s.value);
+  }
+
+  // Moves every element that is ready (in order, for ordered maps) into local_, under one
+  // lock; waits if none is. False at the end of the epoch.
+  bool take_ready() {
+    // Before sleeping, give a worker that is about to publish a moment (spin, then yield
+    // the core to it): a futex sleep and wake per run costs more than the wait itself.
+    // The whole wait, spin included, counts as waiting on upstream.
+    observe::wait_timer wt;
+    bool waited = false;
+    if (c_->published.load(std::memory_order_acquire) == c_->next_out_seen) {
+      waited = true;
+      wt.start();
+      for (int i = 0; i < spin_rounds && c_->published.load(std::memory_order_acquire) == c_->next_out_seen; ++i) {
+        if (i < spin_rounds / 2)
+          for (int k = 0; k < 16; ++k) cpu_relax();
+        else
+          std::this_thread::yield();
+      }
+    }
+    std::unique_lock lk(c_->m);
+    auto have = [&] {
+      if (o_.ordered) return c_->ring[c_->next_out % o_.window].ready || (c_->ended && c_->next_out >= c_->end_seq);
+      return !c_->done.empty() || (c_->ended && c_->next_out >= c_->end_seq);
+    };
+    if (!have()) {
+      if (!waited) wt.start();
+      waited = true;
+      ++c_->consumer_waiting;
+      c_->ready.wait(lk, have);
+      --c_->consumer_waiting;
+    }
+    if (waited) wt.stop(c_->stats.wait_up, "map: wait upstream");
+    {  // keep the newest anchor at or before `handed`, and later ones
+      auto& a = c_->anchors;
+      const std::uint64_t h = c_->handed.load();
+      while (a.size() >= 2 && a[1].first <= h) a.pop_front();
+    }
+    c_->next_out_seen = c_->published.load(std::memory_order_relaxed);
+    if (o_.ordered) {
+      for (;;) {
+        slot& head = c_->ring[c_->next_out % o_.window];
+        if (!head.ready) break;
+        local_.emplace_back(c_->next_out++, std::move(head));
+        head = slot{};
+      }
+    } else {
+      while (!c_->done.empty()) {
+        local_.push_back(std::move(c_->done.front()));
+        c_->done.pop_front();
+        ++c_->next_out;
+      }
+    }
+    return !local_.empty();
   }
 
   std::size_t bulk_inline(std::span<Out> out) {
@@ -235,7 +287,7 @@ class map_source : public source_interface<map_source<Up, F>> {
                            "use .ordered = true to save_state()");
       std::lock_guard pl(c_->pull_m);
       std::lock_guard lk(c_->m);
-      const std::uint64_t target = c_->next_out;
+      const std::uint64_t target = c_->handed;
       const auto& a = c_->anchors;
       auto it = std::find_if(a.rbegin(), a.rend(), [&](const auto& p) { return p.first <= target; });
       if (it != a.rend()) {
@@ -292,93 +344,123 @@ class map_source : public source_interface<map_source<Up, F>> {
       threads_.emplace_back([c = c_.get(), o = o_] { work(*c, o); });
   }
 
+  // A worker claims a run of consecutive elements (pulled under the upstream lock), maps
+  // them, and publishes them under one lock: synchronisation costs once per run, not per
+  // element. The run length adapts so a run takes about 200 µs of fn time (1 for slow fns,
+  // up to window / workers for cheap ones), so cheap maps are not bound by thread wake-ups
+  // and slow ones still spread across every worker.
   static void work(core& c, const map_options o) {
     observe::name_this_thread("ferry map worker");
     const std::uint64_t window = o.window;
+    // Half the window per worker: each can compute one run while another waits to be taken.
+    const std::uint64_t run_cap = std::max<std::uint64_t>(1, window / (2 * o.workers));
+    std::uint64_t run = 1;
+    std::vector<In> ins;
+    std::vector<slot> outs;
+    std::vector<std::pair<std::uint64_t, pipeline_state>> anchors;
     for (;;) {
       {
         std::unique_lock lk(c.m);
-        auto room = [&] { return c.stop || c.ended || c.next_pull < c.next_out + window; };
+        // Room counts elements handed to the consumer, so at most `window` are read ahead.
+        auto room = [&] { return c.stop || c.ended || c.next_pull < c.handed + window; };
         if (!room()) {
           observe::wait_timer wt;
           wt.start();
+          ++c.workers_waiting;  // before the re-check in wait(): see the consumer's comment
           c.space.wait(lk, room);
+          --c.workers_waiting;
           wt.stop(c.stats.wait_down, "map: wait downstream", /*shared=*/true);
         }
         if (c.stop || c.ended) return;
       }
       std::unique_lock pl(c.pull_m);
-      std::uint64_t seq;
+      std::uint64_t first, want;
       {
         std::lock_guard lk(c.m);
         if (c.stop || c.ended) return;
-        if (c.next_pull >= c.next_out + window) continue;  // another worker took the space
-        seq = c.next_pull;
+        if (c.next_pull >= c.handed + window) continue;  // another worker took the space
+        first = c.next_pull;
+        want = std::min(run, c.handed + window - c.next_pull);
       }
-      pipeline_state anchor;
-      const bool take_anchor = resumable && o.ordered && seq % window == 0;
-      std::optional<In> e;
+      ins.clear();
+      anchors.clear();
       std::exception_ptr uerr;
+      bool end = false;
       try {
-        if constexpr (resumable) {
-          if (take_anchor) {
-            state_writer w(anchor);
-            c.up.save(w);
+        for (std::uint64_t k = 0; k < want; ++k) {
+          if constexpr (resumable) {
+            if (o.ordered && (first + k) % window == 0) {
+              pipeline_state st;
+              state_writer w(st);
+              c.up.save(w);
+              anchors.emplace_back(first + k, std::move(st));
+            }
           }
+          std::optional<In> e = c.probe.pull(c.up);
+          if (!e) {
+            end = true;
+            break;
+          }
+          ins.push_back(std::move(*e));
         }
-        e = c.probe.pull(c.up);
       } catch (...) {
         uerr = std::current_exception();
       }
+      const std::uint64_t got = ins.size();
       {
         std::lock_guard lk(c.m);
-        if (take_anchor) c.anchors.emplace_back(seq, std::move(anchor));
-        if (!e && !uerr) {
+        for (auto& a : anchors) c.anchors.push_back(std::move(a));
+        c.next_pull = first + got + (uerr ? 1 : 0);
+        if (end || uerr) {
           c.ended = true;
-          c.end_seq = seq;
-        } else {
-          c.next_pull = seq + 1;
-          if (uerr) {
-            c.ended = true;
-            c.end_seq = seq + 1;
-          }
+          c.end_seq = c.next_pull;
         }
       }
       pl.unlock();
-      if (!e && !uerr) {
-        c.ready.notify_all();
-        c.space.notify_all();
-        return;
-      }
-      slot s;
-      if (uerr) {
-        s.error = uerr;
-        s.from_upstream = true;
-      } else {
-        const bool timed = observe::on();
+
+      outs.clear();
+      outs.resize(got + (uerr ? 1 : 0));
+      const bool timed = observe::on();
+      const auto w0 = std::chrono::steady_clock::now();
+      for (std::uint64_t i = 0; i < got; ++i) {
         const observe::ticks t0 = timed ? observe::now() : 0;
         try {
-          s.value.emplace(std::invoke(c.fn, std::move(*e)));
+          outs[i].value.emplace(std::invoke(c.fn, std::move(ins[i])));
         } catch (...) {
-          s.error = std::current_exception();
+          outs[i].error = std::current_exception();
         }
         if (timed) {
           const observe::ticks t1 = observe::now();
           c.stats.work.add_shared(t1 - t0);
           if (observe::tracing()) observe::record("map: fn", t0, t1);
         }
+        outs[i].ready = true;
       }
-      s.ready = true;
+      if (got) {  // adapt the run length toward ~20 µs of fn time
+        const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() / got;
+        const double ideal = per > 0 ? target_run_seconds / per : double(run_cap);
+        run = std::clamp<std::uint64_t>(ideal >= double(run_cap) ? run_cap : std::uint64_t(ideal), 1, run_cap);
+      }
+      if (uerr) {
+        outs[got].error = uerr;
+        outs[got].from_upstream = true;
+        outs[got].ready = true;
+      }
+      bool wake_consumer;
       {
         std::lock_guard lk(c.m);
-        if (o.ordered)
-          c.ring[seq % window] = std::move(s);
-        else
-          c.done.emplace_back(seq, std::move(s));
+        for (std::uint64_t i = 0; i < outs.size(); ++i) {
+          if (o.ordered)
+            c.ring[(first + i) % window] = std::move(outs[i]);
+          else
+            c.done.emplace_back(first + i, std::move(outs[i]));
+        }
+        wake_consumer = c.consumer_waiting > 0 || c.ended;
+        c.published.fetch_add(1, std::memory_order_release);
       }
-      c.ready.notify_all();
-      if (uerr) {
-        c.space.notify_all();
+      if (wake_consumer) c.ready.notify_all();
+      if (end || uerr) {
+        c.space.notify_all();  // other workers waiting for space see `ended`
         return;
       }
     }
@@ -402,7 +484,9 @@ class map_source : public source_interface<map_source<Up, F>> {
     c_->done.clear();
     c_->anchors.clear();
     c_->next_pull = c_->next_out = 0;
+    c_->handed = 0;
     c_->end_seq = none;
+    local_.clear();
     c_->ended = c_->stop = false;
     started_ = false;
   }
@@ -414,6 +498,7 @@ class map_source : public source_interface<map_source<Up, F>> {
   std::uint64_t skip_ = 0;  // upstream elements to re-read after restore
   std::uint64_t base_ = 0;  // epoch index of element seq 0 (inline: of the next element)
   std::vector<In> scratch_;  // next_bulk's inputs, reused
+  std::deque<std::pair<std::uint64_t, slot>> local_;  // taken from the workers, not yet handed out
 };
 
 inline void check_map_args(const map_options& o) {

@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/spin.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
 #include "ferry/observe/hooks.hpp"
@@ -37,14 +38,6 @@
 
 namespace ferry {
 namespace detail {
-
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
 
 template <source Up>
 class prefetch_source : public source_interface<prefetch_source<Up>> {
