@@ -1,14 +1,22 @@
 // The trainer's GPU backend (cuBLAS + Thrust CUDA on the replica's stream) against the host
-// backend, and the mirrored trainer with NCCL, one rank per local GPU.
+// backend, the mirrored trainer with NCCL, one rank per local GPU, and the real pipeline
+// (batch | prefetch | distribute(cuda::devices) onto the trainer's own streams) feeding it.
 // Exits 77 (SKIP) with a reason when no CUDA device is usable; must pass on a GPU machine.
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "ferry/collective/nccl.hpp"
+#include "ferry/cuda/devices.hpp"
+#include "ferry/sources/from_range.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/distribute.hpp"
+#include "ferry/stages/prefetch.hpp"
 #include "ferry/train/gpu_backend.cuh"
 #include "ferry/train/host_trainer.hpp"
 
@@ -134,6 +142,62 @@ int main() {
     for (int r = 1; r < count; ++r)
       EXPECT(gt.replica_at(r).download_params() == p0, "replica %d diverged", r);
     std::printf("nccl: %d rank(s), loss curve max rel diff vs host %g\n", count, worst_loss);
+  }
+  // 3. The real pipeline: distribute(cuda::devices{all}, onto the GPU trainer's streams)
+  //    against distribute(host_replicas{1}) into a host trainer, the same rows; the last
+  //    batch is short and padded, so valid() < size() reaches the GPU too.
+  {
+    constexpr int D = 32;
+    static_assert(D == dim);
+    using row = std::tuple<std::array<float, D>, std::int32_t>;
+    const std::size_t n = std::size_t(B) * 20 - 20;
+    std::vector<row> rows(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      for (int k = 0; k < D; ++k) std::get<0>(rows[i])[k] = d.x[i * D + k];
+      std::get<1>(rows[i]) = d.y[i];
+    }
+    std::vector<int> devs;
+    std::vector<tr::replica_context> ctx;
+    for (int i = 0; i < count; ++i) {
+      devs.push_back(i);
+      ctx.push_back({i, nullptr});
+    }
+    const int per = B / count;
+    tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> gt(
+        cfg, {.seed = 11, .max_rows = per}, ferry::nccl_communicator::local(devs), ctx);
+    tr::host_trainer ht(cfg, {.seed = 11, .max_rows = B}, 1);
+    std::vector<void*> streams;
+    for (int r = 0; r < count; ++r) streams.push_back(gt.replica_at(r).backend().stream());
+    auto gp = ferry::from_range(rows) | ferry::batch(std::size_t(B)) | ferry::prefetch(2) |
+              ferry::distribute(ferry::cuda::devices(devs, streams),
+                                {.remainder = ferry::remainder_policy::pad});
+    auto hp = ferry::from_range(rows) | ferry::batch(std::size_t(B)) |
+              ferry::distribute(ferry::host_replicas{1}, {.remainder = ferry::remainder_policy::pad});
+    double worst_loss = 0;
+    int steps_done = 0;
+    double last_rows = 0;
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      for (;;) {
+        auto gs = gp.next();
+        auto hs = hp.next();
+        EXPECT(bool(gs) == bool(hs), "the two pipelines yield different step counts");
+        if (!gs || !hs) break;
+        const auto lg = gt.train_step(*gs);
+        const auto lh = ht.train_step(*hs);
+        EXPECT(lg.rows == lh.rows, "step %d: %g rows on the GPU, %g on the host", steps_done,
+               lg.rows, lh.rows);
+        last_rows = lg.rows;
+        worst_loss = std::fmax(worst_loss, std::fabs(lh.loss - lg.loss) / std::fmax(1e-3, std::fabs(lh.loss)));
+        ++steps_done;
+      }
+      gp.rewind();
+      hp.rewind();
+    }
+    EXPECT(steps_done == 2 * 20, "%d steps, expected 40", steps_done);
+    EXPECT(last_rows == double(B - 20), "the padded last step counted %g rows", last_rows);
+    EXPECT(worst_loss < 1e-3, "pipeline-fed GPU loss differs from host: %g", worst_loss);
+    std::printf("pipeline -> %d GPU replica(s): %d steps, loss curve max rel diff vs host %g\n",
+                count, steps_done, worst_loss);
   }
   std::printf("%s\n", failures ? "FAILED" : "OK");
   return failures ? 1 : 0;

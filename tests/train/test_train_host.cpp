@@ -5,7 +5,9 @@
 
 #include <chrono>
 #include <cmath>
+#include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <span>
 #include <vector>
@@ -255,4 +257,19 @@ TEST_CASE("a batch of padding only leaves the weights unchanged" * doctest::time
   const auto s = t.train_step(in);
   CHECK(s.rows == 0);
   CHECK(t.parameters() == before);
+}
+
+TEST_CASE("OpenBLAS threads: 1 per replica by default, as asked otherwise" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "blas threads");
+  const tr::mlp_config cfg{{4, 8, 2}, {}};
+  CHECK_THROWS_AS(tr::host_trainer(cfg, {.seed = 1, .max_rows = 8, .blas_threads = -1}, 1),
+                  ferry::config_error);
+  {
+    tr::host_trainer t(cfg, {.seed = 1, .max_rows = 8, .blas_threads = 2}, 1);
+    CHECK(openblas_get_num_threads() == std::min(2, openblas_get_num_procs()));
+  }
+  if (!std::getenv("OPENBLAS_NUM_THREADS")) {  // auto leaves a user's setting alone
+    tr::host_trainer t(cfg, {.seed = 1, .max_rows = 8}, 1);
+    CHECK(openblas_get_num_threads() == 1);
+  }
 }

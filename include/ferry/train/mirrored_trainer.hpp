@@ -22,8 +22,12 @@
 // joined by its destructor; a 1-replica trainer starts none. The trainer itself is used
 // from one thread. Runs no user code.
 //
+// BLAS threads: a backend with its own GEMM threads (host_backend: OpenBLAS) is set to
+// trainer_options::blas_threads per GEMM when the trainer is built; 0 (auto) means 1, as
+// the replicas are the parallelism (see trainer_options), unless OPENBLAS_NUM_THREADS is set.
+//
 // Errors: a slice larger than max_rows, or a step with the wrong number of slices, is a
-// config_error (checked on the caller before any replica starts). If a replica throws, the
+// config_error (checked on the caller before any replica starts); so is blas_threads < 0. If a replica throws, the
 // others are released from the collective (communicator abort hook), the first error is
 // rethrown on the caller, and the trainer stays usable. load() throws what load_weights
 // throws, and config_error when the file's layers differ from the model's.
@@ -32,6 +36,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -56,6 +61,12 @@ struct trainer_options {
   optimizer_config opt{};
   std::uint64_t seed = 0;
   int max_rows = 256;  // the most rows one replica's slice may have
+  // Backends with their own BLAS threads (host_backend: OpenBLAS, process-wide): threads per
+  // GEMM. 0 = auto: 1, since every replica already runs on its own thread and the input
+  // pipeline needs cores too (OpenBLAS's threads spin in sched_yield while waiting, so
+  // oversubscribing them costs 2-3x in wall time on a busy machine); left alone when
+  // OPENBLAS_NUM_THREADS is set in the environment.
+  int blas_threads = 0;
 };
 
 // Where a replica runs: passed to the backend's constructor (-1 / null for host).
@@ -63,6 +74,38 @@ struct replica_context {
   int device = -1;
   void* stream = nullptr;
 };
+
+// The replica inputs of a step as distribute() hands it out (field 0 the inputs as floats,
+// e.g. std::array<float, 784>; field 1 the int32 labels), one per replica, into `out`
+// (resized; pointers into the step's memory, valid while the step lives). For callers that
+// keep the trainer behind a non-template interface. Throws config_error when the step has
+// another number of replicas or rows of another width than the model's `inputs`.
+template <class Step>
+  requires requires(Step& s) { s.replicas(); s[0].valid(); }
+void step_inputs(Step& step, std::size_t replicas, int inputs, std::vector<replica_input>& out) {
+  if (static_cast<std::size_t>(step.replicas()) != replicas)
+    throw config_error("mirrored_trainer: a step for " + std::to_string(step.replicas()) +
+                       " replicas, the trainer has " + std::to_string(replicas));
+  out.resize(replicas);
+  for (std::size_t r = 0; r < replicas; ++r) {
+    auto& rb = step[r];
+    auto x = rb.template field<0>();
+    auto y = rb.template field<1>();
+    using X = typename decltype(x)::element_type;
+    using Y = typename decltype(y)::element_type;
+    static_assert(sizeof(X) % sizeof(float) == 0 && std::is_trivially_copyable_v<X>,
+                  "mirrored_trainer: field 0 must hold floats (e.g. std::array<float, 784>)");
+    static_assert(sizeof(Y) == 4 && std::is_integral_v<std::remove_cv_t<Y>>,
+                  "mirrored_trainer: field 1 must be the int32 labels");
+    if (sizeof(X) / sizeof(float) != static_cast<std::size_t>(inputs))
+      throw config_error("mirrored_trainer: inputs have " +
+                         std::to_string(sizeof(X) / sizeof(float)) + " floats, the model " +
+                         std::to_string(inputs));
+    out[r] = replica_input{reinterpret_cast<const float*>(x.data()),
+                           reinterpret_cast<const std::int32_t*>(y.data()),
+                           static_cast<int>(rb.size()), static_cast<int>(rb.valid())};
+  }
+}
 
 template <class Backend, communicator Comm>
 class mirrored_trainer {
@@ -81,8 +124,6 @@ class mirrored_trainer {
     for (int r = 0; r < replicas; ++r) comms_.push_back(group_->communicator(r));
     abort_ = [g = group_.get()] { g->abort(); };
     reset_ = [g = group_.get()] { g->reset(); };
-    if constexpr (requires { Backend::set_blas_threads(1); })
-      if (replicas > 1) Backend::set_blas_threads(1);  // the replica threads are the parallelism
     init({});
   }
 
@@ -156,6 +197,12 @@ class mirrored_trainer {
  private:
   void init(std::vector<replica_context> ctx) {
     if (comms_.empty()) throw config_error("mirrored_trainer: no replicas");
+    if (opts_.blas_threads < 0)
+      throw config_error("mirrored_trainer: blas_threads must be >= 0 (0 = auto)");
+    if constexpr (requires { Backend::set_blas_threads(1); }) {
+      if (opts_.blas_threads > 0) Backend::set_blas_threads(opts_.blas_threads);
+      else if (!std::getenv("OPENBLAS_NUM_THREADS")) Backend::set_blas_threads(1);
+    }
     if (!ctx.empty() && ctx.size() != comms_.size())
       throw config_error("mirrored_trainer: " + std::to_string(ctx.size()) + " contexts for " +
                          std::to_string(comms_.size()) + " replicas");
@@ -194,27 +241,7 @@ class mirrored_trainer {
 
   template <class Step>
   std::vector<replica_input>& slices(Step& step) {
-    if (static_cast<std::size_t>(step.replicas()) != reps_.size())
-      throw config_error("mirrored_trainer: a step for " + std::to_string(step.replicas()) +
-                         " replicas, the trainer has " + std::to_string(reps_.size()));
-    for (std::size_t r = 0; r < reps_.size(); ++r) {
-      auto& rb = step[r];
-      auto x = rb.template field<0>();
-      auto y = rb.template field<1>();
-      using X = typename decltype(x)::element_type;
-      using Y = typename decltype(y)::element_type;
-      static_assert(sizeof(X) % sizeof(float) == 0 && std::is_trivially_copyable_v<X>,
-                    "mirrored_trainer: field 0 must hold floats (e.g. std::array<float, 784>)");
-      static_assert(sizeof(Y) == 4 && std::is_integral_v<std::remove_cv_t<Y>>,
-                    "mirrored_trainer: field 1 must be the int32 labels");
-      if (sizeof(X) / sizeof(float) != static_cast<std::size_t>(layout().inputs()))
-        throw config_error("mirrored_trainer: inputs have " +
-                           std::to_string(sizeof(X) / sizeof(float)) + " floats, the model " +
-                           std::to_string(layout().inputs()));
-      slices_[r] = replica_input{reinterpret_cast<const float*>(x.data()),
-                                 reinterpret_cast<const std::int32_t*>(y.data()),
-                                 static_cast<int>(rb.size()), static_cast<int>(rb.valid())};
-    }
+    step_inputs(step, reps_.size(), layout().inputs(), slices_);
     return slices_;
   }
 

@@ -1,0 +1,182 @@
+// Is data loading hidden behind GPU training? ferry's training step time when fed by the
+// example's whole pipeline (Fashion-MNIST gzip IDX files -> shuffle -> map on worker
+// threads -> batch into pinned memory -> prefetch -> distribute(cuda::devices) onto the
+// trainer's compute streams) against the same model's step time on data already in
+// device memory (synthetic batches uploaded once), same run, same GPU(s).
+//
+// Every step is a real train_step (cuBLAS forward/backward, NCCL all-reduce, Adam update,
+// the 16-byte statistics read back, as the example does). Each mode runs `--rounds` rounds
+// of `--warmup` untimed then `--steps` timed steps, alternating; a fed round builds a fresh
+// pipeline (its start, the shuffle buffer filling, falls in the warm-up). Medians are
+// reported. Ends with:
+//   train_fed_ratio: <fed step time / on-device step time>     (target <= 1.05)
+// Exits 77 ("skipped: ...") without a usable GPU or without the data files.
+//
+// usage: bench_train_fed_gpu [--data DIR] [--batch 128] [--steps 400] [--warmup 30]
+//                            [--rounds 3] [--workers W] [--gpus N] [--json FILE]
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fashion_mnist.hpp"
+#include "ferry/cuda/devices.hpp"
+#include "ferry/cuda/runtime.hpp"
+#include "model.hpp"
+
+namespace {
+using clk = std::chrono::steady_clock;
+namespace tr = ferry::train;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "bench_train_fed_gpu: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  std::string dir = "/usr/share/datasets/fashion-mnist", json;
+  if (const char* d = std::getenv("FERRY_FASHION_MNIST")) dir = d;
+  std::size_t batch = 128, steps = 400, warmup = 30, rounds = 3, gpus = 0;
+  const unsigned hc = std::max(1u, std::thread::hardware_concurrency());
+  std::size_t workers = std::max<std::size_t>(1, std::min<std::size_t>(8, hc / 2));
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i], v = argv[i + 1];
+    if (a == "--data") dir = v;
+    else if (a == "--json") json = v;
+    else if (a == "--batch") batch = std::stoul(v);
+    else if (a == "--steps") steps = std::stoul(v);
+    else if (a == "--warmup") warmup = std::stoul(v);
+    else if (a == "--rounds") rounds = std::stoul(v);
+    else if (a == "--workers") workers = std::stoul(v);
+    else if (a == "--gpus") gpus = std::stoul(v);
+    else {
+      std::fprintf(stderr, "bench_train_fed_gpu: unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  if (!ferry::cuda::available()) {
+    std::printf("skipped: no GPU (%s)\n", ferry::cuda::unavailable_reason().c_str());
+    return 77;
+  }
+  if (!std::filesystem::exists(dir + "/train-images-idx3-ubyte.gz")) {
+    std::printf("skipped: no Fashion-MNIST files in %s (set --data or FERRY_FASHION_MNIST)\n",
+                dir.c_str());
+    return 77;
+  }
+  // One epoch holds 60000 / batch steps; a round must fit in it (no epoch boundary timed).
+  if (batch == 0 || warmup + steps > fmnist::train_images / batch) {
+    std::fprintf(stderr, "bench_train_fed_gpu: warmup + steps must fit one epoch (%zu steps)\n",
+                 batch ? fmnist::train_images / batch : 0);
+    return 2;
+  }
+
+  std::vector<int> devs;
+  const int n = ferry::cuda::device_count();
+  for (int d = 0; d < (gpus ? std::min(int(gpus), n) : n); ++d) devs.push_back(d);
+  const std::size_t R = devs.size();
+  if (batch % R) {
+    std::fprintf(stderr, "bench_train_fed_gpu: --batch %zu does not divide among %zu GPUs\n", batch, R);
+    return 2;
+  }
+  const int per = int(batch / R);
+  const tr::mlp_config cfg{{fmnist::pixels, 256, 128, fmnist::classes}, {}};
+  auto m = fmnist::make_gpu_model(cfg, {.opt = {.kind = tr::optimizer_kind::adam, .lr = 1e-3f},
+                                        .seed = 1, .max_rows = per},
+                                  devs);
+  const std::vector<void*> streams = m->streams();
+
+  // On-device data: K distinct synthetic batches per replica, uploaded once.
+  constexpr int K = 16;
+  std::vector<float*> dx(R);
+  std::vector<std::int32_t*> dy(R);
+  {
+    std::mt19937 g(7);
+    std::normal_distribution<float> nd;
+    std::vector<float> hx(std::size_t(K) * per * fmnist::pixels);
+    std::vector<std::int32_t> hy(std::size_t(K) * per);
+    for (auto& v : hx) v = nd(g);
+    for (std::size_t i = 0; i < hy.size(); ++i) hy[i] = std::int32_t(i % fmnist::classes);
+    for (std::size_t r = 0; r < R; ++r) {
+      cuda_ok(cudaSetDevice(devs[r]), "cudaSetDevice");
+      cuda_ok(cudaMalloc(reinterpret_cast<void**>(&dx[r]), hx.size() * sizeof(float)), "cudaMalloc");
+      cuda_ok(cudaMalloc(reinterpret_cast<void**>(&dy[r]), hy.size() * sizeof(std::int32_t)), "cudaMalloc");
+      cuda_ok(cudaMemcpy(dx[r], hx.data(), hx.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+      cuda_ok(cudaMemcpy(dy[r], hy.data(), hy.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice), "cudaMemcpy");
+    }
+  }
+  auto on_device_round = [&] {
+    std::vector<tr::replica_input> in(R);
+    clk::time_point t0;
+    for (std::size_t s = 0; s < warmup + steps; ++s) {
+      if (s == warmup) t0 = clk::now();
+      const std::size_t k = s % K;
+      for (std::size_t r = 0; r < R; ++r)
+        in[r] = {dx[r] + k * per * fmnist::pixels, dy[r] + k * per, per, per};
+      (void)m->train_step(in);
+    }
+    return std::chrono::duration<double>(clk::now() - t0).count() / double(steps);
+  };
+  std::uint64_t seed = 1;
+  auto fed_round = [&] {
+    fmnist::pipeline_options po{.dir = dir, .split = "train", .train = true, .batch = batch,
+                                .shuffle_buffer = 20000, .seed = seed++, .workers = workers};
+    auto p = fmnist::pipeline(po, ferry::cuda::devices(devs, streams));
+    clk::time_point t0;
+    std::size_t s = 0;
+    for (auto& st : p) {
+      if (s == warmup) t0 = clk::now();
+      (void)m->train(st);
+      if (++s == warmup + steps) break;
+    }
+    return std::chrono::duration<double>(clk::now() - t0).count() / double(steps);
+  };
+
+  std::vector<double> dev_t, fed_t;
+  for (std::size_t i = 0; i < rounds; ++i) {
+    dev_t.push_back(on_device_round());
+    fed_t.push_back(fed_round());
+  }
+  const double td = median(dev_t), tf = median(fed_t), ratio = tf / td;
+  std::printf("# %zu GPU(s), %s; batch %zu (%d per replica), MLP 784-256-128-10, Adam; "
+              "%zu map workers; median of %zu rounds of %zu steps\n",
+              R, fmnist::gpu_name(devs[0]).c_str(), batch, per, workers, rounds, steps);
+  std::printf("%-10s %8s %10s %12s\n", "mode", "steps", "step_us", "samples/s");
+  std::printf("%-10s %8zu %10.1f %12.0f\n", "on-device", steps, td * 1e6, double(batch) / td);
+  std::printf("%-10s %8zu %10.1f %12.0f\n", "fed", steps, tf * 1e6, double(batch) / tf);
+  std::printf("train_fed_ratio: %.3f (target <= 1.05)\n", ratio);
+  if (!json.empty()) {
+    if (FILE* f = std::fopen(json.c_str(), "w")) {
+      std::fprintf(f,
+                   "{\"benchmark\": \"train_fed_gpu\", \"gpus\": %zu, \"batch\": %zu, \"workers\": %zu, "
+                   "\"on_device_step_s\": %.9f, \"fed_step_s\": %.9f, \"train_fed_ratio\": %.4f}\n",
+                   R, batch, workers, td, tf, ratio);
+      std::fclose(f);
+    }
+  }
+  for (std::size_t r = 0; r < R; ++r) {
+    cudaSetDevice(devs[r]);
+    cudaFree(dx[r]);
+    cudaFree(dy[r]);
+  }
+  return 0;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "bench_train_fed_gpu: %s\n", e.what());
+  return 1;
+}

@@ -1,0 +1,53 @@
+#!/usr/bin/python3
+"""Runs train_fashion_mnist for one short epoch and checks what it prints: one
+`epoch <k> loss <l> test_accuracy <a> elapsed_s <s>` line per epoch, then
+`test_accuracy: <a>`, and the stderr line naming the backend. On a machine without a usable
+GPU the nvcc-built program must fall back to host replicas; with `gpu` it must run on the
+GPU. Exits 1 with the reason on any mismatch.
+
+usage: check_output.py TRAIN_FASHION_MNIST [gpu]
+    gpu: force --device gpu (suite gpu): exit 77 when there is no usable device
+"""
+import re
+import subprocess
+import sys
+
+exe = sys.argv[1]
+gpu = sys.argv[2:] == ["gpu"]
+p = subprocess.run([exe, "--epochs", "2", "--limit", "2048", "--batch", "128", "--replicas", "2",
+                    "--quiet", "--device", "gpu" if gpu else "auto"],
+                   capture_output=True, text=True, timeout=110)
+if gpu and p.returncode != 0 and ("no usable CUDA device" in p.stderr
+                                  or "has no GPU path" in p.stderr):
+    print("SKIP: " + p.stderr.strip())
+    sys.exit(77)
+out, err = p.stdout.splitlines(), p.stderr
+print("stdout:\n" + p.stdout + "stderr:\n" + err)
+fail = []
+if p.returncode != 0:
+    fail.append(f"exit status {p.returncode}")
+epoch = re.compile(r"^epoch (\d+) loss (\d+\.\d{4}) test_accuracy (\d\.\d{4}) elapsed_s (\d+\.\d)$")
+if len(out) != 3:
+    fail.append(f"expected 3 stdout lines, got {len(out)}")
+else:
+    for k in (1, 2):
+        m = epoch.match(out[k - 1])
+        if not m or int(m[1]) != k:
+            fail.append(f"line {k} is not an epoch line: {out[k - 1]!r}")
+    m = re.match(r"^test_accuracy: (\d\.\d{4})$", out[2])
+    last = epoch.match(out[1])
+    if not m:
+        fail.append(f"last line is not 'test_accuracy: <a>': {out[2]!r}")
+    elif last and m[1] != last[3]:
+        fail.append("the final accuracy differs from the last epoch's")
+    elif float(m[1]) < 0.6:  # 2 x 2048 images of a 10-class problem: chance is 0.1
+        fail.append(f"test accuracy {m[1]} after 2 short epochs: not learning")
+gpu = re.search(r"GPU replica\(s\) on", err)
+host = re.search(r"2 host replica\(s\)", err)
+if not gpu and not host:
+    fail.append("stderr does not say which backend ran")
+if gpu and not re.search(r"train_fashion_mnist: \d+ GPU replica\(s\) on .*\(cuBLAS, NCCL\)", err):
+    fail.append("--device gpu did not run on the GPU")
+for f in fail:
+    print("FAILED: " + f)
+sys.exit(1 if fail else 0)
