@@ -44,6 +44,15 @@ concept resumable_source = source<S> &&
 template <source S>
 using value_t = typename std::remove_cvref_t<S>::value_type;
 
+// Zero-copy fast path of sources over contiguous memory: next_view(max) returns the next
+// elements (at most max; fewer only at the end of the epoch) as a view into the source's
+// own storage, valid until the source's next call. An inline map reads through it and
+// writes straight into the batch buffer: one pass over the data, as a hand loop would.
+template <class S>
+concept view_source = source<S> && requires(std::remove_cvref_t<S>& s, std::size_t n) {
+  { s.next_view(n) } -> std::same_as<std::span<const value_t<S>>>;
+};
+
 // Optional fast path: next_bulk(out) fills `out` with the next elements, as out.size()
 // next() calls would, and returns how many it wrote (fewer only at the end of the epoch).
 // batch() uses it to have a source (and inline maps over it) write a whole batch into

@@ -3,6 +3,8 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -103,4 +105,43 @@ TEST_CASE("batch buffers are recycled: the pool stops allocating after warm-up")
 TEST_CASE("batch(0) is a config error") {
   CHECK_THROWS_WITH_AS(ferry::batch(0), doctest::Contains("at least 1"), ferry::config_error);
   CHECK_THROWS_AS(ferry::batch(ferry::from_range(std::vector<int>{1}), 0), ferry::config_error);
+}
+
+TEST_CASE("from_range | map | batch (the zero-copy bulk path) equals the naive loop") {
+  for (std::uint64_t seed = 1; seed <= 20; ++seed) {
+    ferry::detail::splitmix64 g(seed);
+    std::vector<std::uint32_t> v(g.below(3000));
+    for (auto& x : v) x = static_cast<std::uint32_t>(g());
+    const std::size_t n = 1 + g.below(300);
+    auto same = ferry::from_range(std::span<const std::uint32_t>(v)) |
+                ferry::map([](std::uint32_t x) { return x * 3u + 1u; }) | ferry::batch(n);
+    auto wider = ferry::from_range(v) | ferry::map([](std::uint32_t x) { return double(x) / 2; }) |
+                 ferry::batch(n, {.drop_remainder = true});
+    std::vector<std::uint32_t> a;
+    for (auto& b : same) a.insert(a.end(), b.field().begin(), b.field().end());
+    std::vector<double> d;
+    for (auto& b : wider) {
+      CHECK(b.size() == n);
+      d.insert(d.end(), b.field().begin(), b.field().end());
+    }
+    REQUIRE(a.size() == v.size());
+    REQUIRE(d.size() == v.size() / n * n);
+    for (std::size_t i = 0; i < v.size(); ++i) CHECK(a[i] == v[i] * 3u + 1u);
+    for (std::size_t i = 0; i < d.size(); ++i) CHECK(d[i] == double(v[i]) / 2);
+  }
+}
+
+TEST_CASE("an error in a bulk-mapped batch names its element; the next batch follows it") {
+  std::vector<int> v(100);
+  for (int i = 0; i < 100; ++i) v[i] = i;
+  auto p = ferry::from_range(v) | ferry::map([](int x) {
+             if (x == 42) throw std::runtime_error("bad 42");
+             return x;
+           }) |
+           ferry::batch(10);
+  for (int k = 0; k < 4; ++k) REQUIRE(p.next());
+  CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("element 42"), ferry::element_error);
+  auto b = p.next();  // the batch holding element 42 is not delivered; the next one is
+  REQUIRE(b);
+  CHECK(b->field()[0] == 50);
 }

@@ -370,6 +370,14 @@ struct upstream_probe {
   std::size_t pull_bulk(Up& up, std::span<T> out) {
     return observed_bulk(c, "source", out, [&] { return up.next_bulk(out); });
   }
+  auto pull_view(Up& up, std::size_t max) {
+    if (!on()) [[likely]]
+      return up.next_view(max);
+    const ticks t0 = now();
+    auto v = up.next_view(max);
+    note_bulk(c, "source", t0, v);
+    return v;
+  }
   void visit(const Up&, stage_visitor& v) const { v.add("source", c, stage_mode::source_stage, 1); }
 };
 template <observable Up>
@@ -379,6 +387,7 @@ struct upstream_probe<Up> {
   std::size_t pull_bulk(Up& up, std::span<T> out) {
     return up.next_bulk(out);
   }
+  auto pull_view(Up& up, std::size_t max) { return up.next_view(max); }
   void visit(const Up& up, stage_visitor& v) const { up.visit_stages(v); }
 };
 

@@ -37,6 +37,15 @@ class range_source : public source_interface<range_source<R>> {
     i_ += n;
     return n;
   }
+  std::span<const value_type> next_view(std::size_t max)
+    requires std::ranges::contiguous_range<const R>
+  {
+    const std::uint64_t left = static_cast<std::uint64_t>(std::ranges::size(r_)) - i_;
+    const std::size_t n = max < left ? max : static_cast<std::size_t>(left);
+    std::span<const value_type> v(std::ranges::data(r_) + i_, n);
+    i_ += n;
+    return v;
+  }
   void rewind() { i_ = 0; }
   void save(state_writer& w) const {
     w.tag("from_range");

@@ -241,14 +241,20 @@ class map_source : public source_interface<map_source<Up, F>> {
   std::size_t bulk_inline(std::span<Out> out) {
     skip_pending();
     std::size_t n, i = 0;
-    if constexpr (std::is_same_v<In, Out>) {
+    std::span<const In> view;
+    if constexpr (view_source<Up>) {  // read the source's memory directly: one pass
+      view = c_->probe.pull_view(c_->up, out.size());
+      n = view.size();
+    } else if constexpr (std::is_same_v<In, Out>) {
       n = c_->probe.pull_bulk(c_->up, out);
     } else {
       scratch_.resize(out.size());
       n = c_->probe.pull_bulk(c_->up, std::span<In>(scratch_));
     }
     try {
-      if constexpr (std::is_same_v<In, Out>)  // map in place: no second pass
+      if constexpr (view_source<Up>)
+        for (; i < n; ++i) out[i] = std::invoke(c_->fn, In(view[i]));
+      else if constexpr (std::is_same_v<In, Out>)  // map in place: no second pass
         for (; i < n; ++i) out[i] = std::invoke(c_->fn, std::move(out[i]));
       else
         for (; i < n; ++i) out[i] = std::invoke(c_->fn, std::move(scratch_[i]));
