@@ -1,7 +1,7 @@
 // fashion_mnist.hpp: the example's input pipeline over Debian's gzip IDX files, shared by
 // train_fashion_mnist and the GPU training benchmark (benchmarks/train/).
 //
-//   from_files(images, idx) zip from_files(labels, idx)     one (image row, label) pair
+//   zip(from_files(images, idx), from_files(labels, idx))   one (image row, label) pair
 //   | take(limit)                                            the first `limit` pairs
 //   | shuffle(buffer, seed)                                  new order every epoch
 //   | map(bytes -> normalised floats, {.workers})            on worker threads
@@ -10,8 +10,8 @@
 //
 // The test split is not shuffled and its last batch is padded (every image counts once);
 // the training split drops its short last batch. Throws what from_files throws (io_error,
-// format_error naming the file) when the files are missing or corrupt, and format_error
-// when the image and label files hold different numbers of records. The map runs on the
+// format_error naming the file) when the files are missing or corrupt, and ferry::error
+// (from zip) when the image and label files hold different numbers of records. The map runs on the
 // map stage's worker threads; everything else on the thread that pulls.
 #pragma once
 
@@ -34,38 +34,9 @@
 #include "ferry/stages/prefetch.hpp"
 #include "ferry/stages/shuffle.hpp"
 #include "ferry/stages/take.hpp"
+#include "ferry/stages/zip.hpp"
 
 namespace fmnist {
-
-// Pairs the i-th elements of two sources (ferry has no zip stage yet). Two sources of
-// different lengths are a format error: the image and label files do not match.
-template <class A, class B>
-class zip_source : public ferry::source_interface<zip_source<A, B>> {
- public:
-  using value_type = std::pair<ferry::value_t<A>, ferry::value_t<B>>;
-  zip_source(A a, B b, std::string what) : a_(std::move(a)), b_(std::move(b)), what_(std::move(what)) {}
-  std::optional<value_type> next() {
-    auto x = a_.next();
-    auto y = b_.next();
-    if (!x && !y) return std::nullopt;
-    if (!x || !y)
-      throw ferry::format_error(what_, n_, "the two files hold different numbers of records (one "
-                                           "ends at record " + std::to_string(n_) + ")");
-    ++n_;
-    return value_type(std::move(*x), std::move(*y));
-  }
-  void rewind() {
-    a_.rewind();
-    b_.rewind();
-    n_ = 0;
-  }
-
- private:
-  A a_;
-  B b_;
-  std::string what_;
-  std::uint64_t n_ = 0;
-};
 
 constexpr int pixels = 28 * 28;
 constexpr int classes = 10;
@@ -107,9 +78,8 @@ auto pipeline(const pipeline_options& o, const Tag& tag) {
       std::vector<std::string>{o.dir + "/" + o.split + "-images-idx3-ubyte.gz"}, ferry::idx{});
   auto labels = ferry::from_files(
       std::vector<std::string>{o.dir + "/" + o.split + "-labels-idx1-ubyte.gz"}, ferry::idx{});
-  using Z = zip_source<decltype(images), decltype(labels)>;
-  Z pairs(std::move(images), std::move(labels), o.dir + "/" + o.split + "-*-idx*-ubyte.gz");
-  auto fn = [](const typename Z::value_type& p) { return to_sample(p); };
+  auto pairs = ferry::zip(std::move(images), std::move(labels));
+  auto fn = [](const ferry::value_t<decltype(pairs)>& p) { return to_sample(p); };
   return std::move(pairs) | ferry::take(o.limit) | ferry::shuffle(o.train ? o.shuffle_buffer : 1, o.seed) |
          ferry::map(fn, {.workers = o.workers}) | ferry::batch(o.batch) | ferry::prefetch(2) |
          ferry::distribute(tag, {.remainder = o.train ? ferry::remainder_policy::drop

@@ -43,63 +43,22 @@
 #include "ferry/stages/prefetch.hpp"
 #include "ferry/stages/shard.hpp"
 #include "ferry/stages/shuffle.hpp"
+#include "ferry/stages/zip.hpp"
+#include "fashion_mnist.hpp"  // examples/04_train_fashion_mnist: the decoding
 #include "ferry/train/host_backend.hpp"
 #include "ferry/train/mirrored_trainer.hpp"
 
 namespace {
 
-// Pairs the i-th images and labels; different lengths are a format error.
-template <class A, class B>
-class zip_source : public ferry::source_interface<zip_source<A, B>> {
- public:
-  using value_type = std::pair<ferry::value_t<A>, ferry::value_t<B>>;
-  zip_source(A a, B b, std::string what) : a_(std::move(a)), b_(std::move(b)), what_(std::move(what)) {}
-  std::optional<value_type> next() {
-    auto x = a_.next();
-    auto y = b_.next();
-    if (!x && !y) return std::nullopt;
-    if (!x || !y)
-      throw ferry::format_error(what_, n_, "the image and label files hold different numbers of records");
-    ++n_;
-    return value_type(std::move(*x), std::move(*y));
-  }
-  void rewind() {
-    a_.rewind();
-    b_.rewind();
-    n_ = 0;
-  }
-
- private:
-  A a_;
-  B b_;
-  std::string what_;
-  std::uint64_t n_ = 0;
-};
-
-constexpr int pixels = 28 * 28;
-using sample = std::tuple<std::array<float, pixels>, std::int32_t>;
-
-template <class Pair>
-sample to_sample(const Pair& p) {
-  auto img = p.first.bytes();
-  auto lab = p.second.bytes();
-  if (img.size() != pixels || lab.size() != 1)
-    throw ferry::config_error("fashion-mnist: expected 784-byte images and 1-byte labels");
-  sample s;
-  auto& x = std::get<0>(s);
-  for (int i = 0; i < pixels; ++i)
-    x[std::size_t(i)] = (std::to_integer<int>(img[std::size_t(i)]) * (1.0f / 255.0f) - 0.2860f) * (1.0f / 0.3530f);
-  std::get<1>(s) = std::to_integer<int>(lab[0]);
-  return s;
-}
+// Images and labels to samples: the same decoding as example 04.
+using fmnist::pixels;
+using fmnist::to_sample;
 
 auto pipeline(const std::string& dir, const std::string& split, bool train, std::size_t per_rank,
               int world, int rank, std::uint64_t seed) {
   auto images = ferry::from_files(std::vector<std::string>{dir + "/" + split + "-images-idx3-ubyte.gz"}, ferry::idx{});
   auto labels = ferry::from_files(std::vector<std::string>{dir + "/" + split + "-labels-idx1-ubyte.gz"}, ferry::idx{});
-  using Z = zip_source<decltype(images), decltype(labels)>;
-  Z pairs(std::move(images), std::move(labels), dir + "/" + split + "-*-idx*-ubyte.gz");
-  return std::move(pairs) | ferry::shard(std::uint64_t(world), std::uint64_t(rank), ferry::by_element) |
+  return ferry::zip(std::move(images), std::move(labels)) | ferry::shard(std::uint64_t(world), std::uint64_t(rank), ferry::by_element) |
          ferry::shuffle(train ? 10000 : 1, seed * 1000003u + std::uint64_t(rank)) |
          ferry::map([](const auto& p) { return to_sample(p); }) | ferry::batch(per_rank) |
          ferry::prefetch(2) |

@@ -16,5 +16,6 @@
 #include "ferry/stages/shard.hpp"
 #include "ferry/stages/shuffle.hpp"
 #include "ferry/stages/take.hpp"
+#include "ferry/stages/zip.hpp"
 #include "ferry/stats.hpp"
 #include "ferry/trace.hpp"
