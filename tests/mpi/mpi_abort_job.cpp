@@ -45,8 +45,12 @@ int main(int argc, char** argv) {
     std::thread escaping;
     int k = 0;
     for (auto& s : steps) {
-      if (mode == "thread" && me == 1 && k == 5)
+      if (mode == "thread" && me == 1 && k == 5) {
+        // Wait for it here: the terminate handler ends the job and join never returns. (Going
+        // on instead raced the handler with this thread's own MPI calls.)
         escaping = std::thread([] { throw std::runtime_error("worker failed"); });
+        escaping.join();
+      }
       t.train_step(s);  // the others wait here for rank 1, which never comes
       ++k;
     }
