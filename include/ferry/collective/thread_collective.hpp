@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <span>
 #include <string>
@@ -98,15 +99,19 @@ class thread_group {
                            std::to_string(q) + ", " + std::to_string(s.size()) + " on rank " +
                            std::to_string(rank) + ")");
       }
+    if (n_ == 1) return;  // the sum (and mean) of one buffer is itself
     const std::size_t len = s.size();
     const std::size_t lo = len * rank / n_, hi = len * (rank + 1) / n_;
     const float scale = average ? 1.0f / static_cast<float>(n_) : 1.0f;
-    for (std::size_t i = lo; i < hi; ++i) {
-      float t = bufs_[0][i];
-      for (int q = 1; q < n_; ++q) t += bufs_[q][i];
-      if (average) t *= scale;
-      for (int q = 0; q < n_; ++q) bufs_[q][i] = t;
+    // Whole-slice passes (they vectorize), adding in rank order 0..N-1 as before.
+    float* const acc = bufs_[0];
+    for (int q = 1; q < n_; ++q) {
+      const float* const b = bufs_[q];
+      for (std::size_t i = lo; i < hi; ++i) acc[i] += b[i];
     }
+    if (average)
+      for (std::size_t i = lo; i < hi; ++i) acc[i] *= scale;
+    for (int q = 1; q < n_; ++q) std::memcpy(bufs_[q] + lo, acc + lo, (hi - lo) * sizeof(float));
     barrier();  // nobody returns (and reuses its buffer) while others still read or write it
   }
 

@@ -45,6 +45,13 @@ struct fill_fn {
   float v;
   __host__ __device__ void operator()(std::size_t i) const { p[i] = v; }
 };
+// f(i / cols, i % cols): a 2-D functor over a flat index.
+template <class F>
+struct flat_2d {
+  F f;
+  std::size_t cols;
+  __host__ __device__ void operator()(std::size_t i) const { f(i / cols, i % cols); }
+};
 }  // namespace detail
 
 class gpu_backend {
@@ -105,6 +112,11 @@ class gpu_backend {
   void for_each(std::size_t n, F f) {
     thrust::for_each(thrust::cuda::par_nosync.on(stream_), thrust::counting_iterator<std::size_t>(0),
                      thrust::counting_iterator<std::size_t>(n), f);
+  }
+  // f(r, c) for r < rows, c < cols, one thread per element.
+  template <class F>
+  void for_each_2d(std::size_t rows, std::size_t cols, F f) {
+    for_each(rows * cols, detail::flat_2d<F>{f, cols});
   }
   void fill(float* p, std::size_t n, float v) { for_each(n, detail::fill_fn{p, v}); }
   void upload(void* dst, const void* src, std::size_t bytes) {

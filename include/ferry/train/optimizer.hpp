@@ -9,12 +9,18 @@
 //   optimizer_config{.kind = optimizer_kind::adam, .lr = 1e-3f}
 //   optimizer_config{.kind = optimizer_kind::sgd, .lr = 0.05f, .momentum = 0.9f}
 //
+// Each functor reads the weight sum once per call of apply(i, w): operator()(i) reads it
+// from memory (the GPU path), while the host backend reads scalar() once and runs
+// apply over the whole range, so the loop vectorizes (build with -fno-math-errno so
+// sqrtf does too).
+//
 // Throws nothing; validate() throws config_error for a non-positive learning rate or
 // betas/momentum outside [0, 1).
 #pragma once
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "ferry/config.hpp"
@@ -49,8 +55,9 @@ struct sgd_update {
   float* v;
   const float* weight_sum;  // the global weight sum, in the gradient buffer
   float lr, momentum;
-  FERRY_HOST_DEVICE void operator()(std::size_t i) const {
-    const float w = *weight_sum;
+  FERRY_HOST_DEVICE float scalar() const { return *weight_sum; }
+  FERRY_HOST_DEVICE void operator()(std::size_t i) const { apply(i, *weight_sum); }
+  FERRY_HOST_DEVICE void apply(std::size_t i, float w) const {
     if (!(w > 0.0f)) return;
     const float gi = g[i] / w;
     const float vi = momentum * v[i] + gi;
@@ -59,23 +66,35 @@ struct sgd_update {
   }
 };
 
-// Adam (Kingma & Ba) with bias correction; bc1 = 1 - beta1^t, bc2 = 1 - beta2^t.
+// Adam (Kingma & Ba) with bias correction, in PyTorch's arrangement (one sqrt and one
+// division per parameter): with bc1 = 1 - beta1^t and bc2 = 1 - beta2^t,
+//   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+// step = lr / bc1 and inv_sqrt_bc2 = 1 / sqrt(bc2) come from adam_update::at(t).
 struct adam_update {
   float* p;
   const float* g;
   float* m;
   float* v;
   const float* weight_sum;
-  float lr, beta1, beta2, eps, bc1, bc2;
-  FERRY_HOST_DEVICE void operator()(std::size_t i) const {
-    const float w = *weight_sum;
+  float beta1, beta2, eps, step, inv_sqrt_bc2;
+  FERRY_HOST_DEVICE float scalar() const { return *weight_sum; }
+  FERRY_HOST_DEVICE void operator()(std::size_t i) const { apply(i, *weight_sum); }
+  FERRY_HOST_DEVICE void apply(std::size_t i, float w) const {
     if (!(w > 0.0f)) return;
-    const float gi = g[i] / w;
+    const float gi = g[i] * (1.0f / w);
     const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
     const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    p[i] -= step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
+  }
+  // The functor for step t (1-based) of config c over these arrays.
+  static adam_update at(const optimizer_config& c, std::uint64_t t, float* p, const float* g,
+                        float* m, float* v, const float* weight_sum) {
+    const double bc1 = 1.0 - std::pow(double(c.beta1), double(t));
+    const double bc2 = 1.0 - std::pow(double(c.beta2), double(t));
+    return {p, g, m, v, weight_sum, c.beta1, c.beta2, c.eps, static_cast<float>(c.lr / bc1),
+            static_cast<float>(1.0 / std::sqrt(bc2))};
   }
 };
 

@@ -45,25 +45,26 @@ struct step_stats {
   double rows = 0;      // valid rows
 };
 
-// z = z + b (per column), then ReLU unless this is the last layer.
+// z = z + b (per column), then ReLU unless this is the last layer; run over (row, column)
+// with for_each_2d so the host loops a row at a time (vectorized) and the GPU flat.
 struct bias_act {
   float* z;
   const float* b;
   int out;
   bool relu;
-  FERRY_HOST_DEVICE void operator()(std::size_t i) const {
-    const float v = z[i] + b[i % out];
+  FERRY_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
+    const std::size_t i = r * std::size_t(out) + c;
+    const float v = z[i] + b[c];
     z[i] = (relu && v < 0.0f) ? 0.0f : v;
   }
 };
 
-// d = d * (a > 0): the ReLU's backward, from its output.
+// d = d * (a > 0): the ReLU's backward, from its output (a select, not a branch, so the
+// host loop vectorizes).
 struct relu_backward {
   float* d;
   const float* a;
-  FERRY_HOST_DEVICE void operator()(std::size_t i) const {
-    if (!(a[i] > 0.0f)) d[i] = 0.0f;
-  }
+  FERRY_HOST_DEVICE void operator()(std::size_t i) const { d[i] = a[i] > 0.0f ? d[i] : 0.0f; }
 };
 
 template <class Backend>
@@ -148,10 +149,8 @@ class replica {
     if (opt_.kind == optimizer_kind::sgd) {
       be_.for_each(lay_.params, sgd_update{params_, grads_, state_, wsum, opt_.lr, opt_.momentum});
     } else {
-      const float bc1 = 1.0f - static_cast<float>(std::pow(double(opt_.beta1), double(t_)));
-      const float bc2 = 1.0f - static_cast<float>(std::pow(double(opt_.beta2), double(t_)));
-      be_.for_each(lay_.params, adam_update{params_, grads_, state_, state_ + lay_.params, wsum,
-                                            opt_.lr, opt_.beta1, opt_.beta2, opt_.eps, bc1, bc2});
+      be_.for_each(lay_.params, adam_update::at(opt_, t_, params_, grads_, state_,
+                                                state_ + lay_.params, wsum));
     }
   }
 
@@ -204,8 +203,8 @@ class replica {
     for (std::size_t l = 0; l < lay_.layers(); ++l) {
       const int I = lay_.in(l), O = lay_.out(l);
       be_.gemm(false, true, n, O, I, a, I, params_ + lay_.w_off[l], I, 0.0f, acts_[l], O);
-      be_.for_each(std::size_t(n) * O,
-                   bias_act{acts_[l], params_ + lay_.b_off[l], O, l + 1 < lay_.layers()});
+      be_.for_each_2d(std::size_t(n), std::size_t(O),
+                      bias_act{acts_[l], params_ + lay_.b_off[l], O, l + 1 < lay_.layers()});
       a = acts_[l];
     }
   }
