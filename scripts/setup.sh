@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(meson ninja-build pkg-config g++ clang libclang-rt-14-dev doctest-dev zlib1g-dev
+packages=(meson ninja-build pkg-config g++ clang libclang-rt-14-dev doctest-dev zlib1g-dev libisal-dev
           libopenblas-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist python3-torch
           python3-numpy python3-matplotlib cmake ccache)
 missing=()

@@ -111,7 +111,8 @@ class thread_group {
     }
     if (average)
       for (std::size_t i = lo; i < hi; ++i) acc[i] *= scale;
-    for (int q = 1; q < n_; ++q) std::memcpy(bufs_[q] + lo, acc + lo, (hi - lo) * sizeof(float));
+    if (hi > lo)  // (an empty buffer may be null)
+      for (int q = 1; q < n_; ++q) std::memcpy(bufs_[q] + lo, acc + lo, (hi - lo) * sizeof(float));
     barrier();  // nobody returns (and reuses its buffer) while others still read or write it
   }
 

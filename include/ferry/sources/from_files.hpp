@@ -17,6 +17,12 @@
 // left in the file (or max_record_bytes for compressed streams, whose size is unknown).
 // Nothing is opened until the first next(). After the end, next() returns nullopt until
 // rewind().
+// Read-ahead: with options.read_ahead = k (default 2; 0 turns it off) a plain regular
+// file with more than two chunks left is read by an I/O thread that keeps up to k chunks
+// filled ahead (pread(2)), so the kernel's copy out of the page cache runs beside the
+// framing, CRC checks and batching (TFRecord with CRC: 0.69x -> 0.95x `cat` on the
+// 2-core machine); memory grows by k chunks per open file. Small files, pipes and
+// compressed files are read on the calling thread.
 //
 // File-level sharding: `| shard(n, i)` right after from_files calls shard_files(n, i),
 // keeping files j with j % n == i (tf.data's rule) - no record of another shard is read.
@@ -27,7 +33,8 @@
 // data CRC mismatch) or from the next file. With error_policy::skip those are counted
 // (skipped()) and reported through options.on_skip. from_files itself throws config_error
 // for a bad format option and io_error for a pattern matching no file.
-// Thread: everything runs on the thread calling next().
+// Thread: everything runs on the thread calling next() (on_skip included); only the
+// read(2)s of options.read_ahead run on the I/O thread, which runs no user code.
 #pragma once
 
 #include <cstdint>

@@ -21,7 +21,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstddef>
+#include <deque>
+#include <exception>
 #include <cstdint>
 #include <utility>
 #include <cstring>
@@ -30,6 +33,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <vector>
 
 #include "ferry/error.hpp"
@@ -108,6 +112,101 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   std::vector<chunk*> free_;
 };
 
+// Background reads of a plain file (from_files_options::read_ahead): an I/O thread fills
+// pooled chunks with pread(2), leaving `headroom` bytes free at the front of each so the
+// reader can put the unconsumed tail of the previous chunk there (records stay
+// contiguous without copying the new data). At most `depth` filled chunks wait, so memory
+// stays bounded. The thread runs no user code; it stops and is joined in the destructor
+// (which may wait for one read(2) to finish). A read error becomes a block carrying the
+// io_error, thrown by the reader when it gets there, after the bytes before it.
+class read_ahead {
+ public:
+  struct block {
+    std::shared_ptr<chunk> c;
+    std::size_t start = 0, bytes = 0;  // data at c->data[start, start + bytes); 0: end of file
+    std::exception_ptr err;
+  };
+
+  read_ahead(int fd, std::uint64_t from, std::size_t depth, std::shared_ptr<chunk_pool> pool,
+             std::shared_ptr<const std::string> file)
+      : fd_(fd), pos_(from), depth_(depth ? depth : 1), pool_(std::move(pool)), file_(std::move(file)),
+        th_([this] { run(); }) {}
+  read_ahead(const read_ahead&) = delete;
+  read_ahead& operator=(const read_ahead&) = delete;
+  ~read_ahead() {
+    {
+      std::lock_guard lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    th_.join();
+  }
+  static std::size_t headroom(std::size_t chunk_bytes) { return chunk_bytes / 16; }
+
+  // The next block, in file order; waits for the I/O thread.
+  block take() {
+    std::unique_lock lk(m_);
+    cv_.wait(lk, [&] { return !q_.empty(); });
+    block b = std::move(q_.front());
+    q_.pop_front();
+    lk.unlock();
+    cv_.notify_all();
+    return b;
+  }
+
+ private:
+  void run() noexcept {
+    for (;;) {
+      {
+        std::unique_lock lk(m_);
+        cv_.wait(lk, [&] { return stop_ || q_.size() < depth_; });
+        if (stop_) return;
+      }
+      block b;
+      try {
+        b.c = pool_->acquire(pool_->chunk_bytes());
+        b.c->file = file_;
+        b.start = headroom(b.c->capacity);
+        const std::size_t room = b.c->capacity - b.start;
+        while (b.bytes < room) {
+          const ssize_t r = ::pread(fd_, b.c->data + b.start + b.bytes, room - b.bytes,
+                                    static_cast<off_t>(pos_ + b.bytes));
+          if (r > 0) {
+            b.bytes += static_cast<std::size_t>(r);
+          } else if (r == 0) {
+            break;
+          } else if (errno != EINTR) {
+            const int e = errno;
+            throw io_error(*file_, pos_ + b.bytes, std::error_code(e, std::generic_category()), "read failed");
+          }
+        }
+        pos_ += b.bytes;
+      } catch (...) {
+        b = block{};
+        b.err = std::current_exception();
+      }
+      const bool last = b.bytes == 0;  // end of file or an error: nothing more to read
+      {
+        std::lock_guard lk(m_);
+        q_.push_back(std::move(b));
+      }
+      cv_.notify_all();
+      if (last) return;
+    }
+  }
+
+  int fd_;
+  std::uint64_t pos_;
+  std::size_t depth_;
+  std::shared_ptr<chunk_pool> pool_;
+  std::shared_ptr<const std::string> file_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<block> q_;
+  bool stop_ = false;
+  std::thread th_;  // last: starts after everything it uses
+};
+
 inline bool name_says_compressed(const std::string& p) {
   auto ends = [&](const char* s) {
     const std::size_t n = std::strlen(s);
@@ -126,6 +225,8 @@ class byte_stream {
     if (this != &o) {
       close();
       pool_ = std::move(o.pool_);
+      depth_ = o.depth_;
+      ra_ = std::move(o.ra_);
       path_ = std::move(o.path_);
       file_ = std::move(o.file_);
       fd_ = std::exchange(o.fd_, -1);
@@ -148,6 +249,8 @@ class byte_stream {
   ~byte_stream() { close(); }
 
   void set_pool(std::shared_ptr<chunk_pool> p) { pool_ = std::move(p); }
+  // Chunks read ahead on an I/O thread for plain files (0: read(2) on the calling thread).
+  void set_read_ahead(std::size_t depth) { depth_ = depth; }
 
   // Throws io_error when the path cannot be opened, is a directory, or cannot be read.
   void open(const std::string& path, compression c) {
@@ -189,6 +292,7 @@ class byte_stream {
     }
   }
   void close() noexcept {
+    ra_.reset();  // joins the I/O thread before its fd goes
     if (z_live_) inflateEnd(&zs_);
     z_live_ = false;
     if (fd_ >= 0) ::close(fd_);
@@ -222,6 +326,7 @@ class byte_stream {
   void seek(std::uint64_t target) {
     if (target == offset()) return;
     if (!gz_) {
+      ra_.reset();  // it was reading from the old position
       if (::lseek(fd_, static_cast<off_t>(target), SEEK_SET) < 0)
         throw io_error(path_, target, std::error_code(errno, std::generic_category()), "cannot seek");
       file_pos_ = target;
@@ -245,6 +350,9 @@ class byte_stream {
   static constexpr std::size_t in_bytes = 256 * 1024;
 
   void refill(std::size_t n) {
+    // Read ahead only where it pays for a thread: plain regular files with more than two
+    // chunks still to read (size_ is known for exactly those).
+    if (ra_ || (depth_ > 0 && size_ && *size_ > file_pos_ + 2 * pool_->chunk_bytes())) return refill_ahead(n);
     const std::size_t have = end_ - pos_;
     const std::size_t chunk_bytes = pool_->chunk_bytes();
     // A fresh chunk when the current one cannot hold n bytes from pos_, or its free tail
@@ -270,6 +378,44 @@ class byte_stream {
     const std::size_t got = gz_ ? inflate_into(dst, room) : read_into(dst, room);
     end_ += got;
     if (got == 0) eof_ = true;
+  }
+
+  // refill() with the I/O thread: the next block becomes the current chunk, with the
+  // unconsumed tail copied into its headroom; a tail too large for that (a record longer
+  // than the headroom) goes with the new bytes into a chunk that can hold n.
+  void refill_ahead(std::size_t n) {
+    if (!ra_) ra_ = std::make_unique<read_ahead>(fd_, file_pos_, depth_, pool_, file_);
+    read_ahead::block b = ra_->take();
+    if (b.err) {
+      ra_.reset();
+      std::rethrow_exception(b.err);
+    }
+    if (b.bytes == 0) {
+      ra_.reset();
+      eof_ = true;
+      return;
+    }
+    file_pos_ += b.bytes;
+    const std::uint64_t off = offset();
+    const std::size_t have = end_ - pos_;
+    if (have <= b.start) {
+      if (have) std::memcpy(b.c->data + b.start - have, cur_->data + pos_, have);
+      cur_ = std::move(b.c);
+      pos_ = b.start - have;
+      end_ = b.start + b.bytes;
+    } else if (cur_->capacity - end_ >= b.bytes) {  // appending below nobody's view
+      std::memcpy(cur_->data + end_, b.c->data + b.start, b.bytes);
+      end_ += b.bytes;
+    } else {
+      std::shared_ptr<chunk> big = pool_->acquire(std::max(n, have + b.bytes));
+      big->file = file_;
+      std::memcpy(big->data, cur_->data + pos_, have);
+      std::memcpy(big->data + have, b.c->data + b.start, b.bytes);
+      cur_ = std::move(big);
+      pos_ = 0;
+      end_ = have + b.bytes;
+    }
+    base_ = off - pos_;
   }
 
   std::size_t read_into(std::byte* dst, std::size_t room) {
@@ -324,6 +470,8 @@ class byte_stream {
   }
 
   std::shared_ptr<chunk_pool> pool_;
+  std::size_t depth_ = 0;
+  std::unique_ptr<read_ahead> ra_;
   std::string path_;
   std::shared_ptr<const std::string> file_;  // path_, shared with the chunks filled from it
   int fd_ = -1;
