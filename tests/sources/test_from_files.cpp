@@ -8,6 +8,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/doubles.hpp"
@@ -104,7 +105,8 @@ TEST_CASE("tfrecord: formats.md's vectors, plain and gzip") {
   CHECK(read_all({d + "/vectors.tfrecord", d + "/vectors.tfrecord.gz"}, ferry::tfrecord{}).size() == 6);
 }
 
-TEST_CASE("tfrecord, lines, fixed: random files against the oracle, any chunk size") {
+TEST_CASE("tfrecord, lines, fixed: random files against the oracle, any chunk size" * doctest::timeout(120)) {
+  ferry_test::watchdog wd(std::chrono::seconds(120));  // read-ahead threads: never hang
   temp_dir t;
   std::mt19937_64 g(42);
   for (int trial = 0; trial < 12; ++trial) {
@@ -146,9 +148,10 @@ TEST_CASE("tfrecord, lines, fixed: random files against the oracle, any chunk si
       line_files.push_back(base + ".txt" + ext);
       fixed_files.push_back(base + ".bin" + ext);
     }
-    for (std::size_t ahead : {0u, 1u, 2u, 5u}) {  // on the calling thread, and read ahead
-      INFO("chunk " << chunk << ", read_ahead " << ahead);
-      ferry::from_files_options o{.chunk_bytes = chunk, .read_ahead = ahead};
+    // On the calling thread, and read ahead by one or more I/O threads.
+    for (auto [ahead, threads] : {std::pair<std::size_t, std::size_t>{0, 1}, {1, 1}, {2, 2}, {5, 3}}) {
+      INFO("chunk " << chunk << ", read_ahead " << ahead << ", read_threads " << threads);
+      ferry::from_files_options o{.chunk_bytes = chunk, .read_ahead = ahead, .read_threads = threads};
       CHECK(read_all(files, ferry::tfrecord{}, o) == want);
       CHECK(read_all(line_files, ferry::text_lines{}, o) == want_lines);
       CHECK(read_all(fixed_files, ferry::fixed_length{.record_bytes = 37, .header_bytes = 3, .footer_bytes = 6}, o) ==
@@ -159,6 +162,7 @@ TEST_CASE("tfrecord, lines, fixed: random files against the oracle, any chunk si
 
 TEST_CASE("read-ahead: the same errors at the same offsets, exact skips, and a stop mid-file joins" *
           doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
   temp_dir t;
   std::mt19937_64 g(5);
   std::string tf;
@@ -173,9 +177,9 @@ TEST_CASE("read-ahead: the same errors at the same offsets, exact skips, and a s
   bad[at[250] + 12 + 3] ^= 0x01;  // a data byte of record 250: its data CRC fails
   write_file(t / "bad.tfrecord", bad);
   write_file(t / "short.tfrecord", tf.substr(0, at[300] + 9));  // ends inside record 300's header
-  for (std::size_t ahead : {0u, 1u, 3u}) {
-    INFO("read_ahead " << ahead);
-    const ferry::from_files_options o{.chunk_bytes = 4096, .read_ahead = ahead};
+  for (auto [ahead, threads] : {std::pair<std::size_t, std::size_t>{0, 1}, {1, 1}, {3, 1}, {4, 2}, {6, 6}}) {
+    INFO("read_ahead " << ahead << ", read_threads " << threads);
+    const ferry::from_files_options o{.chunk_bytes = 4096, .read_ahead = ahead, .read_threads = threads};
     expect_error<ferry::format_error>([&] { read_all({t / "bad.tfrecord"}, ferry::tfrecord{}, o); },
                                       t / "bad.tfrecord", at[250], "CRC");
     expect_error<ferry::format_error>([&] { read_all({t / "short.tfrecord"}, ferry::tfrecord{}, o); },
@@ -470,7 +474,8 @@ TEST_CASE("shard_files: disjoint shards whose union is the dataset; bad argument
   CHECK_THROWS_AS(ferry::from_files(files, ferry::text_lines{}).shard_files(0, 0), ferry::config_error);
 }
 
-TEST_CASE("save/restore at every position, rewind, end stays ended") {
+TEST_CASE("save/restore at every position, rewind, end stays ended" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // read-ahead threads: never hang
   temp_dir t;
   std::mt19937_64 g(11);
   for (bool gz : {false, true}) {

@@ -112,99 +112,129 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   std::vector<chunk*> free_;
 };
 
-// Background reads of a plain file (from_files_options::read_ahead): an I/O thread fills
-// pooled chunks with pread(2), leaving `headroom` bytes free at the front of each so the
-// reader can put the unconsumed tail of the previous chunk there (records stay
-// contiguous without copying the new data). At most `depth` filled chunks wait, so memory
-// stays bounded. The thread runs no user code; it stops and is joined in the destructor
-// (which may wait for one read(2) to finish). A read error becomes a block carrying the
-// io_error, thrown by the reader when it gets there, after the bytes before it.
+// Background reads of a plain file (from_files_options::read_ahead, read_threads): I/O
+// threads fill pooled chunks with pread(2), each claiming the next block of the file
+// (block k covers bytes [from + k * room, from + (k + 1) * room)), and the reader takes
+// the blocks in file order. Each chunk leaves `headroom` bytes free at its front, so the
+// reader can put the unconsumed tail of the previous chunk there (records stay contiguous
+// without copying the new data). No block is claimed more than `depth` ahead of the one
+// the reader waits for, so memory stays bounded. The threads run no user code; they
+// stop and are joined in the destructor (which may wait for a read(2) each). A read error
+// becomes a block carrying the io_error, thrown by the reader when it gets there, after
+// the bytes before it; a short block is the end of the file.
 class read_ahead {
  public:
   struct block {
     std::shared_ptr<chunk> c;
-    std::size_t start = 0, bytes = 0;  // data at c->data[start, start + bytes); 0: end of file
+    std::size_t start = 0, bytes = 0;  // data at c->data[start, start + bytes)
+    bool last = false;                 // the file ends in (or before) this block
     std::exception_ptr err;
   };
 
-  read_ahead(int fd, std::uint64_t from, std::size_t depth, std::shared_ptr<chunk_pool> pool,
-             std::shared_ptr<const std::string> file)
-      : fd_(fd), pos_(from), depth_(depth ? depth : 1), pool_(std::move(pool)), file_(std::move(file)),
-        th_([this] { run(); }) {}
+  read_ahead(int fd, std::uint64_t from, std::size_t depth, std::size_t threads,
+             std::shared_ptr<chunk_pool> pool, std::shared_ptr<const std::string> file)
+      : fd_(fd), from_(from), depth_(depth ? depth : 1), pool_(std::move(pool)), file_(std::move(file)),
+        start_(headroom(pool_->chunk_bytes())), room_(pool_->chunk_bytes() - start_),
+        slots_(depth_) {
+    const std::size_t n = std::min(threads ? threads : 1, depth_);
+    try {
+      for (std::size_t t = 0; t < n; ++t) th_.emplace_back([this] { run(); });
+    } catch (...) {
+      stop();
+      throw;
+    }
+  }
   read_ahead(const read_ahead&) = delete;
   read_ahead& operator=(const read_ahead&) = delete;
-  ~read_ahead() {
-    {
-      std::lock_guard lk(m_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    th_.join();
-  }
+  ~read_ahead() { stop(); }
   static std::size_t headroom(std::size_t chunk_bytes) { return chunk_bytes / 16; }
 
-  // The next block, in file order; waits for the I/O thread.
+  // The next block, in file order; waits for the I/O threads.
   block take() {
     std::unique_lock lk(m_);
-    cv_.wait(lk, [&] { return !q_.empty(); });
-    block b = std::move(q_.front());
-    q_.pop_front();
+    slot& sl = slots_[next_ % depth_];
+    cv_.wait(lk, [&] { return sl.full; });
+    block b = std::move(sl.b);
+    sl = slot{};
+    ++next_;
     lk.unlock();
     cv_.notify_all();
     return b;
   }
 
  private:
+  struct slot {
+    block b;
+    bool full = false;
+  };
+
+  void stop() noexcept {
+    {
+      std::lock_guard lk(m_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : th_) t.join();
+    th_.clear();
+  }
+
   void run() noexcept {
     for (;;) {
+      std::uint64_t k;
       {
         std::unique_lock lk(m_);
-        cv_.wait(lk, [&] { return stop_ || q_.size() < depth_; });
-        if (stop_) return;
+        cv_.wait(lk, [&] { return stop_ || done_ || claimed_ < next_ + depth_; });
+        if (stop_ || done_) return;
+        k = claimed_++;
       }
       block b;
+      const std::uint64_t at = from_ + k * room_;
       try {
         b.c = pool_->acquire(pool_->chunk_bytes());
         b.c->file = file_;
-        b.start = headroom(b.c->capacity);
-        const std::size_t room = b.c->capacity - b.start;
-        while (b.bytes < room) {
-          const ssize_t r = ::pread(fd_, b.c->data + b.start + b.bytes, room - b.bytes,
-                                    static_cast<off_t>(pos_ + b.bytes));
+        b.start = start_;
+        while (b.bytes < room_) {
+          const ssize_t r = ::pread(fd_, b.c->data + b.start + b.bytes, room_ - b.bytes,
+                                    static_cast<off_t>(at + b.bytes));
           if (r > 0) {
             b.bytes += static_cast<std::size_t>(r);
           } else if (r == 0) {
             break;
           } else if (errno != EINTR) {
             const int e = errno;
-            throw io_error(*file_, pos_ + b.bytes, std::error_code(e, std::generic_category()), "read failed");
+            throw io_error(*file_, at + b.bytes, std::error_code(e, std::generic_category()), "read failed");
           }
         }
-        pos_ += b.bytes;
+        b.last = b.bytes < room_;
       } catch (...) {
         b = block{};
+        b.last = true;
         b.err = std::current_exception();
       }
-      const bool last = b.bytes == 0;  // end of file or an error: nothing more to read
       {
         std::lock_guard lk(m_);
-        q_.push_back(std::move(b));
+        if (b.last) done_ = true;  // claim nothing further (blocks already claimed still land)
+        slot& sl = slots_[k % depth_];
+        sl.b = std::move(b);
+        sl.full = true;
       }
       cv_.notify_all();
-      if (last) return;
     }
   }
 
   int fd_;
-  std::uint64_t pos_;
+  std::uint64_t from_;
   std::size_t depth_;
   std::shared_ptr<chunk_pool> pool_;
   std::shared_ptr<const std::string> file_;
+  std::size_t start_, room_;
   std::mutex m_;
   std::condition_variable cv_;
-  std::deque<block> q_;
-  bool stop_ = false;
-  std::thread th_;  // last: starts after everything it uses
+  std::vector<slot> slots_;        // block k in slots_[k % depth_]
+  std::uint64_t next_ = 0;         // the block take() hands out next
+  std::uint64_t claimed_ = 0;      // blocks claimed by the threads
+  bool stop_ = false, done_ = false;
+  std::vector<std::thread> th_;
 };
 
 inline bool name_says_compressed(const std::string& p) {
@@ -226,7 +256,9 @@ class byte_stream {
       close();
       pool_ = std::move(o.pool_);
       depth_ = o.depth_;
+      threads_ = o.threads_;
       ra_ = std::move(o.ra_);
+      ra_done_ = std::exchange(o.ra_done_, false);
       path_ = std::move(o.path_);
       file_ = std::move(o.file_);
       fd_ = std::exchange(o.fd_, -1);
@@ -249,8 +281,11 @@ class byte_stream {
   ~byte_stream() { close(); }
 
   void set_pool(std::shared_ptr<chunk_pool> p) { pool_ = std::move(p); }
-  // Chunks read ahead on an I/O thread for plain files (0: read(2) on the calling thread).
-  void set_read_ahead(std::size_t depth) { depth_ = depth; }
+  // Chunks read ahead by I/O threads for plain files (0: read(2) on the calling thread).
+  void set_read_ahead(std::size_t depth, std::size_t threads = 1) {
+    depth_ = depth;
+    threads_ = threads;
+  }
 
   // Throws io_error when the path cannot be opened, is a directory, or cannot be read.
   void open(const std::string& path, compression c) {
@@ -292,7 +327,8 @@ class byte_stream {
     }
   }
   void close() noexcept {
-    ra_.reset();  // joins the I/O thread before its fd goes
+    ra_.reset();  // joins the I/O threads before their fd goes
+    ra_done_ = false;
     if (z_live_) inflateEnd(&zs_);
     z_live_ = false;
     if (fd_ >= 0) ::close(fd_);
@@ -327,6 +363,7 @@ class byte_stream {
     if (target == offset()) return;
     if (!gz_) {
       ra_.reset();  // it was reading from the old position
+      ra_done_ = false;
       if (::lseek(fd_, static_cast<off_t>(target), SEEK_SET) < 0)
         throw io_error(path_, target, std::error_code(errno, std::generic_category()), "cannot seek");
       file_pos_ = target;
@@ -384,14 +421,22 @@ class byte_stream {
   // unconsumed tail copied into its headroom; a tail too large for that (a record longer
   // than the headroom) goes with the new bytes into a chunk that can hold n.
   void refill_ahead(std::size_t n) {
-    if (!ra_) ra_ = std::make_unique<read_ahead>(fd_, file_pos_, depth_, pool_, file_);
+    if (ra_done_) {  // the last block came before
+      ra_.reset();
+      ra_done_ = false;
+      eof_ = true;
+      return;
+    }
+    if (!ra_) ra_ = std::make_unique<read_ahead>(fd_, file_pos_, depth_, threads_, pool_, file_);
     read_ahead::block b = ra_->take();
     if (b.err) {
       ra_.reset();
       std::rethrow_exception(b.err);
     }
+    ra_done_ = b.last;
     if (b.bytes == 0) {
       ra_.reset();
+      ra_done_ = false;
       eof_ = true;
       return;
     }
@@ -470,8 +515,9 @@ class byte_stream {
   }
 
   std::shared_ptr<chunk_pool> pool_;
-  std::size_t depth_ = 0;
+  std::size_t depth_ = 0, threads_ = 1;
   std::unique_ptr<read_ahead> ra_;
+  bool ra_done_ = false;  // ra_ handed out its last block
   std::string path_;
   std::shared_ptr<const std::string> file_;  // path_, shared with the chunks filled from it
   int fd_ = -1;

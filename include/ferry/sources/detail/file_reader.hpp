@@ -47,7 +47,8 @@ struct from_files_options {
   // file (a worker of interleave when it has workers): make it thread-safe there.
   std::function<void(const skipped_record&)> on_skip = nullptr;
   std::size_t chunk_bytes = 1 << 20;               // size of each read buffer
-  std::size_t read_ahead = 2;                      // chunks filled ahead by an I/O thread (0: none)
+  std::size_t read_ahead = 4;                      // chunks filled ahead by I/O threads (0: none)
+  std::size_t read_threads = 2;                    // I/O threads filling them (at most read_ahead)
   std::uint64_t max_record_bytes = 1ull << 30;     // largest record of a compressed stream
   compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib
 };
@@ -105,7 +106,7 @@ class file_reader {
   file_reader(const file_format& f, const from_files_options& o, std::shared_ptr<chunk_pool> pool)
       : fr_(make_framer(f, o.max_record_bytes)), compress_(o.compress) {
     s_.set_pool(std::move(pool));
-    s_.set_read_ahead(o.read_ahead);
+    s_.set_read_ahead(o.read_ahead, o.read_threads);
   }
 
   // Opens `path` and reads its header; with `first` set, checks its rows match (npy/idx).
