@@ -66,7 +66,7 @@ def main():
     p.add_argument("--hidden", default="256,128")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--replicas", type=int, default=None,
-                   help="ferry's host replicas (default: the program's own, half the cores)")
+                   help="ferry's host replicas (default: the program's own: one per core, at most batch / 64)")
     p.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     p.add_argument("--workers", type=int, default=None,
                    help="loader workers for both (default: 1 on cpu, min(8, cores/2) on gpu)")
