@@ -59,6 +59,30 @@ TEST_CASE("unordered parallel map yields a permutation of the mapped elements" *
   }
 }
 
+TEST_CASE("unordered parallel map | batch (the bulk path) yields every mapped element once" *
+          doctest::timeout(60)) {
+  watchdog w(60s);
+  for (std::size_t workers : {2, 3}) {
+    CAPTURE(workers);
+    std::vector<std::uint64_t> ids(3001);
+    std::iota(ids.begin(), ids.end(), 0);
+    auto p = ferry::from_range(std::move(ids)) |
+             ferry::map(work, {.workers = workers, .ordered = false, .window = 100}) | ferry::batch(64);
+    std::vector<std::uint64_t> got;
+    std::size_t batches = 0;
+    while (auto b = p.next()) {
+      ++batches;
+      for (auto x : b->field()) got.push_back(x);
+    }
+    CHECK(batches == 47);  // 46 full batches and one of 57
+    std::vector<std::uint64_t> expect(3001);
+    for (std::size_t i = 0; i < expect.size(); ++i) expect[i] = work(i);
+    std::sort(got.begin(), got.end());
+    std::sort(expect.begin(), expect.end());
+    CHECK(got == expect);
+  }
+}
+
 TEST_CASE("an exception in fn reaches the consumer at its element, original kept" * doctest::timeout(60)) {
   watchdog w(60s);
   struct boom : std::runtime_error {
