@@ -248,7 +248,6 @@ namespace detail {
 
 struct example_parser {
   const std::byte* base;
-  const std::byte* end;
   record_origin origin;
   example& ex;
   std::uint64_t seq = 0;
@@ -337,40 +336,41 @@ struct example_parser {
                      std::to_string(want) + ")");
   }
 
-  void parse(std::span<const std::byte> msg) {
-    const std::byte* p = msg.data();
-    while (p != end) {
-      const tag_t t = tag(p, end);
-      if (t.field == 1) {
-        expect_wire(t, 2, "Example.features");
-        features(delimited(p, end));
-      } else {
-        skip(t, p, end);
-      }
+  // Walks the fields of message m: on(t, p, stop) reads a field it knows (its tag already
+  // read, p at its body) and returns true; false leaves the field to skip(), as protobuf
+  // skips unknown fields.
+  template <class On>
+  void fields(std::span<const std::byte> m, On&& on) {
+    const std::byte* p = m.data();
+    const std::byte* const stop = p + m.size();
+    while (p != stop) {
+      const tag_t t = tag(p, stop);
+      if (!on(t, p, stop)) skip(t, p, stop);
     }
+  }
+
+  void parse(std::span<const std::byte> msg) {
+    fields(msg, [&](const tag_t& t, const std::byte*& p, const std::byte* stop) {
+      if (t.field != 1) return false;
+      expect_wire(t, 2, "Example.features");
+      features(delimited(p, stop));
+      return true;
+    });
   }
 
   void features(std::span<const std::byte> m) {
-    const std::byte* p = m.data();
-    const std::byte* stop = p + m.size();
-    while (p != stop) {
-      const tag_t t = tag(p, stop);
-      if (t.field == 1) {
-        expect_wire(t, 2, "Features.feature");
-        entry(delimited(p, stop));
-      } else {
-        skip(t, p, stop);
-      }
-    }
+    fields(m, [&](const tag_t& t, const std::byte*& p, const std::byte* stop) {
+      if (t.field != 1) return false;
+      expect_wire(t, 2, "Features.feature");
+      entry(delimited(p, stop));
+      return true;
+    });
   }
 
   void entry(std::span<const std::byte> m) {
-    const std::byte* p = m.data();
-    const std::byte* stop = p + m.size();
     feature f;
     f.seq_ = seq++;
-    while (p != stop) {
-      const tag_t t = tag(p, stop);
+    fields(m, [&](const tag_t& t, const std::byte*& p, const std::byte* stop) {
       if (t.field == 1) {
         expect_wire(t, 2, "Features.feature key");
         const auto k = delimited(p, stop);
@@ -379,22 +379,17 @@ struct example_parser {
         expect_wire(t, 2, "Features.feature value");
         value(delimited(p, stop), f);
       } else {
-        skip(t, p, stop);
+        return false;
       }
-    }
+      return true;
+    });
     ex.features_.push_back(f);
   }
 
   // One Feature message, merged into f (a value field seen twice in an entry merges).
   void value(std::span<const std::byte> m, feature& f) {
-    const std::byte* p = m.data();
-    const std::byte* stop = p + m.size();
-    while (p != stop) {
-      const tag_t t = tag(p, stop);
-      if (t.field < 1 || t.field > 3) {
-        skip(t, p, stop);
-        continue;
-      }
+    fields(m, [&](const tag_t& t, const std::byte*& p, const std::byte* stop) {
+      if (t.field < 1 || t.field > 3) return false;
       static constexpr const char* names[] = {"", "Feature.bytes_list", "Feature.float_list", "Feature.int64_list"};
       expect_wire(t, 2, names[t.field]);
       const auto body = delimited(p, stop);
@@ -410,59 +405,44 @@ struct example_parser {
       if (k == feature_kind::bytes_list) bytes_list(body, f);
       else if (k == feature_kind::int64_list) int64_list(body, f);
       else float_list(body, f);
-    }
+      return true;
+    });
   }
 
   void bytes_list(std::span<const std::byte> m, feature& f) {
-    const std::byte* p = m.data();
-    const std::byte* stop = p + m.size();
-    while (p != stop) {
-      const tag_t t = tag(p, stop);
-      if (t.field != 1) {
-        skip(t, p, stop);
-        continue;
-      }
+    fields(m, [&](const tag_t& t, const std::byte*& p, const std::byte* stop) {
+      if (t.field != 1) return false;
       expect_wire(t, 2, "BytesList.value");
       const auto v = delimited(p, stop);
       ex.bytes_.emplace_back(reinterpret_cast<const char*>(v.data()), v.size());
       ++f.n_;
-    }
+      return true;
+    });
   }
 
   void int64_list(std::span<const std::byte> m, feature& f) {
-    const std::byte* p = m.data();
-    const std::byte* stop = p + m.size();
-    while (p != stop) {
-      const tag_t t = tag(p, stop);
-      if (t.field != 1) {
-        skip(t, p, stop);
-        continue;
-      }
+    fields(m, [&](const tag_t& t, const std::byte*& p, const std::byte* stop) {
+      if (t.field != 1) return false;
       if (t.wire == 0) {
         ex.ints_.push_back(static_cast<std::int64_t>(varint(p, stop)));
         ++f.n_;
-      } else {
-        expect_wire(t, 2, "Int64List.value");
-        const auto run = delimited(p, stop);
-        const std::byte* q = run.data();
-        const std::byte* qe = q + run.size();
-        while (q != qe) {
-          ex.ints_.push_back(static_cast<std::int64_t>(varint(q, qe)));
-          ++f.n_;
-        }
+        return true;
       }
-    }
+      expect_wire(t, 2, "Int64List.value");
+      const auto run = delimited(p, stop);
+      const std::byte* q = run.data();
+      const std::byte* const qe = q + run.size();
+      while (q != qe) {
+        ex.ints_.push_back(static_cast<std::int64_t>(varint(q, qe)));
+        ++f.n_;
+      }
+      return true;
+    });
   }
 
   void float_list(std::span<const std::byte> m, feature& f) {
-    const std::byte* p = m.data();
-    const std::byte* stop = p + m.size();
-    while (p != stop) {
-      const tag_t t = tag(p, stop);
-      if (t.field != 1) {
-        skip(t, p, stop);
-        continue;
-      }
+    fields(m, [&](const tag_t& t, const std::byte*& p, const std::byte* stop) {
+      if (t.field != 1) return false;
       std::span<const std::byte> run;
       if (t.wire == 5) {
         need(p, stop, 4, "float value");
@@ -475,12 +455,12 @@ struct example_parser {
         if (run.size() % 4 != 0)
           fail(at, "packed float list of " + std::to_string(run.size()) + " bytes (not a multiple of 4)");
       }
-      if (run.empty()) continue;
+      if (run.empty()) return true;
       if (f.n_ == 0 && t.wire == 2) {  // the first run: a view into the record
         f.float_in_record_ = true;
         f.floats_ = run.data();
         f.n_ = run.size() / 4;
-        continue;
+        return true;
       }
       if (f.float_in_record_) {  // a second run: move the first into the example
         f.float_in_record_ = false;
@@ -489,7 +469,8 @@ struct example_parser {
       }
       ex.floats_.insert(ex.floats_.end(), run.begin(), run.end());
       f.n_ += run.size() / 4;
-    }
+      return true;
+    });
   }
 
   // Sorted by name; of equal names the last map entry wins.
@@ -516,7 +497,7 @@ struct parse_example_t {
     const record_origin o = r.origin();
     ex.rec_ = std::move(r);
     const auto bytes = ex.rec_.bytes();
-    detail::example_parser p{bytes.data(), bytes.data() + bytes.size(), o, ex};
+    detail::example_parser p{bytes.data(), o, ex};
     p.parse(bytes);
     p.finish();
     return ex;
@@ -525,7 +506,7 @@ struct parse_example_t {
   // `origin` (file "" reads "<memory>").
   example operator()(std::span<const std::byte> bytes, record_origin origin = {}) const {
     example ex;
-    detail::example_parser p{bytes.data(), bytes.data() + bytes.size(), origin, ex};
+    detail::example_parser p{bytes.data(), origin, ex};
     p.parse(bytes);
     p.finish();
     return ex;
