@@ -149,8 +149,10 @@ class read_ahead {
   ~read_ahead() { stop(); }
   static std::size_t headroom(std::size_t chunk_bytes) { return chunk_bytes / 16; }
 
-  // The next block, in file order; waits for the I/O threads.
+  // The next block, in file order; waits for the I/O threads. After the last block, an
+  // empty one (the end of the file).
   block take() {
+    if (taken_last_) return block{.last = true};
     std::unique_lock lk(m_);
     slot& sl = slots_[next_ % depth_];
     cv_.wait(lk, [&] { return sl.full; });
@@ -159,6 +161,7 @@ class read_ahead {
     ++next_;
     lk.unlock();
     cv_.notify_all();
+    taken_last_ = b.last;
     return b;
   }
 
@@ -234,6 +237,7 @@ class read_ahead {
   std::uint64_t next_ = 0;         // the block take() hands out next
   std::uint64_t claimed_ = 0;      // blocks claimed by the threads
   bool stop_ = false, done_ = false;
+  bool taken_last_ = false;        // the reader's: take() handed out the last block
   std::vector<std::thread> th_;
 };
 
@@ -258,7 +262,6 @@ class byte_stream {
       depth_ = o.depth_;
       threads_ = o.threads_;
       ra_ = std::move(o.ra_);
-      ra_done_ = std::exchange(o.ra_done_, false);
       path_ = std::move(o.path_);
       file_ = std::move(o.file_);
       fd_ = std::exchange(o.fd_, -1);
@@ -328,7 +331,6 @@ class byte_stream {
   }
   void close() noexcept {
     ra_.reset();  // joins the I/O threads before their fd goes
-    ra_done_ = false;
     if (z_live_) inflateEnd(&zs_);
     z_live_ = false;
     if (fd_ >= 0) ::close(fd_);
@@ -363,7 +365,6 @@ class byte_stream {
     if (target == offset()) return;
     if (!gz_) {
       ra_.reset();  // it was reading from the old position
-      ra_done_ = false;
       if (::lseek(fd_, static_cast<off_t>(target), SEEK_SET) < 0)
         throw io_error(path_, target, std::error_code(errno, std::generic_category()), "cannot seek");
       file_pos_ = target;
@@ -421,22 +422,14 @@ class byte_stream {
   // unconsumed tail copied into its headroom; a tail too large for that (a record longer
   // than the headroom) goes with the new bytes into a chunk that can hold n.
   void refill_ahead(std::size_t n) {
-    if (ra_done_) {  // the last block came before
-      ra_.reset();
-      ra_done_ = false;
-      eof_ = true;
-      return;
-    }
     if (!ra_) ra_ = std::make_unique<read_ahead>(fd_, file_pos_, depth_, threads_, pool_, file_);
     read_ahead::block b = ra_->take();
     if (b.err) {
       ra_.reset();
       std::rethrow_exception(b.err);
     }
-    ra_done_ = b.last;
     if (b.bytes == 0) {
       ra_.reset();
-      ra_done_ = false;
       eof_ = true;
       return;
     }
@@ -517,7 +510,6 @@ class byte_stream {
   std::shared_ptr<chunk_pool> pool_;
   std::size_t depth_ = 0, threads_ = 1;
   std::unique_ptr<read_ahead> ra_;
-  bool ra_done_ = false;  // ra_ handed out its last block
   std::string path_;
   std::shared_ptr<const std::string> file_;  // path_, shared with the chunks filled from it
   int fd_ = -1;
