@@ -22,14 +22,7 @@ struct idx {};
 
 namespace detail {
 
-struct idx_framer {
-  std::uint64_t max_record = 0;
-  array_meta m;
-  row_framer rows;
-
-  const array_meta* meta() const { return &m; }
-  void seek_rows(std::uint64_t r) { rows.done = r; }
-
+struct idx_framer : array_framer {
   void open(byte_stream& s) {
     const std::size_t got = s.ensure(4);
     if (got < 4) throw format_error(s.path(), 0, "truncated IDX header (" + std::to_string(got) + " bytes)");
@@ -66,10 +59,8 @@ struct idx_framer {
     m.rows = m.shape[0];
     m.row_bytes = row;
     s.consume(hdr);
-    rows = row_framer{m.rows, m.row_bytes, 0, "row"};
-    rows.check_row_limit(s, hdr, max_record);
+    start_rows(s, hdr);
   }
-  frame_status next(byte_stream& s, frame& f) { return rows.next(s, f); }
 };
 
 }  // namespace detail

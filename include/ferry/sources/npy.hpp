@@ -134,14 +134,7 @@ inline std::string parse_npy_header(std::string_view h, array_meta& m, bool& for
   return {};
 }
 
-struct npy_framer {
-  std::uint64_t max_record = 0;
-  array_meta m;
-  row_framer rows;
-
-  const array_meta* meta() const { return &m; }
-  void seek_rows(std::uint64_t r) { rows.done = r; }
-
+struct npy_framer : array_framer {
   void open(byte_stream& s) {
     const std::size_t got = s.ensure(10);
     const std::byte* p = s.data();
@@ -171,10 +164,8 @@ struct npy_framer {
     m = array_meta{};
     if (std::string err = parse_npy_header(h, m, fortran); !err.empty()) throw format_error(s.path(), prefix, err);
     s.consume(total);
-    rows = row_framer{m.rows, m.row_bytes, 0, "row"};
-    rows.check_row_limit(s, total, max_record);
+    start_rows(s, total);
   }
-  frame_status next(byte_stream& s, frame& f) { return rows.next(s, f); }
 };
 
 }  // namespace detail

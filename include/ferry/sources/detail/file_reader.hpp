@@ -87,8 +87,8 @@ inline framer make_framer(const file_format& f, std::uint64_t max_record) {
       [&](const auto& o) -> framer {
         using O = std::decay_t<decltype(o)>;
         if constexpr (std::is_same_v<O, tfrecord>) return tfrecord_framer{o, max_record};
-        else if constexpr (std::is_same_v<O, npy>) return npy_framer{max_record, {}, {}};
-        else if constexpr (std::is_same_v<O, idx>) return idx_framer{max_record, {}, {}};
+        else if constexpr (std::is_same_v<O, npy>) return npy_framer{{max_record, {}, {}}};
+        else if constexpr (std::is_same_v<O, idx>) return idx_framer{{max_record, {}, {}}};
         else if constexpr (std::is_same_v<O, fixed_length>) return fixed_framer{o, max_record};
         else return lines_framer{max_record};
       },

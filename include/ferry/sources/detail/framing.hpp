@@ -15,6 +15,7 @@
 #include <string>
 
 #include "ferry/error.hpp"
+#include "ferry/sources/array_meta.hpp"
 #include "ferry/sources/detail/byte_stream.hpp"
 
 namespace ferry::detail {
@@ -88,6 +89,24 @@ struct row_framer {
                          "a " + std::string(what) + " of " + std::to_string(row_bytes) + " bytes is larger than " +
                              (s.size() ? std::string("the data in the file (") + std::to_string(limit) + " bytes)"
                                        : "max_record_bytes (" + std::to_string(limit) + ")"));
+  }
+};
+
+// npy and IDX: a header describing the array (m), then its rows. Each format's open()
+// reads the header into m, consumes it and calls start_rows(header bytes).
+struct array_framer {
+  std::uint64_t max_record = 0;
+  array_meta m;
+  row_framer rows;
+
+  const array_meta* meta() const { return &m; }
+  void seek_rows(std::uint64_t r) { rows.done = r; }
+  frame_status next(byte_stream& s, frame& f) { return rows.next(s, f); }
+
+ protected:
+  void start_rows(const byte_stream& s, std::uint64_t header_bytes) {
+    rows = row_framer{m.rows, m.row_bytes, 0, "row"};
+    rows.check_row_limit(s, header_bytes, max_record);
   }
 };
 
