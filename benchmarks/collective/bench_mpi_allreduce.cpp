@@ -19,12 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "common/timing.hpp"
 #include "ferry/distributed.hpp"
 
 namespace {
-double now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using bench::now;
 }  // namespace
 
 int main(int argc, char** argv) {

@@ -17,23 +17,10 @@
 #include <span>
 #include <vector>
 
+#include "common/timing.hpp"
 #include "ferry/ferry.hpp"
 
 namespace {
-
-using clk = std::chrono::steady_clock;
-
-template <class F>
-double median_seconds(int reps, F&& f) {
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    auto a = clk::now();
-    f();
-    t.push_back(std::chrono::duration<double>(clk::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 // Consumes a batch the same way in both variants: a checksum the compiler cannot drop.
 inline std::uint64_t consume(const std::uint32_t* p, std::size_t n) {
@@ -54,7 +41,7 @@ int main(int argc, char** argv) {
   for (std::size_t i = 0; i < n; ++i) data[i] = static_cast<std::uint32_t>(i * 2654435761u);
 
   std::uint64_t ref = 0, got = 0;
-  const double loop_s = median_seconds(reps, [&] {
+  const double loop_s = bench::median_seconds(reps, [&] {
     std::vector<std::uint32_t> buf(bs);
     std::uint64_t s = 0;
     for (std::size_t i = 0; i < n; i += bs) {
@@ -64,7 +51,7 @@ int main(int argc, char** argv) {
     }
     ref = s;
   });
-  const double ferry_s = median_seconds(reps, [&] {
+  const double ferry_s = bench::median_seconds(reps, [&] {
     auto p = ferry::from_range(std::span<const std::uint32_t>(data)) |
              ferry::map([](std::uint32_t x) { return x + 1; }) | ferry::batch(bs);
     std::uint64_t s = 0;
@@ -83,13 +70,13 @@ int main(int argc, char** argv) {
     return ferry::from_range(std::span<const std::uint32_t>(data)) | ferry::batch(bs);
   };
   std::uint64_t s1 = 0, s2 = 0;
-  const double direct_s = median_seconds(reps, [&] {
+  const double direct_s = bench::median_seconds(reps, [&] {
     auto p = make();
     std::uint64_t s = 0;
     for (auto& b : p) s += consume(b.field().data(), b.size());
     s1 = s;
   });
-  const double prefetch_s = median_seconds(reps, [&] {
+  const double prefetch_s = bench::median_seconds(reps, [&] {
     auto p = make() | ferry::prefetch(4);
     std::uint64_t s = 0;
     for (auto& b : p) s += consume(b.field().data(), b.size());

@@ -19,12 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "common/timing.hpp"
 #include "ferry/sources/detail/crc32c.hpp"
 #include "ferry/sources/from_files.hpp"
 #include "ferry/stages/batch.hpp"
 
 namespace {
-double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
+using bench::now;
 
 std::string le(std::uint64_t v, int n) {
   std::string s;

@@ -21,25 +21,13 @@
 #include <thread>
 #include <vector>
 
+#include "common/timing.hpp"
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/map.hpp"
 
 namespace {
 
-using clk = std::chrono::steady_clock;
-
-template <class F>
-double median_seconds(int reps, F&& f) {
-  std::vector<double> t;
-  for (int r = 0; r < reps; ++r) {
-    const auto a = clk::now();
-    f();
-    t.push_back(std::chrono::duration<double>(clk::now() - a).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
 
 // splitmix64 rounds: cheap, branch-free, and the compiler cannot fold them away.
 inline std::uint32_t work(std::uint64_t x, unsigned rounds) {
@@ -122,16 +110,16 @@ int main(int argc, char** argv) {
     // would take over `budget_s` (a probe on n/64 elements tells), so a slow case cannot
     // make the sweep take minutes.
     const auto probe = d.first(std::max<std::size_t>(1, n / 64));
-    const auto t0 = clk::now();
+    const double t0 = bench::now();
     ferry_pipeline(probe, c.workers, c.batch, rounds);
-    const double probe_s = std::chrono::duration<double>(clk::now() - t0).count();
+    const double probe_s = bench::now() - t0;
     const double per_elem = probe_s / double(probe.size());
     const std::size_t m = std::clamp<std::size_t>(static_cast<std::size_t>(budget_s / std::max(per_elem, 1e-12)),
                                                    std::min<std::size_t>(n, 4096), n);
     const auto dm = d.first(m);
     std::uint64_t ref = 0, got = 0;
-    const double loop_s = median_seconds(reps, [&] { ref = hand_loop(dm, c.workers, c.batch, rounds); });
-    const double ferry_s = median_seconds(reps, [&] { got = ferry_pipeline(dm, c.workers, c.batch, rounds); });
+    const double loop_s = bench::median_seconds(reps, [&] { ref = hand_loop(dm, c.workers, c.batch, rounds); });
+    const double ferry_s = bench::median_seconds(reps, [&] { got = ferry_pipeline(dm, c.workers, c.batch, rounds); });
     const int wrong = got == ref ? 0 : 1;
     wrong_total += wrong;
     const double loop_ips = double(m) / loop_s, ferry_ips = double(m) / ferry_s, ratio = ferry_ips / loop_ips;
