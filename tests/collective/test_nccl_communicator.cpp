@@ -7,18 +7,15 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/cuda/runtime.hpp"
 #include "ferry/collective/nccl.hpp"
 
 int main() {
-  int driver = 0, count = 0;
-  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
-    std::printf("SKIP: no CUDA driver on this machine\n");
+  if (!ferry::cuda::available()) {
+    std::printf("SKIP: no usable CUDA device: %s\n", ferry::cuda::unavailable_reason().c_str());
     return 77;
   }
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIP: no usable CUDA device\n");
-    return 77;
-  }
+  const int count = ferry::cuda::device_count();
   std::vector<int> devs;
   for (int d = 0; d < count; ++d) devs.push_back(d);
   auto comms = ferry::nccl_communicator::local(devs);

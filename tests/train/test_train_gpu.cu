@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "ferry/cuda/runtime.hpp"
 #include "ferry/collective/nccl.hpp"
 #include "ferry/cuda/devices.hpp"
 #include "ferry/sources/from_range.hpp"
@@ -58,15 +59,11 @@ static T* to_device(const std::vector<T>& v) {
 }
 
 int main() {
-  int driver = 0, count = 0;
-  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
-    std::printf("SKIP: no CUDA driver on this machine\n");
+  if (!ferry::cuda::available()) {
+    std::printf("SKIP: no usable CUDA device: %s\n", ferry::cuda::unavailable_reason().c_str());
     return 77;
   }
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("SKIP: no usable CUDA device\n");
-    return 77;
-  }
+  const int count = ferry::cuda::device_count();
   const int dim = 32, classes = 5, B = 64, steps = 60;
   const tr::mlp_config cfg{{dim, 48, 24, classes}, {1.0f, 2.0f, 0.5f, 1.0f, 1.5f}};
   const data d = blobs(B * steps, dim, classes, 3);
