@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/doubles.hpp"
+#include "cuda/elements.hpp"
 #include "ferry/memory/pinned.hpp"
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
@@ -20,16 +21,8 @@
 #include "ferry/stages/prefetch.hpp"
 
 using namespace std::chrono_literals;
-using elem = std::tuple<std::uint32_t, std::array<float, 3>>;
 
 namespace {
-
-std::vector<elem> make_data(std::uint32_t n) {
-  std::vector<elem> v;
-  for (std::uint32_t i = 0; i < n; ++i)
-    v.emplace_back(i + 1, std::array<float, 3>{float(i), float(i) * 0.5f, -float(i)});
-  return v;
-}
 
 std::string name(ferry::remainder_policy p) {
   switch (p) {

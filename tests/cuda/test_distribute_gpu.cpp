@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/doubles.hpp"
+#include "cuda/elements.hpp"
 #include "ferry/cuda/devices.hpp"
 #include "gpu_kernels.hpp"
 #include "ferry/cuda/runtime.hpp"
@@ -32,18 +33,6 @@ extern std::atomic<long> device_syncs, stream_syncs, event_syncs;  // sync_count
 }
 
 using namespace std::chrono_literals;
-using elem = std::tuple<std::uint32_t, std::array<float, 3>>;
-
-namespace {
-
-std::vector<elem> make_data(std::uint32_t n) {
-  std::vector<elem> v;
-  for (std::uint32_t i = 0; i < n; ++i)
-    v.emplace_back(i + 1, std::array<float, 3>{float(i), float(i) * 0.5f, -float(i)});
-  return v;
-}
-
-}  // namespace
 
 TEST_CASE("device contents equal the host batch, byte for byte, for every policy" *
           doctest::timeout(60)) {
