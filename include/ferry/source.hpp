@@ -63,6 +63,18 @@ concept bulk_source = source<S> &&
       { s.next_bulk(out) } -> std::same_as<std::size_t>;
     };
 
+struct borrowed_records;  // ferry/sources/record.hpp
+
+// Optional fast path of record sources (from_files): next_borrowed(out, max) appends the
+// next records (at most max; fewer only at the end of the epoch) to `out` as views that
+// stay valid until out.clear(), and returns how many. batch() of records uses it: it
+// copies the bytes at once, so it needs no reference per record.
+template <class S>
+concept borrowing_source =
+    source<S> && requires(std::remove_cvref_t<S>& s, borrowed_records& out, std::size_t max) {
+      { s.next_borrowed(out, max) } -> std::same_as<std::size_t>;
+    };
+
 // ---- range-for ------------------------------------------------------------------------
 
 // An input iterator over a source: holds the current element. Used by range-for.

@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -286,13 +287,26 @@ void note_next(stage_counters& c, const char* kind, ticks t0, const Opt& e) noex
   if (tracing()) record(kind, t0, t1);
 }
 
-template <class T>
-void note_bulk(stage_counters& c, const char* kind, ticks t0, std::span<const T> out) noexcept {
+inline void note_count(stage_counters& c, const char* kind, ticks t0, std::uint64_t elements,
+                       std::uint64_t bytes) noexcept {
   const ticks t1 = now();
-  c.elements.add(out.size());
-  c.bytes.add(bytes_of(out));
+  c.elements.add(elements);
+  c.bytes.add(bytes);
   note_span(c, t0, t1);
   if (tracing()) record(kind, t0, t1);
+}
+
+template <class T>
+void note_bulk(stage_counters& c, const char* kind, ticks t0, std::span<const T> out) noexcept {
+  note_count(c, kind, t0, out.size(), bytes_of(out));
+}
+
+// After an observed next_borrowed(): the views it appended.
+inline void note_borrowed(stage_counters& c, const char* kind, ticks t0,
+                          std::span<const std::span<const std::byte>> views) noexcept {
+  std::uint64_t bytes = 0;
+  for (auto v : views) bytes += v.size();
+  note_count(c, kind, t0, views.size(), bytes);
 }
 
 #if defined(__GNUC__)
@@ -378,6 +392,15 @@ struct upstream_probe {
     note_bulk(c, "source", t0, v);
     return v;
   }
+  template <class Out>
+  std::size_t pull_borrowed(Up& up, Out& out, std::size_t max) {
+    if (!on()) [[likely]]
+      return up.next_borrowed(out, max);
+    const ticks t0 = now();
+    const std::size_t first = out.views.size(), n = up.next_borrowed(out, max);
+    note_borrowed(c, "source", t0, std::span(out.views).subspan(first, n));
+    return n;
+  }
   void visit(const Up&, stage_visitor& v) const { v.add("source", c, stage_mode::source_stage, 1); }
 };
 template <observable Up>
@@ -388,6 +411,10 @@ struct upstream_probe<Up> {
     return up.next_bulk(out);
   }
   auto pull_view(Up& up, std::size_t max) { return up.next_view(max); }
+  template <class Out>
+  std::size_t pull_borrowed(Up& up, Out& out, std::size_t max) {
+    return up.next_borrowed(out, max);
+  }
   void visit(const Up& up, stage_visitor& v) const { up.visit_stages(v); }
 };
 

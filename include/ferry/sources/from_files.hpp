@@ -15,6 +15,8 @@
 // reference to it (ferry::record), valid until the record and its copies are destroyed.
 // Only a record larger than a chunk needs a larger chunk, and never larger than what is
 // left in the file (or max_record_bytes for compressed streams, whose size is unknown).
+// batch() takes records through next_borrowed (borrowing_source): views, with one chunk
+// reference per chunk, copied into the batch at once.
 // Nothing is opened until the first next(). After the end, next() returns nullopt until
 // rewind().
 // Read-ahead: a plain regular file with more than two chunks left is read by
@@ -67,18 +69,49 @@ class file_source : public source_interface<file_source> {
   std::optional<record> next() {
     return observe::observed_next(stats_, "from_files", [&] { return next_impl(); });
   }
+  // The borrowing_source fast path (source.hpp): the next records as views, one chunk
+  // reference per chunk instead of one per record. Throws as next() does; the records
+  // appended before a throw stay in `out`.
+  std::size_t next_borrowed(borrowed_records& out, std::size_t max) {
+    if (!observe::on()) [[likely]]
+      return borrow(out, max);
+    const observe::ticks t0 = observe::now();
+    const std::size_t first = out.views.size(), n = borrow(out, max);
+    observe::note_borrowed(stats_, "from_files", t0, std::span(out.views).subspan(first, n));
+    return n;
+  }
   void visit_stages(observe::stage_visitor& v) const {
     v.add("from_files", stats_, observe::stage_mode::source_stage, 1);
   }
 
  private:
   std::optional<record> next_impl() {
+    record r;
+    if (!advance([&](const std::shared_ptr<chunk>& c, std::span<const std::byte> bytes, std::uint64_t offset,
+                     std::uint32_t head) {
+          r = record(std::shared_ptr<const std::byte>(c, bytes.data()), bytes.size(), c->file.get(), offset, head);
+        }))
+      return std::nullopt;
+    return r;
+  }
+  std::size_t borrow(borrowed_records& out, std::size_t max) {
+    std::size_t n = 0;
+    const auto emit = [&](const std::shared_ptr<chunk>& c, std::span<const std::byte> bytes, std::uint64_t,
+                          std::uint32_t) { out.add(c, bytes); };
+    while (n < max && advance(emit)) ++n;
+    return n;
+  }
+
+  // Moves to the next record and hands its place to emit (see file_reader::next_with);
+  // false at the end of the epoch. Applies the error policy.
+  template <class Emit>
+  bool advance(const Emit& emit) {
     for (;;) {
-      if (done_) return std::nullopt;
+      if (done_) return false;
       if (!reader_.is_open()) {
         if (fi_ >= files_.size()) {
           done_ = true;
-          return std::nullopt;
+          return false;
         }
         try {
           reader_.open(files_[fi_], first_meta_);
@@ -93,18 +126,17 @@ class file_source : public source_interface<file_source> {
           continue;
         }
       }
-      record r;
       skipped_record bad;
       frame_status st;
       try {
-        st = reader_.next(r, bad);
+        st = reader_.next_with(bad, emit);
       } catch (const ferry::error& e) {
         reader_.close();
         ++fi_;
         on_bad(e);
         continue;
       }
-      if (st == frame_status::record) return r;
+      if (st == frame_status::record) return true;
       if (st == frame_status::end) {
         reader_.close();
         ++fi_;

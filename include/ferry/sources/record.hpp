@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 namespace ferry {
 
@@ -62,6 +63,29 @@ class record {
   const std::string* file_ = nullptr;
   std::uint64_t off_ = 0;
   std::uint32_t head_ = 0;
+};
+
+// Records lent without a reference each (see borrowing_source in ferry/source.hpp): views
+// of their bytes, plus one reference to each block of storage (a read chunk) the views
+// point into, which keeps every view valid until clear(). What batch() of records uses,
+// since it copies the bytes at once: a record's own reference is an atomic increment and
+// decrement per record, the larger part of reading 128-byte records.
+struct borrowed_records {
+  std::vector<std::span<const std::byte>> views;
+  std::vector<std::shared_ptr<const void>> owners;
+
+  std::size_t size() const noexcept { return views.size(); }
+  void clear() noexcept {
+    views.clear();
+    owners.clear();
+  }
+  // Adds a view into storage owned by `owner`, taking a reference only when the owner is
+  // not the previous view's. Throws std::bad_alloc.
+  template <class T>
+  void add(const std::shared_ptr<T>& owner, std::span<const std::byte> v) {
+    if (owners.empty() || owners.back().get() != static_cast<const void*>(owner.get())) owners.emplace_back(owner);
+    views.push_back(v);
+  }
 };
 
 }  // namespace ferry

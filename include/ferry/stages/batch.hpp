@@ -9,7 +9,9 @@
 // a field that is a contiguous range of trivially-copyable values (std::vector<float>,
 // std::string, std::span<const std::byte>, a record view) becomes a ragged field: one
 // contiguous value buffer plus n+1 offsets. Fixed-size fields are written straight into
-// their buffer as elements arrive (no per-element allocation, no second copy).
+// their buffer as elements arrive (no per-element allocation, no second copy). Records
+// from a borrowing_source (from_files) are lent as views and copied at once, with no
+// reference per record.
 //
 // Buffers come from a std::pmr::memory_resource, by default a buffer_pool private to the
 // stage, so batches in steady state reuse the same memory. The hook
@@ -37,6 +39,7 @@
 #include "ferry/memory/buffer.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
+#include "ferry/sources/record.hpp"
 
 namespace ferry {
 
@@ -235,6 +238,27 @@ struct batch_collator {
     ++b.n_;
   }
 
+  // A single ragged field of bytes (ferry::record) from views of each element's bytes.
+  B collate_bytes(const std::shared_ptr<std::pmr::memory_resource>& res,
+                  std::span<const std::span<const std::byte>> elems) const
+    requires(nf == 1 && B::template is_ragged<0> &&
+             std::same_as<std::ranges::range_value_t<typename B::template field_t<0>>, std::byte>)
+  {
+    B b;
+    const std::size_t n = elems.size();
+    b.ragged_[0] = true;
+    b.elem_bytes_[0] = 1;
+    b.offsets_[0] = buffer(res, (n + 1) * sizeof(std::uint64_t));
+    auto* off = reinterpret_cast<std::uint64_t*>(b.offsets_[0].data());
+    off[0] = 0;
+    for (std::size_t i = 0; i < n; ++i) off[i + 1] = off[i] + elems[i].size();
+    b.data_[0] = buffer(res, off[n]);
+    for (std::size_t i = 0; i < n; ++i)
+      if (!elems[i].empty()) std::memcpy(b.data_[0].data() + off[i], elems[i].data(), elems[i].size());
+    b.n_ = n;
+    return b;
+  }
+
   // Any types: all elements at hand, sizes known, one allocation per buffer.
   B collate(const std::shared_ptr<std::pmr::memory_resource>& res, std::span<T> elems) const {
     B b;
@@ -339,6 +363,17 @@ class batch_source : public source_interface<batch_source<Up>> {
       collator_.set_size(b, k);
       if (k == 0 || (drop_ && k < n_)) return std::nullopt;
       return b;
+    } else if constexpr (borrowing_source<Up> && std::same_as<T, record>) {
+      // Records lent as views: copied into the batch at once, so no reference per record.
+      borrowed_.clear();
+      probe_.pull_borrowed(up_, borrowed_, n_);
+      if (borrowed_.size() == 0 || (drop_ && borrowed_.size() < n_)) {
+        borrowed_.clear();
+        return std::nullopt;
+      }
+      value_type b = collator_.collate_bytes(res_, borrowed_.views);
+      borrowed_.clear();
+      return b;
     } else if constexpr (batch_collator<T>::all_fixed) {
       value_type b = collator_.start(res_, n_);
       while (b.size() < n_) {
@@ -366,6 +401,7 @@ class batch_source : public source_interface<batch_source<Up>> {
   std::shared_ptr<std::pmr::memory_resource> res_;
   batch_collator<T> collator_;
   std::vector<T> hold_;  // ragged types only; capacity reused batch to batch
+  borrowed_records borrowed_;  // records from a borrowing_source; likewise
   observe::stage_counters stats_;
   [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };

@@ -152,7 +152,7 @@ class read_ahead {
   // The next block, in file order; waits for the I/O threads. After the last block, an
   // empty one (the end of the file).
   block take() {
-    if (taken_last_) return block{.last = true};
+    if (taken_last_) return block{.c = nullptr, .start = 0, .bytes = 0, .last = true, .err = nullptr};
     std::unique_lock lk(m_);
     slot& sl = slots_[next_ % depth_];
     cv_.wait(lk, [&] { return sl.full; });

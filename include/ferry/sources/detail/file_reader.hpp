@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
@@ -144,12 +145,20 @@ class file_reader {
 
   // Throws format_error / io_error when the rest of the file cannot be read.
   frame_status next(record& out, skipped_record& bad) {
+    return next_with(bad, [&](const std::shared_ptr<chunk>& c, std::span<const std::byte> bytes,
+                              std::uint64_t offset, std::uint32_t head) {
+      out = record(std::shared_ptr<const std::byte>(c, bytes.data()), bytes.size(), c->file.get(), offset, head);
+    });
+  }
+  // The same, handing emit(chunk, bytes, offset, header bytes) the record's place instead
+  // of a record: the bytes stay valid while the caller holds a reference to the chunk.
+  template <class Emit>
+  frame_status next_with(skipped_record& bad, Emit&& emit) {
     frame f;
     frame_status st = std::visit([&](auto& fr) { return fr.next(s_, f); }, fr_);
     if (st == frame_status::record) {
-      const std::shared_ptr<chunk>& c = s_.current_chunk();
-      out = record(std::shared_ptr<const std::byte>(c, f.out.data()), f.out.size(), c->file.get(), s_.offset(),
-                   static_cast<std::uint32_t>(f.out.data() - s_.data()));
+      emit(s_.current_chunk(), std::span<const std::byte>(f.out), s_.offset(),
+           static_cast<std::uint32_t>(f.out.data() - s_.data()));
       s_.consume(f.advance);
       ++rec_;
     } else if (st == frame_status::bad_record) {
