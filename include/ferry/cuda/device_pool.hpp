@@ -4,8 +4,9 @@
 // out again at once: acquire(bytes, s) makes stream `s` wait for that event on the GPU
 // (cudaStreamWaitEvent), so the new copy into the block runs only after the last user's
 // work, and the host never waits. In steady state nothing is allocated: blocks and events
-// are cached. Blocks are reused oldest-released first, so a copy for step k+1 waits for
-// step k-1's work, not for step k's (which is what lets it overlap step k). One pool per replica (its device is made current inside).
+// are cached. Blocks are reused oldest-released first, so a copy waits for the work of the
+// oldest released step, not for the step being computed (which is what lets it overlap
+// that step). One pool per replica (its device is made current inside).
 //
 // Thread-safe. acquire/take_event throw ferry::cuda_error; release/give_event and the
 // destructor never throw (the destructor waits for pending release events, then frees).

@@ -18,9 +18,21 @@
 // copy into that block waits (on the GPU) for the event. So: enqueue all work that reads
 // step k on rb.stream() (or on streams that rb.stream() waits for) before asking for step
 // k+1; work enqueued after that may see the block overwritten. The host batch is kept
-// until the copies out of it have finished (polled with cudaEventQuery, never waited for
-// on the host), then returned to the pinned pool. Copies of step k+1 are enqueued while
-// the GPU still runs step k's work, so they overlap it.
+// until the copies out of it have finished (polled with cudaEventQuery), then returned
+// to the pinned pool.
+//
+// Overlap. With distribute_options::steps_ahead = 1 (the default) step k+1 is made, its
+// copies enqueued, when step k is handed out, so they run while the GPU works on step k,
+// even when the consumer waits on the host for each step's result. Step k+1 reuses the
+// block of step k-1 (released as step k is handed out): its copy waits, on the GPU, for
+// step k-1's work and runs beside step k's. Two blocks per replica in steady state.
+// With steps_ahead = 0 step k+1 is made when asked for: its copy overlaps step k's work
+// only if step k is still alive then (range-for keeps it) and the host has not waited
+// for that work.
+//
+// Backpressure. When more than `max_pending` released steps still have copies in flight
+// (the host is that far ahead of the GPU), next() waits on the host for the oldest copy
+// to finish, so pinned memory stays bounded; a GPU that keeps up never makes it wait.
 //
 // Streams: by default ferry creates one non-blocking copy stream and one non-blocking
 // compute stream per replica; pass compute streams of your own in `compute_streams`
@@ -38,6 +50,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <initializer_list>
 #include <utility>
 #include <vector>
@@ -67,6 +80,7 @@ namespace ferry::cuda {
 struct devices {
   std::vector<int> ordinals;
   std::vector<void*> compute_streams;  // cudaStream_t each; empty: ferry's own streams
+  std::size_t max_pending = 4;         // released steps with copies in flight (backpressure)
 
   devices(std::initializer_list<int> ids) : ordinals(ids) {}
   explicit devices(std::vector<int> ids, std::vector<void*> streams = {})
@@ -167,6 +181,22 @@ class devices_state {
     std::lock_guard lk(m_);
     return pending_.size();
   }
+  // Backpressure: while more than `limit` host batches have copies in flight, waits on the
+  // host for the oldest. Returns how many it waited for.
+  std::size_t wait_while_more_than(std::size_t limit) {
+    std::size_t waited = 0;
+    for (;;) {
+      std::vector<std::pair<std::size_t, cudaEvent_t>> oldest;
+      {
+        std::lock_guard lk(m_);
+        if (pending_.size() <= limit) return waited;
+        oldest = pending_.front().copies;
+      }
+      for (auto [r, e] : oldest) FERRY_CUDA_TRY(cudaEventSynchronize(e));
+      ++waited;
+      poll();
+    }
+  }
 
  private:
   static bool copies_done(const deferred& d) noexcept {
@@ -242,7 +272,10 @@ class devices_lease final : public ::ferry::detail::step_lease {
 
 class devices_backend {
  public:
-  explicit devices_backend(const devices& d) : ord_(d.ordinals), streams_(d.compute_streams) {
+  static constexpr bool copies_to_devices = true;  // distribute() makes steps ahead
+
+  explicit devices_backend(const devices& d)
+      : ord_(d.ordinals), streams_(d.compute_streams), max_pending_(d.max_pending) {
     if (ord_.empty()) throw config_error("distribute(cuda::devices{}): list at least one device");
     if (!available())
       throw config_error("distribute(cuda::devices): no usable CUDA device (" + unavailable_reason() +
@@ -267,6 +300,7 @@ class devices_backend {
     constexpr std::size_t nf = batch_of<T>::field_count;
     if (!st_) st_ = std::make_shared<devices_state>(ord_, streams_);
     st_->poll();
+    backpressure_waits_ += st_->wait_while_more_than(max_pending_);
 
     // One block per replica, each field's full per-replica rows at an aligned offset:
     // every step asks for the same size, so the pool always reuses.
@@ -311,10 +345,14 @@ class devices_backend {
     return st_ ? st_->at(r).pool->statistics() : device_buffer_pool::stats{};
   }
   std::size_t pending_host_batches() const { return st_ ? st_->pending_host_batches() : 0; }
+  // Times next() waited on the host because the GPU was max_pending steps behind.
+  std::uint64_t backpressure_waits() const noexcept { return backpressure_waits_; }
 
  private:
   std::vector<int> ord_;
   std::vector<void*> streams_;
+  std::size_t max_pending_;
+  std::uint64_t backpressure_waits_ = 0;
   std::shared_ptr<devices_state> st_;  // created by the first step (nothing runs before)
 };
 

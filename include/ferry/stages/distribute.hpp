@@ -40,7 +40,10 @@
 // collates straight into it and each row is written once and copied to the GPU from there.
 //
 // Order: steps come in upstream order; within a step replica r holds the r-th slice.
-// save/restore/rewind forward to the upstream (plus this stage's step counter).
+// save/restore/rewind forward to the upstream (plus this stage's step counter); a step
+// made ahead (steps_ahead) is not part of the saved position: a restore makes it again.
+// Errors: an upstream error met while making a step ahead is thrown by the next() that
+// would have returned that step, so errors come in the same place in the sequence.
 // Runs on the thread calling next(). Throws config_error as above, cuda_error from the
 // CUDA backend; upstream errors propagate unchanged.
 #pragma once
@@ -50,6 +53,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <memory_resource>
 #include <optional>
@@ -76,6 +80,11 @@ struct distribute_options {
   std::size_t global_batch = 0;
   // Where batch() collates; null means the backend's default (pinned pool for CUDA).
   std::shared_ptr<std::pmr::memory_resource> host_resource = nullptr;
+  // Backends that copy (CUDA): 1 makes step k+1 (its copies enqueued) when handing out
+  // step k, so the copy runs beside step k's compute even when the consumer waits for
+  // each step's result on the host (a trainer reading its loss); 0 makes each step when
+  // asked for. Host replicas copy nothing and ignore it. Anything else is a config_error.
+  std::size_t steps_ahead = 1;
 };
 
 // The host backend's tag: n replicas whose batches stay in host memory.
@@ -287,9 +296,14 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
                          "elements, and this element type is not default-constructible; "
                          "use drop or partial");
     if (o_.global_batch != 0) check_global(o_.global_batch);
+    if (o_.steps_ahead > 1)
+      throw config_error("distribute: steps_ahead must be 0 or 1 (got " + std::to_string(o_.steps_ahead) + ")");
   }
   distribute_source(distribute_source&&) = default;
-  ~distribute_source() { release_previous(); }
+  ~distribute_source() {
+    ahead_.reset();
+    release_previous();
+  }
 
   std::optional<value_type> next() {
     return observe::observed_next(stats_, "distribute", [&] { return next_impl(); });
@@ -300,9 +314,48 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   }
 
  private:
+  static constexpr bool backend_copies = requires { Backend::copies_to_devices; };
+
   std::optional<value_type> next_impl() {
     if (!started_) start();
-    release_previous();
+    if (!backend_copies || o_.steps_ahead == 0) {
+      // Made before the previous step is released, so the new step's blocks are not the
+      // ones the consumer's work on the previous step still reads.
+      std::optional<value_type> s = make_next();
+      release_previous();
+      if (s) last_ = step_access::lease(*s);
+      return s;
+    }
+    if (ahead_error_) {  // met while making this step ahead: thrown where the step would be
+      release_previous();
+      std::rethrow_exception(std::exchange(ahead_error_, nullptr));
+    }
+    if (!have_ahead_) {  // the first step, or the first after an error or a rewind
+      release_previous();
+      ahead_ = make_next();
+    }
+    have_ahead_ = false;
+    if (!ahead_) return std::nullopt;
+    value_type out = std::move(*ahead_);
+    ahead_.reset();
+    release_previous();  // the consumer has enqueued its work on the step before
+    last_ = step_access::lease(out);
+    if constexpr (resumable_source<Up>) {  // the position after `out`, for save()
+      delivered_.words.clear();
+      state_writer w(delivered_);
+      up_.save(w);
+    }
+    try {
+      ahead_ = make_next();
+      have_ahead_ = true;
+    } catch (...) {
+      ahead_error_ = std::current_exception();
+    }
+    return out;
+  }
+
+  // Pulls the next batch (skipping dropped ones) and has the backend make its step.
+  std::optional<value_type> make_next() {
     const std::size_t R = be_.replicas();
     for (;;) {
       std::optional<in_t> b = probe_.pull(up_);
@@ -337,8 +390,8 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       }
       auto host = std::make_shared<const in_t>(std::move(*b));
       cuda::nvtx_range range("ferry distribute: copy to replicas");
-      value_type s = be_.template make_step<T>(std::move(host), slices_, per, index_++);
-      last_ = step_access::lease(s);
+      value_type s = be_.template make_step<T>(std::move(host), slices_, per, index_);
+      ++index_;  // counts steps made, not attempts
       return s;
     }
   }
@@ -347,6 +400,9 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   void rewind()
     requires rewindable_source<Up>
   {
+    ahead_.reset();
+    have_ahead_ = false;
+    ahead_error_ = nullptr;
     release_previous();
     up_.rewind();
     index_ = 0;
@@ -354,9 +410,13 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   void save(state_writer& w) const
     requires resumable_source<Up>
   {
-    up_.save(w);
+    const bool ahead = have_ahead_ || ahead_error_;
+    if (ahead)
+      w.put_words(delivered_.words);  // upstream has been pulled one batch further
+    else
+      up_.save(w);
     w.tag("distribute");
-    w.put(index_);
+    w.put(ahead && ahead_ ? index_ - 1 : index_);
   }
   void restore(state_reader& r)
     requires resumable_source<Up>
@@ -428,6 +488,10 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   std::shared_ptr<std::pmr::memory_resource> res_;
   std::vector<replica_slice> slices_;
   std::weak_ptr<step_lease> last_;
+  std::optional<value_type> ahead_;  // the step made ahead (or the end, nullopt)
+  bool have_ahead_ = false;
+  std::exception_ptr ahead_error_;
+  pipeline_state delivered_;  // upstream position after the last step handed out
   std::size_t global_ = 0;
   std::uint64_t index_ = 0;
   std::uint64_t dropped_ = 0;

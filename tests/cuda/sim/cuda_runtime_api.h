@@ -1,0 +1,123 @@
+// A simulated CUDA runtime for testing ferry's CUDA backend on machines without a GPU.
+//
+// It declares the part of the runtime API that ferry's host-side CUDA code calls
+// (streams, events, cudaMemcpyAsync, cudaMalloc, cudaHostAlloc) and implements it in
+// sim_cudart.cpp as a model of the stream semantics: each stream is a queue of work that
+// runs later, in an order the simulator picks at random among the work whose waits are
+// satisfied; an event completes when the work recorded before it has run. Copies read
+// their source when they run, so reusing a host buffer too early shows up as wrong data.
+// Every operation carries a vector clock, so the simulator can say whether one piece of
+// work is ordered before another (sim::happens_before) and reports two accesses to the
+// same device bytes that are not ordered, at least one a write (sim::violations()).
+//
+// It is no substitute for a GPU (no kernels, no timing, no real copy engine), but it
+// checks the ordering logic, which a GPU test would only catch when timing happens to
+// expose it. Only tests/cuda's sim tests use it, through this include directory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorCudartUnloading = 4,
+  cudaErrorInsufficientDriver = 35,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
+  cudaErrorIllegalAddress = 700,
+};
+enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+
+struct CUstream_st;
+struct CUevent_st;
+using cudaStream_t = CUstream_st*;
+using cudaEvent_t = CUevent_st*;
+
+#define cudaStreamNonBlocking 0x01
+#define cudaEventDefault 0x00
+#define cudaEventDisableTiming 0x02
+#define cudaHostAllocPortable 0x01
+
+cudaError_t cudaDriverGetVersion(int* v);
+cudaError_t cudaGetDeviceCount(int* n);
+cudaError_t cudaGetDevice(int* d);
+cudaError_t cudaSetDevice(int d);
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorName(cudaError_t e);
+const char* cudaGetErrorString(cudaError_t e);
+cudaError_t cudaDeviceSynchronize();
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventQuery(cudaEvent_t e);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b);
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind k, cudaStream_t s = nullptr);
+cudaError_t cudaMalloc(void** p, std::size_t n);
+cudaError_t cudaFree(void* p);
+cudaError_t cudaHostAlloc(void** p, std::size_t n, unsigned flags);
+cudaError_t cudaFreeHost(void* p);
+
+// ---- the simulator's controls, for tests -----------------------------------------------
+namespace sim {
+
+using op_id = std::uint64_t;  // 0: none
+
+struct counters {
+  std::uint64_t host_waits = 0;        // cudaEventSynchronize / cudaStreamSynchronize / cudaDeviceSynchronize
+  std::uint64_t device_allocs = 0;     // cudaMalloc
+  std::uint64_t host_allocs = 0;       // cudaHostAlloc
+  std::uint64_t copies = 0;            // cudaMemcpyAsync
+  std::uint64_t live_device_blocks = 0;
+  std::uint64_t live_streams = 0;
+  std::uint64_t live_events = 0;
+  std::uint64_t pending_ops = 0;       // enqueued, not yet run
+};
+
+inline constexpr int device_count = 2;  // the simulated machine's GPUs
+
+// Starts afresh (call with no ferry CUDA object alive): random choices from `seed`.
+// `progress` is how much work the simulated GPU runs, at random, each time the host calls
+// into the runtime: 0 means only when the host waits (a GPU that lags as far behind as it
+// is allowed to); larger means a GPU that keeps up.
+void reset(std::uint64_t seed, int progress);
+counters stats();
+// Problems seen: unordered accesses to the same device bytes, frees of memory that pending
+// work uses, calls on objects of the wrong device, deadlocks. Empty when all went well.
+const std::vector<std::string>& violations();
+void clear_violations();
+
+// A kernel: `run` executes when the simulator runs it (on the host, later); `reads` and
+// `writes` are the device ranges it touches, checked for races. Enqueued on `s`, whose
+// device must be current (as for a real launch). Returns its id.
+struct range {
+  const void* p;
+  std::size_t n;
+};
+op_id launch(cudaStream_t s, std::string label, std::vector<range> reads, std::vector<range> writes,
+             std::function<void()> run);
+// The last copy enqueued that writes the byte at p (0 when none).
+op_id last_copy_into(const void* p);
+// Whether a is ordered before b by streams, events and what the host observed.
+bool happens_before(op_id a, op_id b);
+bool done(op_id a);
+// Runs everything enqueued so far (what cudaDeviceSynchronize does, uncounted).
+void drain();
+// Makes the n-th cudaMemcpyAsync from now (1 = the next) fail with `status`.
+void fail_copy(int n, cudaError_t status);
+
+}  // namespace sim

@@ -1,0 +1,527 @@
+// The simulated CUDA runtime (see cuda_runtime_api.h): streams as queues of deferred work
+// run in a random order that respects stream order and event waits, vector clocks for
+// "is this ordered before that", and a race check on device memory.
+#include "cuda_runtime_api.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace {
+
+using clock_t_ = std::vector<std::uint64_t>;  // one entry per stream ever created
+
+enum class kind { copy, kernel, record, wait };
+
+struct op {
+  sim::op_id id = 0;
+  CUstream_st* stream = nullptr;
+  kind k = kind::kernel;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  std::size_t n = 0;
+  std::function<void()> run;
+  sim::op_id waits_for = 0;
+  clock_t_ clock;
+  bool done = false;
+  std::string label;
+};
+
+struct mem_access {
+  sim::op_id op;
+  std::uintptr_t lo, hi;
+  bool write;
+};
+
+struct device_block {
+  std::size_t bytes;
+  int device;
+  std::vector<mem_access> accesses;
+};
+
+}  // namespace
+
+struct CUstream_st {
+  std::size_t idx;
+  int device;
+  std::deque<op*> q;
+  clock_t_ clock;
+  bool alive = true;
+};
+struct CUevent_st {
+  int device;
+  sim::op_id recorded = 0;
+  clock_t_ clock;
+  bool alive = true;
+};
+
+namespace {
+
+struct state {
+  std::recursive_mutex m;
+  std::vector<std::unique_ptr<op>> ops;  // ops[id - 1]
+  std::vector<std::unique_ptr<CUstream_st>> streams;
+  std::vector<std::unique_ptr<CUevent_st>> events;
+  std::map<std::uintptr_t, device_block> blocks;  // by base address
+  std::map<void*, std::size_t> host_blocks;  // cudaHostAlloc'd: bytes
+  clock_t_ host_clock;
+  std::mt19937_64 rng{1};
+  int progress = 2;
+  sim::counters c;
+  std::vector<std::string> violations;
+  int fail_in = 0;
+  cudaError_t fail_status = cudaSuccess;
+};
+
+state& S() {
+  static state* s = new state;  // never destroyed: ferry objects may outlive statics
+  return *s;
+}
+
+thread_local int current_device = 0;
+thread_local cudaError_t last_error = cudaSuccess;
+
+cudaError_t fail(cudaError_t e) {
+  last_error = e;
+  return e;
+}
+
+void join(clock_t_& a, const clock_t_& b) {
+  if (a.size() < b.size()) a.resize(b.size(), 0);
+  for (std::size_t i = 0; i < b.size(); ++i) a[i] = std::max(a[i], b[i]);
+}
+std::uint64_t at(const clock_t_& c, std::size_t i) { return i < c.size() ? c[i] : 0; }
+
+bool hb(const op& a, const op& b) {
+  return a.id != b.id && at(a.clock, a.stream->idx) <= at(b.clock, a.stream->idx);
+}
+
+std::string where(const op& o) {
+  return o.label + " (op " + std::to_string(o.id) + ", stream " + std::to_string(o.stream->idx) + ")";
+}
+
+device_block* block_of(std::uintptr_t p, std::uintptr_t* base = nullptr) {
+  auto& s = S();
+  auto it = s.blocks.upper_bound(p);
+  if (it == s.blocks.begin()) return nullptr;
+  --it;
+  if (p >= it->first + it->second.bytes) return nullptr;
+  if (base) *base = it->first;
+  return &it->second;
+}
+
+// Records an mem_access of `o` to [p, p + n) of device memory and reports unordered conflicts.
+void touch(op& o, const void* p, std::size_t n, bool write) {
+  auto& s = S();
+  if (n == 0) return;
+  const auto lo = reinterpret_cast<std::uintptr_t>(p), hi = lo + n;
+  std::uintptr_t base = 0;
+  device_block* b = block_of(lo, &base);
+  if (!b || hi > base + b->bytes) {
+    s.violations.push_back(where(o) + ": touches memory that is not a live device allocation");
+    return;
+  }
+  if (b->device != o.stream->device)
+    s.violations.push_back(where(o) + ": touches device " + std::to_string(b->device) +
+                           " memory from a stream of device " + std::to_string(o.stream->device));
+  for (const mem_access& a : b->accesses) {
+    if (!(a.write || write) || a.hi <= lo || hi <= a.lo) continue;
+    const op& prev = *s.ops[a.op - 1];
+    if (!hb(prev, o))
+      s.violations.push_back("race: " + where(o) + (write ? " writes" : " reads") + " bytes that " + where(prev) +
+                             (a.write ? " writes" : " reads") + ", unordered");
+  }
+  b->accesses.push_back({o.id, lo, hi, write});
+}
+
+op& enqueue(CUstream_st* st, kind k, std::string label) {
+  auto& s = S();
+  auto o = std::make_unique<op>();
+  o->id = s.ops.size() + 1;
+  o->stream = st;
+  o->k = k;
+  o->label = std::move(label);
+  join(st->clock, s.host_clock);
+  st->clock[st->idx] += 1;
+  o->clock = st->clock;
+  st->q.push_back(o.get());
+  ++s.c.pending_ops;
+  s.ops.push_back(std::move(o));
+  return *s.ops.back();
+}
+
+bool runnable(const CUstream_st& st) {
+  if (st.q.empty()) return false;
+  const op& h = *st.q.front();
+  return h.k != kind::wait || S().ops[h.waits_for - 1]->done;
+}
+
+// Runs one piece of work chosen at random among the runnable; false when none is.
+bool step_one() {
+  auto& s = S();
+  std::vector<CUstream_st*> ready;
+  for (auto& st : s.streams)
+    if (runnable(*st)) ready.push_back(st.get());
+  if (ready.empty()) return false;
+  CUstream_st* st = ready[s.rng() % ready.size()];
+  op* o = st->q.front();
+  st->q.pop_front();
+  if (o->k == kind::copy) std::memcpy(o->dst, o->src, o->n);
+  if (o->k == kind::kernel && o->run) o->run();
+  o->done = true;
+  --s.c.pending_ops;
+  return true;
+}
+
+void run_until_done(sim::op_id id) {
+  auto& s = S();
+  while (!s.ops[id - 1]->done)
+    if (!step_one()) {
+      s.violations.push_back("deadlock: waiting for " + where(*s.ops[id - 1]) + ", which can never run");
+      return;
+    }
+}
+
+void drain_all() {
+  while (step_one()) {
+  }
+  if (S().c.pending_ops != 0) S().violations.push_back("deadlock: work left that can never run");
+  for (auto& st : S().streams) join(S().host_clock, st->clock);
+}
+
+// The GPU runs a little of its own accord each time the host calls in.
+void tick() {
+  auto& s = S();
+  if (s.progress <= 0) return;
+  const int k = static_cast<int>(s.rng() % static_cast<std::uint64_t>(s.progress + 1));
+  for (int i = 0; i < k && step_one(); ++i) {
+  }
+}
+
+bool valid(CUstream_st* st) {
+  if (!st) return false;
+  for (auto& p : S().streams)
+    if (p.get() == st) return p->alive;
+  return false;
+}
+bool valid(CUevent_st* e) {
+  if (!e) return false;
+  for (auto& p : S().events)
+    if (p.get() == e) return p->alive;
+  return false;
+}
+
+}  // namespace
+
+// ---- the runtime API ---------------------------------------------------------------------
+
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = 13000;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = sim::device_count;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+  *d = current_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+  if (d < 0 || d >= sim::device_count) return fail(cudaErrorInvalidDevice);
+  current_device = d;
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError() { return std::exchange(last_error, cudaSuccess); }
+const char* cudaGetErrorName(cudaError_t e) {
+  switch (e) {
+    case cudaSuccess: return "cudaSuccess";
+    case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+    case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+    case cudaErrorCudartUnloading: return "cudaErrorCudartUnloading";
+    case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorNoDevice: return "cudaErrorNoDevice";
+    case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+    case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady: return "cudaErrorNotReady";
+    case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+  }
+  return "cudaErrorUnknown";
+}
+const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "simulated error"; }
+
+cudaError_t cudaDeviceSynchronize() {
+  std::lock_guard lk(S().m);
+  ++S().c.host_waits;
+  drain_all();
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  auto st = std::make_unique<CUstream_st>();
+  st->idx = s.streams.size();
+  st->device = current_device;
+  st->clock.assign(st->idx + 1, 0);
+  *out = st.get();
+  s.streams.push_back(std::move(st));
+  ++s.c.live_streams;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t st) {
+  std::lock_guard lk(S().m);
+  if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  st->alive = false;  // pending work still runs, as on a GPU
+  --S().c.live_streams;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t st) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  ++s.c.host_waits;
+  if (!st->q.empty()) run_until_done(st->q.back()->id);
+  join(s.host_clock, st->clock);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(st) || !valid(e)) return fail(cudaErrorInvalidResourceHandle);
+  tick();
+  if (e->recorded == 0) return cudaSuccess;  // never recorded: nothing to wait for
+  join(st->clock, e->clock);
+  op& o = enqueue(st, kind::wait, "wait for op " + std::to_string(e->recorded));
+  o.waits_for = e->recorded;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  auto e = std::make_unique<CUevent_st>();
+  e->device = current_device;
+  *out = e.get();
+  s.events.push_back(std::move(e));
+  ++s.c.live_events;
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  std::lock_guard lk(S().m);
+  if (!valid(e)) return fail(cudaErrorInvalidResourceHandle);
+  e->alive = false;
+  --S().c.live_events;
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(st) || !valid(e)) return fail(cudaErrorInvalidResourceHandle);
+  if (e->device != st->device) {
+    s.violations.push_back("cudaEventRecord: an event of device " + std::to_string(e->device) +
+                           " recorded on a stream of device " + std::to_string(st->device));
+    return fail(cudaErrorInvalidResourceHandle);
+  }
+  tick();
+  op& o = enqueue(st, kind::record, "event record");
+  e->recorded = o.id;
+  e->clock = o.clock;
+  return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(e)) return fail(cudaErrorInvalidResourceHandle);
+  tick();
+  if (e->recorded != 0 && !s.ops[e->recorded - 1]->done) return cudaErrorNotReady;  // not sticky
+  join(s.host_clock, e->clock);
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(e)) return fail(cudaErrorInvalidResourceHandle);
+  ++s.c.host_waits;
+  if (e->recorded != 0) run_until_done(e->recorded);
+  join(s.host_clock, e->clock);
+  return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind k, cudaStream_t st) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  if (s.fail_in > 0 && --s.fail_in == 0) return fail(s.fail_status);
+  if (k != cudaMemcpyHostToDevice) return fail(cudaErrorInvalidValue);  // all ferry does
+  tick();
+  ++s.c.copies;
+  op& o = enqueue(st, kind::copy, "copy of " + std::to_string(n) + " bytes");
+  o.dst = dst;
+  o.src = src;
+  o.n = n;
+  touch(o, dst, n, true);
+  return cudaSuccess;
+}
+cudaError_t cudaMalloc(void** p, std::size_t n) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  const std::size_t bytes = (std::max<std::size_t>(n, 1) + 255) / 256 * 256;
+  *p = std::aligned_alloc(256, bytes);
+  if (!*p) return fail(cudaErrorMemoryAllocation);
+  s.blocks[reinterpret_cast<std::uintptr_t>(*p)] = {bytes, current_device, {}};
+  ++s.c.device_allocs;
+  ++s.c.live_device_blocks;
+  return cudaSuccess;
+}
+cudaError_t cudaFree(void* p) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!p) return cudaSuccess;
+  auto it = s.blocks.find(reinterpret_cast<std::uintptr_t>(p));
+  if (it == s.blocks.end()) return fail(cudaErrorInvalidValue);
+  // A real cudaFree waits for the device; here: any mem_access not yet run is a free under use.
+  for (const mem_access& a : it->second.accesses)
+    if (!s.ops[a.op - 1]->done) {
+      ++s.c.host_waits;  // an implicit synchronisation
+      drain_all();
+      break;
+    }
+  s.blocks.erase(it);
+  std::free(p);
+  --s.c.live_device_blocks;
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** p, std::size_t n, unsigned) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  *p = std::aligned_alloc(4096, (std::max<std::size_t>(n, 1) + 4095) / 4096 * 4096);
+  if (!*p) return fail(cudaErrorMemoryAllocation);
+  s.host_blocks[*p] = n;
+  ++s.c.host_allocs;
+  return cudaSuccess;
+}
+cudaError_t cudaFreeHost(void* p) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  auto it = s.host_blocks.find(p);
+  if (it == s.host_blocks.end()) return fail(cudaErrorInvalidValue);
+  const std::size_t bytes = it->second;
+  s.host_blocks.erase(it);
+  for (auto& o : s.ops)  // copies not yet run that read this block: the host waits first
+    if (!o->done && o->k == kind::copy && o->src >= p &&
+        static_cast<const char*>(o->src) < static_cast<const char*>(p) + bytes) {
+      ++s.c.host_waits;
+      drain_all();
+      break;
+    }
+  std::free(p);
+  return cudaSuccess;
+}
+
+// ---- the controls ----------------------------------------------------------------------
+
+namespace sim {
+
+void reset(std::uint64_t seed, int progress) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  // Work left over is dropped, not run: its kernels may refer to a finished test's data.
+  for (auto& [base, b] : s.blocks) std::free(reinterpret_cast<void*>(base));
+  s.blocks.clear();
+  s.ops.clear();
+  // Streams and events are kept (ferry may still hold dead ones' handles): only emptied.
+  for (auto& st : s.streams) st->q.clear();
+  s.host_clock.clear();
+  for (auto& st : s.streams) st->clock.assign(st->idx + 1, 0);
+  for (auto& e : s.events) {
+    e->recorded = 0;
+    e->clock.clear();
+  }
+  s.rng.seed(seed);
+  s.progress = progress;
+  const auto live_streams = s.c.live_streams, live_events = s.c.live_events;
+  s.c = counters{};
+  s.c.live_streams = live_streams;
+  s.c.live_events = live_events;
+  s.violations.clear();
+  s.fail_in = 0;
+}
+
+counters stats() {
+  std::lock_guard lk(S().m);
+  return S().c;
+}
+const std::vector<std::string>& violations() { return S().violations; }
+void clear_violations() {
+  std::lock_guard lk(S().m);
+  S().violations.clear();
+}
+
+op_id launch(cudaStream_t st, std::string label, std::vector<range> reads, std::vector<range> writes,
+             std::function<void()> run) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(st)) {
+    s.violations.push_back("launch of " + label + " on a stream that does not exist");
+    return 0;
+  }
+  if (st->device != current_device)
+    s.violations.push_back("launch of " + label + " on a stream of device " + std::to_string(st->device) +
+                           " while device " + std::to_string(current_device) + " is current");
+  tick();
+  op& o = enqueue(st, kind::kernel, std::move(label));
+  o.run = std::move(run);
+  for (auto r : reads) touch(o, r.p, r.n, false);
+  for (auto r : writes) touch(o, r.p, r.n, true);
+  return o.id;
+}
+
+op_id last_copy_into(const void* p) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  for (auto it = s.ops.rbegin(); it != s.ops.rend(); ++it) {
+    const op& o = **it;
+    if (o.k == kind::copy && p >= o.dst && static_cast<const char*>(p) < static_cast<const char*>(o.dst) + o.n)
+      return o.id;
+  }
+  return 0;
+}
+
+bool happens_before(op_id a, op_id b) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (a == 0 || b == 0 || a > s.ops.size() || b > s.ops.size()) return false;
+  return hb(*s.ops[a - 1], *s.ops[b - 1]);
+}
+
+bool done(op_id a) {
+  std::lock_guard lk(S().m);
+  return a != 0 && a <= S().ops.size() && S().ops[a - 1]->done;
+}
+
+void drain() {
+  std::lock_guard lk(S().m);
+  drain_all();
+}
+
+void fail_copy(int n, cudaError_t status) {
+  std::lock_guard lk(S().m);
+  S().fail_in = n;
+  S().fail_status = status;
+}
+
+}  // namespace sim

@@ -1,0 +1,339 @@
+// distribute(cuda::devices) against the simulated CUDA runtime (tests/cuda/sim): the
+// ordering logic of the CUDA backend, checked on a machine without a GPU. Every replica's
+// device data, read when the simulated GPU runs the consumer's kernel, equals the oracle's
+// rows; no two accesses to device bytes are unordered; copies of step k+1 are never
+// ordered after step k's kernel (they can overlap it); steady state allocates and waits
+// for nothing; a GPU that lags is met with bounded memory; errors and early stops free
+// everything. The GPU suite checks the same on a real device (test_distribute_gpu).
+#include <doctest/doctest.h>
+
+#include <cuda_runtime_api.h>  // the simulator's (this test's include path puts it first)
+
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "cuda/elements.hpp"
+#include "ferry/cuda/devices.hpp"
+#include "ferry/memory/pinned.hpp"
+#include "ferry/sources/from_range.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/distribute.hpp"
+#include "ferry/stages/prefetch.hpp"
+
+namespace {
+
+enum class consumer {
+  range_for,    // for (auto& step : steps): step k lives while step k+1 is asked for
+  drop_first,   // while (auto step = steps.next()): step k is gone before
+  host_waits,   // range-for, and the host waits for each step's kernels (a trainer reading its loss)
+};
+
+struct scenario {
+  std::vector<int> devices{0};
+  std::size_t per = 8;  // rows per replica
+  std::size_t rows = 0;
+  ferry::remainder_policy policy = ferry::remainder_policy::drop;
+  consumer how = consumer::range_for;
+  int progress = 4;
+  bool prefetch = false;
+  std::size_t steps_ahead = 1;
+  std::size_t max_pending = 4;
+  std::uint64_t seed = 1;
+  std::size_t stop_after = 0;  // 0: the whole epoch; else leave after this many steps
+};
+
+struct trace {
+  std::size_t steps = 0;
+  std::vector<sim::op_id> copy, kernel;     // replica 0's, per step
+  std::vector<std::uint64_t> copies_when_handed_out;  // sim copies enqueued when step k came
+  std::vector<std::uint64_t> host_allocs_at;          // cudaHostAlloc calls so far, likewise
+  sim::counters warm, end;                  // at step 10, and after the last step
+  std::uint64_t backpressure_waits = 0;
+  std::uint64_t rows_checked = 0;           // by kernels, when they ran
+  std::vector<std::string> wrong;           // what kernels found wrong
+};
+
+// The rows replica r must hold in the step cut from rows [pos, pos + m) of the data.
+struct expected_slice {
+  std::size_t first_id = 0, rows = 0, valid = 0;
+};
+expected_slice expect(std::size_t pos, std::size_t m, std::size_t R, std::size_t per, std::size_t r,
+                      ferry::remainder_policy pol) {
+  const std::size_t G = R * per;
+  if (m == G || pol == ferry::remainder_policy::pad) {
+    const std::size_t valid = m == G ? per : std::min(per, m > r * per ? m - r * per : 0);
+    return {pos + r * per + 1, per, valid};
+  }
+  std::size_t first = pos;
+  for (std::size_t q = 0; q < r; ++q) first += m / R + (q < m % R ? 1 : 0);
+  const std::size_t rows = m / R + (r < m % R ? 1 : 0);
+  return {first + 1, rows, rows};
+}
+
+template <class Steps>
+void consume(Steps& steps, const scenario& sc, trace& t, std::mutex& m) {
+  const std::size_t R = sc.devices.size(), G = R * sc.per;
+  std::size_t pos = 0;
+  auto on_step = [&](auto& st) {
+    const std::size_t k = t.steps;
+    REQUIRE(st.index() == k);
+    REQUIRE(st.replicas() == R);
+    t.copies_when_handed_out.push_back(sim::stats().copies);
+    t.host_allocs_at.push_back(sim::stats().host_allocs);
+    if (k == 10) t.warm = sim::stats();
+    const std::size_t got = std::min(G, sc.rows - pos);  // rows of this global batch
+    for (std::size_t r = 0; r < R; ++r) {
+      auto& rb = st[r];
+      REQUIRE(rb.device() == sc.devices[r]);
+      const expected_slice e = expect(pos, got, R, sc.per, r, sc.policy);
+      REQUIRE(rb.size() == e.rows);
+      REQUIRE(rb.valid() == e.valid);
+      REQUIRE(cudaSetDevice(rb.device()) == cudaSuccess);
+      auto ids = rb.template field<0>();
+      auto xs = rb.template field<1>();
+      if (r == 0) t.copy.push_back(rb.size() ? sim::last_copy_into(ids.data()) : 0);
+      // The kernel: reads the slice when the simulated GPU runs it, checks it.
+      const sim::op_id id = sim::launch(
+          static_cast<cudaStream_t>(rb.stream()), "kernel of step " + std::to_string(k),
+          {{ids.data(), ids.size_bytes()}, {xs.data(), xs.size_bytes()}}, {}, [&t, &m, ids, xs, e, k, r] {
+            std::lock_guard lk(m);
+            for (std::size_t i = 0; i < e.rows; ++i) {
+              const bool pad = i >= e.valid;
+              const std::uint32_t want = pad ? 0 : static_cast<std::uint32_t>(e.first_id + i);
+              const float f = pad ? 0.0f : float(want - 1);
+              const std::array<float, 3> want_x{f, pad ? 0.0f : f * 0.5f, pad ? 0.0f : -f};
+              if (ids[i] != want || xs[i] != want_x)
+                t.wrong.push_back("step " + std::to_string(k) + " replica " + std::to_string(r) + " row " +
+                                  std::to_string(i) + ": id " + std::to_string(ids[i]) + ", expected " +
+                                  std::to_string(want));
+              ++t.rows_checked;
+            }
+          });
+      if (r == 0) t.kernel.push_back(id);
+    }
+    if (sc.how == consumer::host_waits)
+      for (std::size_t r = 0; r < R; ++r) REQUIRE(cudaStreamSynchronize(static_cast<cudaStream_t>(st[r].stream())) == cudaSuccess);
+    pos += got;
+    ++t.steps;
+  };
+  if (sc.how == consumer::drop_first) {
+    while (auto st = steps.next()) {
+      on_step(*st);
+      if (sc.stop_after && t.steps == sc.stop_after) return;
+    }
+  } else {
+    for (auto& st : steps) {
+      on_step(st);
+      if (sc.stop_after && t.steps == sc.stop_after) return;
+    }
+  }
+}
+
+trace run(const scenario& sc) {
+  sim::reset(sc.seed, sc.progress);
+  trace t;
+  std::mutex m;
+  const auto data = make_data(static_cast<std::uint32_t>(sc.rows));
+  {
+    auto pool = ferry::make_pinned_pool();
+    ferry::cuda::devices dev(sc.devices);
+    dev.max_pending = sc.max_pending;
+    const ferry::distribute_options o{.remainder = sc.policy, .host_resource = pool, .steps_ahead = sc.steps_ahead};
+    const std::size_t G = sc.devices.size() * sc.per;
+    auto body = [&](auto steps) {
+      consume(steps, sc, t, m);
+      t.end = sim::stats();
+      t.backpressure_waits = steps.backend().backpressure_waits();
+    };
+    if (sc.prefetch)
+      body(ferry::from_range(data) | ferry::batch(G) | ferry::prefetch(2) | ferry::distribute(dev, o));
+    else
+      body(ferry::from_range(data) | ferry::batch(G) | ferry::distribute(dev, o));
+    sim::drain();  // the kernels run, and check
+  }
+  return t;
+}
+
+std::size_t expected_steps(const scenario& sc) {
+  const std::size_t G = sc.devices.size() * sc.per;
+  return sc.policy == ferry::remainder_policy::drop ? sc.rows / G : (sc.rows + G - 1) / G;
+}
+
+void check_clean(const trace& t) {
+  for (const auto& w : t.wrong) FAIL_CHECK(w);
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  const auto s = sim::stats();
+  CHECK(s.live_device_blocks == 0);  // everything freed, also mid-epoch
+  CHECK(s.live_events == 0);
+  CHECK(s.live_streams == 0);
+  CHECK(s.pending_ops == 0);
+}
+
+}  // namespace
+
+TEST_CASE("sim: every replica's device data equals the oracle's rows, and no access races" *
+          doctest::timeout(120)) {
+  ferry_test::watchdog wd(std::chrono::seconds(120));
+  std::uint64_t seed = 1;
+  for (auto devs : {std::vector<int>{0}, std::vector<int>{0, 1}, std::vector<int>{1, 0, 1}})
+    for (auto pol : {ferry::remainder_policy::drop, ferry::remainder_policy::pad, ferry::remainder_policy::partial})
+      for (auto how : {consumer::range_for, consumer::drop_first, consumer::host_waits})
+        for (int progress : {0, 1, 6})
+          for (std::size_t ahead : {0, 1}) {
+            scenario sc{.devices = devs, .per = 3 + seed % 5, .policy = pol, .how = how, .progress = progress,
+                        .prefetch = seed % 2 == 0, .steps_ahead = ahead, .seed = seed};
+            sc.rows = sc.per * devs.size() * (6 + seed % 4) + seed % 7;
+            ++seed;
+            INFO("devices " << devs.size() << ", policy " << int(pol) << ", consumer " << int(how) << ", progress "
+                            << progress << ", ahead " << ahead << ", prefetch " << sc.prefetch << ", rows " << sc.rows
+                            << ", per " << sc.per);
+            const trace t = run(sc);
+            CHECK(t.steps == expected_steps(sc));
+            std::size_t want_rows = 0;  // rows the kernels check: padding included
+            for (std::size_t k = 0, pos = 0; k < t.steps; ++k) {
+              const std::size_t G = devs.size() * sc.per, m = std::min(G, sc.rows - pos);
+              want_rows += pol == ferry::remainder_policy::pad ? G : m;
+              pos += m;
+            }
+            CHECK(t.rows_checked == want_rows);
+            check_clean(t);
+          }
+}
+
+TEST_CASE("sim: the copies of step k+1 are never ordered after step k's kernel") {
+  for (auto how : {consumer::range_for, consumer::drop_first, consumer::host_waits})
+    for (std::size_t ahead : {0, 1}) {
+      // Without a step made ahead, a consumer that waits on the host, or drops step k before
+      // asking for step k+1, leaves nothing to overlap (documented in devices.hpp).
+      if (ahead == 0 && how != consumer::range_for) continue;
+      for (int progress : {0, 3}) {
+        scenario sc{.devices = {0, 1}, .per = 16, .rows = 16 * 2 * 12, .how = how, .progress = progress,
+                    .steps_ahead = ahead, .seed = 7};
+        INFO("consumer " << int(how) << ", ahead " << ahead << ", progress " << progress);
+        const trace t = run(sc);
+        REQUIRE(t.steps == 12);
+        for (std::size_t k = 0; k + 1 < t.steps; ++k) {
+          INFO("step " << k);
+          CHECK_FALSE(sim::happens_before(t.kernel[k], t.copy[k + 1]));
+          CHECK(sim::happens_before(t.copy[k], t.kernel[k]));  // and the data is there first
+        }
+        if (ahead == 1)  // step k+1's copies (2 fields x 2 replicas) were enqueued when step k came
+          for (std::size_t k = 0; k + 1 < t.steps; ++k) CHECK(t.copies_when_handed_out[k] == 4 * (k + 2));
+        check_clean(t);
+      }
+    }
+}
+
+TEST_CASE("sim: steady state allocates nothing and never waits on the host") {
+  for (auto how : {consumer::range_for, consumer::drop_first})
+    for (bool prefetch : {false, true}) {
+      scenario sc{.devices = {0, 1}, .per = 32, .rows = 32 * 2 * 40, .how = how, .progress = 12, .prefetch = prefetch,
+                  .seed = 3};
+      INFO("consumer " << int(how) << ", prefetch " << prefetch);
+      const trace t = run(sc);
+      REQUIRE(t.steps == 40);
+      CHECK(t.end.host_waits == t.warm.host_waits);
+      CHECK(t.end.device_allocs == t.warm.device_allocs);
+      CHECK(t.end.host_allocs == t.warm.host_allocs);
+      CHECK(t.end.device_allocs <= 2 * 2);  // two blocks per replica
+      CHECK(t.backpressure_waits == 0);
+      check_clean(t);
+    }
+}
+
+TEST_CASE("sim: a GPU that lags behind meets bounded memory, not a growing queue") {
+  for (std::size_t max_pending : {1, 4}) {
+    scenario sc{.devices = {0, 1}, .per = 8, .rows = 8 * 2 * 60, .progress = 0, .max_pending = max_pending, .seed = 5};
+    INFO("max_pending " << max_pending);
+    const trace t = run(sc);
+    REQUIRE(t.steps == 60);
+    CHECK(t.backpressure_waits > 0);
+    // Pinned batches: the pending ones, the step handed out, the one made ahead, the one
+    // being collated - two fields each - however long the epoch.
+    CHECK(t.end.host_allocs <= 2 * (max_pending + 4));
+    CHECK(t.host_allocs_at[30] == t.end.host_allocs);  // stopped growing
+    CHECK(t.end.device_allocs <= 2 * 2);
+    check_clean(t);
+  }
+}
+
+TEST_CASE("sim: leaving mid-epoch, with or without the last step kept, frees everything") {
+  for (auto how : {consumer::range_for, consumer::drop_first})
+    for (std::size_t stop : {1, 2, 5})
+      for (int progress : {0, 5}) {
+        scenario sc{.devices = {1, 0}, .per = 4, .rows = 4 * 2 * 10, .how = how, .progress = progress,
+                    .prefetch = true, .seed = 11 + stop, .stop_after = stop};
+        INFO("consumer " << int(how) << ", stop after " << stop << ", progress " << progress);
+        const trace t = run(sc);
+        CHECK(t.steps == stop);
+        check_clean(t);
+      }
+}
+
+TEST_CASE("sim: a failing copy is a cuda_error naming the call and the device; nothing leaks") {
+  for (int nth : {1, 2, 7}) {
+    sim::reset(21, 2);
+    const auto data = make_data(8 * 2 * 10);
+    {
+      auto pool = ferry::make_pinned_pool();
+      auto steps = ferry::from_range(data) | ferry::batch(16) |
+                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+      sim::fail_copy(nth, cudaErrorIllegalAddress);
+      bool threw = false;
+      try {
+        for (auto& st : steps) (void)st;
+      } catch (const ferry::cuda_error& e) {
+        threw = true;
+        CHECK(e.call().find("cudaMemcpyAsync") != std::string::npos);
+        CHECK(e.status() == cudaErrorIllegalAddress);
+        CHECK((e.device() == 0 || e.device() == 1));
+        CHECK(std::string(e.what()).find("cudaErrorIllegalAddress") != std::string::npos);
+      }
+      CHECK(threw);
+    }
+    sim::drain();
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    CHECK(sim::stats().live_device_blocks == 0);
+    CHECK(sim::stats().live_events == 0);
+    CHECK(sim::stats().live_streams == 0);
+  }
+}
+
+TEST_CASE("sim: save with a step made ahead resumes at the next undelivered step") {
+  const auto data = make_data(8 * 2 * 10);
+  auto pool = ferry::make_pinned_pool();
+  for (std::size_t stop : {1, 4, 9}) {
+    sim::reset(31, 3);
+    ferry::pipeline_state saved;
+    std::vector<std::uint32_t> first_ids;  // the host batch's ids, step by step
+    {
+      auto steps = ferry::from_range(data) | ferry::batch(16) |
+                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+      for (std::size_t k = 0; k < stop; ++k) REQUIRE(steps.next());
+      saved = ferry::save_state(steps);
+    }
+    {
+      auto steps = ferry::from_range(data) | ferry::batch(16) |
+                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+      ferry::restore_state(steps, saved);
+      auto st = steps.next();
+      REQUIRE(st);
+      CHECK(st->index() == stop);
+      CHECK(st->host_batch().field<0>()[0] == std::uint32_t(stop * 16 + 1));  // ids start at 1
+    }
+    sim::drain();
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  }
+}
+
+TEST_CASE("sim: steps_ahead other than 0 or 1 is a config error") {
+  const auto data = make_data(64);
+  CHECK_THROWS_WITH_AS(ferry::from_range(data) | ferry::batch(16) |
+                           ferry::distribute(ferry::cuda::devices{0}, {.steps_ahead = 2}),
+                       doctest::Contains("steps_ahead"), ferry::config_error);
+}
