@@ -12,8 +12,10 @@
 // asynchronously (thrust::cuda::par_nosync); only download() (the step statistics, 16
 // bytes) waits for the stream. No stream given: the backend creates one and owns it.
 //
-// Throws ferry::error naming the CUDA / cuBLAS call on failure. One backend per replica,
-// used by that replica's thread (it calls cudaSetDevice on entry to each operation).
+// Throws ferry::cuda_error (call, device, status) for a failed CUDA call and ferry::error
+// naming the cuBLAS call, device and status for cuBLAS. One backend per replica, used by
+// that replica's thread; it makes its device current on entry to each operation, since
+// replica 0 runs on the caller's thread, whose current device may be another.
 #pragma once
 
 #include <cublas_v2.h>
@@ -27,17 +29,16 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/system/cuda/execution_policy.h>
 
+#include "ferry/cuda/error.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::train {
 
 namespace detail {
-inline void gpu_check(cudaError_t e, const char* call) {
-  if (e != cudaSuccess) throw error(std::string("CUDA: ") + call + " failed: " + cudaGetErrorString(e));
-}
-inline void blas_check(cublasStatus_t s, const char* call) {
+inline void blas_check(cublasStatus_t s, const char* call, int device) {
   if (s != CUBLAS_STATUS_SUCCESS)
-    throw error(std::string("cuBLAS: ") + call + " failed with status " + std::to_string(int(s)));
+    throw error(std::string("cuBLAS: ") + call + " failed on device " + std::to_string(device) + ": status " +
+                std::to_string(int(s)) + " (" + cublasGetStatusName(s) + ": " + cublasGetStatusString(s) + ")");
 }
 // p[i] = v (namespace scope: kernels cannot name a private nested type).
 struct fill_fn {
@@ -61,24 +62,27 @@ class gpu_backend {
   // Context: anything with .device and .stream (replica_context).
   template <class Context>
   explicit gpu_backend(const Context& ctx) : dev_(ctx.device < 0 ? 0 : ctx.device) {
-    detail::gpu_check(cudaSetDevice(dev_), "cudaSetDevice");
+    make_current();
     if (ctx.stream) {
       stream_ = static_cast<cudaStream_t>(ctx.stream);
     } else {
-      detail::gpu_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      FERRY_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
       own_stream_ = true;
     }
-    detail::blas_check(cublasCreate(&blas_), "cublasCreate");
-    detail::blas_check(cublasSetStream(blas_, stream_), "cublasSetStream");
+    detail::blas_check(cublasCreate(&blas_), "cublasCreate", dev_);
+    detail::blas_check(cublasSetStream(blas_, stream_), "cublasSetStream", dev_);
   }
   gpu_backend(const gpu_backend&) = delete;
   gpu_backend& operator=(const gpu_backend&) = delete;
   ~gpu_backend() {
-    cudaSetDevice(dev_);
-    cudaStreamSynchronize(stream_);
-    for (float* p : blocks_) cudaFree(p);
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    FERRY_CUDA_LOG(cudaSetDevice(dev_));
+    FERRY_CUDA_LOG(cudaStreamSynchronize(stream_));
+    for (float* p : blocks_) FERRY_CUDA_LOG(cudaFree(p));
     if (blas_) cublasDestroy(blas_);
-    if (own_stream_) cudaStreamDestroy(stream_);
+    if (own_stream_) FERRY_CUDA_LOG(cudaStreamDestroy(stream_));
+    if (prev >= 0 && prev != dev_) FERRY_CUDA_LOG(cudaSetDevice(prev));
   }
 
   int device() const { return dev_; }
@@ -86,10 +90,10 @@ class gpu_backend {
 
   float* alloc(std::size_t n) {
     float* p = nullptr;
-    detail::gpu_check(cudaSetDevice(dev_), "cudaSetDevice");
-    detail::gpu_check(cudaMalloc(&p, (n ? n : 1) * sizeof(float)), "cudaMalloc");
+    make_current();
+    FERRY_CUDA_TRY(cudaMalloc(&p, (n ? n : 1) * sizeof(float)));
     blocks_.push_back(p);
-    detail::gpu_check(cudaMemsetAsync(p, 0, (n ? n : 1) * sizeof(float), stream_), "cudaMemsetAsync");
+    FERRY_CUDA_TRY(cudaMemsetAsync(p, 0, (n ? n : 1) * sizeof(float), stream_));
     return p;
   }
 
@@ -98,18 +102,21 @@ class gpu_backend {
   void gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b,
             int ldb, float beta, float* c, int ldc) {
     const float one = 1.0f;
+    make_current();
     detail::blas_check(cublasSgemm(blas_, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N,
                                    n, m, k, &one, b, ldb, a, lda, &beta, c, ldc),
-                       "cublasSgemm");
+                       "cublasSgemm", dev_);
   }
   // y(cols) = A^T x, A rows x cols row-major (= column-major cols x rows: y = A_cm x).
   void gemv_t(int rows, int cols, const float* a, const float* x, float* y) {
     const float one = 1.0f, zero = 0.0f;
+    make_current();
     detail::blas_check(cublasSgemv(blas_, CUBLAS_OP_N, cols, rows, &one, a, cols, x, 1, &zero, y, 1),
-                       "cublasSgemv");
+                       "cublasSgemv", dev_);
   }
   template <class F>
   void for_each(std::size_t n, F f) {
+    make_current();
     thrust::for_each(thrust::cuda::par_nosync.on(stream_), thrust::counting_iterator<std::size_t>(0),
                      thrust::counting_iterator<std::size_t>(n), f);
   }
@@ -120,16 +127,20 @@ class gpu_backend {
   }
   void fill(float* p, std::size_t n, float v) { for_each(n, detail::fill_fn{p, v}); }
   void upload(void* dst, const void* src, std::size_t bytes) {
-    detail::gpu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
+    make_current();
+    FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     sync();  // src may be a temporary on the caller's stack
   }
   void download(void* dst, const void* src, std::size_t bytes) {
-    detail::gpu_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    make_current();
+    FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     sync();
   }
-  void sync() { detail::gpu_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+  void sync() { FERRY_CUDA_TRY(cudaStreamSynchronize(stream_)); }
 
  private:
+  void make_current() const { FERRY_CUDA_TRY(cudaSetDevice(dev_)); }
+
   int dev_;
   cudaStream_t stream_ = nullptr;
   bool own_stream_ = false;
