@@ -93,6 +93,77 @@ TEST_CASE("crc32c: every fast path in this build against the oracle, at any alig
 #if defined(FERRY_WITH_ISAL)
     CHECK(crc::extend_isal(start, s.data() + off, n) == want);
 #endif
+    // Four at once: each lane equals the oracle of its own buffer.
+    const unsigned char* p4[4];
+    std::uint32_t got[4];
+    const std::size_t m = n % 300;
+    for (auto& q : p4) q = reinterpret_cast<const unsigned char*>(s.data()) + g() % (s.size() - 300);
+    crc::value_x4(p4, m, got);
+    for (int k = 0; k < 4; ++k) CHECK(got[k] == crc::extend_portable(0, p4[k], m));
+  }
+}
+
+TEST_CASE("tfrecord: short records of one length (checked four at a time): the same records, errors and offsets" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  temp_dir t;
+  std::mt19937_64 g(17);
+  for (std::size_t len : {0, 1, 7, 8, 9, 100, 128, 255, 256}) {
+    for (int trial = 0; trial < 6; ++trial) {
+      // 60 records of `len` bytes; some with a bad data CRC (that record is skipped), a bad
+      // length CRC (the rest of the file is), a flipped data byte, or a file cut short.
+      std::string tf;
+      std::vector<std::string> want;
+      std::vector<std::uint64_t> bad_at;  // offsets the skips must name
+      const int n = 60;
+      const int cut = trial == 5 ? static_cast<int>(g() % n) : -1;
+      for (int i = 0; i < n; ++i) {
+        const std::string rec = random_bytes(g, len);
+        std::string enc = tfrecord_of(rec);
+        const std::uint64_t at = tf.size();
+        const auto fault = g() % 12;
+        if (i == cut) {  // truncated inside this record's header or data
+          tf += enc.substr(0, g() % enc.size());
+          bad_at.push_back(at);
+          break;
+        }
+        if (fault == 0) {
+          enc[enc.size() - 1 - g() % 4] ^= 0x04;  // stored data CRC
+          bad_at.push_back(at);
+        } else if (fault == 1 && len > 0) {
+          enc[12 + g() % len] ^= 0x80;  // a data byte
+          bad_at.push_back(at);
+        } else if (fault == 2 && trial % 2 == 1) {
+          enc[8 + g() % 4] ^= 0x01;  // stored length CRC: the rest of the file is lost
+          tf += enc;
+          bad_at.push_back(at);
+          break;
+        } else {
+          want.push_back(rec);
+        }
+        tf += enc;
+      }
+      const std::string path = t / ("eq" + std::to_string(len) + "_" + std::to_string(trial) + ".tfrecord");
+      write_file(path, tf);
+      for (std::size_t chunk : {64, 1000, 1 << 20}) {
+        INFO("len " << len << ", trial " << trial << ", chunk " << chunk);
+        std::vector<std::uint64_t> offsets;
+        ferry::from_files_options o{.on_error = ferry::error_policy::skip,
+                                    .on_skip = [&](const ferry::skipped_record& r) { offsets.push_back(r.offset); },
+                                    .chunk_bytes = chunk};
+        CHECK(read_all({path}, ferry::tfrecord{}, o) == want);
+        CHECK(offsets == bad_at);
+        // And with a batch on top (the borrowing path).
+        auto p = ferry::from_files({path}, ferry::tfrecord{}, o) | ferry::batch(7);
+        std::vector<std::string> got;
+        while (auto b = p.next())
+          for (std::size_t k = 0; k < b->size(); ++k) {
+            auto r = b->field<0>()[k];
+            got.emplace_back(reinterpret_cast<const char*>(r.data()), r.size());
+          }
+        CHECK(got == want);
+      }
+    }
   }
 }
 

@@ -141,6 +141,30 @@ inline bool have_sse42() noexcept {
   static const bool have = __builtin_cpu_supports("sse4.2");
   return have;
 }
+
+// Four buffers of n bytes each: four independent chains interleaved, so the instruction's
+// 3-cycle latency overlaps (one chain per short record runs at a third of the rate).
+__attribute__((target("sse4.2"))) inline void value_x4_sse(const unsigned char* const p[4], std::size_t n,
+                                                           std::uint32_t out[4]) noexcept {
+  std::uint64_t c0 = 0xFFFFFFFFu, c1 = c0, c2 = c0, c3 = c0;
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::uint64_t v0, v1, v2, v3;
+    std::memcpy(&v0, p[0] + i, 8);
+    std::memcpy(&v1, p[1] + i, 8);
+    std::memcpy(&v2, p[2] + i, 8);
+    std::memcpy(&v3, p[3] + i, 8);
+    c0 = _mm_crc32_u64(c0, v0);
+    c1 = _mm_crc32_u64(c1, v1);
+    c2 = _mm_crc32_u64(c2, v2);
+    c3 = _mm_crc32_u64(c3, v3);
+  }
+  std::uint32_t d[4] = {static_cast<std::uint32_t>(c0), static_cast<std::uint32_t>(c1),
+                        static_cast<std::uint32_t>(c2), static_cast<std::uint32_t>(c3)};
+  for (; i < n; ++i)
+    for (int k = 0; k < 4; ++k) d[k] = _mm_crc32_u8(d[k], p[k][i]);
+  for (int k = 0; k < 4; ++k) out[k] = ~d[k];
+}
 #endif
 
 #if defined(FERRY_WITH_ISAL)
@@ -171,6 +195,15 @@ inline std::uint32_t extend(std::uint32_t crc, const void* data, std::size_t n) 
   return extend_portable(crc, data, n);
 }
 inline std::uint32_t value(const void* data, std::size_t n) noexcept { return extend(0, data, n); }
+
+// The crcs of four buffers of n bytes each (out[k] = value(p[k], n)), computed together:
+// for short records, where one chain is latency-bound.
+inline void value_x4(const unsigned char* const p[4], std::size_t n, std::uint32_t out[4]) noexcept {
+#ifdef FERRY_CRC32C_X86
+  if (have_sse42()) return value_x4_sse(p, n, out);
+#endif
+  for (int k = 0; k < 4; ++k) out[k] = value(p[k], n);
+}
 
 // TFRecord's masking, so a CRC stored inside CRC'd data does not cancel out.
 constexpr std::uint32_t mask(std::uint32_t c) noexcept { return ((c >> 15) | (c << 17)) + 0xa282ead8u; }
