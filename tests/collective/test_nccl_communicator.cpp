@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -54,6 +55,20 @@ int main() {
   for (auto& t : ts) t.join();
   int wrong = 0;
   for (int b : bad) wrong += b;
-  std::printf("nccl_communicator: %d rank(s), %zu floats, #wrong %d\n", count, len, wrong);
-  return wrong == 0 ? 0 : 1;
+  // abort(): later calls throw a clear error; destruction afterwards does not hang.
+  bool clear = true;
+  for (auto& c : comms) c.abort();
+  for (auto& c : comms) {
+    clear = clear && c.aborted();
+    try {
+      c.barrier();
+      clear = false;
+    } catch (const ferry::error& e) {
+      clear = clear && std::string(e.what()).find("aborted") != std::string::npos;
+    }
+  }
+  comms.clear();
+  std::printf("nccl_communicator: %d rank(s), %zu floats, #wrong %d, abort %s\n", count, len, wrong,
+              clear ? "ok" : "WRONG");
+  return wrong == 0 && clear ? 0 : 1;
 }

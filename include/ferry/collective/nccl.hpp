@@ -20,7 +20,10 @@
 // Asynchronous errors: a peer that dies or a broken network shows up late, as an async
 // error of the communicator, not as a failed call. check_async() throws it (and aborts
 // the communicator); barrier() polls it while it waits, so a lost peer ends in an error
-// rather than a hang.
+// rather than a hang. abort() ends the communicator's unfinished collectives (a peer that
+// failed will never join them), so the streams drain and nothing hangs at shutdown; the
+// trainer calls it on every communicator when a replica fails. After either, every call
+// throws ferry::error saying the communicator was aborted.
 //
 // Throws ferry::error naming the NCCL/CUDA call and its status string on failure.
 #pragma once
@@ -117,7 +120,7 @@ class nccl_communicator {
 
   nccl_communicator(nccl_communicator&& o) noexcept
       : comm_(std::exchange(o.comm_, nullptr)), dev_(o.dev_), rank_(o.rank_), size_(o.size_),
-        stream_(o.stream_), scratch_(std::exchange(o.scratch_, nullptr)) {}
+        stream_(o.stream_), scratch_(std::exchange(o.scratch_, nullptr)), aborted_(o.aborted_) {}
   nccl_communicator& operator=(nccl_communicator&& o) noexcept {
     if (this != &o) {
       release();
@@ -127,6 +130,7 @@ class nccl_communicator {
       size_ = o.size_;
       stream_ = o.stream_;
       scratch_ = std::exchange(o.scratch_, nullptr);
+      aborted_ = o.aborted_;
     }
     return *this;
   }
@@ -144,6 +148,7 @@ class nccl_communicator {
   void all_reduce_sum(std::span<float> s) { reduce(s, ncclSum); }
   void all_reduce_average(std::span<float> s) { reduce(s, ncclAvg); }
   void broadcast(std::span<float> s, int root) {
+    live("ncclBroadcast");
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclBroadcast(s.data(), s.data(), s.size(), ncclFloat, root, comm_,
                                      stream_),
@@ -151,6 +156,7 @@ class nccl_communicator {
   }
   // Every rank's queued work, collectives included, is done when barrier() returns.
   void barrier() {
+    live("barrier");
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     if (!scratch_) detail::cuda_check_nccl(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
     detail::nccl_check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
@@ -170,14 +176,30 @@ class nccl_communicator {
   // Throws the communicator's asynchronous error, if any, after aborting the
   // communicator (NCCL's rule: a communicator with an async error is unusable).
   void check_async() {
+    live("ncclCommGetAsyncError");
     ncclResult_t a = ncclSuccess;
     detail::nccl_check(ncclCommGetAsyncError(comm_, &a), "ncclCommGetAsyncError");
     if (a != ncclSuccess && a != ncclInProgress) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
+      aborted_ = true;
       detail::nccl_check(a, "an earlier NCCL collective (asynchronous error)");
     }
   }
+
+  // Ends the communicator: ncclCommAbort, which stops its uncompleted collectives. Call it
+  // when no thread is inside a call on this communicator. Idempotent; never throws.
+  void abort() noexcept {
+    if (!comm_) return;
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    cudaSetDevice(dev_);
+    ncclCommAbort(comm_);
+    comm_ = nullptr;
+    aborted_ = true;
+    if (prev >= 0) cudaSetDevice(prev);
+  }
+  bool aborted() const noexcept { return aborted_; }
 
   static void group_start() { detail::nccl_check(ncclGroupStart(), "ncclGroupStart"); }
   static void group_end() { detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd"); }
@@ -185,7 +207,13 @@ class nccl_communicator {
  private:
   nccl_communicator(ncclComm_t c, int dev, int rank, int size)
       : comm_(c), dev_(dev), rank_(rank), size_(size) {}
+  void live(const char* call) const {
+    if (!comm_)
+      throw error(std::string("nccl_communicator (rank ") + std::to_string(rank_) + "): " + call +
+                  " on a communicator that was aborted after an earlier failure");
+  }
   void reduce(std::span<float> s, ncclRedOp_t op) {
+    live("ncclAllReduce");
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclAllReduce(s.data(), s.data(), s.size(), ncclFloat, op, comm_, stream_),
                        "ncclAllReduce");
@@ -201,6 +229,7 @@ class nccl_communicator {
   int dev_ = 0, rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
   float* scratch_ = nullptr;
+  bool aborted_ = false;
 };
 
 static_assert(communicator<nccl_communicator>);

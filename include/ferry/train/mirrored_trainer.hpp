@@ -29,7 +29,10 @@
 // Errors: a slice larger than max_rows, or a step with the wrong number of slices, is a
 // config_error (checked on the caller before any replica starts); so is blas_threads < 0. If a replica throws, the
 // others are released from the collective (communicator abort hook), the first error is
-// rethrown on the caller, and the trainer stays usable. load() throws what load_weights
+// rethrown on the caller, and the trainer stays usable. With communicators that can abort
+// (nccl_communicator) every one is aborted once all replicas are back, since the others'
+// all-reduce would wait on the GPU forever; that trainer is then spent (later calls throw
+// ferry::error) but shuts down without hanging. load() throws what load_weights
 // throws, and config_error when the file's layers differ from the model's.
 #pragma once
 
@@ -261,6 +264,9 @@ class mirrored_trainer {
   // Runs job(r) for every replica r, replica 0 on this thread; rethrows the first failure.
   template <class F>
   void run_all(F&& job) {
+    if (spent_)
+      throw error("mirrored_trainer: a replica failed in an earlier call and its NCCL communicators were "
+                  "aborted; build a new trainer");
     std::function<void(int)> fn = std::ref(job);
     const std::size_t N = reps_.size();
     if (N > 1) {
@@ -281,6 +287,14 @@ class mirrored_trainer {
       for (auto& x : errs_) x = nullptr;
       failed_ = -1;
       if (reset_) reset_();
+      // Communicators that can end their collectives (NCCL): the other replicas' all-reduce
+      // waits on the GPU for the replica that failed, so the streams would never drain.
+      // Every thread is out of its calls now: abort them all; the trainer is then spent.
+      if constexpr (requires(Comm& c) { c.abort(); })
+        if (!group_) {
+          for (auto& c : comms_) c.abort();
+          spent_ = true;
+        }
       std::rethrow_exception(e);
     }
   }
@@ -321,6 +335,7 @@ class mirrored_trainer {
   std::unique_ptr<thread_group> group_;  // host replicas only
   std::vector<Comm> comms_;
   std::function<void()> abort_, reset_;
+  bool spent_ = false;  // its communicators were aborted after a failure
   std::vector<std::unique_ptr<replica<Backend>>> reps_;
   std::vector<replica_input> slices_;
   std::uint64_t steps_ = 0;
