@@ -229,7 +229,8 @@ TEST_CASE("sim: the copies of step k+1 are never ordered after step k's kernel")
     }
 }
 
-TEST_CASE("sim: steady state allocates nothing and never waits on the host") {
+TEST_CASE("sim: steady state allocates nothing and never waits on the host" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // prefetch threads: never hang
   for (auto how : {consumer::range_for, consumer::drop_first})
     for (bool prefetch : {false, true}) {
       scenario sc{.devices = {0, 1}, .per = 32, .rows = 32 * 2 * 40, .how = how, .progress = 12, .prefetch = prefetch,
@@ -262,7 +263,8 @@ TEST_CASE("sim: a GPU that lags behind meets bounded memory, not a growing queue
   }
 }
 
-TEST_CASE("sim: leaving mid-epoch, with or without the last step kept, frees everything") {
+TEST_CASE("sim: leaving mid-epoch, with or without the last step kept, frees everything" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // prefetch threads: never hang
   for (auto how : {consumer::range_for, consumer::drop_first})
     for (std::size_t stop : {1, 2, 5})
       for (int progress : {0, 5}) {
