@@ -339,3 +339,26 @@ TEST_CASE("sim: steps_ahead other than 0 or 1 is a config error") {
                            ferry::distribute(ferry::cuda::devices{0}, {.steps_ahead = 2}),
                        doctest::Contains("steps_ahead"), ferry::config_error);
 }
+
+TEST_CASE("sim: the end of the epoch releases the last step, as asking for another step does") {
+  for (std::size_t ahead : {0, 1}) {
+    sim::reset(41, 2);
+    const auto data = make_data(16 * 5);
+    {
+      auto pool = ferry::make_pinned_pool();
+      auto steps = ferry::from_range(data) | ferry::batch(16) |
+                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool, .steps_ahead = ahead});
+      std::optional<ferry::step<elem>> held;  // the last step stays alive past the end
+      std::size_t n = 0;
+      for (auto s = steps.next(); s; s = steps.next(), ++n) held = std::move(s);
+      CHECK(n == 5);
+      REQUIRE(held);
+      CHECK(steps.backend().pool_stats(0).outstanding == 0);
+      CHECK(steps.backend().pool_stats(1).outstanding == 0);
+      CHECK_FALSE(steps.next());  // and the end stays the end
+    }
+    sim::drain();
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    CHECK(sim::stats().live_device_blocks == 0);
+  }
+}

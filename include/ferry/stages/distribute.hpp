@@ -335,7 +335,10 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       ahead_ = make_next();
     }
     have_ahead_ = false;
-    if (!ahead_) return std::nullopt;
+    if (!ahead_) {  // the end: the last step handed out is released here, as without ahead
+      release_previous();
+      return std::nullopt;
+    }
     value_type out = std::move(*ahead_);
     ahead_.reset();
     release_previous();  // the consumer has enqueued its work on the step before
