@@ -147,8 +147,9 @@ TEST_CASE("copies of step k+1 overlap the kernel of step k (measured with events
   const long long cycles = ferry_test::cycles_for_ms(20);
   auto steps = ferry::from_range(data) | ferry::batch(8192) | ferry::prefetch(3) |
                ferry::distribute(ferry::cuda::devices{0});
-  std::vector<ferry::cuda::event> kernel_end, copy_end;
+  std::vector<ferry::cuda::event> kernel_start, kernel_end, copy_end;
   for (int i = 0; i < 8; ++i) {
+    kernel_start.push_back(ferry::cuda::event::create(true));
     kernel_end.push_back(ferry::cuda::event::create(true));
     copy_end.push_back(ferry::cuda::event::create(true));
   }
@@ -157,6 +158,7 @@ TEST_CASE("copies of step k+1 overlap the kernel of step k (measured with events
     // next() enqueued the copy for step k+1 (steps_ahead = 1): mark its end on the copy stream.
     copy_end[k].record(steps.backend().copy_stream(0));
     auto s = static_cast<cudaStream_t>(st[0].stream());
+    kernel_start[k].record(s);
     FERRY_CUDA_TRY(ferry_test::launch_spin(s, cycles, st[0].field<0>().data(), d_out));
     kernel_end[k].record(s);
     ++k;
@@ -165,10 +167,13 @@ TEST_CASE("copies of step k+1 overlap the kernel of step k (measured with events
   FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().compute_stream(0)));
   int overlapped = 0;
   for (int i = 0; i + 1 < k; ++i) {
-    // Copy k+1 finished before kernel k did: it ran while the kernel ran.
-    const float ms = ferry::cuda::event::elapsed_ms(copy_end[i], kernel_end[i]);
-    MESSAGE("step " << i << ": kernel ended " << ms << " ms after the next copy");
-    if (ms > 0) ++overlapped;
+    // Copy k+1 ended while kernel k ran: after it started (kernel k did not wait for the
+    // copy) and before it ended (the copy did not wait for kernel k).
+    const float after_start = ferry::cuda::event::elapsed_ms(kernel_start[i], copy_end[i]);
+    const float before_end = ferry::cuda::event::elapsed_ms(copy_end[i], kernel_end[i]);
+    MESSAGE("step " << i << ": the next copy ended " << after_start << " ms into the kernel, " << before_end
+                    << " ms before its end");
+    if (after_start > 0 && before_end > 0) ++overlapped;
   }
   CHECK(overlapped >= k - 2);  // the host may fall behind once while prefetch warms up
   FERRY_CUDA_TRY(cudaFree(d_out));

@@ -23,6 +23,7 @@
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "ferry/stages/map.hpp"
 #include "ferry/stages/prefetch.hpp"
 
 namespace {
@@ -205,7 +206,7 @@ TEST_CASE("sim: every replica's device data equals the oracle's rows, and no acc
           }
 }
 
-TEST_CASE("sim: the copies of step k+1 are never ordered after step k's kernel") {
+TEST_CASE("sim: the copies of step k+1 and the kernel of step k are not ordered either way") {
   for (auto how : {consumer::range_for, consumer::drop_first, consumer::host_waits})
     for (std::size_t ahead : {0, 1}) {
       // Without a step made ahead, a consumer that waits on the host, or drops step k before
@@ -219,7 +220,8 @@ TEST_CASE("sim: the copies of step k+1 are never ordered after step k's kernel")
         REQUIRE(t.steps == 12);
         for (std::size_t k = 0; k + 1 < t.steps; ++k) {
           INFO("step " << k);
-          CHECK_FALSE(sim::happens_before(t.kernel[k], t.copy[k + 1]));
+          CHECK_FALSE(sim::happens_before(t.kernel[k], t.copy[k + 1]));  // copy k+1 need not wait for kernel k
+          CHECK_FALSE(sim::happens_before(t.copy[k + 1], t.kernel[k]));  // nor kernel k for copy k+1
           CHECK(sim::happens_before(t.copy[k], t.kernel[k]));  // and the data is there first
         }
         if (ahead == 1)  // step k+1's copies (2 fields x 2 replicas) were enqueued when step k came
@@ -361,4 +363,48 @@ TEST_CASE("sim: the end of the epoch releases the last step, as asking for anoth
     for (const auto& v : sim::violations()) FAIL_CHECK(v);
     CHECK(sim::stats().live_device_blocks == 0);
   }
+}
+
+TEST_CASE("sim: an upstream that cannot be checkpointed still runs; only save_state fails" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // map workers: never hang
+  sim::reset(51, 3);
+  const auto data = make_data(16 * 10);
+  {
+    auto pool = ferry::make_pinned_pool();
+    auto steps = ferry::from_range(data) | ferry::map([](elem e) { return e; }, {.workers = 2, .ordered = false}) |
+                 ferry::batch(16) | ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+    std::size_t n = 0;
+    for (auto& st : steps) {
+      (void)st;
+      if (++n == 3) CHECK_THROWS_AS(ferry::save_state(steps), ferry::config_error);
+    }
+    CHECK(n == 10);
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+}
+
+TEST_CASE("sim: restore after some steps drops the step made ahead and resumes where saved") {
+  sim::reset(61, 2);
+  const auto data = make_data(16 * 8);
+  {
+    auto pool = ferry::make_pinned_pool();
+    auto steps = ferry::from_range(data) | ferry::batch(16) |
+                 ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+    REQUIRE(steps.next());
+    REQUIRE(steps.next());
+    const ferry::pipeline_state saved = ferry::save_state(steps);  // after steps 0 and 1
+    REQUIRE(steps.next());                                        // step 2 (and 3 made ahead)
+    ferry::restore_state(steps, saved);
+    for (std::size_t k = 2; k < 8; ++k) {
+      auto st = steps.next();
+      REQUIRE(st);
+      CHECK(st->index() == k);
+      CHECK(st->host_batch().field<0>()[0] == std::uint32_t(k * 16 + 1));
+    }
+    CHECK_FALSE(steps.next());
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
 }

@@ -8,9 +8,9 @@
 //
 // Per step and replica: the replica's slice of the (pinned) host batch is copied with
 // cudaMemcpyAsync on that replica's own copy stream into a block from the replica's
-// device_buffer_pool; an event is recorded after the copy and the replica's compute
-// stream waits on it (cudaStreamWaitEvent): the data is ready for any work enqueued on
-// rb.stream() after next() returned, and the host never waits.
+// device_buffer_pool; an event is recorded after the copy, and when next() hands the step
+// out the replica's compute stream waits on it (cudaStreamWaitEvent): the data is ready
+// for any work enqueued on rb.stream() after next() returned, and the host never waits.
 //
 // The release contract. A step is released when the next step is requested (next()) or
 // when it is destroyed, whichever comes first. At release, an event is recorded on each
@@ -331,11 +331,23 @@ class devices_backend {
       }
       h.copied = rep.pool->take_event();
       FERRY_CUDA_TRY(cudaEventRecord(h.copied, rep.copy.get()));
-      FERRY_CUDA_TRY(cudaStreamWaitEvent(rep.compute.get(), h.copied, 0));
       access::set_replica(s[r], data.data(), *host, slices[r], rep.device, rep.compute.get());
     }
     access::set_lease(s, std::move(lease));
     return s;
+  }
+
+  // distribute() hands the step to the consumer: its compute streams wait (on the GPU) for
+  // the copies. Done now, not in make_step: a step made ahead would otherwise put the wait
+  // before the consumer's work on the step before, and that work behind the copy.
+  template <class T>
+  void hand_out(step<T>& s) {
+    auto* lease = static_cast<devices_lease*>(::ferry::detail::step_access::lease(s).get());
+    for (std::size_t r = 0; r < ord_.size(); ++r) {
+      auto& rep = st_->at(r);
+      device_guard g(rep.device);
+      FERRY_CUDA_TRY(cudaStreamWaitEvent(rep.compute.get(), lease->at(r).copied, 0));
+    }
   }
 
   // For tests and benchmarks.

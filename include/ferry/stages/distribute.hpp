@@ -323,7 +323,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       // ones the consumer's work on the previous step still reads.
       std::optional<value_type> s = make_next();
       release_previous();
-      if (s) last_ = step_access::lease(*s);
+      if (s) hand_out(*s);
       return s;
     }
     if (ahead_error_) {  // met while making this step ahead: thrown where the step would be
@@ -339,15 +339,20 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       release_previous();
       return std::nullopt;
     }
+    if constexpr (resumable_source<Up>) {  // the position after the step handed out, for save()
+      delivered_.words.clear();
+      delivered_error_ = nullptr;
+      try {
+        state_writer w(delivered_);
+        up_.save(w);
+      } catch (...) {  // e.g. an unordered map upstream: only save() fails, as without ahead
+        delivered_error_ = std::current_exception();
+      }
+    }
     value_type out = std::move(*ahead_);
     ahead_.reset();
     release_previous();  // the consumer has enqueued its work on the step before
-    last_ = step_access::lease(out);
-    if constexpr (resumable_source<Up>) {  // the position after `out`, for save()
-      delivered_.words.clear();
-      state_writer w(delivered_);
-      up_.save(w);
-    }
+    hand_out(out);
     try {
       ahead_ = make_next();
       have_ahead_ = true;
@@ -355,6 +360,15 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       ahead_error_ = std::current_exception();
     }
     return out;
+  }
+
+  // The step becomes the consumer's: it is released at the next request. A backend that
+  // copies orders the consumer's stream after the copies now (not when the step was made,
+  // which with a step made ahead would put them before the consumer's work on the step
+  // before, and serialise copy and compute).
+  void hand_out(value_type& s) {
+    last_ = step_access::lease(s);
+    if constexpr (requires { be_.hand_out(s); }) be_.hand_out(s);
   }
 
   // Pulls the next batch (skipping dropped ones) and has the backend make its step.
@@ -414,6 +428,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     requires resumable_source<Up>
   {
     const bool ahead = have_ahead_ || ahead_error_;
+    if (ahead && delivered_error_) std::rethrow_exception(delivered_error_);
     if (ahead)
       w.put_words(delivered_.words);  // upstream has been pulled one batch further
     else
@@ -424,6 +439,10 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   void restore(state_reader& r)
     requires resumable_source<Up>
   {
+    ahead_.reset();  // made from the position being left
+    have_ahead_ = false;
+    ahead_error_ = nullptr;
+    release_previous();
     up_.restore(r);
     r.expect("distribute");
     index_ = r.get();
@@ -495,6 +514,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   bool have_ahead_ = false;
   std::exception_ptr ahead_error_;
   pipeline_state delivered_;  // upstream position after the last step handed out
+  std::exception_ptr delivered_error_;  // why that position could not be saved
   std::size_t global_ = 0;
   std::uint64_t index_ = 0;
   std::uint64_t dropped_ = 0;
