@@ -182,7 +182,9 @@ class devices_state {
     return pending_.size();
   }
   // Backpressure: while more than `limit` host batches have copies in flight, waits on the
-  // host for the oldest. Returns how many it waited for.
+  // host for the oldest. Returns how many it waited for. Its events are read outside the
+  // lock: safe because only the stage's thread (make_step) polls and gives them back;
+  // leases released on other threads only defer().
   std::size_t wait_while_more_than(std::size_t limit) {
     std::size_t waited = 0;
     for (;;) {
