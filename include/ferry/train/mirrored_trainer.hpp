@@ -30,9 +30,10 @@
 // config_error (checked on the caller before any replica starts); so is blas_threads < 0. If a replica throws, the
 // others are released from the collective (communicator abort hook), the first error is
 // rethrown on the caller, and the trainer stays usable. With communicators that can abort
-// (nccl_communicator) every one is aborted once all replicas are back, since the others'
-// all-reduce would wait on the GPU forever; that trainer is then spent (later calls throw
-// ferry::error) but shuts down without hanging. load() throws what load_weights
+// (nccl_communicator) every one is aborted once all replicas are back from a call that
+// enqueues collectives (a step, evaluate), since the others' all-reduce would wait on the
+// GPU forever; that trainer is then spent (later calls throw ferry::error) but shuts down
+// without hanging. A failed set_parameters leaves it usable. load() throws what load_weights
 // throws, and config_error when the file's layers differ from the model's.
 #pragma once
 
@@ -179,7 +180,7 @@ class mirrored_trainer {
     if (p.size() != layout().params)
       throw config_error("mirrored_trainer::set_parameters: " + std::to_string(p.size()) +
                          " values for " + std::to_string(layout().params) + " parameters");
-    run_all([&](int r) { reps_[r]->upload_params(p); });
+    run_all([&](int r) { reps_[r]->upload_params(p); }, /*collectives=*/false);
   }
 
   void save(const std::string& path) { save_weights(path, cfg_.layers, parameters()); }
@@ -262,8 +263,9 @@ class mirrored_trainer {
   }
 
   // Runs job(r) for every replica r, replica 0 on this thread; rethrows the first failure.
+  // `collectives`: whether job enqueues collectives (then a failure aborts NCCL ones).
   template <class F>
-  void run_all(F&& job) {
+  void run_all(F&& job, bool collectives = true) {
     if (spent_)
       throw error("mirrored_trainer: a replica failed in an earlier call and its NCCL communicators were "
                   "aborted; build a new trainer");
@@ -291,7 +293,7 @@ class mirrored_trainer {
       // waits on the GPU for the replica that failed, so the streams would never drain.
       // Every thread is out of its calls now: abort them all; the trainer is then spent.
       if constexpr (requires(Comm& c) { c.abort(); })
-        if (!group_) {
+        if (!group_ && collectives) {
           for (auto& c : comms_) c.abort();
           spent_ = true;
         }
