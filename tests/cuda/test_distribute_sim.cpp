@@ -408,3 +408,38 @@ TEST_CASE("sim: restore after some steps drops the step made ahead and resumes w
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
   CHECK(sim::stats().live_device_blocks == 0);
 }
+
+TEST_CASE("sim: the user's own compute streams are used, waited on, and left alive") {
+  sim::reset(71, 3);
+  cudaStream_t mine[2] = {};
+  for (int d = 0; d < 2; ++d) {
+    REQUIRE(cudaSetDevice(d) == cudaSuccess);
+    REQUIRE(cudaStreamCreateWithFlags(&mine[d], cudaStreamNonBlocking) == cudaSuccess);
+  }
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  const auto data = make_data(16 * 6);
+  {
+    auto pool = ferry::make_pinned_pool();
+    auto steps = ferry::from_range(data) | ferry::batch(16) |
+                 ferry::distribute(ferry::cuda::devices({0, 1}, {static_cast<void*>(mine[0]), static_cast<void*>(mine[1])}),
+                                   {.host_resource = pool});
+    std::size_t n = 0;
+    for (auto& st : steps) {
+      for (int r = 0; r < 2; ++r) {
+        CHECK(st[r].stream() == static_cast<void*>(mine[r]));
+        auto ids = st[r].field<0>();
+        REQUIRE(cudaSetDevice(r) == cudaSuccess);
+        const sim::op_id k = sim::launch(mine[r], "user kernel", {{ids.data(), ids.size_bytes()}}, {}, {});
+        CHECK(sim::happens_before(sim::last_copy_into(ids.data()), k));
+      }
+      ++n;
+    }
+    CHECK(n == 6);
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_streams == 2);  // ferry destroyed its copy streams, not the user's
+  CHECK(sim::stats().live_device_blocks == 0);
+  for (auto s : mine) CHECK(cudaStreamDestroy(s) == cudaSuccess);
+  CHECK(sim::stats().live_streams == 0);
+}
