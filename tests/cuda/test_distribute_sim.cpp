@@ -242,7 +242,11 @@ TEST_CASE("sim: steady state allocates nothing and never waits on the host" * do
       REQUIRE(t.steps == 40);
       CHECK(t.end.host_waits == t.warm.host_waits);
       CHECK(t.end.device_allocs == t.warm.device_allocs);
-      CHECK(t.end.host_allocs == t.warm.host_allocs);
+      if (!prefetch)  // all on this thread: the same every run
+        CHECK(t.end.host_allocs == t.warm.host_allocs);
+      else  // how far prefetch's thread runs ahead varies: its queue, one being collated,
+            // the step handed out, the one made ahead, max_pending released; two fields each
+        CHECK(t.end.host_allocs <= 2 * (2 + 1 + 1 + 1 + 4));
       CHECK(t.end.device_allocs <= 2 * 2);  // two blocks per replica
       CHECK(t.backpressure_waits == 0);
       check_clean(t);
