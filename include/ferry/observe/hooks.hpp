@@ -301,14 +301,6 @@ void note_bulk(stage_counters& c, const char* kind, ticks t0, std::span<const T>
   note_count(c, kind, t0, out.size(), bytes_of(out));
 }
 
-// After an observed next_borrowed(): the views it appended.
-inline void note_borrowed(stage_counters& c, const char* kind, ticks t0,
-                          std::span<const std::span<const std::byte>> views) noexcept {
-  std::uint64_t bytes = 0;
-  for (auto v : views) bytes += v.size();
-  note_count(c, kind, t0, views.size(), bytes);
-}
-
 #if defined(__GNUC__)
 #define FERRY_OBSERVE_INLINE [[gnu::always_inline]] inline
 #define FERRY_OBSERVE_COLD [[gnu::noinline, gnu::cold]]
@@ -325,6 +317,15 @@ FERRY_OBSERVE_COLD auto observed_next_slow(stage_counters& c, const char* kind, 
   auto e = f();
   note_next(c, kind, t0, e);
   return e;
+}
+template <class Out, class F>
+FERRY_OBSERVE_COLD std::size_t observed_borrow_slow(stage_counters& c, const char* kind, Out& out, F& f) {
+  const ticks t0 = now();
+  const std::size_t first = out.views.size(), n = f();
+  std::uint64_t bytes = 0;
+  for (std::size_t i = first; i < first + n; ++i) bytes += out.views[i].size();
+  note_count(c, kind, t0, n, bytes);
+  return n;
 }
 template <class T, class F>
 FERRY_OBSERVE_COLD std::size_t observed_bulk_slow(stage_counters& c, const char* kind, std::span<T> out, F& f) {
@@ -347,6 +348,13 @@ FERRY_OBSERVE_INLINE std::size_t observed_bulk(stage_counters& c, const char* ki
   if (!on()) [[likely]]
     return f();
   return observed_bulk_slow(c, kind, out, f);
+}
+// The same for a next_borrowed() body appending views to `out` (borrowed_records).
+template <class Out, class F>
+FERRY_OBSERVE_INLINE std::size_t observed_borrow(stage_counters& c, const char* kind, Out& out, F&& f) {
+  if (!on()) [[likely]]
+    return f();
+  return observed_borrow_slow(c, kind, out, f);
 }
 
 // Time spent blocked: measured only when stats are on and the wait really blocks.
@@ -394,12 +402,7 @@ struct upstream_probe {
   }
   template <class Out>
   std::size_t pull_borrowed(Up& up, Out& out, std::size_t max) {
-    if (!on()) [[likely]]
-      return up.next_borrowed(out, max);
-    const ticks t0 = now();
-    const std::size_t first = out.views.size(), n = up.next_borrowed(out, max);
-    note_borrowed(c, "source", t0, std::span(out.views).subspan(first, n));
-    return n;
+    return observed_borrow(c, "source", out, [&] { return up.next_borrowed(out, max); });
   }
   void visit(const Up&, stage_visitor& v) const { v.add("source", c, stage_mode::source_stage, 1); }
 };

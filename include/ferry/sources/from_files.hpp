@@ -73,12 +73,7 @@ class file_source : public source_interface<file_source> {
   // reference per chunk instead of one per record. Throws as next() does; the records
   // appended before a throw stay in `out`.
   std::size_t next_borrowed(borrowed_records& out, std::size_t max) {
-    if (!observe::on()) [[likely]]
-      return borrow(out, max);
-    const observe::ticks t0 = observe::now();
-    const std::size_t first = out.views.size(), n = borrow(out, max);
-    observe::note_borrowed(stats_, "from_files", t0, std::span(out.views).subspan(first, n));
-    return n;
+    return observe::observed_borrow(stats_, "from_files", out, [&] { return borrow(out, max); });
   }
   void visit_stages(observe::stage_visitor& v) const {
     v.add("from_files", stats_, observe::stage_mode::source_stage, 1);
@@ -87,11 +82,7 @@ class file_source : public source_interface<file_source> {
  private:
   std::optional<record> next_impl() {
     record r;
-    if (!advance([&](const std::shared_ptr<chunk>& c, std::span<const std::byte> bytes, std::uint64_t offset,
-                     std::uint32_t head) {
-          r = record(std::shared_ptr<const std::byte>(c, bytes.data()), bytes.size(), c->file.get(), offset, head);
-        }))
-      return std::nullopt;
+    if (!advance(make_record{r})) return std::nullopt;
     return r;
   }
   std::size_t borrow(borrowed_records& out, std::size_t max) {

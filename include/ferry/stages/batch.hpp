@@ -245,17 +245,8 @@ struct batch_collator {
              std::same_as<std::ranges::range_value_t<typename B::template field_t<0>>, std::byte>)
   {
     B b;
-    const std::size_t n = elems.size();
-    b.ragged_[0] = true;
-    b.elem_bytes_[0] = 1;
-    b.offsets_[0] = buffer(res, (n + 1) * sizeof(std::uint64_t));
-    auto* off = reinterpret_cast<std::uint64_t*>(b.offsets_[0].data());
-    off[0] = 0;
-    for (std::size_t i = 0; i < n; ++i) off[i + 1] = off[i] + elems[i].size();
-    b.data_[0] = buffer(res, off[n]);
-    for (std::size_t i = 0; i < n; ++i)
-      if (!elems[i].empty()) std::memcpy(b.data_[0].data() + off[i], elems[i].data(), elems[i].size());
-    b.n_ = n;
+    fill_ragged<0>(b, res, elems.size(), [&](std::size_t i) { return elems[i]; });
+    b.n_ = elems.size();
     return b;
   }
 
@@ -271,26 +262,32 @@ struct batch_collator {
   }
 
  private:
+  // Ragged field I of n elements, element i's values being the contiguous range get(i):
+  // n+1 offsets, then the values copied into one buffer.
+  template <std::size_t I, class Get>
+  void fill_ragged(B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t n, Get get) const {
+    using E = std::ranges::range_value_t<typename B::template field_t<I>>;
+    b.ragged_[I] = true;
+    b.elem_bytes_[I] = sizeof(E);
+    b.offsets_[I] = buffer(res, (n + 1) * sizeof(std::uint64_t));
+    auto* off = reinterpret_cast<std::uint64_t*>(b.offsets_[I].data());
+    off[0] = 0;
+    for (std::size_t i = 0; i < n; ++i) off[i + 1] = off[i] + std::ranges::size(get(i));
+    b.data_[I] = buffer(res, off[n] * sizeof(E));
+    for (std::size_t i = 0; i < n; ++i) {
+      auto&& r = get(i);
+      const std::size_t bytes = std::ranges::size(r) * sizeof(E);
+      if (bytes) std::memcpy(b.data_[I].data() + off[i] * sizeof(E), std::ranges::data(r), bytes);
+    }
+  }
+
   template <std::size_t I>
   void collate_field(B& b, const std::shared_ptr<std::pmr::memory_resource>& res,
                      std::span<T> elems) const {
     using F = typename B::template field_t<I>;
     const std::size_t n = elems.size();
     if constexpr (B::template is_ragged<I>) {
-      using E = std::ranges::range_value_t<F>;
-      b.ragged_[I] = true;
-      b.elem_bytes_[I] = sizeof(E);
-      b.offsets_[I] = buffer(res, (n + 1) * sizeof(std::uint64_t));
-      auto* off = reinterpret_cast<std::uint64_t*>(b.offsets_[I].data());
-      off[0] = 0;
-      for (std::size_t i = 0; i < n; ++i)
-        off[i + 1] = off[i] + std::ranges::size(detail::get_field<I>(elems[i]));
-      b.data_[I] = buffer(res, off[n] * sizeof(E));
-      for (std::size_t i = 0; i < n; ++i) {
-        auto& r = detail::get_field<I>(elems[i]);
-        const std::size_t bytes = std::ranges::size(r) * sizeof(E);
-        if (bytes) std::memcpy(b.data_[I].data() + off[i] * sizeof(E), std::ranges::data(r), bytes);
-      }
+      fill_ragged<I>(b, res, n, [&](std::size_t i) -> decltype(auto) { return detail::get_field<I>(elems[i]); });
     } else {
       b.elem_bytes_[I] = sizeof(F);
       b.data_[I] = buffer(res, n * sizeof(F));

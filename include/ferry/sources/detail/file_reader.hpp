@@ -101,6 +101,16 @@ inline void check_format(const file_format& f) {
     throw config_error("from_files: fixed_length.record_bytes must be at least 1");
 }
 
+// An emit for file_reader::next_with that makes the record a ferry::record (a view holding
+// a reference to its chunk, and its origin).
+struct make_record {
+  record& out;
+  void operator()(const std::shared_ptr<chunk>& c, std::span<const std::byte> bytes, std::uint64_t offset,
+                  std::uint32_t head) const {
+    out = record(std::shared_ptr<const std::byte>(c, bytes.data()), bytes.size(), c->file.get(), offset, head);
+  }
+};
+
 // Reads one file at a time. Not thread-safe; one per reading thread.
 class file_reader {
  public:
@@ -144,12 +154,7 @@ class file_reader {
   }
 
   // Throws format_error / io_error when the rest of the file cannot be read.
-  frame_status next(record& out, skipped_record& bad) {
-    return next_with(bad, [&](const std::shared_ptr<chunk>& c, std::span<const std::byte> bytes,
-                              std::uint64_t offset, std::uint32_t head) {
-      out = record(std::shared_ptr<const std::byte>(c, bytes.data()), bytes.size(), c->file.get(), offset, head);
-    });
-  }
+  frame_status next(record& out, skipped_record& bad) { return next_with(bad, make_record{out}); }
   // The same, handing emit(chunk, bytes, offset, header bytes) the record's place instead
   // of a record: the bytes stay valid while the caller holds a reference to the chunk.
   template <class Emit>
