@@ -10,9 +10,16 @@
 // work is ordered before another (sim::happens_before) and reports two accesses to the
 // same device bytes that are not ordered, at least one a write (sim::violations()).
 //
-// It is no substitute for a GPU (no kernels, no timing, no real copy engine), but it
-// checks the ordering logic, which a GPU test would only catch when timing happens to
-// expose it. Only tests/cuda's sim tests use it, through this include directory.
+// A host wait blocks, as on a GPU, until the work it waits for has run; work that can
+// never run (a collective whose peers never join) is reported as a deadlock after a few
+// seconds without progress, and the wait returns, so a test fails instead of hanging.
+// Collectives (sim::join_collective, used by the simulated NCCL in nccl.h) run when every
+// member is at the head of its stream; they carry no vector clock across devices.
+//
+// It is no substitute for a GPU (kernels are host functions, no timing, no real copy
+// engine), but it checks the ordering logic, which a GPU test would only catch when
+// timing happens to expose it. Only the sim tests use it, through this include directory
+// (with cublas_v2.h, nccl.h and thrust_shim/ beside it).
 #pragma once
 
 #include <cstddef>
@@ -33,7 +40,12 @@ enum cudaError_t {
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
 };
-enum cudaMemcpyKind { cudaMemcpyHostToHost = 0, cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2 };
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+};
 
 struct CUstream_st;
 struct CUevent_st;
@@ -57,6 +69,7 @@ cudaError_t cudaDeviceSynchronize();
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
@@ -67,6 +80,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b);
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind k, cudaStream_t s = nullptr);
+cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t s = nullptr);
 cudaError_t cudaMalloc(void** p, std::size_t n);
 cudaError_t cudaFree(void* p);
 cudaError_t cudaHostAlloc(void** p, std::size_t n, unsigned flags);
@@ -82,6 +96,7 @@ struct counters {
   std::uint64_t device_allocs = 0;     // cudaMalloc
   std::uint64_t host_allocs = 0;       // cudaHostAlloc
   std::uint64_t copies = 0;            // cudaMemcpyAsync
+  std::uint64_t collectives = 0;       // collective instances run (aborted ones not counted)
   std::uint64_t live_device_blocks = 0;
   std::uint64_t live_streams = 0;
   std::uint64_t live_events = 0;
@@ -100,6 +115,8 @@ counters stats();
 // work uses, calls on objects of the wrong device, deadlocks. Empty when all went well.
 const std::vector<std::string>& violations();
 void clear_violations();
+// Adds a violation (for the simulated libraries beside the runtime).
+void report(std::string what);
 
 // A kernel: `run` executes when the simulator runs it (on the host, later); `reads` and
 // `writes` are the device ranges it touches, checked for races. Enqueued on `s`, whose
@@ -115,9 +132,27 @@ op_id last_copy_into(const void* p);
 // Whether a is ordered before b by streams, events and what the host observed.
 bool happens_before(op_id a, op_id b);
 bool done(op_id a);
-// Runs everything enqueued so far (what cudaDeviceSynchronize does, uncounted).
+// Runs everything enqueued so far on every device (uncounted).
 void drain();
 // Makes the n-th cudaMemcpyAsync from now (1 = the next) fail with `status`.
 void fail_copy(int n, cudaError_t status);
+// Makes the n-th cudaMalloc on `device` from now fail with cudaErrorMemoryAllocation.
+void fail_malloc(int device, int n);
+
+// A member of a collective: instance `seq` of `group`, member `rank` of `nranks`. Enqueued
+// on `s` (whose device must be current); the instance runs when every member is at the
+// head of its stream, all at once: each member's `run`, in rank order. `reads`/`writes`
+// are checked for races like a kernel's.
+op_id join_collective(cudaStream_t s, const void* group, std::uint64_t seq, int rank, int nranks,
+                      std::string label, std::vector<range> reads, std::vector<range> writes,
+                      std::function<void()> run);
+// Ends member `rank`'s unfinished collectives of `group`: they complete without running
+// (what ncclCommAbort does to its kernels); peers not aborted still wait for it.
+void abort_collectives(const void* group, int rank);
+// Blocks, as a host wait does, until member `rank`'s collectives of `group` have run or
+// been aborted (a deadlock is reported after a while without progress).
+void wait_collectives(const void* group, int rank);
+// Whether `p` lies in a live cudaMalloc block, and that block's device (-1 when none).
+int device_of(const void* p);
 
 }  // namespace sim

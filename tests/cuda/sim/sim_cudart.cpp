@@ -1,9 +1,11 @@
 // The simulated CUDA runtime (see cuda_runtime_api.h): streams as queues of deferred work
-// run in a random order that respects stream order and event waits, vector clocks for
-// "is this ordered before that", and a race check on device memory.
+// run in a random order that respects stream order, event waits and collectives, vector
+// clocks for "is this ordered before that", and a race check on device memory.
 #include "cuda_runtime_api.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -20,7 +22,7 @@ namespace {
 
 using clock_t_ = std::vector<std::uint64_t>;  // one entry per stream ever created
 
-enum class kind { copy, kernel, record, wait };
+enum class kind { copy, kernel, record, wait, collective };
 
 struct op {
   sim::op_id id = 0;
@@ -34,6 +36,11 @@ struct op {
   clock_t_ clock;
   bool done = false;
   std::string label;
+  // kind::collective: member `rank` of `nranks` of instance (group, seq)
+  const void* group = nullptr;
+  std::uint64_t seq = 0;
+  int rank = 0, nranks = 1;
+  bool aborted = false;
 };
 
 struct mem_access {
@@ -66,8 +73,13 @@ struct CUevent_st {
 
 namespace {
 
+using instance_key = std::pair<const void*, std::uint64_t>;
+
 struct state {
   std::recursive_mutex m;
+  std::condition_variable_any changed;  // new work, aborts: what a blocked host wait waits for
+  std::uint64_t generation = 0;
+  std::map<instance_key, std::vector<op*>> instances;  // collectives: members by rank
   std::vector<std::unique_ptr<op>> ops;  // ops[id - 1]
   std::vector<std::unique_ptr<CUstream_st>> streams;
   std::vector<std::unique_ptr<CUevent_st>> events;
@@ -80,11 +92,21 @@ struct state {
   std::vector<std::string> violations;
   int fail_in = 0;
   cudaError_t fail_status = cudaSuccess;
+  std::map<int, int> malloc_fail_in;  // device -> n-th cudaMalloc from now fails
 };
+
 
 state& S() {
   static state* s = new state;  // never destroyed: ferry objects may outlive statics
   return *s;
+}
+
+// How long a host wait may see no progress at all before it is called a deadlock.
+constexpr auto deadlock_after = std::chrono::seconds(2);
+
+void changed() {
+  ++S().generation;
+  S().changed.notify_all();
 }
 
 thread_local int current_device = 0;
@@ -133,8 +155,13 @@ void touch(op& o, const void* p, std::size_t n, bool write) {
   if (b->device != o.stream->device)
     s.violations.push_back(where(o) + ": touches device " + std::to_string(b->device) +
                            " memory from a stream of device " + std::to_string(o.stream->device));
+  // Accesses the host has seen complete are ordered before anything enqueued from now on.
+  std::erase_if(b->accesses, [&](const mem_access& a) {
+    const op& prev = *s.ops[a.op - 1];
+    return prev.done && at(s.host_clock, prev.stream->idx) >= at(prev.clock, prev.stream->idx);
+  });
   for (const mem_access& a : b->accesses) {
-    if (!(a.write || write) || a.hi <= lo || hi <= a.lo) continue;
+    if (a.op == o.id || !(a.write || write) || a.hi <= lo || hi <= a.lo) continue;  // in-place is fine
     const op& prev = *s.ops[a.op - 1];
     if (!hb(prev, o))
       s.violations.push_back("race: " + where(o) + (write ? " writes" : " reads") + " bytes that " + where(prev) +
@@ -156,13 +183,26 @@ op& enqueue(CUstream_st* st, kind k, std::string label) {
   st->q.push_back(o.get());
   ++s.c.pending_ops;
   s.ops.push_back(std::move(o));
+  changed();
   return *s.ops.back();
+}
+
+// A collective instance can run when all its members are enqueued, none aborted, and each
+// is at the head of its stream.
+bool instance_ready(const op& h) {
+  const auto it = S().instances.find({h.group, h.seq});
+  if (it == S().instances.end()) return false;
+  for (const op* m : it->second)
+    if (!m || m->aborted || m->stream->q.empty() || m->stream->q.front() != m) return false;
+  return true;
 }
 
 bool runnable(const CUstream_st& st) {
   if (st.q.empty()) return false;
   const op& h = *st.q.front();
-  return h.k != kind::wait || S().ops[h.waits_for - 1]->done;
+  if (h.k == kind::wait) return S().ops[h.waits_for - 1]->done;
+  if (h.k == kind::collective) return h.aborted || instance_ready(h);
+  return true;
 }
 
 // Runs one piece of work chosen at random among the runnable; false when none is.
@@ -174,6 +214,17 @@ bool step_one() {
   if (ready.empty()) return false;
   CUstream_st* st = ready[s.rng() % ready.size()];
   op* o = st->q.front();
+  if (o->k == kind::collective && !o->aborted) {  // every member at once, in rank order
+    auto node = s.instances.extract({o->group, o->seq});
+    for (op* m : node.mapped()) m->stream->q.pop_front();
+    for (op* m : node.mapped()) {
+      if (m->run) m->run();
+      m->done = true;
+      --s.c.pending_ops;
+    }
+    ++s.c.collectives;
+    return true;
+  }
   st->q.pop_front();
   if (o->k == kind::copy) std::memcpy(o->dst, o->src, o->n);
   if (o->k == kind::kernel && o->run) o->run();
@@ -182,21 +233,51 @@ bool step_one() {
   return true;
 }
 
-void run_until_done(sim::op_id id) {
+// A host wait: runs work until `pred` holds. When nothing can run, another thread may yet
+// enqueue what is missing (a collective's peer), so it blocks; after deadlock_after with
+// no progress anywhere it reports a deadlock and gives up (a GPU would hang).
+// The caller holds S().m exactly once.
+template <class Pred>
+bool wait_until(Pred pred, const std::string& what) {
   auto& s = S();
-  while (!s.ops[id - 1]->done)
-    if (!step_one()) {
-      s.violations.push_back("deadlock: waiting for " + where(*s.ops[id - 1]) + ", which can never run");
-      return;
+  auto since = std::chrono::steady_clock::now();
+  while (!pred()) {
+    if (step_one()) {
+      since = std::chrono::steady_clock::now();
+      continue;
     }
+    const auto gen = s.generation;
+    s.changed.wait_for(s.m, std::chrono::milliseconds(20));
+    if (s.generation != gen) {
+      since = std::chrono::steady_clock::now();
+    } else if (std::chrono::steady_clock::now() - since > deadlock_after) {
+      s.violations.push_back("deadlock: " + what + ", which can never run");
+      return false;
+    }
+  }
+  return true;
 }
 
-void drain_all() {
-  while (step_one()) {
-  }
-  if (S().c.pending_ops != 0) S().violations.push_back("deadlock: work left that can never run");
-  for (auto& st : S().streams) join(S().host_clock, st->clock);
+void run_until_done(sim::op_id id) {
+  auto& s = S();
+  wait_until([&] { return s.ops[id - 1]->done; }, "waiting for " + where(*s.ops[id - 1]));
 }
+
+// Waits for all work on the streams of `device` (-1: every device).
+void drain_device(int device) {
+  auto& s = S();
+  auto idle = [&] {
+    for (auto& st : s.streams)
+      if ((device < 0 || st->device == device) && !st->q.empty()) return false;
+    return true;
+  };
+  std::string what = "waiting for all work of ";
+  what += device < 0 ? std::string("every device") : "device " + std::to_string(device);
+  wait_until(idle, what);
+  for (auto& st : s.streams)
+    if (device < 0 || st->device == device) join(s.host_clock, st->clock);
+}
+void drain_all() { drain_device(-1); }
 
 // The GPU runs a little of its own accord each time the host calls in.
 void tick() {
@@ -262,7 +343,7 @@ const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no er
 cudaError_t cudaDeviceSynchronize() {
   std::lock_guard lk(S().m);
   ++S().c.host_waits;
-  drain_all();
+  drain_device(current_device);
   return cudaSuccess;
 }
 
@@ -291,6 +372,16 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
   if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
   ++s.c.host_waits;
   if (!st->q.empty()) run_until_done(st->q.back()->id);
+  join(s.host_clock, st->clock);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t st) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  step_one();  // a host that polls still sees the GPU move, even a lagging one
+  tick();
+  if (!st->q.empty()) return cudaErrorNotReady;
   join(s.host_clock, st->clock);
   return cudaSuccess;
 }
@@ -366,19 +457,44 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
   std::lock_guard lk(s.m);
   if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
   if (s.fail_in > 0 && --s.fail_in == 0) return fail(s.fail_status);
-  if (k != cudaMemcpyHostToDevice) return fail(cudaErrorInvalidValue);  // all ferry does
+  if (k == cudaMemcpyHostToHost) return fail(cudaErrorInvalidValue);  // ferry never does
+  const bool dev_src = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
+  const bool dev_dst = k == cudaMemcpyHostToDevice || k == cudaMemcpyDeviceToDevice;
+  if (!dev_src && block_of(reinterpret_cast<std::uintptr_t>(src)))
+    s.violations.push_back("cudaMemcpyAsync: a host source that is device memory");
+  if (!dev_dst && block_of(reinterpret_cast<std::uintptr_t>(dst)))
+    s.violations.push_back("cudaMemcpyAsync: a host destination that is device memory");
   tick();
   ++s.c.copies;
-  op& o = enqueue(st, kind::copy, "copy of " + std::to_string(n) + " bytes");
+  static const char* names[] = {"", "H2D", "D2H", "D2D"};
+  op& o = enqueue(st, kind::copy, std::string(names[k]) + " copy of " + std::to_string(n) + " bytes");
   o.dst = dst;
   o.src = src;
   o.n = n;
-  touch(o, dst, n, true);
+  if (dev_src) touch(o, src, n, false);
+  if (dev_dst) touch(o, dst, n, true);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t st) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  if (st->device != current_device)
+    s.violations.push_back("cudaMemsetAsync on a stream of device " + std::to_string(st->device) +
+                           " while device " + std::to_string(current_device) + " is current");
+  tick();
+  op& o = enqueue(st, kind::kernel, "memset of " + std::to_string(n) + " bytes");
+  o.run = [p, value, n] { std::memset(p, value, n); };
+  touch(o, p, n, true);
   return cudaSuccess;
 }
 cudaError_t cudaMalloc(void** p, std::size_t n) {
   auto& s = S();
   std::lock_guard lk(s.m);
+  if (auto f = s.malloc_fail_in.find(current_device); f != s.malloc_fail_in.end() && --f->second == 0) {
+    s.malloc_fail_in.erase(f);
+    return fail(cudaErrorMemoryAllocation);
+  }
   const std::size_t bytes = (std::max<std::size_t>(n, 1) + 255) / 256 * 256;
   *p = std::aligned_alloc(256, bytes);
   if (!*p) return fail(cudaErrorMemoryAllocation);
@@ -393,13 +509,15 @@ cudaError_t cudaFree(void* p) {
   if (!p) return cudaSuccess;
   auto it = s.blocks.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == s.blocks.end()) return fail(cudaErrorInvalidValue);
-  // A real cudaFree waits for the device; here: any mem_access not yet run is a free under use.
+  // A real cudaFree waits for the device when work may still use the block.
   for (const mem_access& a : it->second.accesses)
     if (!s.ops[a.op - 1]->done) {
       ++s.c.host_waits;  // an implicit synchronisation
-      drain_all();
+      drain_device(it->second.device);
       break;
     }
+  it = s.blocks.find(reinterpret_cast<std::uintptr_t>(p));  // the wait let other threads in
+  if (it == s.blocks.end()) return fail(cudaErrorInvalidValue);
   s.blocks.erase(it);
   std::free(p);
   --s.c.live_device_blocks;
@@ -421,13 +539,15 @@ cudaError_t cudaFreeHost(void* p) {
   if (it == s.host_blocks.end()) return fail(cudaErrorInvalidValue);
   const std::size_t bytes = it->second;
   s.host_blocks.erase(it);
-  for (auto& o : s.ops)  // copies not yet run that read this block: the host waits first
-    if (!o->done && o->k == kind::copy && o->src >= p &&
-        static_cast<const char*>(o->src) < static_cast<const char*>(p) + bytes) {
-      ++s.c.host_waits;
-      drain_all();
-      break;
-    }
+  auto reads_it = [&](const op& o) {
+    return !o.done && o.k == kind::copy && o.src >= p &&
+           static_cast<const char*>(o.src) < static_cast<const char*>(p) + bytes;
+  };
+  if (std::any_of(s.ops.begin(), s.ops.end(), [&](auto& o) { return reads_it(*o); })) {
+    ++s.c.host_waits;  // copies not yet run that read this block: the host waits first
+    wait_until([&] { return std::none_of(s.ops.begin(), s.ops.end(), [&](auto& o) { return reads_it(*o); }); },
+               "cudaFreeHost waiting for the copies that read the block");
+  }
   std::free(p);
   return cudaSuccess;
 }
@@ -442,6 +562,7 @@ void reset(std::uint64_t seed, int progress) {
   // Work left over is dropped, not run: its kernels may refer to a finished test's data.
   for (auto& [base, b] : s.blocks) std::free(reinterpret_cast<void*>(base));
   s.blocks.clear();
+  s.instances.clear();
   s.ops.clear();
   // Streams and events are kept (ferry may still hold dead ones' handles): only emptied.
   for (auto& st : s.streams) st->q.clear();
@@ -459,6 +580,7 @@ void reset(std::uint64_t seed, int progress) {
   s.c.live_events = live_events;
   s.violations.clear();
   s.fail_in = 0;
+  s.malloc_fail_in.clear();
 }
 
 counters stats() {
@@ -469,6 +591,10 @@ const std::vector<std::string>& violations() { return S().violations; }
 void clear_violations() {
   std::lock_guard lk(S().m);
   S().violations.clear();
+}
+void report(std::string what) {
+  std::lock_guard lk(S().m);
+  S().violations.push_back(std::move(what));
 }
 
 op_id launch(cudaStream_t st, std::string label, std::vector<range> reads, std::vector<range> writes,
@@ -522,6 +648,73 @@ void fail_copy(int n, cudaError_t status) {
   std::lock_guard lk(S().m);
   S().fail_in = n;
   S().fail_status = status;
+}
+
+void fail_malloc(int device, int n) {
+  std::lock_guard lk(S().m);
+  S().malloc_fail_in[device] = n;
+}
+
+op_id join_collective(cudaStream_t st, const void* group, std::uint64_t seq, int rank, int nranks,
+                      std::string label, std::vector<range> reads, std::vector<range> writes,
+                      std::function<void()> run) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(st)) {
+    s.violations.push_back(label + " on a stream that does not exist");
+    return 0;
+  }
+  if (st->device != current_device)
+    s.violations.push_back(label + " on a stream of device " + std::to_string(st->device) + " while device " +
+                           std::to_string(current_device) + " is current");
+  auto& members = s.instances[{group, seq}];
+  members.resize(static_cast<std::size_t>(nranks), nullptr);
+  if (rank < 0 || rank >= nranks || members[rank]) {
+    s.violations.push_back(label + ": rank " + std::to_string(rank) + " joins instance " + std::to_string(seq) +
+                           " twice or out of range");
+    return 0;
+  }
+  tick();
+  op& o = enqueue(st, kind::collective, std::move(label));
+  o.group = group;
+  o.seq = seq;
+  o.rank = rank;
+  o.nranks = nranks;
+  o.run = std::move(run);
+  s.instances[{group, seq}][rank] = &o;
+  for (auto r : reads) touch(o, r.p, r.n, false);
+  for (auto r : writes) touch(o, r.p, r.n, true);
+  return o.id;
+}
+
+void abort_collectives(const void* group, int rank) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  for (auto& o : s.ops)
+    if (!o->done && o->k == kind::collective && o->group == group && o->rank == rank) {
+      o->aborted = true;
+      o->run = nullptr;
+    }
+  changed();
+}
+
+void wait_collectives(const void* group, int rank) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  ++s.c.host_waits;
+  wait_until(
+      [&] {
+        return std::none_of(s.ops.begin(), s.ops.end(), [&](auto& o) {
+          return !o->done && o->k == kind::collective && o->group == group && o->rank == rank;
+        });
+      },
+      "a communicator's teardown waiting for its collectives");
+}
+
+int device_of(const void* p) {
+  std::lock_guard lk(S().m);
+  const device_block* b = block_of(reinterpret_cast<std::uintptr_t>(p));
+  return b ? b->device : -1;
 }
 
 }  // namespace sim

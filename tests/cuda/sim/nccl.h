@@ -1,0 +1,55 @@
+// A simulated NCCL over the simulated runtime (cuda_runtime_api.h), for sim tests: the
+// calls ferry's nccl_communicator makes, in one process. A collective is enqueued on the
+// given stream as a member of an instance (sim::join_collective); the k-th collective of
+// every rank of a clique form one instance, as in NCCL, and it runs when all members are at
+// the head of their streams. ncclCommAbort ends a rank's unfinished collectives (its peers
+// still wait for it, as on a GPU); ncclCommDestroy waits for the rank's collectives, so a
+// communicator torn down while a peer never joins is reported as a deadlock. Calls name
+// their violations: a stream of another device than the communicator's, buffers that are
+// not the communicator's device memory, group calls left open.
+#pragma once
+
+#include <cstddef>
+
+#include "cuda_runtime.h"  // as the real nccl.h does
+
+enum ncclResult_t {
+  ncclSuccess = 0,
+  ncclUnhandledCudaError = 1,
+  ncclSystemError = 2,
+  ncclInternalError = 3,
+  ncclInvalidArgument = 4,
+  ncclInvalidUsage = 5,
+  ncclRemoteError = 6,
+  ncclInProgress = 7,
+};
+enum ncclRedOp_t { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 };
+enum ncclDataType_t { ncclFloat32 = 7, ncclFloat = 7 };
+
+#define NCCL_UNIQUE_ID_BYTES 128
+struct ncclUniqueId {
+  char internal[NCCL_UNIQUE_ID_BYTES];
+};
+struct ncclComm;
+using ncclComm_t = ncclComm*;
+
+const char* ncclGetErrorString(ncclResult_t r);
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id);
+ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist);
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank);
+ncclResult_t ncclCommDestroy(ncclComm_t comm);
+ncclResult_t ncclCommAbort(ncclComm_t comm);
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error);
+ncclResult_t ncclGroupStart();
+ncclResult_t ncclGroupEnd();
+ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream);
+ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type, int root,
+                           ncclComm_t comm, cudaStream_t stream);
+
+namespace sim {
+// Communicators alive (made, not yet destroyed or aborted).
+int live_nccl_comms();
+// Makes ncclCommGetAsyncError of `rank` in every clique report `r` from now on.
+void nccl_async_error(int rank, ncclResult_t r);
+}  // namespace sim

@@ -1,0 +1,208 @@
+// The simulated NCCL (nccl.h): cliques of communicators in one process, collectives as
+// simulator instances that run when every rank's member reaches the head of its stream.
+#include "nccl.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct clique {
+  int nranks = 0;
+  struct buffers {
+    const float* send = nullptr;
+    float* recv = nullptr;
+  };
+  // The buffers of each instance's members, by rank (filled as ranks enqueue).
+  std::map<std::uint64_t, std::vector<buffers>> pending;
+};
+
+std::mutex m;
+std::vector<std::shared_ptr<clique>> cliques;
+std::map<std::string, std::shared_ptr<clique>> by_id;  // ncclCommInitRank's rendezvous
+std::map<int, ncclResult_t> async_errors;
+int live = 0;
+thread_local int group_depth = 0;
+
+}  // namespace
+
+struct ncclComm {
+  std::shared_ptr<clique> c;
+  int rank = 0, device = 0;
+  std::uint64_t next_seq = 0;
+};
+
+namespace {
+
+ncclComm* make(std::shared_ptr<clique> c, int rank, int device) {
+  auto* comm = new ncclComm{std::move(c), rank, device, 0};
+  ++live;
+  return comm;
+}
+
+// Enqueues this rank's member of the next instance; `combine` runs once per instance
+// (on rank 0's member, when all are at their streams' heads) over every rank's buffers.
+ncclResult_t collective(const char* call, ncclComm_t comm, cudaStream_t stream, const void* send, void* recv,
+                        std::size_t count, void (*combine)(std::vector<clique::buffers>&, std::size_t, int),
+                        int arg) {
+  if (!comm) return ncclInvalidArgument;
+  std::uint64_t seq;
+  {
+    std::lock_guard lk(m);
+    seq = comm->next_seq++;
+    auto& b = comm->c->pending[seq];
+    b.resize(comm->c->nranks);
+    b[comm->rank] = {static_cast<const float*>(send), static_cast<float*>(recv)};
+  }
+  const std::size_t bytes = count * sizeof(float);
+  for (const void* p : {send, static_cast<const void*>(recv)})
+    if (bytes && sim::device_of(p) != comm->device)
+      sim::report(std::string(call) + " (rank " + std::to_string(comm->rank) + "): a buffer that is not device " +
+                  std::to_string(comm->device) + " memory");
+  std::function<void()> run;
+  if (comm->rank == 0) {
+    std::shared_ptr<clique> c = comm->c;
+    run = [c, seq, count, combine, arg] {
+      std::vector<clique::buffers> b;
+      {
+        std::lock_guard lk(m);
+        b = std::move(c->pending[seq]);
+        c->pending.erase(seq);
+      }
+      combine(b, count, arg);
+    };
+  }
+  const auto id = sim::join_collective(stream, comm->c.get(), seq, comm->rank, comm->c->nranks,
+                                       std::string(call) + " rank " + std::to_string(comm->rank),
+                                       {{send, bytes}}, {{recv, bytes}}, std::move(run));
+  return id ? ncclSuccess : ncclInvalidUsage;
+}
+
+void reduce_sum_avg(std::vector<clique::buffers>& b, std::size_t count, int avg) {
+  std::vector<float> out(count, 0.0f);
+  for (auto& r : b)  // ranks in order: a fixed association, as NCCL's ring gives per size
+    for (std::size_t i = 0; i < count; ++i) out[i] += r.send[i];
+  if (avg)
+    for (auto& v : out) v /= float(b.size());
+  for (auto& r : b) std::memcpy(r.recv, out.data(), count * sizeof(float));
+}
+void bcast(std::vector<clique::buffers>& b, std::size_t count, int root) {
+  std::vector<float> v(b[root].send, b[root].send + count);
+  for (auto& r : b) std::memcpy(r.recv, v.data(), count * sizeof(float));
+}
+
+}  // namespace
+
+const char* ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclUnhandledCudaError: return "unhandled cuda error (run with NCCL_DEBUG=INFO for details)";
+    case ncclSystemError: return "unhandled system error (run with NCCL_DEBUG=INFO for details)";
+    case ncclInternalError: return "internal error - please report this issue to the NCCL developers";
+    case ncclInvalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case ncclInvalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInProgress: return "NCCL operation in progress";
+  }
+  return "unknown result code";
+}
+
+ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
+  static std::mt19937_64 g(42);
+  std::lock_guard lk(m);
+  for (auto& ch : id->internal) ch = static_cast<char>(g());
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
+  if (ndev < 1) return ncclInvalidArgument;
+  int count = 0;
+  cudaGetDeviceCount(&count);
+  std::lock_guard lk(m);
+  auto c = std::make_shared<clique>();
+  c->nranks = ndev;
+  cliques.push_back(c);
+  for (int i = 0; i < ndev; ++i) {
+    const int d = devlist ? devlist[i] : i;
+    if (d < 0 || d >= count) return ncclInvalidArgument;
+    comms[i] = make(c, i, d);
+  }
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int rank) {
+  if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  int dev = 0;
+  cudaGetDevice(&dev);
+  std::lock_guard lk(m);
+  auto& c = by_id[std::string(id.internal, sizeof id.internal)];
+  if (!c) {
+    c = std::make_shared<clique>();
+    c->nranks = nranks;
+    cliques.push_back(c);
+  }
+  if (c->nranks != nranks) return ncclInvalidUsage;
+  *comm = make(c, rank, dev);
+  return ncclSuccess;
+}
+
+ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  sim::wait_collectives(comm->c.get(), comm->rank);  // NCCL finalizes: its work completes first
+  std::lock_guard lk(m);
+  delete comm;
+  --live;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  sim::abort_collectives(comm->c.get(), comm->rank);
+  std::lock_guard lk(m);
+  delete comm;
+  --live;
+  return ncclSuccess;
+}
+ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
+  if (!comm) return ncclInvalidArgument;
+  std::lock_guard lk(m);
+  const auto it = async_errors.find(comm->rank);
+  *async_error = it == async_errors.end() ? ncclSuccess : it->second;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupStart() {
+  ++group_depth;
+  return ncclSuccess;
+}
+ncclResult_t ncclGroupEnd() {
+  if (group_depth == 0) return ncclInvalidUsage;
+  --group_depth;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type, ncclRedOp_t op,
+                           ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclFloat32 || (op != ncclSum && op != ncclAvg)) return ncclInvalidArgument;  // the sim's subset
+  return collective("ncclAllReduce", comm, stream, send, recv, count, reduce_sum_avg, op == ncclAvg);
+}
+ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type, int root,
+                           ncclComm_t comm, cudaStream_t stream) {
+  if (type != ncclFloat32 || !comm || root < 0 || root >= comm->c->nranks) return ncclInvalidArgument;
+  return collective("ncclBroadcast", comm, stream, send, recv, count, bcast, root);
+}
+
+namespace sim {
+int live_nccl_comms() {
+  std::lock_guard lk(m);
+  return live;
+}
+void nccl_async_error(int rank, ncclResult_t r) {
+  std::lock_guard lk(m);
+  if (r == ncclSuccess) async_errors.erase(rank);
+  else async_errors[rank] = r;
+}
+}  // namespace sim

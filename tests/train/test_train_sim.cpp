@@ -1,0 +1,390 @@
+// The trainer's GPU backend (gpu_backend.cuh: cuBLAS + Thrust on the replica's stream) and
+// the NCCL communicator, compiled by g++ against the simulated CUDA runtime, cuBLAS, NCCL
+// and Thrust for_each of tests/cuda/sim, and checked against the host backend (the oracle,
+// sim_reference.cpp). The simulator runs kernels later, in a random order that respects
+// streams, events and collectives, reports races, calls on the wrong device and host waits
+// that could never return (a GPU would hang). So this checks, on a machine with no GPU:
+// the cuBLAS calls' operand order, transposes and leading dimensions (column-major, the
+// documented semantics); that every operation runs on its replica's device; the NCCL
+// all-reduce and broadcast of two ranks on two simulated GPUs; the pipeline feeding the
+// trainer through distribute(cuda::devices); and the failure paths that need two GPUs: a
+// replica that fails mid-step or while the trainer is built ends in an error, not a hang,
+// and frees everything; a lost NCCL peer ends barrier() with its async error.
+// It cannot check the kernels' speed or the real libraries: test_train_gpu does, on a GPU.
+#include <doctest/doctest.h>
+
+#include <cuda_runtime.h>  // the simulator's (this test's include path puts tests/cuda/sim first)
+#include <cublas_v2.h>
+#include <nccl.h>
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/collective/nccl.hpp"
+#include "ferry/cuda/devices.hpp"
+#include "ferry/sources/from_range.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/distribute.hpp"
+#include "ferry/stages/prefetch.hpp"
+#include "ferry/train/gpu_backend.cuh"
+#include "sim_reference.hpp"
+
+namespace {
+
+namespace tr = ferry::train;
+using sim_ref::dim;
+
+const tr::mlp_config cfg{{dim, 48, 24, 5}, {1.0f, 2.0f, 0.5f, 1.0f, 1.5f}};
+constexpr int B = 64, classes = 5;
+
+// Device copies made by the test itself, freed at the end of the scope.
+struct device_copies {
+  std::vector<void*> blocks;
+  cudaStream_t s[sim::device_count] = {};
+  template <class T>
+  T* put(int device, const std::vector<T>& v) {
+    REQUIRE(cudaSetDevice(device) == cudaSuccess);
+    if (!s[device]) REQUIRE(cudaStreamCreateWithFlags(&s[device], cudaStreamNonBlocking) == cudaSuccess);
+    void* p = nullptr;
+    REQUIRE(cudaMalloc(&p, v.size() * sizeof(T)) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice, s[device]) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(s[device]) == cudaSuccess);
+    blocks.push_back(p);
+    return static_cast<T*>(p);
+  }
+  ~device_copies() {
+    for (void* p : blocks) cudaFree(p);
+    for (auto st : s)
+      if (st) cudaStreamDestroy(st);
+  }
+};
+
+double rel(double a, double b) { return std::fabs(a - b) / std::fmax(1e-3, std::fabs(b)); }
+
+void no_violations() {
+  const auto& v = sim::violations();
+  for (const auto& x : v) MESSAGE(x);
+  CHECK(v.empty());
+}
+
+// Everything the trainer made is gone once it is.
+void all_freed(const sim::counters& before) {
+  const auto now = sim::stats();
+  CHECK(now.live_device_blocks == 0);
+  CHECK(now.live_streams == before.live_streams);
+  CHECK(now.live_events == before.live_events);
+  CHECK(sim::live_blas_handles() == 0);
+  CHECK(sim::live_nccl_comms() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("gpu_backend on a simulated GPU: the gradients and the loss curve of the host backend" *
+          doctest::timeout(120)) {
+  const auto d = sim_ref::make_blobs(B * 40 + B, classes, 3);
+  for (const std::uint64_t seed : {1u, 2u, 3u})
+    for (const int progress : {0, 3}) {
+      CAPTURE(seed);
+      CAPTURE(progress);
+      sim::reset(seed, progress);
+      const auto before = sim::stats();
+      {
+        device_copies dc;
+        float* dx = dc.put(0, d.x);
+        std::int32_t* dy = dc.put(0, d.y);
+
+        // One forward/backward, padding rows included: the packed buffer equals the host's.
+        const tr::mlp_layout lay(cfg);
+        const auto want = sim_ref::first_gradient(cfg, 7, d, B, B - 3);
+        {
+          tr::replica<tr::gpu_backend> g(cfg, {}, tr::init_params(lay, 7), B, tr::replica_context{0, nullptr});
+          g.forward_backward({dx, dy, B, B - 3});
+          std::vector<float> got(lay.grad_floats());
+          g.backend().download(got.data(), g.gradient_buffer().data(), got.size() * sizeof(float));
+          REQUIRE(got.size() == want.size());
+          double worst = 0, scale = 0;
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            worst = std::fmax(worst, std::fabs(got[i] - want[i]));
+            scale = std::fmax(scale, std::fabs(want[i]));
+          }
+          CHECK(scale > 0);
+          CHECK(worst <= 1e-4 * scale + 1e-5);
+        }
+
+        // 40 Adam steps, then evaluate: the loss curve and the weights of the host's.
+        const tr::trainer_options o{.seed = 7, .max_rows = B};
+        const auto ref = sim_ref::train(cfg, o, d, B, 40, B);
+        tr::mirrored_trainer<tr::gpu_backend, ferry::solo_communicator> t(
+            cfg, o, std::vector<ferry::solo_communicator>(1), {tr::replica_context{0, nullptr}});
+        double worst = 0;
+        for (int s = 0; s < 40; ++s) {
+          const std::size_t off = std::size_t(s) * B;
+          const tr::replica_input in{dx + off * dim, dy + off, B, B};
+          const auto st = t.train_step(std::span(&in, 1));
+          worst = std::fmax(worst, rel(st.loss, ref.loss[s]));
+          CHECK(st.rows == ref.rows[s]);
+          CHECK(st.accuracy == doctest::Approx(ref.accuracy[s]).epsilon(0.02));
+        }
+        CHECK(worst < 1e-3);
+        CHECK(ref.loss.back() < 0.5 * ref.loss.front());  // it learns, so the curve says something
+        const auto p = t.parameters();
+        double pw = 0;
+        for (std::size_t i = 0; i < p.size(); ++i) pw = std::fmax(pw, std::fabs(p[i] - ref.params[i]));
+        CHECK(pw < 1e-3);
+        const std::size_t off = std::size_t(40) * B;
+        const tr::replica_input ev{dx + off * dim, dy + off, B, B};
+        const auto e = t.evaluate(std::span(&ev, 1));
+        CHECK(rel(e.loss, ref.eval.loss) < 1e-3);
+        CHECK(e.rows == ref.eval.rows);
+      }
+      no_violations();
+      all_freed(before);
+    }
+}
+
+TEST_CASE("NCCL, one rank per simulated GPU: the weights of one host replica with the same global batch" *
+          doctest::timeout(120)) {
+  const auto d = sim_ref::make_blobs(B * 30 + B, classes, 4);
+  for (const std::uint64_t seed : {5u, 6u})
+    for (const int progress : {0, 3}) {
+      CAPTURE(seed);
+      CAPTURE(progress);
+      sim::reset(seed, progress);
+      const auto before = sim::stats();
+      {
+        device_copies dc;
+        float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
+        std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
+        const int per = B / 2;
+        const tr::trainer_options o{.opt = {.kind = tr::optimizer_kind::sgd, .lr = 0.05f, .momentum = 0.9f},
+                                    .seed = 9, .max_rows = per};
+        const auto ref = sim_ref::train(cfg, o, d, B, 30, B);
+        tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
+            cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+        // Replica 0 runs on this thread: leave another device current, as a caller may.
+        REQUIRE(cudaSetDevice(1) == cudaSuccess);
+        double worst = 0;
+        for (int s = 0; s < 30; ++s) {
+          const std::size_t off = std::size_t(s) * B;
+          std::vector<tr::replica_input> in;
+          for (int r = 0; r < 2; ++r)
+            in.push_back({dx[r] + (off + std::size_t(r) * per) * dim, dy[r] + off + std::size_t(r) * per, per, per});
+          const auto st = t.train_step(in);
+          worst = std::fmax(worst, rel(st.loss, ref.loss[s]));
+          CHECK(st.rows == ref.rows[s]);
+        }
+        CHECK(worst < 1e-3);
+        const auto p0 = t.parameters();
+        CHECK(t.replica_at(1).download_params() == p0);  // identical, bit for bit
+        double pw = 0;
+        for (std::size_t i = 0; i < p0.size(); ++i) pw = std::fmax(pw, std::fabs(p0[i] - ref.params[i]));
+        CHECK(pw < 1e-3);
+        const std::size_t off = std::size_t(30) * B;
+        const tr::replica_input ev[2] = {{dx[0] + off * dim, dy[0] + off, per, per},
+                                         {dx[1] + (off + per) * dim, dy[1] + off + per, per, per}};
+        const auto e = t.evaluate(std::span(ev));
+        CHECK(rel(e.loss, ref.eval.loss) < 1e-3);
+        CHECK(e.rows == ref.eval.rows);
+        CHECK(sim::stats().collectives > 0);
+        REQUIRE(cudaSetDevice(0) == cudaSuccess);
+      }
+      no_violations();
+      all_freed(before);
+    }
+}
+
+TEST_CASE("the pipeline feeds two simulated GPUs' trainer: distribute(cuda::devices) onto its streams" *
+          doctest::timeout(120)) {
+  const auto d = sim_ref::make_blobs(B * 12, classes, 5);
+  const auto rows = sim_ref::rows_of(d, std::size_t(B) * 12 - 20);  // the last batch is short: padded
+  const tr::trainer_options o{.seed = 11, .max_rows = B / 2};
+  const auto ref = sim_ref::train_pipeline(cfg, o, rows, B, 2);
+  for (const int progress : {0, 4}) {
+    CAPTURE(progress);
+    sim::reset(17, progress);
+    const auto before = sim::stats();
+    {
+      tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
+          cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+      std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+      auto p = ferry::from_range(rows) | ferry::batch(std::size_t(B)) | ferry::prefetch(2) |
+               ferry::distribute(ferry::cuda::devices({0, 1}, streams), {.remainder = ferry::remainder_policy::pad});
+      std::size_t k = 0;
+      double worst = 0;
+      for (int e = 0; e < 2; ++e) {
+        for (auto& step : p) {
+          REQUIRE(k < ref.loss.size());
+          const auto st = t.train_step(step);
+          CHECK(st.rows == ref.rows[k]);
+          worst = std::fmax(worst, rel(st.loss, ref.loss[k]));
+          ++k;
+        }
+        p.rewind();
+      }
+      CHECK(k == ref.loss.size());
+      CHECK(ref.rows[ref.rows.size() / 2 - 1] == double(B - 20));  // the padded step was there
+      CHECK(worst < 1e-3);
+      const auto p0 = t.parameters();
+      double pw = 0;
+      for (std::size_t i = 0; i < p0.size(); ++i) pw = std::fmax(pw, std::fabs(p0[i] - ref.params[i]));
+      CHECK(pw < 1e-3);
+    }
+    no_violations();
+    all_freed(before);
+  }
+}
+
+TEST_CASE("a GPU replica that fails mid-step: the error, then a spent trainer that shuts down without a hang" *
+          doctest::timeout(120)) {
+  const auto d = sim_ref::make_blobs(B * 8, classes, 6);
+  for (const int progress : {0, 3}) {
+    CAPTURE(progress);
+    sim::reset(23, progress);
+    const auto before = sim::stats();
+    {
+      device_copies dc;
+      float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
+      std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
+      const int per = B / 2;
+      tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
+          cfg, {.seed = 3, .max_rows = per}, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+      auto slices = [&](int s) {
+        std::vector<tr::replica_input> in;
+        for (int r = 0; r < 2; ++r) {
+          const std::size_t off = std::size_t(s) * B + std::size_t(r) * per;
+          in.push_back({dx[r] + off * dim, dy[r] + off, per, per});
+        }
+        return in;
+      };
+      t.train_step(slices(0));
+      // Replica 1's third GEMM of the next step fails: it never joins that step's all-reduce,
+      // which replica 0 has enqueued and its GPU would wait on for ever.
+      sim::fail_blas(1, 3, CUBLAS_STATUS_EXECUTION_FAILED);
+      std::string what;
+      try {
+        t.train_step(slices(1));
+      } catch (const ferry::error& e) {
+        what = e.what();
+      }
+      CHECK(what.find("cublasSgemm") != std::string::npos);
+      CHECK(what.find("device 1") != std::string::npos);
+      CHECK(what.find("CUBLAS_STATUS_EXECUTION_FAILED") != std::string::npos);
+      CHECK_THROWS_WITH_AS(t.train_step(slices(2)), doctest::Contains("build a new trainer"), ferry::error);
+    }  // the trainer goes: its streams must drain (the aborted all-reduce ends)
+    no_violations();
+    all_freed(before);
+  }
+}
+
+TEST_CASE("a GPU replica that fails while the trainer is built: cuda_error, nothing hangs, nothing leaks" *
+          doctest::timeout(60)) {
+  for (const int progress : {0, 3}) {
+    CAPTURE(progress);
+    sim::reset(29, progress);
+    const auto before = sim::stats();
+    sim::fail_malloc(1, 4);  // replica 1's fourth block: replica 0 goes on to the broadcast
+    try {
+      tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
+          cfg, {.seed = 3, .max_rows = 16}, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+      FAIL("the trainer was built");
+    } catch (const ferry::cuda_error& e) {
+      CHECK(e.device() == 1);
+      CHECK(e.call().find("cudaMalloc") != std::string::npos);
+      CHECK(e.status() == int(cudaErrorMemoryAllocation));
+    }
+    no_violations();
+    all_freed(before);
+  }
+}
+
+TEST_CASE("a lost NCCL peer: barrier() ends with the communicator's async error, not a hang" *
+          doctest::timeout(60)) {
+  sim::reset(31, 2);
+  const auto before = sim::stats();
+  cudaStream_t s[2];
+  {
+    auto comms = ferry::nccl_communicator::local({0, 1});
+    for (int r = 0; r < 2; ++r) {
+      REQUIRE(cudaSetDevice(r) == cudaSuccess);
+      REQUIRE(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking) == cudaSuccess);
+      comms[r].set_stream(s[r]);
+    }
+    // Rank 0 never comes; rank 1's barrier waits in its all-reduce until NCCL reports the
+    // peer lost (what a dead process or a broken network gives).
+    sim::nccl_async_error(1, ncclRemoteError);
+    CHECK_THROWS_WITH_AS(comms[1].barrier(), doctest::Contains("asynchronous error"), ferry::error);
+    CHECK(comms[1].aborted());
+    CHECK_THROWS_WITH_AS(comms[1].barrier(), doctest::Contains("aborted"), ferry::error);
+    sim::nccl_async_error(1, ncclSuccess);
+  }  // rank 0 has nothing pending: its teardown returns; rank 1's all-reduce was aborted
+  for (auto st : s) CHECK(cudaStreamDestroy(st) == cudaSuccess);
+  no_violations();
+  all_freed(before);
+}
+
+TEST_CASE("ncclCommInitRank across processes: two trainers of two ranks each in one clique of four" *
+          doctest::timeout(120)) {
+  // Two "processes" (threads here, as in one rank per process with two GPUs each) join one
+  // clique with nccl_communicator::join, as nccl_communicators(ctx) does after MPI_Bcast of
+  // the id. Global rank 2p + r is replica r of process p, on device r, with global slice
+  // 2p + r of each batch: the same weights as one host replica with the whole batch.
+  const auto d = sim_ref::make_blobs(B * 20 + B, classes, 8);
+  const int per = B / 4, steps = 20;
+  const tr::trainer_options o{.seed = 13, .max_rows = per};
+  const auto ref = sim_ref::train(cfg, o, d, B, steps, B);
+  sim::reset(37, 2);
+  const auto before = sim::stats();
+  {
+    device_copies dc;
+    float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
+    std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
+    const ncclUniqueId id = ferry::nccl_communicator::unique_id();
+    struct result {
+      std::vector<double> loss;
+      std::vector<float> params;
+      std::string error;
+    } res[2];
+    auto process = [&](int p) {
+      try {
+        auto comms = ferry::nccl_communicator::join(id, 4, 2 * p, {0, 1});
+        if (comms[0].rank() != 2 * p || comms[1].rank() != 2 * p + 1 || comms[0].size() != 4)
+          throw std::runtime_error("ranks " + std::to_string(comms[0].rank()) + "," + std::to_string(comms[1].rank()));
+        tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(cfg, o, std::move(comms),
+                                                                          {{0, nullptr}, {1, nullptr}});
+        for (int s = 0; s < steps; ++s) {
+          std::vector<tr::replica_input> in;
+          for (int r = 0; r < 2; ++r) {
+            const std::size_t off = std::size_t(s) * B + std::size_t(2 * p + r) * per;
+            in.push_back({dx[r] + off * dim, dy[r] + off, per, per});
+          }
+          res[p].loss.push_back(t.train_step(in).loss);
+        }
+        res[p].params = t.parameters();
+      } catch (const std::exception& e) {
+        res[p].error = e.what();
+      }
+    };
+    std::thread other(process, 1);
+    process(0);
+    other.join();
+    CHECK(res[0].error == "");
+    CHECK(res[1].error == "");
+    REQUIRE(res[0].loss.size() == std::size_t(steps));
+    REQUIRE(res[1].loss.size() == std::size_t(steps));
+    double worst = 0;
+    for (int s = 0; s < steps; ++s) worst = std::fmax(worst, rel(res[0].loss[s], ref.loss[s]));
+    CHECK(worst < 1e-3);
+    CHECK(res[0].loss == res[1].loss);      // every rank reads the same global statistics
+    CHECK(res[0].params == res[1].params);  // and holds the same weights
+    double pw = 0;
+    for (std::size_t i = 0; i < ref.params.size(); ++i) pw = std::fmax(pw, std::fabs(res[0].params[i] - ref.params[i]));
+    CHECK(pw < 1e-3);
+  }
+  no_violations();
+  all_freed(before);
+}
