@@ -57,7 +57,14 @@ using cudaEvent_t = CUevent_st*;
 #define cudaEventDisableTiming 0x02
 #define cudaHostAllocPortable 0x01
 
+struct cudaDeviceProp {
+  char name[256];
+  std::size_t totalGlobalMem;
+  int major, minor, multiProcessorCount;
+};
+
 cudaError_t cudaDriverGetVersion(int* v);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int device);
 cudaError_t cudaGetDeviceCount(int* n);
 cudaError_t cudaGetDevice(int* d);
 cudaError_t cudaSetDevice(int d);

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -307,6 +308,15 @@ bool valid(CUevent_st* e) {
 
 cudaError_t cudaDriverGetVersion(int* v) {
   *v = 13000;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+  if (d < 0 || d >= sim::device_count) return fail(cudaErrorInvalidDevice);
+  *p = cudaDeviceProp{};
+  std::snprintf(p->name, sizeof p->name, "simulated GPU %d", d);
+  p->totalGlobalMem = std::size_t(1) << 34;
+  p->major = 9;
+  p->multiProcessorCount = 132;
   return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int* n) {
