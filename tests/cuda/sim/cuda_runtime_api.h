@@ -73,12 +73,14 @@ const char* cudaGetErrorName(cudaError_t e);
 const char* cudaGetErrorString(cudaError_t e);
 cudaError_t cudaDeviceSynchronize();
 
+cudaError_t cudaStreamCreate(cudaStream_t* s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 
+cudaError_t cudaEventCreate(cudaEvent_t* e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
@@ -87,6 +89,9 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b);
 
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind k, cudaStream_t s = nullptr);
+// Synchronous, on the device's legacy default stream: waits for the device's blocking
+// streams (not for cudaStreamNonBlocking ones), then copies and waits for the copy.
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind k);
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t s = nullptr);
 cudaError_t cudaMalloc(void** p, std::size_t n);
 cudaError_t cudaFree(void* p);

@@ -61,6 +61,7 @@ struct device_block {
 struct CUstream_st {
   std::size_t idx;
   int device;
+  bool blocking = true;  // synchronises with the legacy default stream (cudaMemcpy)
   std::deque<op*> q;
   clock_t_ clock;
   bool alive = true;
@@ -357,12 +358,14 @@ cudaError_t cudaDeviceSynchronize() {
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned) {
+cudaError_t cudaStreamCreate(cudaStream_t* out) { return cudaStreamCreateWithFlags(out, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* out, unsigned flags) {
   auto& s = S();
   std::lock_guard lk(s.m);
   auto st = std::make_unique<CUstream_st>();
   st->idx = s.streams.size();
   st->device = current_device;
+  st->blocking = !(flags & cudaStreamNonBlocking);
   st->clock.assign(st->idx + 1, 0);
   *out = st.get();
   s.streams.push_back(std::move(st));
@@ -407,6 +410,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned) {
   return cudaSuccess;
 }
 
+cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned) {
   auto& s = S();
   std::lock_guard lk(s.m);
@@ -483,6 +487,36 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
   o.n = n;
   if (dev_src) touch(o, src, n, false);
   if (dev_dst) touch(o, dst, n, true);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind k) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  // The device's legacy default stream: made on first use, non-blocking itself so the
+  // wait below does not wait for it.
+  static std::map<int, CUstream_st*> legacy;
+  CUstream_st*& ls = legacy[current_device];
+  if (!ls || !valid(ls)) {
+    cudaStream_t made = nullptr;
+    cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking);
+    --s.c.live_streams;  // the runtime's own, not the program's
+    ls = made;
+  }
+  ++s.c.host_waits;
+  const int dev = current_device;
+  wait_until(
+      [&] {
+        for (auto& st : s.streams)
+          if (st->device == dev && st->blocking && !st->q.empty()) return false;
+        return true;
+      },
+      "cudaMemcpy waiting for the blocking streams of device " + std::to_string(dev));
+  for (auto& st : s.streams)
+    if (st->device == dev && st->blocking) join(s.host_clock, st->clock);
+  const cudaError_t r = cudaMemcpyAsync(dst, src, n, k, ls);
+  if (r != cudaSuccess) return r;
+  run_until_done(ls->q.back()->id);
+  join(s.host_clock, ls->clock);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t st) {
