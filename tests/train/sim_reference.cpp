@@ -1,7 +1,6 @@
 // The host oracle of test_train_sim (see sim_reference.hpp).
 #include "sim_reference.hpp"
 
-#include <random>
 #include <span>
 
 #include "ferry/sources/from_range.hpp"
@@ -12,19 +11,6 @@
 namespace sim_ref {
 
 namespace tr = ferry::train;
-
-blobs make_blobs(int n, int classes, unsigned seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> c(std::size_t(classes) * dim);
-  for (auto& v : c) v = 3.0f * nd(g);
-  blobs d;
-  for (int i = 0; i < n; ++i) {
-    d.y.push_back(i % classes);
-    for (int k = 0; k < dim; ++k) d.x.push_back(c[std::size_t(i % classes) * dim + k] + 0.5f * nd(g));
-  }
-  return d;
-}
 
 std::vector<row> rows_of(const blobs& d, std::size_t n) {
   std::vector<row> out(n);

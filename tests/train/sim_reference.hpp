@@ -8,6 +8,7 @@
 #include <tuple>
 #include <vector>
 
+#include "blobs.hpp"
 #include "ferry/train/mlp.hpp"
 #include "ferry/train/mirrored_trainer.hpp"
 
@@ -16,12 +17,8 @@ namespace sim_ref {
 inline constexpr int dim = 32;
 using row = std::tuple<std::array<float, dim>, std::int32_t>;
 
-struct blobs {
-  std::vector<float> x;  // n x dim
-  std::vector<std::int32_t> y;
-};
-// n points around `classes` random centres (class i % classes).
-blobs make_blobs(int n, int classes, unsigned seed);
+using blobs = train_test::blobs;
+inline blobs make_blobs(int n, int classes, unsigned seed) { return train_test::make_blobs(n, dim, classes, seed); }
 std::vector<row> rows_of(const blobs& d, std::size_t n);
 
 // The packed gradient buffer (gradients, then the step statistics) of one forward/backward

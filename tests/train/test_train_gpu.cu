@@ -11,6 +11,7 @@
 #include <tuple>
 #include <vector>
 
+#include "blobs.hpp"
 #include "ferry/cuda/runtime.hpp"
 #include "ferry/collective/nccl.hpp"
 #include "ferry/cuda/devices.hpp"
@@ -34,22 +35,6 @@ static int failures = 0;
     }                                                       \
   } while (0)
 
-struct data {
-  std::vector<float> x;
-  std::vector<std::int32_t> y;
-};
-static data blobs(int n, int dim, int classes, unsigned seed) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd;
-  std::vector<float> c(std::size_t(classes) * dim);
-  for (auto& v : c) v = 3.0f * nd(g);
-  data d;
-  for (int i = 0; i < n; ++i) {
-    d.y.push_back(i % classes);
-    for (int k = 0; k < dim; ++k) d.x.push_back(c[std::size_t(i % classes) * dim + k] + 0.5f * nd(g));
-  }
-  return d;
-}
 template <class T>
 static T* to_device(const std::vector<T>& v) {
   T* p = nullptr;
@@ -66,7 +51,7 @@ int main() {
   const int count = ferry::cuda::device_count();
   const int dim = 32, classes = 5, B = 64, steps = 60;
   const tr::mlp_config cfg{{dim, 48, 24, classes}, {1.0f, 2.0f, 0.5f, 1.0f, 1.5f}};
-  const data d = blobs(B * steps, dim, classes, 3);
+  const train_test::blobs d = train_test::make_blobs(B * steps, dim, classes, 3);
   float* dx = to_device(d.x);
   std::int32_t* dy = to_device(d.y);
 

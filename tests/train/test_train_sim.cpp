@@ -65,6 +65,12 @@ struct device_copies {
 };
 
 double rel(double a, double b) { return std::fabs(a - b) / std::fmax(1e-3, std::fabs(b)); }
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double w = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) w = std::fmax(w, std::fabs(a[i] - b[i]));
+  return w;
+}
 
 void no_violations() {
   const auto& v = sim::violations();
@@ -132,10 +138,7 @@ TEST_CASE("gpu_backend on a simulated GPU: the gradients and the loss curve of t
         }
         CHECK(worst < 1e-3);
         CHECK(ref.loss.back() < 0.5 * ref.loss.front());  // it learns, so the curve says something
-        const auto p = t.parameters();
-        double pw = 0;
-        for (std::size_t i = 0; i < p.size(); ++i) pw = std::fmax(pw, std::fabs(p[i] - ref.params[i]));
-        CHECK(pw < 1e-3);
+        CHECK(max_abs_diff(t.parameters(), ref.params) < 1e-3);
         const std::size_t off = std::size_t(40) * B;
         const tr::replica_input ev{dx + off * dim, dy + off, B, B};
         const auto e = t.evaluate(std::span(&ev, 1));
@@ -181,9 +184,7 @@ TEST_CASE("NCCL, one rank per simulated GPU: the weights of one host replica wit
         CHECK(worst < 1e-3);
         const auto p0 = t.parameters();
         CHECK(t.replica_at(1).download_params() == p0);  // identical, bit for bit
-        double pw = 0;
-        for (std::size_t i = 0; i < p0.size(); ++i) pw = std::fmax(pw, std::fabs(p0[i] - ref.params[i]));
-        CHECK(pw < 1e-3);
+        CHECK(max_abs_diff(p0, ref.params) < 1e-3);
         const std::size_t off = std::size_t(30) * B;
         const tr::replica_input ev[2] = {{dx[0] + off * dim, dy[0] + off, per, per},
                                          {dx[1] + (off + per) * dim, dy[1] + off + per, per, per}};
@@ -229,10 +230,7 @@ TEST_CASE("the pipeline feeds two simulated GPUs' trainer: distribute(cuda::devi
       CHECK(k == ref.loss.size());
       CHECK(ref.rows[ref.rows.size() / 2 - 1] == double(B - 20));  // the padded step was there
       CHECK(worst < 1e-3);
-      const auto p0 = t.parameters();
-      double pw = 0;
-      for (std::size_t i = 0; i < p0.size(); ++i) pw = std::fmax(pw, std::fabs(p0[i] - ref.params[i]));
-      CHECK(pw < 1e-3);
+      CHECK(max_abs_diff(t.parameters(), ref.params) < 1e-3);
     }
     no_violations();
     all_freed(before);
@@ -381,9 +379,7 @@ TEST_CASE("ncclCommInitRank across processes: two trainers of two ranks each in 
     CHECK(worst < 1e-3);
     CHECK(res[0].loss == res[1].loss);      // every rank reads the same global statistics
     CHECK(res[0].params == res[1].params);  // and holds the same weights
-    double pw = 0;
-    for (std::size_t i = 0; i < ref.params.size(); ++i) pw = std::fmax(pw, std::fabs(res[0].params[i] - ref.params[i]));
-    CHECK(pw < 1e-3);
+    CHECK(max_abs_diff(res[0].params, ref.params) < 1e-3);
   }
   no_violations();
   all_freed(before);
