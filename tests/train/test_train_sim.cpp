@@ -88,6 +88,19 @@ void all_freed(const sim::counters& before) {
   CHECK(sim::live_nccl_comms() == 0);
 }
 
+// One run on a fresh simulator: `body` (which frees what it made), then no race,
+// wrong-device call or deadlock seen, and everything freed.
+template <class F>
+void sim_run(std::uint64_t seed, int progress, F body) {
+  CAPTURE(seed);
+  CAPTURE(progress);
+  sim::reset(seed, progress);
+  const auto before = sim::stats();
+  body();
+  no_violations();
+  all_freed(before);
+}
+
 }  // namespace
 
 TEST_CASE("gpu_backend on a simulated GPU: the gradients and the loss curve of the host backend" *
@@ -95,11 +108,7 @@ TEST_CASE("gpu_backend on a simulated GPU: the gradients and the loss curve of t
   const auto d = sim_ref::make_blobs(B * 40 + B, classes, 3);
   for (const std::uint64_t seed : {1u, 2u, 3u})
     for (const int progress : {0, 3}) {
-      CAPTURE(seed);
-      CAPTURE(progress);
-      sim::reset(seed, progress);
-      const auto before = sim::stats();
-      {
+      sim_run(seed, progress, [&] {
         device_copies dc;
         float* dx = dc.put(0, d.x);
         std::int32_t* dy = dc.put(0, d.y);
@@ -144,9 +153,7 @@ TEST_CASE("gpu_backend on a simulated GPU: the gradients and the loss curve of t
         const auto e = t.evaluate(std::span(&ev, 1));
         CHECK(rel(e.loss, ref.eval.loss) < 1e-3);
         CHECK(e.rows == ref.eval.rows);
-      }
-      no_violations();
-      all_freed(before);
+      });
     }
 }
 
@@ -155,11 +162,7 @@ TEST_CASE("NCCL, one rank per simulated GPU: the weights of one host replica wit
   const auto d = sim_ref::make_blobs(B * 30 + B, classes, 4);
   for (const std::uint64_t seed : {5u, 6u})
     for (const int progress : {0, 3}) {
-      CAPTURE(seed);
-      CAPTURE(progress);
-      sim::reset(seed, progress);
-      const auto before = sim::stats();
-      {
+      sim_run(seed, progress, [&] {
         device_copies dc;
         float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
         std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
@@ -193,9 +196,7 @@ TEST_CASE("NCCL, one rank per simulated GPU: the weights of one host replica wit
         CHECK(e.rows == ref.eval.rows);
         CHECK(sim::stats().collectives > 0);
         REQUIRE(cudaSetDevice(0) == cudaSuccess);
-      }
-      no_violations();
-      all_freed(before);
+      });
     }
 }
 
@@ -206,10 +207,7 @@ TEST_CASE("the pipeline feeds two simulated GPUs' trainer: distribute(cuda::devi
   const tr::trainer_options o{.seed = 11, .max_rows = B / 2};
   const auto ref = sim_ref::train_pipeline(cfg, o, rows, B, 2);
   for (const int progress : {0, 4}) {
-    CAPTURE(progress);
-    sim::reset(17, progress);
-    const auto before = sim::stats();
-    {
+    sim_run(17, progress, [&] {
       tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
           cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
       std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
@@ -231,9 +229,7 @@ TEST_CASE("the pipeline feeds two simulated GPUs' trainer: distribute(cuda::devi
       CHECK(ref.rows[ref.rows.size() / 2 - 1] == double(B - 20));  // the padded step was there
       CHECK(worst < 1e-3);
       CHECK(max_abs_diff(t.parameters(), ref.params) < 1e-3);
-    }
-    no_violations();
-    all_freed(before);
+    });
   }
 }
 
@@ -241,10 +237,7 @@ TEST_CASE("a GPU replica that fails mid-step: the error, then a spent trainer th
           doctest::timeout(120)) {
   const auto d = sim_ref::make_blobs(B * 8, classes, 6);
   for (const int progress : {0, 3}) {
-    CAPTURE(progress);
-    sim::reset(23, progress);
-    const auto before = sim::stats();
-    {
+    sim_run(23, progress, [&] {
       device_copies dc;
       float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
       std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
@@ -273,56 +266,49 @@ TEST_CASE("a GPU replica that fails mid-step: the error, then a spent trainer th
       CHECK(what.find("device 1") != std::string::npos);
       CHECK(what.find("CUBLAS_STATUS_EXECUTION_FAILED") != std::string::npos);
       CHECK_THROWS_WITH_AS(t.train_step(slices(2)), doctest::Contains("build a new trainer"), ferry::error);
-    }  // the trainer goes: its streams must drain (the aborted all-reduce ends)
-    no_violations();
-    all_freed(before);
+    });  // the trainer goes: its streams must drain (the aborted all-reduce ends)
   }
 }
 
 TEST_CASE("a GPU replica that fails while the trainer is built: cuda_error, nothing hangs, nothing leaks" *
           doctest::timeout(60)) {
   for (const int progress : {0, 3}) {
-    CAPTURE(progress);
-    sim::reset(29, progress);
-    const auto before = sim::stats();
-    sim::fail_malloc(1, 4);  // replica 1's fourth block: replica 0 goes on to the broadcast
-    try {
-      tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
-          cfg, {.seed = 3, .max_rows = 16}, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
-      FAIL("the trainer was built");
-    } catch (const ferry::cuda_error& e) {
-      CHECK(e.device() == 1);
-      CHECK(e.call().find("cudaMalloc") != std::string::npos);
-      CHECK(e.status() == int(cudaErrorMemoryAllocation));
-    }
-    no_violations();
-    all_freed(before);
+    sim_run(29, progress, [&] {
+      sim::fail_malloc(1, 4);  // replica 1's fourth block: replica 0 goes on to the broadcast
+      try {
+        tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
+            cfg, {.seed = 3, .max_rows = 16}, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+        FAIL("the trainer was built");
+      } catch (const ferry::cuda_error& e) {
+        CHECK(e.device() == 1);
+        CHECK(e.call().find("cudaMalloc") != std::string::npos);
+        CHECK(e.status() == int(cudaErrorMemoryAllocation));
+      }
+    });
   }
 }
 
 TEST_CASE("a lost NCCL peer: barrier() ends with the communicator's async error, not a hang" *
           doctest::timeout(60)) {
-  sim::reset(31, 2);
-  const auto before = sim::stats();
-  cudaStream_t s[2];
-  {
-    auto comms = ferry::nccl_communicator::local({0, 1});
-    for (int r = 0; r < 2; ++r) {
-      REQUIRE(cudaSetDevice(r) == cudaSuccess);
-      REQUIRE(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking) == cudaSuccess);
-      comms[r].set_stream(s[r]);
-    }
-    // Rank 0 never comes; rank 1's barrier waits in its all-reduce until NCCL reports the
-    // peer lost (what a dead process or a broken network gives).
-    sim::nccl_async_error(1, ncclRemoteError);
-    CHECK_THROWS_WITH_AS(comms[1].barrier(), doctest::Contains("asynchronous error"), ferry::error);
-    CHECK(comms[1].aborted());
-    CHECK_THROWS_WITH_AS(comms[1].barrier(), doctest::Contains("aborted"), ferry::error);
-    sim::nccl_async_error(1, ncclSuccess);
-  }  // rank 0 has nothing pending: its teardown returns; rank 1's all-reduce was aborted
-  for (auto st : s) CHECK(cudaStreamDestroy(st) == cudaSuccess);
-  no_violations();
-  all_freed(before);
+  sim_run(31, 2, [&] {
+    cudaStream_t s[2];
+    {
+      auto comms = ferry::nccl_communicator::local({0, 1});
+      for (int r = 0; r < 2; ++r) {
+        REQUIRE(cudaSetDevice(r) == cudaSuccess);
+        REQUIRE(cudaStreamCreateWithFlags(&s[r], cudaStreamNonBlocking) == cudaSuccess);
+        comms[r].set_stream(s[r]);
+      }
+      // Rank 0 never comes; rank 1's barrier waits in its all-reduce until NCCL reports the
+      // peer lost (what a dead process or a broken network gives).
+      sim::nccl_async_error(1, ncclRemoteError);
+      CHECK_THROWS_WITH_AS(comms[1].barrier(), doctest::Contains("asynchronous error"), ferry::error);
+      CHECK(comms[1].aborted());
+      CHECK_THROWS_WITH_AS(comms[1].barrier(), doctest::Contains("aborted"), ferry::error);
+      sim::nccl_async_error(1, ncclSuccess);
+    }  // rank 0 has nothing pending: its teardown returns; rank 1's all-reduce was aborted
+    for (auto st : s) CHECK(cudaStreamDestroy(st) == cudaSuccess);
+  });
 }
 
 TEST_CASE("ncclCommInitRank across processes: two trainers of two ranks each in one clique of four" *
@@ -335,9 +321,7 @@ TEST_CASE("ncclCommInitRank across processes: two trainers of two ranks each in 
   const int per = B / 4, steps = 20;
   const tr::trainer_options o{.seed = 13, .max_rows = per};
   const auto ref = sim_ref::train(cfg, o, d, B, steps, B);
-  sim::reset(37, 2);
-  const auto before = sim::stats();
-  {
+  sim_run(37, 2, [&] {
     device_copies dc;
     float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
     std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
@@ -380,7 +364,5 @@ TEST_CASE("ncclCommInitRank across processes: two trainers of two ranks each in 
     CHECK(res[0].loss == res[1].loss);      // every rank reads the same global statistics
     CHECK(res[0].params == res[1].params);  // and holds the same weights
     CHECK(max_abs_diff(res[0].params, ref.params) < 1e-3);
-  }
-  no_violations();
-  all_freed(before);
+  });
 }

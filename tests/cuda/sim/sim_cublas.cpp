@@ -18,15 +18,13 @@ std::mutex m;
 std::map<int, std::pair<int, cublasStatus_t>> fail_in;  // device -> (n, status)
 int live = 0;
 
-void violation(const std::string& what) { sim::report(what); }
-
 // Checks the handle against the current device; the status to return for a failure
 // injected with sim::fail_blas (SUCCESS when none).
 cublasStatus_t enter(cublasHandle_t h, const char* call) {
   int cur = -1;
   cudaGetDevice(&cur);
   if (cur != h->device)
-    violation(std::string(call) + ": a cuBLAS handle of device " + std::to_string(h->device) + " used while device " +
+    sim::report(std::string(call) + ": a cuBLAS handle of device " + std::to_string(h->device) + " used while device " +
               std::to_string(cur) + " is current");
   std::lock_guard lk(m);
   auto it = fail_in.find(h->device);

@@ -290,6 +290,13 @@ void tick() {
   }
 }
 
+// Work enqueued on a stream needs the stream's device current, as a real launch does.
+void check_current(const CUstream_st* st, const std::string& what) {
+  if (st->device != current_device)
+    S().violations.push_back(what + " on a stream of device " + std::to_string(st->device) + " while device " +
+                             std::to_string(current_device) + " is current");
+}
+
 bool valid(CUstream_st* st) {
   if (!st) return false;
   for (auto& p : S().streams)
@@ -523,9 +530,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t st) 
   auto& s = S();
   std::lock_guard lk(s.m);
   if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
-  if (st->device != current_device)
-    s.violations.push_back("cudaMemsetAsync on a stream of device " + std::to_string(st->device) +
-                           " while device " + std::to_string(current_device) + " is current");
+  check_current(st, "cudaMemsetAsync");
   tick();
   op& o = enqueue(st, kind::kernel, "memset of " + std::to_string(n) + " bytes");
   o.run = [p, value, n] { std::memset(p, value, n); };
@@ -649,9 +654,7 @@ op_id launch(cudaStream_t st, std::string label, std::vector<range> reads, std::
     s.violations.push_back("launch of " + label + " on a stream that does not exist");
     return 0;
   }
-  if (st->device != current_device)
-    s.violations.push_back("launch of " + label + " on a stream of device " + std::to_string(st->device) +
-                           " while device " + std::to_string(current_device) + " is current");
+  check_current(st, "launch of " + label);
   tick();
   op& o = enqueue(st, kind::kernel, std::move(label));
   o.run = std::move(run);
@@ -708,9 +711,7 @@ op_id join_collective(cudaStream_t st, const void* group, std::uint64_t seq, int
     s.violations.push_back(label + " on a stream that does not exist");
     return 0;
   }
-  if (st->device != current_device)
-    s.violations.push_back(label + " on a stream of device " + std::to_string(st->device) + " while device " +
-                           std::to_string(current_device) + " is current");
+  check_current(st, label);
   auto& members = s.instances[{group, seq}];
   members.resize(static_cast<std::size_t>(nranks), nullptr);
   if (rank < 0 || rank >= nranks || members[rank]) {
