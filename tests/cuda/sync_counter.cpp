@@ -6,31 +6,33 @@
 #include <atomic>
 #include <cuda_runtime_api.h>
 
-namespace ferry_test {
-std::atomic<long> device_syncs{0}, stream_syncs{0}, event_syncs{0};
-}
+#include "sync_counter.hpp"
 
 namespace {
+std::atomic<long> device_syncs{0}, stream_syncs{0}, event_syncs{0};
+
 template <class F>
 F real(const char* name) {
   return reinterpret_cast<F>(dlsym(RTLD_NEXT, name));
 }
 }  // namespace
 
+ferry_test::host_syncs ferry_test::count_host_syncs() { return {device_syncs, stream_syncs, event_syncs}; }
+
 extern "C" {
 cudaError_t cudaDeviceSynchronize(void) {
   static auto f = real<cudaError_t (*)(void)>("cudaDeviceSynchronize");
-  ++ferry_test::device_syncs;
+  ++device_syncs;
   return f();
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
   static auto f = real<cudaError_t (*)(cudaStream_t)>("cudaStreamSynchronize");
-  ++ferry_test::stream_syncs;
+  ++stream_syncs;
   return f(s);
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   static auto f = real<cudaError_t (*)(cudaEvent_t)>("cudaEventSynchronize");
-  ++ferry_test::event_syncs;
+  ++event_syncs;
   return f(e);
 }
 }

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <iterator>
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -20,6 +19,7 @@
 #include "cuda/elements.hpp"
 #include "ferry/cuda/devices.hpp"
 #include "gpu_kernels.hpp"
+#include "sync_counter.hpp"
 #include "ferry/cuda/runtime.hpp"
 #include "ferry/cuda/stream.hpp"
 #include "ferry/memory/pinned.hpp"
@@ -28,9 +28,6 @@
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/prefetch.hpp"
 
-namespace ferry_test {
-extern std::atomic<long> device_syncs, stream_syncs, event_syncs;  // sync_counter.cpp
-}
 
 using namespace std::chrono_literals;
 
@@ -48,8 +45,6 @@ TEST_CASE("device contents equal the host batch, byte for byte, for every policy
       auto steps = ferry::from_range(data) | ferry::batch(G) | ferry::prefetch(2) |
                    ferry::distribute(ferry::cuda::devices(ords), {.remainder = pol});
       std::size_t cursor = 0, nsteps = 0;
-      float* d_out = nullptr;
-      FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_out), sizeof(float)));
       for (auto cur = steps.next(); cur; cur = steps.next()) {
         auto& st = *cur;
         REQUIRE(st.replicas() == std::size_t(R));
@@ -77,13 +72,13 @@ TEST_CASE("device contents equal the host batch, byte for byte, for every policy
         }
         ++nsteps;
         // Hold up the copy stream: the copies the next next() enqueues finish late, so a
-        // read on rb.stream() that did not wait for them would see stale bytes.
+        // read on rb.stream() that did not wait for them would see stale bytes. (No output:
+        // the replicas' copy streams are not ordered with each other.)
         for (int r = 0; r < R; ++r)
           FERRY_CUDA_TRY(ferry_test::launch_spin(steps.backend().copy_stream(r), ferry_test::cycles_for_ms(1),
-                                                 nullptr, d_out));
+                                                 nullptr, nullptr));
       }
       FERRY_CUDA_TRY(cudaDeviceSynchronize());
-      FERRY_CUDA_TRY(cudaFree(d_out));
       const std::size_t n = data.size();
       CHECK(cursor == (pol == ferry::remainder_policy::drop ? n / G * G : n));
       CHECK(nsteps == (pol == ferry::remainder_policy::drop ? n / G : (n + G - 1) / G));
@@ -102,8 +97,7 @@ TEST_CASE("the hot path never waits on the host, and device memory stops growing
   {
     auto steps = ferry::from_range(data) | ferry::batch(64) | ferry::prefetch(2) |
                  ferry::distribute(ferry::cuda::devices{0, 0}, {.host_resource = pool});
-    REQUIRE(steps.collates_into_distribute_memory());
-    const long d0 = ferry_test::device_syncs, s0 = ferry_test::stream_syncs, e0 = ferry_test::event_syncs;
+    const auto syncs0 = ferry_test::count_host_syncs();
     std::uint64_t allocs_after_warmup = 0;
     int k = 0;
     for (auto& st : steps) {
@@ -111,10 +105,12 @@ TEST_CASE("the hot path never waits on the host, and device memory stops growing
         FERRY_CUDA_TRY(ferry_test::launch_sum_ids(st[r].stream(), st[r].field<0>().data(), st[r].size(), d_sum + r));
       if (++k == 4) allocs_after_warmup = steps.backend().pool_stats(0).allocations;
     }
-    CHECK(ferry_test::device_syncs - d0 == 0);
-    CHECK(ferry_test::stream_syncs - s0 == 0);
-    CHECK(ferry_test::event_syncs - e0 == 0);
+    const auto syncs = ferry_test::count_host_syncs();
+    CHECK(syncs.device - syncs0.device == 0);
+    CHECK(syncs.stream - syncs0.stream == 0);
+    CHECK(syncs.event - syncs0.event == 0);
     CHECK(k == 200);
+    CHECK(steps.collates_into_distribute_memory());  // known once the first step was made
     CHECK(allocs_after_warmup >= 1);
     CHECK(steps.backend().pool_stats(0).allocations == allocs_after_warmup);
     CHECK(steps.backend().pool_stats(1).allocations <= allocs_after_warmup + 1);
@@ -164,7 +160,10 @@ TEST_CASE("copies of step k+1 overlap the kernel of step k (measured with events
     ++k;
   }
   REQUIRE(k == 8);
+  // Both streams: elapsed_ms needs complete events, and no kernel waits for copy_end[k]
+  // (it is recorded after the event that kernel k+1 waits for).
   FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().compute_stream(0)));
+  FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().copy_stream(0)));
   int overlapped = 0;
   for (int i = 0; i + 1 < k; ++i) {
     // Copy k+1 ended while kernel k ran: after it started (kernel k did not wait for the
@@ -188,8 +187,8 @@ TEST_CASE("abandoning mid-epoch synchronises and frees every block" * doctest::t
     float v[1024];
   };
   std::vector<big> data(4096 * 6, big{});
-  float* d_out = nullptr;
-  FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_out), sizeof(float)));
+  float* d_out = nullptr;  // one slot per replica: their streams are not ordered
+  FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_out), 2 * sizeof(float)));
   {
     auto steps = ferry::from_range(data) | ferry::batch(4096) | ferry::prefetch(2) |
                  ferry::distribute(ferry::cuda::devices{0, 0}, {.host_resource = pool});
@@ -197,7 +196,7 @@ TEST_CASE("abandoning mid-epoch synchronises and frees every block" * doctest::t
     for (auto& st : steps) {
       for (int r = 0; r < 2; ++r)
         FERRY_CUDA_TRY(ferry_test::launch_spin(st[r].stream(), ferry_test::cycles_for_ms(2),
-                                               st[r].field<0>().data(), d_out));
+                                               st[r].field<0>().data(), d_out + r));
       if (++k == 3) break;  // kernels still running, copies in flight
     }
   }

@@ -16,8 +16,15 @@
 // Collectives (sim::join_collective, used by the simulated NCCL in nccl.h) run when every
 // member is at the head of its stream; they carry no vector clock across devices.
 //
-// It is no substitute for a GPU (kernels are host functions, no timing, no real copy
-// engine), but it checks the ordering logic, which a GPU test would only catch when
+// Virtual time, for cudaEventElapsedTime: each piece of work starts when its stream, the
+// events it waits for and the host allow, and lasts what the model says (a copy: bytes over
+// link_bytes_per_s; a kernel: what sim::launch was given). The host's time moves only when
+// it sees work end (a wait, a query that succeeds, a copy from pageable memory, which the
+// runtime stages synchronously), so the times say what overlaps what if host code were
+// free; collectives and copy-engine contention are not modelled.
+//
+// It is no substitute for a GPU (kernels are host functions, time is a model, no real
+// copy engine), but it checks the ordering logic, which a GPU test would only catch when
 // timing happens to expose it. Only the sim tests use it, through this include directory
 // (with cublas_v2.h, nccl.h and thrust_shim/ beside it).
 #pragma once
@@ -93,6 +100,8 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
 // streams (not for cudaStreamNonBlocking ones), then copies and waits for the copy.
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind k);
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t s = nullptr);
+cudaError_t cudaMemset(void* p, int value, std::size_t n);  // synchronous, as cudaMemcpy
+cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total);  // the current device's
 cudaError_t cudaMalloc(void** p, std::size_t n);
 cudaError_t cudaFree(void* p);
 cudaError_t cudaHostAlloc(void** p, std::size_t n, unsigned flags);
@@ -104,7 +113,10 @@ namespace sim {
 using op_id = std::uint64_t;  // 0: none
 
 struct counters {
-  std::uint64_t host_waits = 0;        // cudaEventSynchronize / cudaStreamSynchronize / cudaDeviceSynchronize
+  std::uint64_t host_waits = 0;        // every host wait, implicit ones (cudaMemcpy, cudaFree) included
+  std::uint64_t device_syncs = 0;      // cudaDeviceSynchronize calls
+  std::uint64_t stream_syncs = 0;      // cudaStreamSynchronize calls
+  std::uint64_t event_syncs = 0;       // cudaEventSynchronize calls
   std::uint64_t device_allocs = 0;     // cudaMalloc
   std::uint64_t host_allocs = 0;       // cudaHostAlloc
   std::uint64_t copies = 0;            // cudaMemcpyAsync
@@ -116,6 +128,9 @@ struct counters {
 };
 
 inline constexpr int device_count = 2;  // the simulated machine's GPUs
+inline constexpr std::size_t device_memory = std::size_t(1) << 34;  // per GPU (cudaMemGetInfo's total)
+inline constexpr double link_bytes_per_s = 25e9;   // H2D and D2H copies (virtual time)
+inline constexpr double d2d_bytes_per_s = 1e12;    // D2D copies and memsets
 
 // Starts afresh (call with no ferry CUDA object alive): random choices from `seed`.
 // `progress` is how much work the simulated GPU runs, at random, each time the host calls
@@ -132,13 +147,14 @@ void report(std::string what);
 
 // A kernel: `run` executes when the simulator runs it (on the host, later); `reads` and
 // `writes` are the device ranges it touches, checked for races. Enqueued on `s`, whose
-// device must be current (as for a real launch). Returns its id.
+// device must be current (as for a real launch); it lasts `seconds` of virtual time.
+// Returns its id.
 struct range {
   const void* p;
   std::size_t n;
 };
 op_id launch(cudaStream_t s, std::string label, std::vector<range> reads, std::vector<range> writes,
-             std::function<void()> run);
+             std::function<void()> run, double seconds = 0);
 // The last copy enqueued that writes the byte at p (0 when none).
 op_id last_copy_into(const void* p);
 // Whether a is ordered before b by streams, events and what the host observed.

@@ -42,6 +42,7 @@ struct op {
   std::uint64_t seq = 0;
   int rank = 0, nranks = 1;
   bool aborted = false;
+  double vend = 0;  // virtual time (s) at which it ends
 };
 
 struct mem_access {
@@ -64,12 +65,15 @@ struct CUstream_st {
   bool blocking = true;  // synchronises with the legacy default stream (cudaMemcpy)
   std::deque<op*> q;
   clock_t_ clock;
+  double vtail = 0;  // virtual time at which its last op ends
   bool alive = true;
 };
 struct CUevent_st {
   int device;
   sim::op_id recorded = 0;
   clock_t_ clock;
+  double vtime = 0;  // virtual time of the last record
+  bool timing = true;
   bool alive = true;
 };
 
@@ -88,6 +92,7 @@ struct state {
   std::map<std::uintptr_t, device_block> blocks;  // by base address
   std::map<void*, std::size_t> host_blocks;  // cudaHostAlloc'd: bytes
   clock_t_ host_clock;
+  double host_vt = 0;  // the host's virtual time: what its waits and queries have seen end
   std::mt19937_64 rng{1};
   int progress = 2;
   sim::counters c;
@@ -143,6 +148,16 @@ device_block* block_of(std::uintptr_t p, std::uintptr_t* base = nullptr) {
   return &it->second;
 }
 
+// Whether [p, p + n) lies in one cudaHostAlloc block.
+bool pinned(const void* p, std::size_t n) {
+  auto& hb = S().host_blocks;
+  auto it = hb.upper_bound(const_cast<void*>(p));
+  if (it == hb.begin()) return false;
+  --it;
+  const auto* base = static_cast<const char*>(it->first);
+  return static_cast<const char*>(p) + n <= base + it->second;
+}
+
 // Records an mem_access of `o` to [p, p + n) of device memory and reports unordered conflicts.
 void touch(op& o, const void* p, std::size_t n, bool write) {
   auto& s = S();
@@ -172,7 +187,11 @@ void touch(op& o, const void* p, std::size_t n, bool write) {
   b->accesses.push_back({o.id, lo, hi, write});
 }
 
-op& enqueue(CUstream_st* st, kind k, std::string label) {
+// Virtual time (sim::virtual_time). Work starts when its stream, the events it waits for
+// and the host that enqueued it allow; the host's time moves only when it sees work end.
+void observe(double t) { S().host_vt = std::max(S().host_vt, t); }
+
+op& enqueue(CUstream_st* st, kind k, std::string label, double seconds = 0, double after = 0) {
   auto& s = S();
   auto o = std::make_unique<op>();
   o->id = s.ops.size() + 1;
@@ -182,6 +201,8 @@ op& enqueue(CUstream_st* st, kind k, std::string label) {
   join(st->clock, s.host_clock);
   st->clock[st->idx] += 1;
   o->clock = st->clock;
+  o->vend = std::max({st->vtail, s.host_vt, after}) + seconds;
+  st->vtail = o->vend;
   st->q.push_back(o.get());
   ++s.c.pending_ops;
   s.ops.push_back(std::move(o));
@@ -277,7 +298,10 @@ void drain_device(int device) {
   what += device < 0 ? std::string("every device") : "device " + std::to_string(device);
   wait_until(idle, what);
   for (auto& st : s.streams)
-    if (device < 0 || st->device == device) join(s.host_clock, st->clock);
+    if (device < 0 || st->device == device) {
+      join(s.host_clock, st->clock);
+      observe(st->vtail);
+    }
 }
 void drain_all() { drain_device(-1); }
 
@@ -322,7 +346,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
   if (d < 0 || d >= sim::device_count) return fail(cudaErrorInvalidDevice);
   *p = cudaDeviceProp{};
   std::snprintf(p->name, sizeof p->name, "simulated GPU %d", d);
-  p->totalGlobalMem = std::size_t(1) << 34;
+  p->totalGlobalMem = sim::device_memory;
   p->major = 9;
   p->multiProcessorCount = 132;
   return cudaSuccess;
@@ -361,6 +385,7 @@ const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no er
 cudaError_t cudaDeviceSynchronize() {
   std::lock_guard lk(S().m);
   ++S().c.host_waits;
+  ++S().c.device_syncs;
   drain_device(current_device);
   return cudaSuccess;
 }
@@ -391,8 +416,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
   std::lock_guard lk(s.m);
   if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
   ++s.c.host_waits;
+  ++s.c.stream_syncs;
   if (!st->q.empty()) run_until_done(st->q.back()->id);
   join(s.host_clock, st->clock);
+  observe(st->vtail);
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t st) {
@@ -403,6 +430,7 @@ cudaError_t cudaStreamQuery(cudaStream_t st) {
   tick();
   if (!st->q.empty()) return cudaErrorNotReady;
   join(s.host_clock, st->clock);
+  observe(st->vtail);
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned) {
@@ -412,17 +440,18 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned) {
   tick();
   if (e->recorded == 0) return cudaSuccess;  // never recorded: nothing to wait for
   join(st->clock, e->clock);
-  op& o = enqueue(st, kind::wait, "wait for op " + std::to_string(e->recorded));
+  op& o = enqueue(st, kind::wait, "wait for op " + std::to_string(e->recorded), 0, e->vtime);
   o.waits_for = e->recorded;
   return cudaSuccess;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned) {
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* out, unsigned flags) {
   auto& s = S();
   std::lock_guard lk(s.m);
   auto e = std::make_unique<CUevent_st>();
   e->device = current_device;
+  e->timing = !(flags & cudaEventDisableTiming);
   *out = e.get();
   s.events.push_back(std::move(e));
   ++s.c.live_events;
@@ -448,6 +477,7 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
   op& o = enqueue(st, kind::record, "event record");
   e->recorded = o.id;
   e->clock = o.clock;
+  e->vtime = o.vend;
   return cudaSuccess;
 }
 cudaError_t cudaEventQuery(cudaEvent_t e) {
@@ -457,6 +487,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   tick();
   if (e->recorded != 0 && !s.ops[e->recorded - 1]->done) return cudaErrorNotReady;  // not sticky
   join(s.host_clock, e->clock);
+  observe(e->vtime);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -464,12 +495,20 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   std::lock_guard lk(s.m);
   if (!valid(e)) return fail(cudaErrorInvalidResourceHandle);
   ++s.c.host_waits;
+  ++s.c.event_syncs;
   if (e->recorded != 0) run_until_done(e->recorded);
   join(s.host_clock, e->clock);
+  observe(e->vtime);
   return cudaSuccess;
 }
-cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
-  *ms = 0;
+// As the runtime: both events recorded, complete and made with timing; virtual time.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t a, cudaEvent_t b) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(a) || !valid(b) || !a->timing || !b->timing || !a->recorded || !b->recorded)
+    return fail(cudaErrorInvalidResourceHandle);
+  if (!s.ops[a->recorded - 1]->done || !s.ops[b->recorded - 1]->done) return fail(cudaErrorNotReady);
+  *ms = static_cast<float>((b->vtime - a->vtime) * 1e3);
   return cudaSuccess;
 }
 
@@ -488,27 +527,39 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
   tick();
   ++s.c.copies;
   static const char* names[] = {"", "H2D", "D2H", "D2D"};
-  op& o = enqueue(st, kind::copy, std::string(names[k]) + " copy of " + std::to_string(n) + " bytes");
+  const double bw = k == cudaMemcpyDeviceToDevice ? sim::d2d_bytes_per_s : sim::link_bytes_per_s;
+  op& o = enqueue(st, kind::copy, std::string(names[k]) + " copy of " + std::to_string(n) + " bytes",
+                  static_cast<double>(n) / bw);
   o.dst = dst;
   o.src = src;
   o.n = n;
   if (dev_src) touch(o, src, n, false);
   if (dev_dst) touch(o, dst, n, true);
+  // From or to pageable memory the runtime stages the bytes through its own pinned buffer:
+  // the call returns (in virtual time) when the copy has ended, so the host cannot run ahead.
+  if (k != cudaMemcpyDeviceToDevice && !pinned(dev_src ? dst : src, n)) observe(o.vend);
   return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind k) {
-  auto& s = S();
-  std::lock_guard lk(s.m);
-  // The device's legacy default stream: made on first use, non-blocking itself so the
-  // wait below does not wait for it.
+// The device's legacy default stream: made on first use, non-blocking itself so that
+// waiting for the blocking streams does not wait for it. The caller holds S().m.
+CUstream_st* legacy_stream() {
   static std::map<int, CUstream_st*> legacy;
   CUstream_st*& ls = legacy[current_device];
   if (!ls || !valid(ls)) {
     cudaStream_t made = nullptr;
     cudaStreamCreateWithFlags(&made, cudaStreamNonBlocking);
-    --s.c.live_streams;  // the runtime's own, not the program's
+    --S().c.live_streams;  // the runtime's own, not the program's
     ls = made;
   }
+  return ls;
+}
+// A synchronous call (cudaMemcpy, cudaMemset): waits for the device's blocking streams (not
+// for cudaStreamNonBlocking ones), enqueues `async` on the legacy stream and waits for it.
+template <class F>
+cudaError_t on_legacy_stream(const char* what, F async) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  CUstream_st* ls = legacy_stream();
   ++s.c.host_waits;
   const int dev = current_device;
   wait_until(
@@ -517,13 +568,33 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind
           if (st->device == dev && st->blocking && !st->q.empty()) return false;
         return true;
       },
-      "cudaMemcpy waiting for the blocking streams of device " + std::to_string(dev));
+      std::string(what) + " waiting for the blocking streams of device " + std::to_string(dev));
   for (auto& st : s.streams)
-    if (st->device == dev && st->blocking) join(s.host_clock, st->clock);
-  const cudaError_t r = cudaMemcpyAsync(dst, src, n, k, ls);
+    if (st->device == dev && st->blocking) {
+      join(s.host_clock, st->clock);
+      observe(st->vtail);
+    }
+  const cudaError_t r = async(ls);
   if (r != cudaSuccess) return r;
   run_until_done(ls->q.back()->id);
   join(s.host_clock, ls->clock);
+  observe(ls->vtail);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind k) {
+  return on_legacy_stream("cudaMemcpy", [&](CUstream_st* ls) { return cudaMemcpyAsync(dst, src, n, k, ls); });
+}
+cudaError_t cudaMemset(void* p, int value, std::size_t n) {
+  return on_legacy_stream("cudaMemset", [&](CUstream_st* ls) { return cudaMemsetAsync(p, value, n, ls); });
+}
+cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  *total = sim::device_memory;
+  std::size_t used = 0;
+  for (const auto& [base, b] : s.blocks)
+    if (b.device == current_device) used += b.bytes;
+  *free = *total - std::min(*total, used);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t st) {
@@ -532,7 +603,8 @@ cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t st) 
   if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
   check_current(st, "cudaMemsetAsync");
   tick();
-  op& o = enqueue(st, kind::kernel, "memset of " + std::to_string(n) + " bytes");
+  op& o = enqueue(st, kind::kernel, "memset of " + std::to_string(n) + " bytes",
+                  static_cast<double>(n) / sim::d2d_bytes_per_s);
   o.run = [p, value, n] { std::memset(p, value, n); };
   touch(o, p, n, true);
   return cudaSuccess;
@@ -594,8 +666,12 @@ cudaError_t cudaFreeHost(void* p) {
   };
   if (std::any_of(s.ops.begin(), s.ops.end(), [&](auto& o) { return reads_it(*o); })) {
     ++s.c.host_waits;  // copies not yet run that read this block: the host waits first
+    double until = 0;
+    for (auto& o : s.ops)
+      if (reads_it(*o)) until = std::max(until, o->vend);
     wait_until([&] { return std::none_of(s.ops.begin(), s.ops.end(), [&](auto& o) { return reads_it(*o); }); },
                "cudaFreeHost waiting for the copies that read the block");
+    observe(until);
   }
   std::free(p);
   return cudaSuccess;
@@ -616,10 +692,15 @@ void reset(std::uint64_t seed, int progress) {
   // Streams and events are kept (ferry may still hold dead ones' handles): only emptied.
   for (auto& st : s.streams) st->q.clear();
   s.host_clock.clear();
-  for (auto& st : s.streams) st->clock.assign(st->idx + 1, 0);
+  s.host_vt = 0;
+  for (auto& st : s.streams) {
+    st->clock.assign(st->idx + 1, 0);
+    st->vtail = 0;
+  }
   for (auto& e : s.events) {
     e->recorded = 0;
     e->clock.clear();
+    e->vtime = 0;
   }
   s.rng.seed(seed);
   s.progress = progress;
@@ -647,7 +728,7 @@ void report(std::string what) {
 }
 
 op_id launch(cudaStream_t st, std::string label, std::vector<range> reads, std::vector<range> writes,
-             std::function<void()> run) {
+             std::function<void()> run, double seconds) {
   auto& s = S();
   std::lock_guard lk(s.m);
   if (!valid(st)) {
@@ -656,7 +737,7 @@ op_id launch(cudaStream_t st, std::string label, std::vector<range> reads, std::
   }
   check_current(st, "launch of " + label);
   tick();
-  op& o = enqueue(st, kind::kernel, std::move(label));
+  op& o = enqueue(st, kind::kernel, std::move(label), seconds);
   o.run = std::move(run);
   for (auto r : reads) touch(o, r.p, r.n, false);
   for (auto r : writes) touch(o, r.p, r.n, true);
@@ -747,6 +828,9 @@ void wait_collectives(const void* group, int rank) {
   auto& s = S();
   std::lock_guard lk(s.m);
   ++s.c.host_waits;
+  double until = 0;
+  for (auto& o : s.ops)
+    if (!o->done && o->k == kind::collective && o->group == group && o->rank == rank) until = std::max(until, o->vend);
   wait_until(
       [&] {
         return std::none_of(s.ops.begin(), s.ops.end(), [&](auto& o) {
@@ -754,6 +838,7 @@ void wait_collectives(const void* group, int rank) {
         });
       },
       "a communicator's teardown waiting for its collectives");
+  observe(until);
 }
 
 int device_of(const void* p) {
