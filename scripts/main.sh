@@ -7,8 +7,11 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 build=${FERRY_BUILD:-build}
 exe=$build/examples/04_train_fashion_mnist/train_fashion_mnist
-if [ -x "$exe" ]; then
-  exec "$exe" "$@"
+if [ ! -x "$exe" ]; then
+  # The trainer needs a BLAS (OpenBLAS) and Thrust (CCCL) on the host path, or CUDA:
+  # setup.sh installs the first two, so this means the build left it out.
+  echo "main.sh: $exe was not built; see the 'ferry' summary printed by 'meson setup $build'" \
+       "(openblas and cuda) and the build log" >&2
+  exit 1
 fi
-# Until the trainer is built, the best example there is.
-exec "$build/examples/01_pipeline/01_pipeline" "$@"
+exec "$exe" "$@"
