@@ -31,7 +31,7 @@ def crc32c(b):
     return c ^ 0xFFFFFFFF
 
 
-assert crc32c(b"123456789") == 0xE3069283  # formats.md's check value
+assert crc32c(b"123456789") == 0xE3069283  # CRC-32C's check value (the CRC catalogue's)
 
 
 def masked(c):

@@ -57,12 +57,41 @@ inline std::string le(std::uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) s += static_cast<char>(v >> (8 * i));
   return s;
 }
-// One TFRecord (the test-side writer; its CRC/masking is checked against formats.md's
-// vectors, written by TensorFlow).
+// One TFRecord (the test-side writer; its CRC/masking is checked against the bytes
+// TensorFlow's TFRecordWriter writes, vectors.tfrecord from make_fixtures.py).
 inline std::string tfrecord_of(const std::string& data) {
   namespace c = ferry::detail::crc32c;
   std::string len = le(data.size(), 8);
   return len + le(c::mask(c::value(len.data(), 8)), 4) + data + le(c::mask(c::value(data.data(), data.size())), 4);
+}
+
+inline std::string be32(std::uint32_t v) {
+  std::string s;
+  for (int i = 3; i >= 0; --i) s += static_cast<char>(v >> (8 * i));
+  return s;
+}
+
+// A .npy file as numpy.lib.format writes it: magic, version, header length, the dict
+// padded with spaces (plus `extra_pad`) to a multiple of 64 and ended by '\n', the data.
+inline std::string npy_with_dict(const std::string& dict, const std::string& data, int major = 1,
+                                 std::size_t extra_pad = 0) {
+  const std::size_t prefix = major == 1 ? 10 : 12;
+  std::string h = dict + std::string(extra_pad, ' ');
+  while ((prefix + h.size() + 1) % 64 != 0) h += ' ';
+  h += '\n';
+  std::string out = "\x93NUMPY";
+  out += static_cast<char>(major);
+  out += '\0';
+  return out + le(h.size(), major == 1 ? 2 : 4) + h + data;
+}
+inline std::string npy_of(const std::string& descr, const std::string& shape, const std::string& data) {
+  return npy_with_dict("{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }", data);
+}
+// An IDX file: 0, 0, type, ndim, big-endian dims, data.
+inline std::string idx_of(unsigned type, const std::vector<std::uint32_t>& dims, const std::string& data) {
+  std::string s{'\0', '\0', static_cast<char>(type), static_cast<char>(dims.size())};
+  for (std::uint32_t d : dims) s += be32(d);
+  return s + data;
 }
 
 inline std::string random_bytes(std::mt19937_64& g, std::size_t n) {

@@ -2,8 +2,9 @@
 """Writes the small committed fixtures in tests/data/sources/ with real writers (NumPy).
 
 Run from the repository root: /usr/bin/python3 tests/sources/make_fixtures.py
-The TFRecord fixtures are the test vectors of docs formats.md (written by TensorFlow),
-concatenated; the tests check them byte for byte against those vectors.
+The TFRecord fixtures are three records as TensorFlow's TFRecordWriter writes them (an
+empty payload, b"hello", 32 zero bytes), concatenated; the tests check their test-side
+writer byte for byte against them.
 """
 import gzip
 import os
@@ -15,7 +16,7 @@ P = lambda n: os.path.join(out, n)
 
 # --- npy, by numpy.save / numpy.lib.format ----------------------------------------
 a = np.arange(6, dtype="<f4").reshape(2, 3)
-np.save(P("f4_2x3.npy"), a)                       # the formats.md vector: 152 bytes
+np.save(P("f4_2x3.npy"), a)                       # 152 bytes: v1.0, header length 118
 np.save(P("u1_4x2x3.npy"), np.arange(24, dtype=np.uint8).reshape(4, 2, 3))
 np.save(P("i2be_5.npy"), np.array([1, -2, 300, -400, 5], dtype=">i2"))
 np.save(P("scalar_f8.npy"), np.float64(2.5))
@@ -40,7 +41,7 @@ with gzip.open(P("u1_3x4x5.idx.gz"), "wb") as f:
     f.write(idx_bytes(imgs, 0x08))
 open(P("f4be_2x2.idx"), "wb").write(idx_bytes(np.array([[1.5, -2], [3, 4]], dtype=">f4"), 0x0D))
 
-# --- TFRecord: the formats.md vectors ----------------------------------------------
+# --- TFRecord: TensorFlow's bytes for three records -------------------------------
 vec = bytes.fromhex("000000000000000029039807d8ea82a2"
                     "0500000000000000eab2043e68656c6c6fbb1f1c19"
                     "200000000000000029eda950" + "00" * 32 + "faffd70f")

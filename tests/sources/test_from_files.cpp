@@ -1,4 +1,5 @@
-// from_files: the formats against formats.md's vectors and real writers' files, property
+// from_files: the formats against their writers' bytes (TensorFlow's TFRecord vectors,
+// numpy.save's files: tests/sources/make_fixtures.py), property
 // sweeps against a naive oracle, bad input, error policy, sharding, resume.
 #include <doctest/doctest.h>
 
@@ -42,7 +43,7 @@ void expect_error(F&& f, const std::string& path, std::uint64_t offset, const st
     const auto d = ferry::detail::describe(e);
     CHECK(d.path == path);
     CHECK(d.offset == offset);
-    CHECK_MESSAGE(std::string(e.what()).find(what) != std::string::npos, e.what());
+    CHECK_MESSAGE(std::string(e.what()).find(what) != std::string::npos, std::string(e.what()));
   }
 }
 std::vector<std::string> split_lines(const std::string& s) {  // the oracle
@@ -167,7 +168,7 @@ TEST_CASE("tfrecord: short records of one length (checked four at a time): the s
   }
 }
 
-TEST_CASE("tfrecord: formats.md's vectors, plain and gzip") {
+TEST_CASE("tfrecord: TensorFlow's vectors, plain and gzip") {
   const std::string d = data_dir();
   // The test-side writer reproduces TensorFlow's bytes exactly.
   CHECK(read_file(d + "/vectors.tfrecord") ==
@@ -289,7 +290,8 @@ TEST_CASE("text lines: endings, empty lines, last line") {
 TEST_CASE("npy: files written by numpy.save, v1/v2/v3, and meta") {
   const std::string d = data_dir();
   const std::string v1 = read_file(d + "/f4_2x3.npy");
-  // formats.md's vector: v1.0, header length 118, data at 128, 152 bytes.
+  // What numpy.save (1.24) writes for a (2, 3) <f4 array: v1.0, header length 118, data at
+  // 128, 152 bytes.
   REQUIRE(v1.size() == 152);
   CHECK(v1.substr(0, 10) == std::string("\x93NUMPY\x01\x00\x76\x00", 10));
   std::vector<std::string> want;
@@ -367,6 +369,34 @@ TEST_CASE("fixed length: header, footer, record count") {
   CHECK(read_all({t / "a.bin"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = 2, .footer_bytes = 3}) ==
         std::vector<std::string>{"01234", "56789"});
   CHECK_THROWS_AS(ferry::from_files({t / "a.bin"}, ferry::fixed_length{}), ferry::config_error);
+  // Sizes whose sum wraps used to frame a record of SIZE_MAX bytes (a crash).
+  constexpr std::size_t huge = SIZE_MAX;
+  CHECK_THROWS_AS(ferry::from_files({t / "a.bin"}, ferry::fixed_length{.record_bytes = huge, .footer_bytes = 1}),
+                  ferry::config_error);
+  CHECK_THROWS_AS(ferry::from_files({t / "a.bin"}, ferry::fixed_length{.record_bytes = 1, .footer_bytes = huge}),
+                  ferry::config_error);
+  CHECK_THROWS_AS(ferry::from_files({t / "a.bin"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = huge}),
+                  ferry::config_error);
+  // A record and its footer are buffered together: at most max_record_bytes.
+  CHECK_THROWS_AS(ferry::from_files({t / "a.bin"}, ferry::fixed_length{.record_bytes = huge}), ferry::config_error);
+  CHECK_THROWS_AS(ferry::from_files({t / "a.bin"}, ferry::fixed_length{.record_bytes = 60, .footer_bytes = 5},
+                                    {.max_record_bytes = 64}),
+                  ferry::config_error);
+  try {
+    ferry::from_files({t / "a.bin"}, ferry::fixed_length{.record_bytes = (1ull << 30) + 1});
+    FAIL("no config_error");
+  } catch (const ferry::config_error& e) {
+    CHECK(std::string(e.what()).find("max_record_bytes (1073741824)") != std::string::npos);
+  }
+  CHECK(read_all({t / "a.bin"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = 2, .footer_bytes = 3},
+                 {.max_record_bytes = 8})
+            .size() == 2);
+  // A header larger than any buffer (3 MiB) in a compressed file is skipped piece by piece.
+  write_gzip(t / "h.bin.gz", std::string(3 << 20, 'H') + "0123456789");
+  CHECK(read_all({t / "h.bin.gz"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = 3 << 20},
+                 {.chunk_bytes = 4096}) == std::vector<std::string>{"01234", "56789"});
+  expect_error([&] { read_all({t / "h.bin.gz"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = 4 << 20}); },
+               t / "h.bin.gz", 0, "the uncompressed stream has 3145738 bytes");
 }
 
 TEST_CASE("bad input: a clear error naming file and offset") {
@@ -460,7 +490,172 @@ TEST_CASE("bad input: a clear error naming file and offset") {
     z[z.size() / 2] ^= 0x55;
     z[z.size() / 2 + 1] ^= 0x55;
     write_file(t / "z.gz", z);
-    CHECK_THROWS_AS(read_all({t / "z.gz"}, ferry::tfrecord{}), ferry::format_error);
+    // The records before the damage arrive; the error names the file and the offset of the
+    // first record the stream cannot complete (in the uncompressed data).
+    const std::vector<std::string> recs = {"abc", "defgh", "abc", "defgh", "abc", "defgh"};
+    auto src = ferry::from_files({t / "z.gz"}, ferry::tfrecord{});
+    std::vector<std::string> got;
+    try {
+      while (auto r = src.next()) got.emplace_back(r->str());
+      FAIL("no error");
+    } catch (const ferry::format_error& e) {
+      REQUIRE(got.size() < recs.size());
+      CHECK(got == std::vector<std::string>(recs.begin(), recs.begin() + static_cast<long>(got.size())));
+      CHECK(e.path() == t / "z.gz");
+      CHECK(e.offset() == got.size() / 2 * 40 + got.size() % 2 * 19);
+      CHECK_MESSAGE(std::string(e.what()).find(t / "z.gz") == 0, std::string(e.what()));
+      CHECK_MESSAGE(std::string(e.what()).find(" at offset " + std::to_string(e.offset())) != std::string::npos,
+                    std::string(e.what()));
+    }
+    // A bad CRC in the gzip trailer: every record arrives, then the error at the end.
+    write_gzip(t / "c.gz", good + good + good);
+    z = read_file(t / "c.gz");
+    z[z.size() - 6] ^= 0x01;
+    write_file(t / "c.gz", z);
+    auto c = ferry::from_files({t / "c.gz"}, ferry::tfrecord{});
+    got.clear();
+    expect_error<ferry::format_error>([&] { while (auto r = c.next()) got.emplace_back(r->str()); }, t / "c.gz", 120,
+                                      "corrupt gzip stream (incorrect data check");
+    CHECK(got == recs);
+  }
+  SUBCASE("gzip cut short at every byte: the records before the cut, then an error at the next") {
+    std::mt19937_64 g(9);
+    std::string tf;
+    std::vector<std::string> recs;
+    std::vector<std::uint64_t> ends;  // where each record ends
+    for (int i = 0; i < 40; ++i) {
+      recs.push_back(random_bytes(g, g() % 120));
+      tf += tfrecord_of(recs.back());
+      ends.push_back(tf.size());
+    }
+    write_gzip(t / "whole.gz", tf);
+    const std::string z = read_file(t / "whole.gz");
+    for (std::size_t cut = 0; cut < z.size(); ++cut) {
+      INFO("cut at " << cut << " of " << z.size() << " bytes");
+      write_file(t / "cut.gz", z.substr(0, cut));
+      for (std::size_t chunk : {64, 1 << 20}) {
+        auto src = ferry::from_files({t / "cut.gz"}, ferry::tfrecord{}, {.chunk_bytes = chunk});
+        std::vector<std::string> got;
+        try {
+          while (auto r = src.next()) got.emplace_back(r->str());
+          FAIL("no error");
+        } catch (const ferry::format_error& e) {
+          CHECK(got == std::vector<std::string>(recs.begin(), recs.begin() + static_cast<long>(got.size())));
+          CHECK(e.path() == t / "cut.gz");
+          CHECK(e.offset() == (got.empty() ? 0 : ends[got.size() - 1]));
+          CHECK_MESSAGE(std::string(e.what()).find("truncated gzip stream") != std::string::npos, std::string(e.what()));
+        }
+      }
+    }
+  }
+  SUBCASE("npy: versions, header dicts, shapes that overflow, header length limit") {
+    const std::string row = std::string(12, 'r');
+    const std::string ok = npy_of("<f4", "(2, 3)", row + row);
+    CHECK(ok == read_file(d + "/f4_2x3.npy").substr(0, 128) + row + row);  // numpy.save's header
+    for (auto [major, minor] : {std::pair{0, 0}, {4, 0}, {1, 1}, {255, 0}}) {
+      std::string v = ok;
+      v[6] = static_cast<char>(major), v[7] = static_cast<char>(minor);
+      write_file(t / "v.npy", v);
+      expect_error<ferry::format_error>([&] { read_all({t / "v.npy"}, ferry::npy{}); }, t / "v.npy", 6,
+                                        "unsupported npy version " + std::to_string(major) + "." + std::to_string(minor));
+    }
+    const std::string tail = "'fortran_order': False, 'shape': (2, 3), }";
+    const std::vector<std::pair<std::string, std::string>> bad = {
+        {"['descr', '<f4']", "not a dict"},
+        {"{descr: '<f4', " + tail, "not a dict of quoted keys"},
+        {"{'descr: '<f4', " + tail, "not a dict of quoted keys"},
+        {"{'descr': '<f4' " + tail, "dict is malformed"},
+        {"{'descr': '<f4', " + tail + " x", "unexpected text after the npy header dict"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'extra': 1, }", "unknown key 'extra'"},
+        {"{'descr': '<f4', 'fortran_order': False, }", "lacks descr, fortran_order or shape"},
+        {"{'descr': '<f4', 'fortran_order': 0, 'shape': (2, 3), }", "not True or False"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': [2, 3], }", "shape is not a tuple"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3), }", "non-integer"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2; 3), }", "not a tuple of integers"},
+        {"{'descr': 4, 'fortran_order': False, 'shape': (2, 3), }", "descr is not a string"},
+        {"{'descr': '<q9', 'fortran_order': False, 'shape': (2, 3), }", "unsupported npy dtype '<q9'"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,), }", "shape overflows"},
+        // The row, then the whole array, larger than 2^64 bytes.
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (1, 4294967296, 4294967296), }", "size overflows"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, 4294967296), }", "size overflows"},
+    };
+    for (const auto& [dict, what] : bad) {
+      INFO(dict);
+      write_file(t / "d.npy", npy_with_dict(dict, row + row));
+      expect_error<ferry::format_error>([&] { read_all({t / "d.npy"}, ferry::npy{}); }, t / "d.npy", 10, what);
+    }
+    // A header length over the limit (1 MiB) is refused before it is read; v2 and v3
+    // carry 4-byte lengths that could say 4 GiB.
+    for (std::uint64_t len : {(1ull << 20) + 1, 0xffffffffull}) {
+      std::string big = npy_with_dict("{'descr': '<f4', 'fortran_order': False, 'shape': (0,), }", "", 2);
+      big.replace(8, 4, le(len, 4));
+      write_file(t / "big.npy", big);
+      expect_error<ferry::format_error>([&] { read_all({t / "big.npy"}, ferry::npy{}); }, t / "big.npy", 8,
+                                        "npy header length " + std::to_string(len) + " exceeds the limit of 1048576");
+    }
+    // At the limit it is read (NumPy pads the header so the shape can grow in place).
+    const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
+    std::string at_limit = npy_with_dict(dict, row + row, 2);  // then its header padded to 1 MiB
+    at_limit.replace(8, 4, le(1u << 20, 4));
+    at_limit.replace(12, at_limit.size() - 24 - 12, dict + std::string((1u << 20) - dict.size() - 1, ' ') + "\n");
+    REQUIRE(at_limit.size() == 12 + (1u << 20) + 24);
+    write_file(t / "limit.npy", at_limit);
+    CHECK(read_all({t / "limit.npy"}, ferry::npy{}) == std::vector<std::string>{row, row});
+  }
+  SUBCASE("idx: header cut in the dimensions, shapes that overflow, gzip cut short at every byte") {
+    const std::string idx = read_file(d + "/u1_3x4x5.idx");
+    for (std::size_t cut : {5, 6, 8, 10, 15}) {
+      write_file(t / "h.idx", idx.substr(0, cut));
+      expect_error<ferry::format_error>([&] { read_all({t / "h.idx"}, ferry::idx{}); }, t / "h.idx", 0,
+                                        "truncated IDX header (3 dimensions need 16 bytes)");
+    }
+    // Rows of 8 * (2^32 - 1)^3 bytes; (2^32 - 1)^3 rows of (2^32 - 1)^2 bytes.
+    write_file(t / "o1.idx", idx_of(0x0E, {1, 0xffffffffu, 0xffffffffu, 0xffffffffu}, "x"));
+    expect_error<ferry::format_error>([&] { read_all({t / "o1.idx"}, ferry::idx{}); }, t / "o1.idx", 4,
+                                      "the IDX shape's size overflows");
+    write_file(t / "o2.idx", idx_of(0x08, {0xffffffffu, 0xffffffffu, 0xffffffffu}, "x"));
+    expect_error<ferry::format_error>([&] { read_all({t / "o2.idx"}, ferry::idx{}); }, t / "o2.idx", 4,
+                                      "the IDX shape's size overflows");
+    std::mt19937_64 g(4);
+    const std::string rows = random_bytes(g, 50 * 20);
+    write_gzip(t / "whole.idx.gz", idx_of(0x08, {50, 4, 5}, rows));
+    const std::string z = read_file(t / "whole.idx.gz");
+    for (std::size_t cut = 0; cut < z.size(); ++cut) {
+      INFO("cut at " << cut << " of " << z.size() << " bytes");
+      write_file(t / "cut.idx.gz", z.substr(0, cut));
+      for (std::size_t chunk : {64, 1 << 20}) {
+        auto src = ferry::from_files({t / "cut.idx.gz"}, ferry::idx{}, {.chunk_bytes = chunk});
+        std::string got;
+        try {
+          while (auto r = src.next()) got += r->str();
+          FAIL("no error");
+        } catch (const ferry::format_error& e) {
+          CHECK(got == rows.substr(0, got.size()));
+          CHECK(e.path() == t / "cut.idx.gz");
+          // The header, or the first row the stream cannot complete.
+          CHECK(e.offset() == (src.meta() ? 16 + got.size() : 0));
+          CHECK_MESSAGE(std::string(e.what()).find("truncated gzip stream") != std::string::npos, std::string(e.what()));
+        }
+      }
+    }
+  }
+  SUBCASE("text lines: a line longer than max_record_bytes in a compressed file") {
+    const std::string lines = "first\n" + std::string(5000, 'x') + "\nlast\n";
+    write_gzip(t / "l.txt.gz", lines);
+    CHECK(read_all({t / "l.txt.gz"}, ferry::text_lines{}).size() == 3);
+    std::vector<std::string> got;
+    for (std::size_t chunk : {64, 4096, 1 << 20}) {
+      INFO("chunk " << chunk);
+      const ferry::from_files_options o{.chunk_bytes = chunk, .max_record_bytes = 1000};
+      auto src = ferry::from_files({t / "l.txt.gz"}, ferry::text_lines{}, o);
+      got.clear();
+      expect_error<ferry::format_error>([&] { while (auto r = src.next()) got.emplace_back(r->str()); }, t / "l.txt.gz",
+                                        6, "a line longer than max_record_bytes (1000)");
+      CHECK(got == std::vector<std::string>{"first"});
+      // The same file uncompressed: its size bounds the line, so it is read.
+      write_file(t / "l.txt", lines);
+      CHECK(read_all({t / "l.txt"}, ferry::text_lines{}, o).size() == 3);
+    }
   }
 }
 
@@ -593,7 +788,8 @@ TEST_CASE("save/restore at every position, rewind, end stays ended" * doctest::t
   CHECK(read_all(m).size() == 3);
 }
 
-TEST_CASE("records outlive the reader's chunk; batch collates them as a ragged field") {
+TEST_CASE("records outlive the reader's chunk; batch collates them as a ragged field" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // read-ahead threads: never hang
   temp_dir t;
   std::string s;
   std::vector<std::string> want;
@@ -792,4 +988,84 @@ TEST_CASE("memory: peak RSS stays flat reading far more than the read buffers" *
 #endif
   // A few 1 MiB chunks (read ahead included) and batch buffers, never the files.
   CHECK(grew < shadow * 16 * 1024);
+}
+
+TEST_CASE("npy: headers as NumPy writes them (any key order, padding, version) against the rows" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // read-ahead threads: never hang
+  temp_dir t;
+  std::mt19937_64 g(77);
+  const std::vector<std::pair<std::string, std::size_t>> dtypes = {
+      {"<f4", 4}, {"|u1", 1}, {">i2", 2}, {"<f8", 8}, {"|b1", 1}, {"<c16", 16},
+      {"|S3", 3}, {"<U2", 8}, {"<M8[ns]", 8}, {"|?", 1}, {"=i4", 4}, {"|V5", 5}};
+  for (int trial = 0; trial < 200; ++trial) {
+    const auto& [descr, item] = dtypes[g() % dtypes.size()];
+    const std::size_t ndim = g() % 4;
+    std::vector<std::uint64_t> shape;
+    for (std::size_t k = 0; k < ndim; ++k) shape.push_back(g() % (k == 0 ? 6 : 5));
+    std::string sh = "(";
+    for (std::size_t k = 0; k < ndim; ++k)
+      sh += (k ? "," + std::string(g() % 2, ' ') : "") + std::to_string(shape[k]) + (g() % 8 == 0 ? "L" : "");
+    sh += ndim == 1 ? ",)" : ")";
+    std::vector<std::string> keys = {"'descr': '" + descr + "'", "'shape': " + sh,
+                                     std::string("'fortran_order': ") + (ndim <= 1 && g() % 2 ? "True" : "False")};
+    std::shuffle(keys.begin(), keys.end(), g);
+    std::string dict = "{";
+    for (std::size_t k = 0; k < 3; ++k) dict += (k ? ", " : "") + keys[k];
+    dict += g() % 2 ? ", }" : "}";
+    const std::uint64_t rows = ndim == 0 ? 1 : shape[0];
+    std::uint64_t row_bytes = item;
+    for (std::size_t k = 1; k < ndim; ++k) row_bytes *= shape[k];
+    std::vector<std::string> want;
+    std::string data;
+    for (std::uint64_t r = 0; r < rows; ++r) data += want.emplace_back(random_bytes(g, row_bytes));
+    const int major = 1 + static_cast<int>(g() % 3);
+    const bool gz = g() % 4 == 0;
+    const std::string path = t / ("r" + std::to_string(trial) + (gz ? ".npy.gz" : ".npy"));
+    const std::string bytes = npy_with_dict(dict, data, major, g() % 3 == 0 ? g() % 300 : 0);
+    gz ? write_gzip(path, bytes) : write_file(path, bytes);
+    INFO(dict << " v" << major << (gz ? " gzip" : ""));
+    for (std::size_t chunk : {64, 1 << 20}) {
+      auto src = ferry::from_files({path}, ferry::npy{}, {.chunk_bytes = chunk});
+      const auto m = src.meta();
+      REQUIRE(m);
+      CHECK(m->dtype == descr);
+      CHECK(m->shape == shape);
+      CHECK(m->row_bytes == row_bytes);
+      CHECK(read_all(src) == want);
+    }
+  }
+}
+
+TEST_CASE("resume: a compressed file now shorter than the saved position is an error naming it; reading goes on") {
+  temp_dir t;
+  std::string a;
+  for (int i = 0; i < 6; ++i) a += tfrecord_of("a" + std::to_string(i));
+  const std::string shorter = a.substr(0, 2 * 18);  // records of 18 bytes
+  const std::vector<std::string> files = {t / "a.tfrecord.gz", t / "b.tfrecord.gz"};
+  write_gzip(files[0], a);
+  write_gzip(files[1], tfrecord_of("b0") + tfrecord_of("b1"));
+  auto src = ferry::from_files(files, ferry::tfrecord{});
+  for (int i = 0; i < 4; ++i) REQUIRE(src.next());
+  const ferry::pipeline_state st = ferry::save_state(src);  // in a.tfrecord.gz at offset 72
+  write_gzip(files[0], shorter);                            // which then loses records
+  for (auto policy : {ferry::error_policy::raise, ferry::error_policy::skip}) {
+    std::vector<ferry::skipped_record> log;
+    auto r = ferry::from_files(files, ferry::tfrecord{},
+                               {.on_error = policy, .on_skip = [&](const ferry::skipped_record& s) { log.push_back(s); }});
+    ferry::restore_state(r, st);
+    const std::string why = "cannot resume: the compressed stream ends before the saved position";
+    if (policy == ferry::error_policy::raise) {
+      expect_error<ferry::format_error>([&] { r.next(); }, files[0], shorter.size(), why);
+    }
+    // Then the next file, from its start (the short file is not read on from where it ended).
+    CHECK(read_all(r) == std::vector<std::string>{"b0", "b1"});
+    if (policy == ferry::error_policy::skip) {
+      REQUIRE(log.size() == 1);
+      CHECK(log[0].path == files[0]);
+      CHECK(log[0].offset == shorter.size());
+      CHECK(log[0].reason == why);
+      CHECK(r.skipped() == 1);
+    }
+  }
 }

@@ -2,7 +2,11 @@
 // prompt shutdown mid-epoch, errors at their place in the order.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -140,5 +144,289 @@ TEST_CASE("interleave: errors at their place; skip counts exactly" * doctest::ti
     CHECK(drain(sk) == want);
     CHECK(sk.skipped() == 1);
     CHECK(logged == 1);
+  }
+}
+
+namespace {
+// Everything a source gives until its end, as (file, text): a record's file and "=" + its
+// bytes, or for a throw the file it names and "!" + what(). An on_skip below throws
+// "on_skip:<path>@<offset>", so that error names its file too.
+using outcome = std::vector<std::pair<std::string, std::string>>;
+std::string file_named(const std::exception& e) {
+  if (auto* f = dynamic_cast<const ferry::error*>(&e)) return ferry::detail::describe(*f).path;
+  const std::string w = e.what();
+  const std::size_t a = w.find("on_skip:"), b = w.rfind('@');
+  return a == 0 && b != std::string::npos ? w.substr(8, b - 8) : std::string("?");
+}
+outcome outcomes(auto& src) {
+  outcome out;
+  for (int guard = 0; guard < 100000; ++guard) {
+    try {
+      auto r = src.next();
+      if (!r) return out;
+      out.emplace_back(std::string(r->origin().file), "=" + std::string(r->str()));
+    } catch (const std::exception& e) {
+      out.emplace_back(file_named(e), "!" + std::string(e.what()));
+    }
+  }
+  FAIL("no end after 100000 entries");
+  return out;
+}
+// The oracle: from_files' entries (records and errors, in file order) dealt out as
+// interleave deals them: slot s reads files s, s + cycle, ...; `block` records per turn,
+// an error taking no turn.
+std::vector<std::string> interleaved(const outcome& file_order, const std::vector<std::string>& files,
+                                     std::size_t cycle, std::size_t block) {
+  const std::size_t k = std::min(cycle, files.size());
+  std::vector<std::vector<std::string>> slot(k);
+  for (const auto& [file, text] : file_order) {
+    const auto j = static_cast<std::size_t>(std::find(files.begin(), files.end(), file) - files.begin());
+    REQUIRE(j < files.size());
+    slot[j % k].push_back(text);
+  }
+  std::vector<std::size_t> at(k, 0);
+  std::vector<std::string> out;
+  for (bool any = true; any;) {
+    any = false;
+    for (std::size_t s = 0; s < k; ++s)
+      for (std::size_t b = 0; b < block && at[s] < slot[s].size(); ++at[s], any = true) {
+        out.push_back(slot[s][at[s]]);
+        if (out.back()[0] != '!') ++b;
+      }
+  }
+  return out;
+}
+std::vector<std::string> texts(const outcome& o) {
+  std::vector<std::string> t;
+  for (const auto& e : o) t.push_back(e.second);
+  return t;
+}
+std::size_t errors_in(const outcome& o) {
+  return static_cast<std::size_t>(std::count_if(o.begin(), o.end(), [](const auto& e) { return e.second[0] == '!'; }));
+}
+}  // namespace
+
+TEST_CASE("interleave: npy/IDX files of another row layout are refused as from_files refuses them, any workers" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  temp_dir t;
+  // The audit's pair: <f4 (2, 3) and |u1 (4, 5), cycle 2. The second file is refused with
+  // from_files' error, at its place; the first's rows all arrive.
+  const std::string f4 = t / "a.npy", u1 = t / "b.npy";
+  write_file(f4, npy_of("<f4", "(2, 3)", std::string(24, 'a')));
+  write_file(u1, npy_of("|u1", "(4, 5)", std::string(20, 'b')));
+  std::string want_what;
+  try {
+    auto plain = ferry::from_files({f4, u1}, ferry::npy{});
+    while (plain.next()) {
+    }
+  } catch (const ferry::format_error& e) {
+    CHECK(e.path() == u1);
+    CHECK(e.offset() == 0);
+    want_what = e.what();
+  }
+  REQUIRE(want_what.find("differ from the first file's") != std::string::npos);
+  for (std::size_t workers : {0, 2}) {
+    INFO("workers " << workers);
+    auto src = ferry::from_files({f4, u1}, ferry::npy{}) | ferry::interleave(2, {.workers = workers});
+    std::vector<std::size_t> sizes;
+    int errors = 0;
+    for (int guard = 0; guard < 100; ++guard) {
+      try {
+        auto r = src.next();
+        if (!r) break;
+        sizes.push_back(r->size());
+      } catch (const ferry::format_error& e) {
+        CHECK(e.path() == u1);
+        CHECK(e.offset() == 0);
+        CHECK(std::string(e.what()) == want_what);
+        ++errors;
+      }
+    }
+    CHECK(errors == 1);
+    CHECK(sizes == std::vector<std::size_t>{12, 12});
+  }
+
+  // Random lists of npy files (two layouts; some missing, cut short or not npy at all) and
+  // of IDX files: interleave gives from_files' records and errors, in the oracle's order.
+  std::mt19937_64 g(21);
+  for (int trial = 0; trial < 24; ++trial) {
+    const bool use_idx = trial % 3 == 2;
+    std::vector<std::string> files;
+    const int n = 2 + static_cast<int>(g() % 6);
+    for (int f = 0; f < n; ++f) {
+      const std::string p = t / ("t" + std::to_string(trial) + "_" + std::to_string(f) + (use_idx ? ".idx" : ".npy"));
+      files.push_back(p);
+      const auto kind = g() % 8;
+      const std::uint32_t rows = static_cast<std::uint32_t>(g() % 5);
+      if (kind == 0) continue;  // missing
+      std::string bytes;
+      if (kind <= 2)  // the second layout
+        bytes = use_idx ? idx_of(0x0D, {rows, 3}, random_bytes(g, rows * 12))
+                        : npy_of("<i2", "(" + std::to_string(rows) + ", 2)", random_bytes(g, rows * 4));
+      else
+        bytes = use_idx ? idx_of(0x08, {rows, 4}, random_bytes(g, rows * 4))
+                        : npy_of("|u1", "(" + std::to_string(rows) + ", 4)", random_bytes(g, rows * 4));
+      if (kind == 3 && rows > 0) bytes.resize(bytes.size() - 1);  // the last row cut short
+      if (kind == 4) bytes = "not an array file";
+      write_file(p, bytes);
+    }
+    const ferry::file_format fmt = use_idx ? ferry::file_format(ferry::idx{}) : ferry::file_format(ferry::npy{});
+    auto plain = ferry::from_files(files, fmt, {.chunk_bytes = 64});
+    const outcome file_order = outcomes(plain);
+    for (std::size_t cycle : {1, 2, 3})
+      for (std::size_t block : {1, 2})
+        for (std::size_t workers : {0, 1, 2}) {
+          INFO("trial " << trial << ", cycle " << cycle << ", block " << block << ", workers " << workers);
+          auto src = ferry::from_files(files, fmt, {.chunk_bytes = 64}) |
+                     ferry::interleave(cycle, {.workers = workers, .block = block, .buffer = 2});
+          CHECK(texts(outcomes(src)) == interleaved(file_order, files, cycle, block));
+          std::atomic<std::size_t> logged{0};
+          auto sk = ferry::from_files(files, fmt,
+                                      {.on_error = ferry::error_policy::skip,
+                                       .on_skip = [&](const ferry::skipped_record&) { ++logged; },
+                                       .chunk_bytes = 64}) |
+                    ferry::interleave(cycle, {.workers = workers, .block = block, .buffer = 2});
+          const outcome skipped = outcomes(sk);
+          CHECK(errors_in(skipped) == 0);
+          CHECK(skipped.size() == file_order.size() - errors_in(file_order));
+          CHECK(sk.skipped() == errors_in(file_order));
+          CHECK(logged == errors_in(file_order));
+        }
+  }
+}
+
+TEST_CASE("interleave: a missing and a truncated file among several: from_files' errors at their place, no hang" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  dataset d(6, 31);
+  const std::string missing = d.files[1], cut = d.files[4];
+  std::filesystem::remove(missing);
+  std::string tf;
+  for (auto& r : d.recs[4]) tf += tfrecord_of(r);
+  tf += tfrecord_of("the last record").substr(0, 15);  // ends inside its data
+  write_file(cut, tf);
+  auto plain = ferry::from_files(d.files, ferry::tfrecord{}, {.chunk_bytes = 300});
+  const outcome file_order = outcomes(plain);
+  REQUIRE(errors_in(file_order) == 2);
+  for (std::size_t workers : {0, 2})
+    for (std::size_t cycle : {2, 3, 4}) {
+      INFO("workers " << workers << ", cycle " << cycle);
+      auto src = ferry::from_files(d.files, ferry::tfrecord{}, {.chunk_bytes = 300}) |
+                 ferry::interleave(cycle, {.workers = workers, .block = 2});
+      std::vector<std::string> got;
+      std::vector<std::pair<std::string, std::uint64_t>> errs;
+      for (int guard = 0; guard < 10000; ++guard) {
+        try {
+          auto r = src.next();
+          if (!r) break;
+          got.push_back("=" + std::string(r->str()));
+        } catch (const ferry::io_error& e) {
+          errs.emplace_back(e.path(), e.offset());
+          got.push_back("!" + std::string(e.what()));
+        } catch (const ferry::format_error& e) {
+          errs.emplace_back(e.path(), e.offset());
+          got.push_back("!" + std::string(e.what()));
+        }
+      }
+      CHECK(got == interleaved(file_order, d.files, cycle, 2));
+      std::sort(errs.begin(), errs.end());
+      CHECK(errs == std::vector<std::pair<std::string, std::uint64_t>>{{missing, 0}, {cut, tf.size() - 15}});
+      // Destroyed after an error, mid-epoch, with the readers ahead: joins.
+      auto early = ferry::from_files(d.files, ferry::tfrecord{}) | ferry::interleave(cycle, {.workers = workers});
+      for (int k = 0; k < 3; ++k) try { early.next(); } catch (const ferry::error&) {}
+    }
+}
+
+TEST_CASE("interleave: anything thrown while reading reaches next() as from_files throws it; nothing lost" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  // on_skip throwing on a worker used to escape the thread (std::terminate).
+  dataset d(5, 12);
+  std::string bad = tfrecord_of("before") + tfrecord_of("bad") + tfrecord_of("after");
+  bad[tfrecord_of("before").size() + 12] ^= 1;  // the data of "bad": its data CRC fails
+  write_file(d.files[2], bad);
+  std::filesystem::remove(d.files[3]);
+  const ferry::from_files_options o{
+      .on_error = ferry::error_policy::skip,
+      .on_skip = [](const ferry::skipped_record& r) {
+        throw std::runtime_error("on_skip:" + r.path + "@" + std::to_string(r.offset));
+      }};
+  auto plain = ferry::from_files(d.files, ferry::tfrecord{}, o);
+  const outcome file_order = outcomes(plain);
+  REQUIRE(errors_in(file_order) == 2);
+  CHECK(plain.skipped() == 2);
+  for (std::size_t workers : {0, 1, 2})
+    for (std::size_t cycle : {1, 2, 3}) {
+      INFO("workers " << workers << ", cycle " << cycle);
+      auto src = ferry::from_files(d.files, ferry::tfrecord{}, o) | ferry::interleave(cycle, {.workers = workers});
+      int thrown = 0;
+      std::vector<std::string> got;
+      for (int guard = 0; guard < 10000; ++guard) {
+        try {
+          auto r = src.next();
+          if (!r) break;
+          got.push_back("=" + std::string(r->str()));
+        } catch (const ferry::error&) {
+          FAIL("a skipped error reached next()");
+        } catch (const std::runtime_error& e) {  // the callback's own exception, not wrapped
+          got.push_back("!" + std::string(e.what()));
+          ++thrown;
+        }
+      }
+      CHECK(thrown == 2);
+      CHECK(got == interleaved(file_order, d.files, cycle, 1));
+      CHECK(src.skipped() == 2);
+      // And destroyed with the readers blocked behind a pending exception.
+      auto early = ferry::from_files(d.files, ferry::tfrecord{}, o) |
+                   ferry::interleave(cycle, {.workers = workers, .buffer = 1});
+      try { early.next(); } catch (const std::runtime_error&) {}
+    }
+}
+
+TEST_CASE("interleave: resuming into a compressed file now too short: the error names it, the slot goes on" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  temp_dir t;
+  // cycle 2: slot 0 reads files 0 and 2, slot 1 reads file 1. Saved after 6 records, slot
+  // 0 is inside file 0 at its fourth record (offset 57: records of 19 bytes).
+  std::vector<std::string> files, recs[3];
+  for (int f = 0; f < 3; ++f) {
+    std::string s;
+    for (int i = 0; i < 5; ++i) s += tfrecord_of(recs[f].emplace_back(std::to_string(f) + "r" + std::to_string(i)));
+    files.push_back(t / ("z" + std::to_string(f) + ".tfrecord.gz"));
+    write_gzip(files.back(), s);
+  }
+  for (std::size_t workers : {0, 2}) {
+    INFO("workers " << workers);
+    write_gzip(files[0], tfrecord_of(recs[0][0]) + tfrecord_of(recs[0][1]) + tfrecord_of(recs[0][2]) +
+                             tfrecord_of(recs[0][3]) + tfrecord_of(recs[0][4]));
+    auto a = ferry::from_files(files, ferry::tfrecord{}) | ferry::interleave(2, {.workers = workers});
+    for (int i = 0; i < 6; ++i) REQUIRE(a.next());
+    const auto st = ferry::save_state(a);
+    write_gzip(files[0], tfrecord_of(recs[0][0]) + tfrecord_of(recs[0][1]));  // 38 bytes now
+    auto b = ferry::from_files(files, ferry::tfrecord{}) | ferry::interleave(2, {.workers = workers});
+    ferry::restore_state(b, st);
+    std::vector<std::string> got;
+    int errors = 0;
+    for (int guard = 0; guard < 1000; ++guard) {
+      try {
+        auto r = b.next();
+        if (!r) break;
+        got.push_back("=" + std::string(r->str()));
+      } catch (const ferry::format_error& e) {
+        CHECK(e.path() == files[0]);
+        CHECK(e.offset() == 38);
+        CHECK(std::string(e.what()).find("cannot resume") != std::string::npos);
+        ++errors;
+      }
+    }
+    CHECK(errors == 1);
+    // The error takes no turn: slot 0 goes on with file 2, then the turns alternate with
+    // slot 1's last two records. Nothing of file 0 again.
+    std::vector<std::string> want;
+    for (const auto* r : {&recs[2][0], &recs[1][3], &recs[2][1], &recs[1][4], &recs[2][2], &recs[2][3], &recs[2][4]})
+      want.push_back("=" + *r);
+    CHECK(got == want);
   }
 }

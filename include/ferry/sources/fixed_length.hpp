@@ -4,9 +4,11 @@
 //
 // A file whose size is not header + k * record_bytes + footer: the whole records before
 // the partial one are read, then a format_error at the partial record's offset names the
-// size found. from_files throws config_error for record_bytes == 0.
+// size found. from_files throws config_error for record_bytes == 0, for record_bytes +
+// footer_bytes over from_files_options::max_record_bytes, and for sizes whose sum overflows.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -37,9 +39,15 @@ struct fixed_framer {
            size_phrase(s, seen);
   }
   void open(byte_stream& s) {
-    const std::size_t got = s.ensure(opt.header_bytes);
-    if (got < opt.header_bytes) throw format_error(s.path(), 0, shape_msg(s, got));
-    s.consume(got);
+    // In pieces: a large header never needs a buffer of its size (compressed streams).
+    std::size_t left = opt.header_bytes;
+    while (left > 0) {
+      const std::size_t step = std::min<std::size_t>(left, std::size_t(1) << 20);
+      const std::size_t got = s.ensure(step);
+      if (got < step) throw format_error(s.path(), 0, shape_msg(s, s.offset() + got));
+      s.consume(got);
+      left -= step;
+    }
   }
   frame_status next(byte_stream& s, frame& f) {
     const std::size_t need = opt.record_bytes + opt.footer_bytes;

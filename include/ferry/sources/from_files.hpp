@@ -23,9 +23,12 @@
 // options.read_threads I/O threads (default 2) that keep up to options.read_ahead chunks
 // (default 4; 0 turns read-ahead off) filled ahead with pread(2), so the kernel's copy out
 // of the page cache runs beside the framing, CRC checks and batching, and on more than
-// one core. On the 2-core machine: TFRecord with CRC 0.69x -> ~0.95x `cat`, fixed-length
-// records ~0.83x -> ~1.1x (benchmarks/read). Memory grows by read_ahead chunks per open
-// file. Small files, pipes and compressed files are read on the calling thread.
+// one core. On the 2-core machine (bench_read 256 1024, benchmarks/results/
+// read-vm-2026-11-21T173819.json and T203019.json): TFRecord with CRC 0.71-0.72x `cat`
+// with read_ahead = 0 -> 1.05-1.09x with it, measured in the same runs; fixed-length
+// records 1.34-1.37x, against 0.91x before read-ahead (read-vm-2026-11-21T155457.json,
+// an earlier commit reading 64 MiB rather than 256). Memory grows by read_ahead chunks
+// per open file. Small files, pipes and compressed files are read on the calling thread.
 //
 // File-level sharding: `| shard(n, i)` right after from_files calls shard_files(n, i),
 // keeping files j with j % n == i (tf.data's rule) - no record of another shard is read.
@@ -111,10 +114,14 @@ class file_source : public source_interface<file_source> {
             pending_.reset();
           }
         } catch (const ferry::error& e) {
+          reader_.close();  // seek may throw with the file open: the next file is next
           pending_.reset();
           ++fi_;
           on_bad(e);
           continue;
+        } catch (...) {  // not the file's fault (std::bad_alloc): the next call tries it again
+          reader_.close();
+          throw;
         }
       }
       skipped_record bad;
@@ -238,7 +245,7 @@ class file_source : public source_interface<file_source> {
 struct from_files_t {
   // Throws config_error for a bad format option, io_error for a pattern matching nothing.
   auto operator()(const std::vector<std::string>& paths, file_format fmt, from_files_options o = {}) const {
-    detail::check_format(fmt);
+    detail::check_format(fmt, o);
     return detail::file_source(detail::expand_paths(paths), std::move(fmt), std::move(o));
   }
   auto operator()(const char* path, file_format fmt, from_files_options o = {}) const {

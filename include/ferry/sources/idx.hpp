@@ -6,7 +6,9 @@
 // Each record is one row along the first axis, its bytes as stored (multi-byte values stay
 // big-endian); meta() gives dtype (">f4", "|u1", ...) and shape. Refused with a
 // format_error naming file and offset: a wrong magic or type, ndim 0, a truncated header,
-// missing rows (at the first missing one) and bytes after the last row.
+// shapes whose size overflows, missing rows (at the first missing one) and bytes after
+// the last row. A compressed file cut short: a format_error at the first row it cannot
+// complete (offset in the uncompressed data).
 #pragma once
 
 #include <cstdint>
@@ -58,6 +60,8 @@ struct idx_framer : array_framer {
       if (mul_overflows(row, m.shape[d], row)) throw format_error(s.path(), 4, "the IDX shape's size overflows");
     m.rows = m.shape[0];
     m.row_bytes = row;
+    std::uint64_t total;  // as npy: the whole array's size must be a number
+    if (mul_overflows(m.rows, row, total)) throw format_error(s.path(), 4, "the IDX shape's size overflows");
     s.consume(hdr);
     start_rows(s, hdr);
   }

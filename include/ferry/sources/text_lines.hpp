@@ -3,10 +3,12 @@
 //
 // Records are the line's bytes without its ending ("\n" or "\r\n"); empty lines are
 // records; the last line may lack its newline (a file ending in "\n" has no extra empty
-// record). A line longer than the file cannot exist; in a compressed stream a line longer
-// than max_record_bytes is a format_error at the line's offset.
+// record). A line longer than the file cannot exist; in a compressed stream (or a pipe) a
+// line longer than max_record_bytes is a format_error at the line's offset, whatever the
+// chunk size, and no more than max_record_bytes + 2 are buffered looking for its end.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -33,25 +35,30 @@ struct lines_framer {
     for (;;) {
       const std::size_t avail = s.available();
       const void* nl = avail > scanned ? std::memchr(s.data() + scanned, '\n', avail - scanned) : nullptr;
-      if (nl) {
-        const std::size_t len = static_cast<const std::byte*>(nl) - s.data();
-        const std::size_t cut = (len > 0 && s.data()[len - 1] == std::byte{'\r'}) ? len - 1 : len;
+      if (nl || s.at_eof()) {
+        if (!nl && avail == 0) return frame_status::end;
+        const std::size_t len = nl ? static_cast<std::size_t>(static_cast<const std::byte*>(nl) - s.data()) : avail;
+        const std::size_t cut = (nl && len > 0 && s.data()[len - 1] == std::byte{'\r'}) ? len - 1 : len;
+        // Checked on every line, not only while searching: whether a line was found in
+        // what was already buffered depends on the chunk size.
+        if (!s.size() && cut > max_record) too_long(s);
         f.out = {s.data(), cut};
-        f.advance = len + 1;
+        f.advance = nl ? len + 1 : avail;
         return frame_status::record;
       }
       scanned = avail;
-      if (s.at_eof()) {
-        if (avail == 0) return frame_status::end;
-        f.out = {s.data(), avail};
-        f.advance = avail;
-        return frame_status::record;
+      if (s.size()) {
+        s.ensure(avail + std::max<std::size_t>(avail, 4096));
+        continue;
       }
-      if (!s.size() && avail > max_record)
-        throw format_error(s.path(), s.offset(),
-                           "a line longer than max_record_bytes (" + std::to_string(max_record) + ")");
-      s.ensure(avail + std::max<std::size_t>(avail, 4096));
+      // Compressed: never buffer more than max_record_bytes and a "\r\n" looking for the end.
+      if (avail > max_record && avail - max_record > 1) too_long(s);
+      const std::uint64_t cap = max_record > UINT64_MAX - 2 ? UINT64_MAX : max_record + 2;
+      s.ensure(static_cast<std::size_t>(std::min<std::uint64_t>(avail + std::max<std::size_t>(avail, 4096), cap)));
     }
+  }
+  [[noreturn]] void too_long(const byte_stream& s) const {
+    throw format_error(s.path(), s.offset(), "a line longer than max_record_bytes (" + std::to_string(max_record) + ")");
   }
 };
 

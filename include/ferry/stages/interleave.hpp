@@ -16,9 +16,14 @@
 // slot buffering up to .buffer records (and about 4 read chunks of bytes); with
 // .workers = 0 everything runs on the thread calling next(). on_skip runs on the reading
 // thread. Errors: as from_files (error_policy raise: the error reaches next() at the
-// record's place in the order, skip: counted in skipped()). The destructor and rewind()
-// stop and join the threads at once, even mid-epoch. Throws config_error for cycle == 0
-// or block == 0.
+// record's place in the order, skip: counted in skipped()). Anything else thrown while
+// reading (on_skip throwing, std::bad_alloc) reaches next() the same way, never
+// std::terminate; the slot then goes on with its next file (or, after on_skip, its next
+// record). npy/IDX: every file's rows must match those of the first file in the list
+// whose header reads, as from_files requires; a file that differs is a format_error
+// naming it (offset 0) at its place in the order, whatever the thread timing. The
+// destructor and rewind() stop and join the threads at once, even mid-epoch. Throws
+// config_error for cycle == 0 or block == 0.
 #pragma once
 
 #include <algorithm>
@@ -33,6 +38,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "ferry/error.hpp"
@@ -66,7 +72,6 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   struct slot {
     std::vector<std::string> files;
     std::unique_ptr<file_reader> reader;
-    std::optional<array_meta> meta;
     pos at;                       // producer's position
     std::optional<pos> pending;   // a restored position to seek to
     bool producing_done = false;  // producer reached the end
@@ -75,6 +80,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     bool active = true;           // consumer side: not yet ended
     pos consumed;                 // consumer side: after the last record taken
     std::uint64_t skipped = 0;
+    std::exception_ptr broken;    // a worker could not queue an entry (std::bad_alloc)
   };
 
  public:
@@ -88,6 +94,8 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   interleave_source(interleave_source&& other) noexcept(false)
       : up_((other.stop_threads(), std::move(other.up_))), cycle_(other.cycle_), o_(other.o_), pool_(other.pool_) {
     slots_ = std::move(other.slots_);
+    layout_ = std::move(other.layout_);
+    layout_known_ = other.layout_known_;
     cur_ = other.cur_;
     in_block_ = other.in_block_;
   }
@@ -207,6 +215,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   }
 
   // Reads the next entry of slot s (no lock held: only one thread produces for a slot).
+  // Whatever reading throws becomes an entry at the slot's place.
   entry produce(slot& s) {
     const from_files_options& opt = up_.options();
     file_reader& rd = *s.reader;
@@ -214,14 +223,15 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       if (!rd.is_open()) {
         if (s.at.ord >= s.files.size()) return entry{std::nullopt, nullptr, true, s.at};
         try {
-          rd.open(s.files[s.at.ord], s.meta);
+          std::optional<array_meta> first = layout();
+          rd.open(s.files[s.at.ord], first);
           if (s.pending) rd.seek(s.pending->offset, s.pending->rec);
           s.pending.reset();
-        } catch (const ferry::error& e) {
+        } catch (...) {
+          rd.close();  // seek may have thrown with the file open
           s.pending.reset();
           s.at = pos{s.at.ord + 1, false, 0, 0};
-          if (opt.on_error == error_policy::raise) return entry{std::nullopt, std::current_exception(), false, s.at};
-          note_skip(s, describe(e));
+          if (auto e = failed(s, std::current_exception())) return std::move(*e);
           continue;
         }
       }
@@ -230,11 +240,12 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       frame_status st;
       try {
         st = rd.next(r, bad);
-      } catch (const ferry::error& e) {
+      } catch (...) {
+        // The framing is lost (or, for anything but a ferry error, cannot be trusted):
+        // the rest of this file is, as in from_files.
         rd.close();
         s.at = pos{s.at.ord + 1, false, 0, 0};
-        if (opt.on_error == error_policy::raise) return entry{std::nullopt, std::current_exception(), false, s.at};
-        note_skip(s, describe(e));
+        if (auto e = failed(s, std::current_exception())) return std::move(*e);
         continue;
       }
       if (st == frame_status::end) {
@@ -246,13 +257,58 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       if (st == frame_status::record) return entry{std::move(r), nullptr, false, s.at};
       if (opt.on_error == error_policy::raise)
         return entry{std::nullopt, std::make_exception_ptr(format_error(bad.path, bad.offset, bad.reason)), false, s.at};
-      note_skip(s, bad);
+      if (auto e = note_skip(s, bad)) return std::move(*e);
     }
   }
-  void note_skip(slot& s, const skipped_record& r) {
-    log_skip(up_.options(), r);
-    std::lock_guard lk(m_);
-    ++s.skipped;
+  // What an exception at s's place (s.at already past it) becomes: the entry carrying it
+  // to the consumer, or nullopt when it is a ferry error skipped under error_policy::skip.
+  std::optional<entry> failed(slot& s, std::exception_ptr err) {
+    if (up_.options().on_error == error_policy::skip) {
+      try {
+        std::rethrow_exception(err);
+      } catch (const ferry::error& e) {
+        return note_skip(s, describe(e));
+      } catch (...) {  // not a format or I/O error: never skipped, as in from_files
+      }
+    }
+    return entry{std::nullopt, std::move(err), false, s.at};
+  }
+  // Counts the skip, then reports it; on_skip throwing gives the entry carrying that
+  // exception (the skip stays counted and reading goes on after it).
+  std::optional<entry> note_skip(slot& s, const skipped_record& r) {
+    {
+      std::lock_guard lk(m_);
+      ++s.skipped;
+    }
+    try {
+      log_skip(up_.options(), r);
+    } catch (...) {
+      return entry{std::nullopt, std::current_exception(), false, s.at};
+    }
+    return std::nullopt;
+  }
+  // npy/IDX: the row layout every file must match, that of the first file in the list
+  // whose header reads (what from_files checks against when reading from the start).
+  // Taken from the list, not from whichever slot opens a file first, so the file refused
+  // never depends on thread timing. Probed once, by the first reader to need it.
+  std::optional<array_meta> layout() {
+    const file_format& fmt = up_.format();
+    if (!std::holds_alternative<npy>(fmt) && !std::holds_alternative<idx>(fmt)) return std::nullopt;
+    std::lock_guard lk(layout_m_);
+    if (!layout_known_) {
+      from_files_options o = up_.options();
+      o.read_ahead = 0;  // a header: no I/O threads for it
+      for (const std::string& f : up_.files()) {
+        try {
+          file_reader probe(fmt, o, pool_);
+          probe.open(f, layout_);
+          break;
+        } catch (const ferry::error&) {  // that file's own error comes when its slot reads it
+        }
+      }
+      layout_known_ = true;
+    }
+    return layout_;
   }
 
   entry take(std::size_t i) {
@@ -262,8 +318,9 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     if (s.q.empty()) {  // the consumer waits for the readers
       observe::wait_timer wt;
       wt.start();
-      not_empty_.wait(lk, [&] { return !s.q.empty(); });
+      not_empty_.wait(lk, [&] { return !s.q.empty() || s.broken; });
       wt.stop(stats_.wait_up, "interleave: wait upstream");
+      if (s.q.empty()) std::rethrow_exception(s.broken);  // until rewind()
     }
     entry e = std::move(s.q.front());
     s.q.pop_front();
@@ -274,7 +331,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   }
 
   bool has_room(const slot& s) const {
-    return !s.producing_done && s.q.size() < std::max<std::size_t>(o_.buffer, 1) &&
+    return !s.producing_done && !s.broken && s.q.size() < std::max<std::size_t>(o_.buffer, 1) &&
            (s.q.empty() || s.q_bytes < 4 * pool_->chunk_bytes());
   }
   void worker(std::size_t t) {
@@ -303,7 +360,12 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       }
       const bool timed = observe::on();
       const observe::ticks t0 = timed ? observe::now() : 0;
-      entry e = produce(slots_[pick]);
+      entry e;
+      try {
+        e = produce(slots_[pick]);
+      } catch (...) {  // building the entry itself failed (std::bad_alloc): the consumer gets that
+        e = entry{std::nullopt, std::current_exception(), false, slots_[pick].at};
+      }
       if (timed) {
         const observe::ticks t1 = observe::now();
         stats_.work.add_shared(t1 - t0);
@@ -312,9 +374,15 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       {
         std::lock_guard lk(m_);
         slot& s = slots_[pick];
-        if (e.end) s.producing_done = true;
-        if (e.rec) s.q_bytes += e.rec->size();
-        s.q.push_back(std::move(e));
+        const bool end = e.end;
+        const std::size_t bytes = e.rec ? e.rec->size() : 0;
+        try {
+          s.q.push_back(std::move(e));
+          if (end) s.producing_done = true;
+          s.q_bytes += bytes;
+        } catch (...) {  // the entry is lost: the slot stops rather than skip it silently
+          s.broken = std::current_exception();
+        }
       }
       not_empty_.notify_all();
     }
@@ -336,6 +404,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     for (slot& s : slots_) {
       s.q.clear();
       s.q_bytes = 0;
+      s.broken = nullptr;
       if (s.reader) s.reader->close();
       s.at = s.consumed;
       s.producing_done = !s.active;
@@ -349,6 +418,9 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   interleave_options o_;
   std::shared_ptr<chunk_pool> pool_;
   std::vector<slot> slots_;
+  std::mutex layout_m_;
+  std::optional<array_meta> layout_;  // see layout()
+  bool layout_known_ = false;
   std::size_t cur_ = 0, in_block_ = 0;
   mutable std::mutex m_;
   std::condition_variable not_empty_, not_full_;

@@ -272,6 +272,7 @@ class byte_stream {
       z_in_ = std::move(o.z_in_);
       z_eof_in_ = o.z_eof_in_;
       z_end_ = o.z_end_;
+      z_err_ = std::move(o.z_err_);
       file_pos_ = o.file_pos_;
       cur_ = std::move(o.cur_);
       pos_ = o.pos_;
@@ -327,6 +328,7 @@ class byte_stream {
       zs_.avail_in = 0;
       z_eof_in_ = false;
       z_end_ = false;
+      z_err_.clear();
     }
   }
   void close() noexcept {
@@ -474,6 +476,7 @@ class byte_stream {
   // Inflates into dst; 0 only at the clean end of the stream. Concatenated gzip members
   // (what `cat a.gz b.gz` makes) are read as one stream, as gzip(1) does.
   std::size_t inflate_into(std::byte* dst, std::size_t room) {
+    if (!z_err_.empty()) throw format_error(path_, offset(), z_err_);
     zs_.next_out = reinterpret_cast<Bytef*>(dst);
     zs_.avail_out = static_cast<uInt>(std::min<std::size_t>(room, 1u << 30));
     const uInt start = zs_.avail_out;
@@ -499,9 +502,15 @@ class byte_stream {
       } else if (rc == Z_BUF_ERROR) {
         continue;  // needs more input; loop reads it
       } else if (rc != Z_OK) {
-        throw format_error(path_, offset(),
-                           std::string("corrupt gzip stream (") + (zs_.msg ? zs_.msg : "zlib error") +
-                               "; offset in the uncompressed data)");
+        std::string why = std::string("corrupt gzip stream (") + (zs_.msg ? zs_.msg : "zlib error") +
+                          "; offset in the uncompressed data)";
+        // The bytes inflated before the damage (all of them, for a bad trailer CRC) are
+        // handed out first; the error comes at the first record they cannot complete.
+        if (zs_.avail_out != start) {
+          z_err_ = std::move(why);
+          break;
+        }
+        throw format_error(path_, offset(), why);
       }
     }
     return start - zs_.avail_out;
@@ -519,6 +528,7 @@ class byte_stream {
   bool z_live_ = false;
   std::vector<std::byte> z_in_;
   bool z_eof_in_ = false, z_end_ = false;
+  std::string z_err_;  // a zlib error met after some output: thrown at the next inflate
   std::uint64_t file_pos_ = 0;  // bytes read from the file itself
   std::shared_ptr<chunk> cur_;
   std::size_t pos_ = 0, end_ = 0;

@@ -50,7 +50,8 @@ struct from_files_options {
   std::size_t chunk_bytes = 1 << 20;               // size of each read buffer
   std::size_t read_ahead = 4;                      // chunks filled ahead by I/O threads (0: none)
   std::size_t read_threads = 2;                    // I/O threads filling them (at most read_ahead)
-  std::uint64_t max_record_bytes = 1ull << 30;     // largest record of a compressed stream
+  std::uint64_t max_record_bytes = 1ull << 30;     // largest record of a compressed stream,
+                                                   // and of any fixed_length record + footer
   compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib
 };
 
@@ -96,9 +97,23 @@ inline framer make_framer(const file_format& f, std::uint64_t max_record) {
       f);
 }
 
-inline void check_format(const file_format& f) {
-  if (auto* fl = std::get_if<fixed_length>(&f); fl && fl->record_bytes == 0)
-    throw config_error("from_files: fixed_length.record_bytes must be at least 1");
+inline void check_format(const file_format& f, const from_files_options& o) {
+  const auto* fl = std::get_if<fixed_length>(&f);
+  if (!fl) return;
+  if (fl->record_bytes == 0) throw config_error("from_files: fixed_length.record_bytes must be at least 1");
+  // A record and the footer after it are framed from one contiguous buffer: their sum
+  // must neither wrap (it would frame records of garbage) nor exceed the largest record
+  // from_files will buffer. The header is skipped piece by piece; the three must still
+  // fit a 64-bit file offset.
+  std::uint64_t need, all;
+  if (__builtin_add_overflow(std::uint64_t(fl->record_bytes), std::uint64_t(fl->footer_bytes), &need) ||
+      need > o.max_record_bytes)
+    throw config_error("from_files: fixed_length.record_bytes + footer_bytes (" + std::to_string(fl->record_bytes) +
+                       " + " + std::to_string(fl->footer_bytes) + ") exceeds max_record_bytes (" +
+                       std::to_string(o.max_record_bytes) + "); raise from_files_options.max_record_bytes");
+  if (__builtin_add_overflow(need, std::uint64_t(fl->header_bytes), &all))
+    throw config_error("from_files: fixed_length.header_bytes + record_bytes + footer_bytes overflows (header " +
+                       std::to_string(fl->header_bytes) + ")");
 }
 
 // An emit for file_reader::next_with that makes the record a ferry::record (a view holding
