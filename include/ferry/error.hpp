@@ -4,8 +4,8 @@
 //   ferry::config_error     a bad argument: says what is allowed
 //   ferry::io_error         an OS-level failure: path, byte offset, std::error_code
 //   ferry::format_error     corrupt or truncated data: path, byte offset, what was expected
-//   ferry::element_error    user code (a map function, a generator) threw at element k;
-//                           the original exception is kept as the nested exception
+//   ferry::element_error    user code (a map function, a filter predicate, a generator)
+//                           threw at element k; the original is kept as the nested exception
 #pragma once
 
 #include <cstdint>

@@ -2,12 +2,15 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <vector>
 
 #include "common/doubles.hpp"
+#include "failing_source.hpp"
 #include "ferry/ferry.hpp"
 
+using namespace std::chrono_literals;
 using ferry_test::drain;
 
 namespace {
@@ -15,6 +18,57 @@ std::vector<std::uint64_t> iota_vec(std::size_t n) {
   std::vector<std::uint64_t> v(n);
   std::iota(v.begin(), v.end(), 0);
   return v;
+}
+
+// What a consumer sees: an element (>= 0) or the error of failing element k (-(k + 1)).
+using event = std::int64_t;
+event error_event(const std::exception& e) {
+  const std::string what = e.what();
+  const auto at = what.rfind("failed at ");
+  REQUIRE(at != std::string::npos);
+  return -(std::stoll(what.substr(at + 10)) + 1);
+}
+// Pulls up to `limit` events, catching errors and going on.
+template <class S>
+std::vector<event> events(S& s, std::size_t limit = std::size_t(-1)) {
+  std::vector<event> out;
+  while (out.size() < limit) {
+    try {
+      auto e = s.next();
+      if (!e) break;
+      out.push_back(event(*e));
+    } catch (const std::runtime_error& e) {
+      out.push_back(error_event(e));
+    }
+  }
+  return out;
+}
+
+// The naive oracle of shuffle's documented order: windows of `buf` elements, each ended
+// early by an upstream error; each window permuted by Fisher-Yates with a generator
+// seeded from (seed, epoch, window number); the error comes after its window.
+std::vector<event> shuffle_oracle(std::uint64_t n, const std::vector<std::uint64_t>& fails, std::size_t buf,
+                                  std::uint64_t seed, std::uint64_t epoch = 0) {
+  std::vector<event> out, win;
+  std::uint64_t window = 0;
+  auto flush = [&] {
+    if (win.empty()) return;
+    ferry::detail::splitmix64 g(ferry::detail::mix_seed({seed, epoch, window++}));
+    for (std::size_t i = win.size(); i > 1; --i) std::swap(win[i - 1], win[g.below(i)]);
+    out.insert(out.end(), win.begin(), win.end());
+    win.clear();
+  };
+  for (std::uint64_t i = 0; i < n; ++i) {
+    if (std::find(fails.begin(), fails.end(), i) != fails.end()) {
+      flush();
+      out.push_back(-event(i + 1));
+      continue;
+    }
+    win.push_back(event(i));
+    if (win.size() == buf) flush();
+  }
+  flush();
+  return out;
 }
 }  // namespace
 
@@ -49,7 +103,8 @@ TEST_CASE("same seed, same order; new epoch or new seed, new order") {
   CHECK(run(1, 1) != iota_vec(500));
 }
 
-TEST_CASE("shuffle order does not depend on the number of map workers upstream") {
+TEST_CASE("shuffle order does not depend on the number of map workers upstream" * doctest::timeout(60)) {
+  ferry_test::watchdog w(60s);
   std::vector<std::uint64_t> ref;
   for (std::size_t workers : {1, 2, 4}) {
     auto p = ferry::from_range(iota_vec(3000)) | ferry::map([](std::uint64_t x) { return x * x; }, {.workers = workers}) |
@@ -77,4 +132,73 @@ TEST_CASE("shuffle positions are roughly uniform within a window") {
 
 TEST_CASE("shuffle(0) is a config error") {
   CHECK_THROWS_WITH_AS(ferry::shuffle(0, 1), doctest::Contains("at least 1"), ferry::config_error);
+}
+
+TEST_CASE("shuffle: upstream errors reach the consumer in place, nothing lost, order as documented") {
+  ferry::detail::splitmix64 g(2024);
+  for (std::uint64_t n : {1, 2, 10, 100, 257})
+    for (std::size_t buf : {1, 2, 7, 16, 300})
+      for (int trial = 0; trial < 6; ++trial) {
+        std::vector<std::uint64_t> fails;
+        if (trial == 1) fails = {0};
+        if (trial == 2) fails = {n - 1};
+        if (trial == 3) fails = {n / 2};
+        if (trial >= 4)  // a few at random, adjacent ones included
+          for (std::uint64_t k = g.below(n); k < n && fails.size() < 6; k += 1 + g.below(buf + 2)) fails.push_back(k);
+        CAPTURE(n);
+        CAPTURE(buf);
+        CAPTURE(trial);
+        auto p = ferry_test::failing_source(n, fails) | ferry::shuffle(buf, 11);
+        const auto got = events(p);
+        CHECK(got == shuffle_oracle(n, fails, buf, 11));
+        // Independently of the oracle's order: each error where upstream had it (as many
+        // elements before it), every other element exactly once.
+        std::vector<event> elems;
+        std::size_t before = 0;
+        for (event e : got)
+          if (e >= 0) {
+            elems.push_back(e);
+            ++before;
+          } else {
+            const auto k = std::uint64_t(-e - 1);
+            CHECK(before == k - std::size_t(std::count_if(fails.begin(), fails.end(), [&](auto f) { return f < k; })));
+          }
+        std::sort(elems.begin(), elems.end());
+        std::vector<event> expect;
+        for (std::uint64_t i = 0; i < n; ++i)
+          if (std::find(fails.begin(), fails.end(), i) == fails.end()) expect.push_back(event(i));
+        CHECK(elems == expect);
+        CHECK(got.size() == n);
+      }
+}
+
+TEST_CASE("shuffle: resume is exact at every point around upstream errors") {
+  for (std::size_t buf : {1, 4, 16})
+    for (const std::vector<std::uint64_t>& fails : std::vector<std::vector<std::uint64_t>>{{0}, {5}, {5, 6}, {3, 17, 30}, {39}}) {
+      CAPTURE(buf);
+      CAPTURE(fails.size());
+      auto make = [&] { return ferry_test::failing_source(40, fails) | ferry::shuffle(buf, 3); };
+      auto ref = make();
+      const auto all = events(ref);
+      REQUIRE(all == shuffle_oracle(40, fails, buf, 3));
+      for (std::size_t k = 0; k <= all.size(); ++k) {  // save after k events, errors included
+        CAPTURE(k);
+        auto p = make();
+        auto got = events(p, k);
+        REQUIRE(got.size() == k);
+        const auto st = ferry::save_state(p);
+        auto q = make();
+        ferry::restore_state(q, st);
+        for (event e : events(q)) got.push_back(e);
+        CHECK(got == all);
+      }
+    }
+}
+
+TEST_CASE("shuffle: a new epoch after an upstream error starts clean") {
+  auto p = ferry_test::failing_source(50, {20}) | ferry::shuffle(16, 8);
+  const auto first = events(p);
+  CHECK(first == shuffle_oracle(50, {20}, 16, 8, 0));
+  p.rewind();
+  CHECK(events(p) == shuffle_oracle(50, {20}, 16, 8, 1));
 }

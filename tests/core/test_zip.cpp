@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/doubles.hpp"
+#include "failing_source.hpp"
 #include "ferry/ferry.hpp"
 
 using ferry_test::drain;
@@ -31,6 +32,71 @@ TEST_CASE("zip of sources of different lengths is an error, not a truncation") {
   REQUIRE(p.next());
   REQUIRE(p.next());
   CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("the second ended after 2 elements"), ferry::error);
+  // Going on would hand out unpaired elements: zip refuses until rewound.
+  CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("out of step"), ferry::error);
+  p.rewind();
+  CHECK(p.next() == std::pair<int, int>(1, 4));
+}
+
+namespace {
+using pair_t = std::pair<std::uint64_t, std::uint64_t>;
+
+// An error on either side: re-thrown unchanged, then zip refuses to go on (it cannot know
+// how many elements the failing side skipped) until rewind() or restore_state().
+void check_error_on_side(bool first_fails) {
+  constexpr std::uint64_t n = 10, k = 3;
+  auto make = [&] {
+    auto a = ferry_test::failing_source(n, first_fails ? std::vector<std::uint64_t>{k} : std::vector<std::uint64_t>{})
+                 .named("a");
+    auto b = ferry_test::failing_source(n, first_fails ? std::vector<std::uint64_t>{} : std::vector<std::uint64_t>{k}, 10)
+                 .named("b");
+    return ferry::zip(std::move(a), std::move(b));
+  };
+  auto p = make();
+  ferry::pipeline_state at1;
+  for (std::uint64_t i = 0; i < k; ++i) {
+    if (i == 1) at1 = ferry::save_state(p);
+    CHECK(p.next() == pair_t(i, i * 10));
+  }
+  const std::string original = std::string(first_fails ? "a" : "b") + ": failed at 3";
+  CHECK_THROWS_WITH_AS(p.next(), original.c_str(), std::runtime_error);  // unchanged
+  for (int again = 0; again < 3; ++again) {
+    try {
+      auto e = p.next();
+      FAIL("zip went on after an error: got ", e ? "a pair" : "the end");
+    } catch (const ferry::error& e) {
+      const std::string what = e.what();
+      CHECK(what.find("out of step") != std::string::npos);
+      CHECK(what.find(first_fails ? "the first source" : "the second source") != std::string::npos);
+      CHECK(what.find("at pair 3") != std::string::npos);
+      CHECK(what.find(original) != std::string::npos);
+      CHECK(what.find("rewind()") != std::string::npos);
+    }
+  }
+  CHECK_THROWS_WITH_AS(ferry::save_state(p), doctest::Contains("out of step"), ferry::error);
+
+  // restore_state starts both sides again together, from the saved pair.
+  ferry::restore_state(p, at1);
+  CHECK(p.next() == pair_t(1, 10));
+  CHECK(p.next() == pair_t(2, 20));
+  CHECK_THROWS_WITH_AS(p.next(), original.c_str(), std::runtime_error);  // fails there again
+  // rewind() too: the pairs are the naive pairing up to the error.
+  p.rewind();
+  std::vector<std::string> errors;
+  auto got = ferry_test::drain_through_errors(p, errors, 3);
+  CHECK(got == std::vector<pair_t>{{0, 0}, {1, 10}, {2, 20}});
+  REQUIRE(errors.size() == 3);
+  CHECK(errors[0] == original);
+  CHECK(errors[1].find("out of step") != std::string::npos);
+}
+}  // namespace
+
+TEST_CASE("zip: an error from the first source stops the pairing until rewind or restore") {
+  check_error_on_side(true);
+}
+
+TEST_CASE("zip: an error from the second source stops the pairing until rewind or restore") {
+  check_error_on_side(false);
 }
 
 TEST_CASE("zip rewinds both sources and resumes exactly") {

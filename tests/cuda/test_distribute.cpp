@@ -232,7 +232,8 @@ TEST_CASE("distribute: a consumer abandoning mid-epoch frees everything" * docte
   CHECK(pool->statistics().outstanding_bytes == 0);
 }
 
-TEST_CASE("distribute: configuration errors say what to do") {
+TEST_CASE("distribute: configuration errors say what to do" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "configuration errors test");  // one subcase runs prefetch's thread
   auto data = make_data(100);
   SUBCASE("global batch not divisible by the replicas") {
     auto steps = ferry::from_range(data) | ferry::batch(10) | ferry::distribute(ferry::host_replicas{4});

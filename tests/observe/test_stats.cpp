@@ -197,7 +197,8 @@ TEST_CASE("two stages of one kind are told apart by index") {
   CHECK(names(ferry::report(p)) == std::vector<std::string>{"source", "map#1", "map#2"});
 }
 
-TEST_CASE("with stats off nothing is counted and the report says how to turn them on") {
+TEST_CASE("with stats off nothing is counted and the report says how to turn them on" * doctest::timeout(60)) {
+  watchdog w(60s);  // prefetch runs a thread
   ferry::enable_stats(false);
   REQUIRE_FALSE(ferry::stats_enabled());
   auto p = ferry::from_generator(500, [](std::uint64_t i) { return i; }) | ferry::map([](std::uint64_t x) { return x; }) |

@@ -5,8 +5,14 @@
 //
 // The function is called with 0, 1, 2, ... on the thread that calls next() (a map or
 // prefetch worker when those stages sit downstream). Because elements are a function of
-// their index, save/restore and rewind are exact and free. Exceptions from the function
-// propagate to that thread's caller unchanged.
+// their index, save/restore and rewind are exact and free.
+// Errors: if the function throws for index i, next() throws ferry::element_error
+// ("from_generator: user function threw at element i: ...") with the original exception
+// nested (std::rethrow_if_nested); ferry's own errors pass through unchanged. Both forms
+// then skip index i: a consumer that catches and goes on gets element i + 1 next (a retry
+// would throw forever when the failure is a function of the index, as it should be). A
+// next_bulk() call (batch() pulling a run at once) throws the same error; the run's
+// elements before i go with it, as batch() drops the batch it was building on any error.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +22,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ferry/error.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -41,16 +48,24 @@ class generator_source : public source_interface<generator_source<F>> {
 
   std::optional<value_type> next() {
     if (done_ || i_ >= count_) return std::nullopt;
-    if constexpr (is_optional<result>::value) {
-      std::optional<value_type> v = f_(i_);
-      if (!v) {
-        done_ = true;
+    const std::uint64_t i = i_;
+    try {
+      if constexpr (is_optional<result>::value) {
+        std::optional<value_type> v = f_(i);
+        if (!v) {
+          done_ = true;
+          return v;
+        }
+        ++i_;
+        return v;
+      } else {
+        std::optional<value_type> v(f_(i));
+        ++i_;
         return v;
       }
-      ++i_;
-      return v;
-    } else {
-      return std::optional<value_type>(f_(i_++));
+    } catch (...) {
+      i_ = i + 1;  // skip the failed index (see the header)
+      rethrow_element(std::current_exception(), "from_generator", i);
     }
   }
   std::size_t next_bulk(std::span<value_type> out) {
@@ -62,7 +77,14 @@ class generator_source : public source_interface<generator_source<F>> {
     } else {
       const std::uint64_t left = done_ ? 0 : count_ - i_;
       const std::size_t n = out.size() < left ? out.size() : static_cast<std::size_t>(left);
-      for (; k < n; ++k) out[k] = f_(i_++);
+      try {
+        for (; k < n; ++k) {
+          out[k] = f_(i_);
+          ++i_;
+        }
+      } catch (...) {
+        rethrow_element(std::current_exception(), "from_generator", i_++);
+      }
     }
     return k;
   }

@@ -3,13 +3,22 @@
 //   src | ferry::filter([](const rec& r) { return r.label != 0; })
 //
 // pred runs on the thread that calls next() (a map or prefetch worker when those sit
-// downstream). Exceptions from pred propagate unchanged. Throws nothing itself.
+// downstream).
+// Errors: if pred throws on upstream element k (counting every element filter pulled this
+// epoch, kept or not), next() throws ferry::element_error ("filter: user function threw
+// at element k: ...") with the original exception nested (std::rethrow_if_nested);
+// ferry's own errors pass through unchanged. Element k is dropped; a consumer that
+// catches and goes on gets the elements after it. Upstream errors propagate unchanged,
+// and the next call goes on with whatever upstream gives next.
 #pragma once
 
+#include <cstdint>
+#include <exception>
 #include <optional>
 #include <type_traits>
 #include <utility>
 
+#include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
@@ -25,8 +34,16 @@ class filter_source : public source_interface<filter_source<Up, P>> {
 
   std::optional<value_type> next() {
     return observe::observed_next(stats_, "filter", [&]() -> std::optional<value_type> {
-      while (std::optional<value_type> e = probe_.pull(up_))
-        if (p_(std::as_const(*e))) return e;
+      while (std::optional<value_type> e = probe_.pull(up_)) {
+        const std::uint64_t k = n_++;
+        bool keep;
+        try {
+          keep = p_(std::as_const(*e));
+        } catch (...) {
+          rethrow_element(std::current_exception(), "filter", k);
+        }
+        if (keep) return e;
+      }
       return std::nullopt;
     });
   }
@@ -34,18 +51,21 @@ class filter_source : public source_interface<filter_source<Up, P>> {
     requires rewindable_source<Up>
   {
     up_.rewind();
+    n_ = 0;
   }
   void save(state_writer& w) const
     requires resumable_source<Up>
   {
     up_.save(w);
     w.tag("filter");
+    w.put(n_);
   }
   void restore(state_reader& r)
     requires resumable_source<Up>
   {
     up_.restore(r);
     r.expect("filter");
+    n_ = r.get();
   }
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return forward_buffer_resource(up_, r);
@@ -58,6 +78,7 @@ class filter_source : public source_interface<filter_source<Up, P>> {
  private:
   Up up_;
   P p_;
+  std::uint64_t n_ = 0;  // upstream elements pulled this epoch: names the element in errors
   observe::stage_counters stats_;
   [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };

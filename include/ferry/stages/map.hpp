@@ -19,7 +19,8 @@
 // drives in bulk over a contiguous source pulls and maps the batch's run as one unit, so
 // the throw loses that whole run and the consumer goes on after it.
 // An exception from upstream reaches the consumer unchanged at its position and ends the
-// epoch.
+// epoch. So does a std::bad_alloc on a worker outside fn and upstream (its buffers), after
+// the elements the other workers published; the elements in flight are lost.
 // Shutdown: the destructor and rewind() stop the workers and join them, waiting only for
 // fn calls already running.
 // Checkpoints: exact for ordered maps: save() records the upstream position at the start
@@ -97,6 +98,8 @@ class map_source : public source_interface<map_source<Up, F>> {
     std::uint64_t next_pull = 0, next_out = 0, end_seq = none;
     std::atomic<std::uint64_t> handed{0};  // written by the consumer without the lock
     bool ended = false, stop = false;
+    std::exception_ptr failure;  // a worker failed outside fn and upstream (out of memory)
+    int workers_alive = 0;       // workers that may still publish
     int consumer_waiting = 0;                // notify only when someone sleeps
     std::atomic<int> workers_waiting{0};
     std::atomic<std::uint64_t> published{0};  // runs published by workers (for spinning)
@@ -237,7 +240,10 @@ class map_source : public source_interface<map_source<Up, F>> {
       }
     }
     std::unique_lock lk(c_->m);
+    // A failed worker's error is thrown once no worker can publish an element before it.
+    auto failed = [&] { return c_->failure && c_->workers_alive == 0; };
     auto have = [&] {
+      if (failed()) return true;
       if (o_.ordered) return c_->ring[c_->next_out % o_.window].ready || (c_->ended && c_->next_out >= c_->end_seq);
       return !c_->done.empty() || (c_->ended && c_->next_out >= c_->end_seq);
     };
@@ -268,6 +274,10 @@ class map_source : public source_interface<map_source<Up, F>> {
         c_->done.pop_front();
         ++c_->next_out;
       }
+    }
+    if (local_.empty() && failed()) {
+      c_->end_seq = c_->next_out;  // `ended` is set: later calls see the end of the epoch
+      std::rethrow_exception(std::exchange(c_->failure, nullptr));
     }
     return !local_.empty();
   }
@@ -389,7 +399,29 @@ class map_source : public source_interface<map_source<Up, F>> {
   // element. The run length adapts so a run takes about 200 µs of fn time (1 for slow fns,
   // up to window / workers for cheap ones), so cheap maps are not bound by thread wake-ups
   // and slow ones still spread across every worker.
+  // No exception may leave a thread: one from outside fn and upstream (std::bad_alloc
+  // from a buffer or from publishing) becomes the epoch's last error, for the consumer.
   static void work(core& c, const map_options o) {
+    {
+      std::lock_guard lk(c.m);
+      ++c.workers_alive;
+    }
+    try {
+      work_loop(c, o);
+    } catch (...) {
+      std::lock_guard lk(c.m);
+      if (!c.failure) c.failure = std::current_exception();
+      c.ended = true;  // no new runs
+    }
+    {
+      std::lock_guard lk(c.m);
+      --c.workers_alive;
+    }
+    c.ready.notify_all();
+    c.space.notify_all();
+  }
+
+  static void work_loop(core& c, const map_options o) {
     observe::name_this_thread("ferry map worker");
     const std::uint64_t window = o.window;
     // Half the window per worker: each can compute one run while another waits to be taken.
@@ -526,6 +558,7 @@ class map_source : public source_interface<map_source<Up, F>> {
     c_->next_pull = c_->next_out = 0;
     c_->handed = 0;
     c_->end_seq = none;
+    c_->failure = nullptr;
     local_.clear();
     c_->ended = c_->stop = false;
     started_ = false;

@@ -8,7 +8,8 @@
 // Memory: at most depth + 2 elements alive (depth queued, one being built, one held by
 // the consumer).
 // Errors: an exception thrown upstream is re-thrown, unchanged, by the consumer's next
-// next() call, after the elements produced before it; then the epoch is over.
+// next() call, after the elements produced before it; then the epoch is over. So is a
+// std::bad_alloc from queueing an element on the producer thread (that element is lost).
 // Shutdown: the destructor (and rewind()) stops the producer and joins it at once, even
 // mid-epoch; it waits only for an upstream next() call already in progress.
 // Checkpoints: save() records the upstream position after the last element handed to the
@@ -60,6 +61,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
     std::deque<item> q;
     std::atomic<std::size_t> queued{0};  // q.size(), readable without the lock
     bool stop = false;
+    std::exception_ptr failure;  // queueing itself failed (out of memory): ends the epoch
     std::string save_error;  // why the upstream cannot be saved (written once, under m)
     observe::stage_counters stats;
     [[no_unique_address]] observe::upstream_probe<Up> probe;
@@ -105,10 +107,14 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
       detail::cpu_relax();
     {
       std::unique_lock lk(c_->m);
-      c_->not_empty.wait(lk, [&] { return !c_->q.empty(); });
-      it = std::move(c_->q.front());
-      c_->q.pop_front();
-      c_->queued.store(c_->q.size(), std::memory_order_release);
+      c_->not_empty.wait(lk, [&] { return !c_->q.empty() || c_->failure; });
+      if (!c_->q.empty()) {
+        it = std::move(c_->q.front());
+        c_->q.pop_front();
+        c_->queued.store(c_->q.size(), std::memory_order_release);
+      } else {
+        it.error = std::exchange(c_->failure, nullptr);
+      }
     }
     wt.stop(c_->stats.wait_up, "prefetch: wait upstream");
     c_->not_full.notify_one();
@@ -130,6 +136,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
     halt();
     c_->q.clear();
     c_->queued = 0;
+    c_->failure = nullptr;
     c_->stop = false;
     started_ = finished_ = false;
     c_->up.rewind();
@@ -187,7 +194,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
       } catch (...) {
         it.error = std::current_exception();
       }
-      const bool last = it.error || !it.value;
+      bool last = it.error || !it.value;
       {
         std::unique_lock lk(c.m);
         auto room = [&] { return c.stop || c.q.size() < c.depth; };
@@ -198,7 +205,12 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
           wt.stop(c.stats.wait_down, "prefetch: wait downstream");
         }
         if (c.stop) return;
-        c.q.push_back(std::move(it));
+        try {
+          c.q.push_back(std::move(it));
+        } catch (...) {  // out of memory for the queue: the consumer gets it after the queue
+          c.failure = std::current_exception();
+          last = true;
+        }
         c.queued.store(c.q.size(), std::memory_order_release);
       }
       c.not_empty.notify_one();

@@ -5,6 +5,9 @@
 // Between epochs it calls upstream.rewind(), so a shuffle upstream draws a new order.
 // An empty dataset ends at once (never spins). Needs a rewindable upstream. Runs on the
 // calling thread; throws nothing itself.
+// Errors: an upstream exception reaches the consumer unchanged; the next call goes on in
+// the same epoch. An epoch that threw is not empty, even with no element (a file that
+// failed to open this time): repeat goes on to the next epoch rather than end early.
 #pragma once
 
 #include <cstdint>
@@ -63,7 +66,13 @@ class repeat_source : public source_interface<repeat_source<Up>> {
  private:
   std::optional<value_type> next_impl() {
     while (epoch_ < n_) {
-      std::optional<value_type> e = probe_.pull(up_);
+      std::optional<value_type> e;
+      try {
+        e = probe_.pull(up_);
+      } catch (...) {
+        seen_in_epoch_ = true;  // data that failed is not an empty dataset
+        throw;
+      }
       if (e) {
         seen_in_epoch_ = true;
         return e;

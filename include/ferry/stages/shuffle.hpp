@@ -14,11 +14,25 @@
 // to store its contents (or replay the epoch) to resume. For global mixing, combine with
 // file-order shuffling and interleave, as with tf.data.
 //
+// Errors: an exception from upstream ends the window early. The elements pulled before it
+// are shuffled as a (shorter) window and handed out first; then next() re-throws the
+// exception unchanged, at the same position as in the upstream sequence (as many elements
+// before it); then a new window starts. A consumer that catches and goes on gets every
+// other element exactly once. Why the error ends the window instead of the window filling
+// on past it: a checkpoint re-reads the window from its start, and that re-read must not
+// run into the error again. (Windows are shorter only where errors are.)
+// Checkpoints: save() records the upstream position at the window's start, the window's
+// length and the offset inside it; restore() re-reads exactly that many elements (never
+// reaching an error that ended the window). A deterministic upstream error (a missing
+// file) then fails again at the same position after restore, so resume is exact at any
+// point, between an error and the next element included.
+//
 // Memory: at most `buffer` elements held. Throws config_error for buffer == 0. Runs on
-// the calling thread; upstream errors propagate unchanged.
+// the calling thread.
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -41,7 +55,14 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
 
   std::optional<value_type> next() {
     return observe::observed_next(stats_, "shuffle", [&]() -> std::optional<value_type> {
-      if (pos_ >= win_.size() && !fill()) return std::nullopt;
+      if (pos_ >= win_.size()) {
+        if (pending_) {  // the window it ended is handed out: the error's turn
+          win_.clear();
+          pos_ = 0;
+          std::rethrow_exception(std::exchange(pending_, nullptr));
+        }
+        if (!fill(cap_)) return std::nullopt;
+      }
       return std::optional<value_type>(std::move(win_[pos_++]));
     });
   }
@@ -56,13 +77,17 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
     win_.clear();
     pos_ = 0;
     ended_ = false;
+    pending_ = nullptr;
   }
   std::uint64_t epoch() const { return epoch_; }
 
   void save(state_writer& w) const
     requires resumable_source<Up>
   {
-    const bool mid = pos_ < win_.size();
+    // Mid-window, or a window ended by an error not yet re-thrown (restore must stop
+    // before the error, which then comes again from upstream): from the window's start.
+    // window_ >= 1 then, as fill() counted the window.
+    const bool mid = pos_ < win_.size() || pending_;
     if (mid)
       w.put_words(start_.words);  // upstream as it was at this window's start
     else
@@ -71,6 +96,7 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
     w.put(epoch_);
     w.put(mid ? window_ - 1 : window_);
     w.put(mid ? pos_ : 0);
+    w.put(mid ? win_.size() : 0);
   }
   void restore(state_reader& r)
     requires resumable_source<Up>
@@ -80,10 +106,13 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
     epoch_ = r.get();
     window_ = r.get();
     const std::uint64_t skip = r.get();
+    const std::uint64_t len = r.get();
     win_.clear();
     pos_ = 0;
-    if (skip) {  // re-read the window we were in, then skip what was handed out
-      fill();
+    ended_ = false;
+    pending_ = nullptr;
+    if (len) {  // re-read the window we were in (no further), then skip what was handed out
+      fill(static_cast<std::size_t>(len < cap_ ? len : cap_));
       pos_ = static_cast<std::size_t>(skip) < win_.size() ? skip : win_.size();
     }
   }
@@ -96,7 +125,10 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
   }
 
  private:
-  bool fill() {
+  // Pulls the next window (at most `limit` elements) and permutes it. An upstream error
+  // ends it early: kept in pending_ for next() to throw after the window, or thrown at
+  // once when the window is empty (so window_ counts only windows handed out).
+  bool fill(std::size_t limit) {
     win_.clear();
     pos_ = 0;
     if (ended_) return false;
@@ -105,13 +137,18 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
       state_writer w(start_);
       up_.save(w);
     }
-    while (win_.size() < cap_) {
-      std::optional<value_type> e = probe_.pull(up_);
-      if (!e) {
-        ended_ = true;
-        break;
+    try {
+      while (win_.size() < limit) {
+        std::optional<value_type> e = probe_.pull(up_);
+        if (!e) {
+          ended_ = true;
+          break;
+        }
+        win_.push_back(std::move(*e));
       }
-      win_.push_back(std::move(*e));
+    } catch (...) {
+      if (win_.empty()) throw;
+      pending_ = std::current_exception();
     }
     splitmix64 g(mix_seed({seed_, epoch_, window_++}));
     for (std::size_t i = win_.size(); i > 1; --i) {
@@ -129,6 +166,7 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
   std::vector<value_type> win_;
   std::size_t pos_ = 0;
   bool ended_ = false;
+  std::exception_ptr pending_;  // an upstream error that ended the window, thrown after it
   pipeline_state start_;  // upstream position at the current window's start
   observe::stage_counters stats_;
   [[no_unique_address]] observe::upstream_probe<Up> probe_;

@@ -3,7 +3,8 @@
 //   src | ferry::take(1000)
 //
 // Pulls at most n elements from upstream (never one more). Runs on the calling thread;
-// throws nothing itself.
+// throws nothing itself. An upstream exception reaches the consumer unchanged and does
+// not count toward n (no element was taken); the next call goes on.
 #pragma once
 
 #include <cstdint>

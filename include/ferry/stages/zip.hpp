@@ -9,9 +9,17 @@
 // ferry::error naming the element at which one source ended.
 // Runs both sources on the thread that calls next(); their errors propagate unchanged.
 // rewind(), save() and restore() apply to both sources.
+//
+// Errors: once either source throws (or the lengths differ), zip cannot know how to pair
+// what follows: a failing source may have skipped any number of its elements (a whole
+// missing file), so going on would pair a[i] with b[j != i] silently. The error is
+// re-thrown unchanged, and every later next() (and save()) throws ferry::error saying
+// the sources are out of step since that error (which source, at which pair, and the
+// original message) until rewind() or restore_state() starts them again together.
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <optional>
 #include <string>
 #include <utility>
@@ -30,12 +38,30 @@ class zip_source : public source_interface<zip_source<A, B>> {
   zip_source(A a, B b) : a_(std::move(a)), b_(std::move(b)) {}
 
   std::optional<value_type> next() {
-    std::optional<value_t<A>> x = a_.next();
-    std::optional<value_t<B>> y = b_.next();
+    if (out_of_step_) throw_out_of_step();
+    std::optional<value_t<A>> x;
+    std::optional<value_t<B>> y;
+    try {
+      x = a_.next();
+    } catch (...) {
+      break_off("first");
+      throw;
+    }
+    try {
+      y = b_.next();
+    } catch (...) {
+      break_off("second");  // a's element is already taken: the sides no longer line up
+      throw;
+    }
     if (!x && !y) return std::nullopt;
-    if (!x || !y)
-      throw error("zip: the sources have different lengths: the " + std::string(x ? "second" : "first") +
-                  " ended after " + std::to_string(n_) + " elements");
+    if (!x || !y) {
+      error e("zip: the sources have different lengths: the " + std::string(x ? "second" : "first") +
+              " ended after " + std::to_string(n_) + " elements");
+      out_of_step_ = true;
+      why_ = std::string("zip: the sources are out of step since an earlier error: ") + e.what() +
+             "; rewind() or restore_state() starts them again";
+      throw e;
+    }
     ++n_;
     return value_type(std::move(*x), std::move(*y));
   }
@@ -45,10 +71,14 @@ class zip_source : public source_interface<zip_source<A, B>> {
     a_.rewind();
     b_.rewind();
     n_ = 0;
+    out_of_step_ = false;
   }
+  // Throws ferry::error after an error (see the header): the saved positions would pair
+  // the wrong elements on restore.
   void save(state_writer& w) const
     requires resumable_source<A> && resumable_source<B>
   {
+    if (out_of_step_) throw_out_of_step();
     a_.save(w);
     b_.save(w);
     w.tag("zip");
@@ -61,6 +91,7 @@ class zip_source : public source_interface<zip_source<A, B>> {
     b_.restore(r);
     r.expect("zip");
     n_ = r.get();
+    out_of_step_ = false;
   }
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     const bool ta = forward_buffer_resource(a_, r);
@@ -69,9 +100,37 @@ class zip_source : public source_interface<zip_source<A, B>> {
   }
 
  private:
+  // Called inside a catch block: remembers why the sides are out of step. Never throws,
+  // so the caller re-throws the original (a bad_alloc here keeps the generic message).
+  void break_off(const char* side) noexcept {
+    out_of_step_ = true;
+    try {
+      std::string what = "unknown exception";
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+      }
+      why_ = "zip: the sources are out of step since an earlier error from the " + std::string(side) +
+             " source at pair " + std::to_string(n_) + " (" + what +
+             "); rewind() or restore_state() starts them again";
+    } catch (...) {
+      why_.clear();  // out of memory: throw_out_of_step() says it without details
+    }
+  }
+  [[noreturn]] void throw_out_of_step() const {
+    if (why_.empty())
+      throw error("zip: the sources are out of step since an earlier error; rewind() or restore_state() "
+                  "starts them again");
+    throw error(why_);
+  }
+
   A a_;
   B b_;
   std::uint64_t n_ = 0;  // pairs handed out this epoch
+  bool out_of_step_ = false;  // after an error: every next() throws why_
+  std::string why_;
 };
 
 }  // namespace detail
