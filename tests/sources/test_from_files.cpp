@@ -788,6 +788,27 @@ TEST_CASE("save/restore at every position, rewind, end stays ended" * doctest::t
   CHECK(read_all(m).size() == 3);
 }
 
+TEST_CASE("npy/idx: a restored reader checks every file against the first file's layout, as a straight read does") {
+  const std::string d = data_dir();
+  // f4 (2,3) twice, then u1 (4,2,3) twice: a straight read refuses both u1 files, each at
+  // its turn (the reader goes on after each error). A reader restored after the first
+  // refusal opens the second u1 file first: it must still refuse it.
+  const std::vector<std::string> files{d + "/f4_2x3.npy", d + "/f4_2x3.npy", d + "/u1_4x2x3.npy",
+                                       d + "/u1_4x2x3.npy"};
+  auto a = ferry::from_files(files, ferry::npy{});
+  for (int i = 0; i < 4; ++i) REQUIRE(a.next());
+  expect_error([&] { a.next(); }, files[2], 0, "differ from the first file's");
+  const ferry::pipeline_state st = ferry::save_state(a);
+  expect_error([&] { a.next(); }, files[3], 0, "differ from the first file's");
+  CHECK(!a.next());
+
+  auto b = ferry::from_files(files, ferry::npy{});
+  ferry::restore_state(b, st);
+  CHECK(b.meta()->dtype == "<f4");  // the list's first layout, not that of the file it opens next
+  expect_error([&] { b.next(); }, files[3], 0, "differ from the first file's");
+  CHECK(!b.next());
+}
+
 TEST_CASE("records outlive the reader's chunk; batch collates them as a ragged field" * doctest::timeout(60)) {
   ferry_test::watchdog wd(std::chrono::seconds(60));  // read-ahead threads: never hang
   temp_dir t;

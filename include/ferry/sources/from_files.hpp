@@ -108,6 +108,8 @@ class file_source : public source_interface<file_source> {
           return false;
         }
         try {
+          // Restored past the first file: its layout is still the one to match.
+          if (!first_meta_ && fi_ > 0) first_meta_ = reference_layout(fi_);
           reader_.open(files_[fi_], first_meta_);
           if (pending_) {
             reader_.seek(pending_->first, pending_->second);
@@ -206,13 +208,15 @@ class file_source : public source_interface<file_source> {
   // Records skipped under error_policy::skip since construction (a file that could not
   // be framed to its end counts once).
   std::uint64_t skipped() const { return skipped_; }
-  // For npy and idx: dtype and shape of the rows (opens the first file if none is open
-  // yet; throws as next() would). nullopt for the other formats.
+  // For npy and idx: dtype and shape of the rows (reads the header of the file next()
+  // would open if none has been read yet; throws as next() would). nullopt for the other
+  // formats.
   std::optional<array_meta> meta() {
-    if (!first_meta_ && !reader_.is_open() && !done_ && fi_ < files_.size() &&
-        (std::holds_alternative<npy>(fmt_) || std::holds_alternative<idx>(fmt_))) {
+    if (!first_meta_ && !reader_.is_open() && !done_ && fi_ < files_.size() && array_format()) {
+      if (fi_ > 0)
+        if (auto m = reference_layout(fi_)) return m;
       std::optional<array_meta> probe;
-      file_reader r(fmt_, opt_, pool_);
+      file_reader r(fmt_, header_only(), pool_);
       r.open(files_[fi_], probe);
       return probe;
     }
@@ -220,6 +224,29 @@ class file_source : public source_interface<file_source> {
   }
 
  private:
+  bool array_format() const { return std::holds_alternative<npy>(fmt_) || std::holds_alternative<idx>(fmt_); }
+  from_files_options header_only() const {
+    from_files_options o = opt_;
+    o.read_ahead = 0;  // a header: no I/O threads for it
+    return o;
+  }
+  // npy/IDX: the row layout of the first of files_[0, upto) whose header reads, which a
+  // read from the start takes as the one every file must match (nullopt: none reads).
+  // Their own errors come when next() reaches them, as without a restore.
+  std::optional<array_meta> reference_layout(std::size_t upto) {
+    if (!array_format()) return std::nullopt;
+    for (std::size_t j = 0; j < upto && j < files_.size(); ++j) {
+      try {
+        std::optional<array_meta> m;
+        file_reader r(fmt_, header_only(), pool_);
+        r.open(files_[j], m);
+        return m;
+      } catch (const ferry::error&) {
+      }
+    }
+    return std::nullopt;
+  }
+
   void on_bad(const ferry::error& e) {
     if (opt_.on_error == error_policy::raise) throw;
     ++skipped_;
