@@ -19,7 +19,10 @@
 // collate into pinned memory instead, without the user changing the pipeline.
 //
 // Throws config_error for n == 0. Runs on the thread calling next(); upstream errors
-// propagate unchanged.
+// propagate unchanged, and the elements already pulled into the batch being built are
+// dropped with it (as tf.data's batch drops them): the next batch starts after the
+// element that failed. To keep them, skip bad elements before batch (error_policy::skip
+// in from_files; a map function that catches, then filter).
 #pragma once
 
 #include <array>
