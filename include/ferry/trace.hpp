@@ -12,7 +12,8 @@
 // map's function). Threads carry their role as name ("ferry prefetch", "ferry map worker").
 // Events go into a fixed buffer of `capacity` events (32 bytes each) filled lock-free;
 // once it is full, further events are counted as dropped and the file stays valid JSON
-// ("otherData": {"dropped_events": n}). Stats (ferry/stats.hpp) are collected meanwhile.
+// ("otherData": {"dropped_events": n, "session_us": the session's length}). Events
+// begun before the session (stats were on) are cut at its start. Stats (ferry/stats.hpp) are collected meanwhile.
 //
 // One session at a time per process: opening a second is a config_error. stop() (or the
 // destructor) waits for events being recorded, then writes the file; stop() throws
@@ -75,6 +76,7 @@ class tracing {
     std::unique_ptr<observe::trace_buffer> b = std::move(buf_);
     recorded_ = std::min(b->next.load(), b->events.size());
     dropped_ = b->dropped.load();
+    end_ = observe::now();  // every event kept ended before this
     write(*b);
   }
 
@@ -111,8 +113,11 @@ class tracing {
     const double ns = observe::ns_per_tick();
     std::string out;
     out.reserve(64 + recorded_ * 96);
+    char span[48];
+    std::snprintf(span, sizeof span, "%.3f", end_ > start_ ? double(end_ - start_) * ns / 1e3 : 0.0);
     out += "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"recorded_events\":" + std::to_string(recorded_) +
-           ",\"dropped_events\":" + std::to_string(dropped_) + "},\n\"traceEvents\":[\n";
+           ",\"dropped_events\":" + std::to_string(dropped_) + ",\"session_us\":" + span +
+           "},\n\"traceEvents\":[\n";
     bool first = true;
     auto sep = [&] {
       if (!first) out += ",\n";
@@ -127,8 +132,11 @@ class tracing {
     char num[96];
     for (std::size_t i = 0; i < recorded_; ++i) {
       const observe::trace_event& e = b.events[i];
-      const double ts = e.t0 > start_ ? double(e.t0 - start_) * ns / 1e3 : 0.0;
-      const double dur = e.t1 > e.t0 ? double(e.t1 - e.t0) * ns / 1e3 : 0.0;
+      // An event begun before the session is cut at its start, so it still ends when it
+      // ended and nests with the thread's later events.
+      const observe::ticks t0 = e.t0 > start_ ? e.t0 : start_;
+      const double ts = double(t0 - start_) * ns / 1e3;
+      const double dur = e.t1 > t0 ? double(e.t1 - t0) * ns / 1e3 : 0.0;
       sep();
       out += "{\"name\":\"";
       escape(out, e.name ? e.name : "");
@@ -147,7 +155,7 @@ class tracing {
 
   std::string path_;
   std::unique_ptr<observe::trace_buffer> buf_;
-  observe::ticks start_ = 0;
+  observe::ticks start_ = 0, end_ = 0;
   std::size_t recorded_ = 0;
   std::uint64_t dropped_ = 0;
 };

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks a ferry Chrome trace: valid JSON, well-formed events, and the named stages present.
+"""Checks a ferry Chrome trace: valid JSON, well-formed events inside the session, nesting
+per thread, and the named stages present.
 
 usage: check_trace.py TRACE.json [--events N] [--dropped] [NAME ...]
   --events N   exactly N complete ("X") events
@@ -37,6 +38,31 @@ for e in complete:
             errors.append(f"event without {k}: {e}")
     if e.get("dur", 0) < 0 or e.get("ts", 0) < 0:
         errors.append(f"negative time: {e}")
+# On each thread, events either nest or follow one another: one that overlaps a later
+# one without containing it is drawn wrong (Perfetto stacks complete events by time).
+# Times are printed to 3 decimals: allow for their rounding.
+by_tid = {}
+for e in complete:
+    if all(k in e for k in ("ts", "dur", "tid")):
+        by_tid.setdefault(e["tid"], []).append((e["ts"], e["ts"] + e["dur"], e.get("name")))
+for tid, spans in by_tid.items():
+    spans.sort(key=lambda s: (s[0], -s[1]))
+    open_ = []  # ends of the enclosing events
+    for t0, t1, name in spans:
+        while open_ and open_[-1] <= t0 + 0.005:
+            open_.pop()
+        if open_ and t1 > open_[-1] + 0.005:
+            errors.append(f"thread {tid}: {name!r} [{t0}, {t1}] overlaps an enclosing event ending at {open_[-1]}")
+        open_.append(t1)
+# Every event lies inside the session: [0, session_us].
+span = doc.get("otherData", {}).get("session_us")
+if not isinstance(span, (int, float)):
+    errors.append("otherData.session_us missing")
+else:
+    for e in complete:
+        if e.get("ts", 0) + e.get("dur", 0) > span + 0.005:
+            errors.append(f"event ends after the session ({span} us): {e}")
+            break
 for e in evs:
     if e.get("ph") == "M" and not e.get("args", {}).get("name"):
         errors.append(f"metadata event without a name: {e}")

@@ -3,11 +3,13 @@
 // session, no events; one session at a time; write failures are io_errors.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <unistd.h>
 
 #include "common/doubles.hpp"
@@ -100,6 +102,44 @@ TEST_CASE("with no session open, nothing is recorded" * doctest::timeout(60)) {
     drain(p2);
     CHECK(t.recorded() == 0);
   }
+}
+
+TEST_CASE("an event begun before the session is cut at its start, so events still nest" * doctest::timeout(60)) {
+  watchdog w(60s);
+  scratch s;
+  std::atomic<bool> in_fn{false}, go{false};
+  ferry::enable_stats();  // stats on before the session: stage calls are timed from their start
+  auto p = ferry::from_generator(200, [](std::uint64_t i) { return i; }) |
+           ferry::map([&](std::uint64_t x) {
+             if (x == 0) {  // the producer's first map call spans the session's start
+               in_fn = true;
+               while (!go.load()) std::this_thread::yield();
+             } else {  // work that outlasts the gap below, so a stretched event overlaps it
+               const auto end = std::chrono::steady_clock::now() + 50us;
+               while (std::chrono::steady_clock::now() < end) {
+               }
+             }
+             return x;
+           }) |
+           ferry::batch(8) | ferry::prefetch(2);
+  std::size_t batches = 0;
+  std::thread consumer([&] { batches = drain(p).size(); });
+  while (!in_fn.load()) std::this_thread::yield();
+  // A gap between the event's start and the session's, far above the file's rounding.
+  const auto until = std::chrono::steady_clock::now() + 2ms;
+  while (std::chrono::steady_clock::now() < until) {
+  }
+  const std::string path = s.file("straddle.json");
+  {
+    ferry::tracing t(path);
+    go = true;
+    consumer.join();
+    t.stop();
+    CHECK(t.recorded() > 0);
+  }
+  ferry::enable_stats(false);
+  CHECK(batches == 25);
+  CHECK(check_trace(path, "map batch") == 0);  // every event inside the session, nested per thread
 }
 
 TEST_CASE("one session at a time; trace_to opens one") {
