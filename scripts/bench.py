@@ -197,7 +197,7 @@ def save(result, info, stamp):
 
 
 def latest_results():
-    """The newest kept result of each benchmark that passed (or skipped), by its date."""
+    """The newest kept result of each benchmark that passed, by its date."""
     best = {}
     for path in glob.glob(os.path.join(RESULTS, "*.json")):
         try:
