@@ -159,6 +159,54 @@ TEST_CASE("abort releases ranks waiting in a collective" * doctest::timeout(20))
   CHECK_FALSE(g.aborted());
 }
 
+TEST_CASE("broadcast: only the ranks whose length differs from the root's throw" *
+          doctest::timeout(20)) {
+  ferry_test::watchdog wd(20s, "broadcast mismatch");
+  const int n = 3;
+  ferry::thread_group g(n);
+  std::vector<int> threw(n, 0);
+  std::vector<std::vector<float>> v{std::vector<float>(4, 7.0f), std::vector<float>(4, 0.0f),
+                                    std::vector<float>(5, 0.0f)};
+  on_threads(n, [&](int r) {
+    try {
+      g.communicator(r).broadcast(v[r], 0);
+    } catch (const ferry::config_error&) {
+      threw[r] = 1;
+    }
+  });
+  CHECK(threw == std::vector<int>{0, 0, 1});
+  CHECK(v[1] == std::vector<float>(4, 7.0f));  // the matching rank got its copy
+}
+
+TEST_CASE("a communicator's abort() releases the others; its reset() makes the group usable" *
+          doctest::timeout(20)) {
+  ferry_test::watchdog wd(20s, "communicator abort");
+  const int n = 3;
+  ferry::thread_group g(n);
+  std::vector<ferry::thread_communicator> c;
+  for (int r = 0; r < n; ++r) c.push_back(g.communicator(r));
+  std::atomic<int> released{0};
+  on_threads(n, [&](int r) {
+    std::vector<float> v(8, 1.0f);
+    if (r == n - 1) {  // this rank "fails" instead of joining: it aborts through its handle
+      c[r].abort();
+      return;
+    }
+    try {
+      c[r].all_reduce_sum(v);
+    } catch (const ferry::error&) {
+      released.fetch_add(1);
+    }
+  });
+  CHECK(released.load() == n - 1);
+  CHECK(g.aborted());
+  c[1].reset();
+  CHECK_FALSE(g.aborted());
+  std::vector<std::vector<float>> v(n, std::vector<float>(5, 2.0f));
+  on_threads(n, [&](int r) { c[r].all_reduce_sum(v[r]); });
+  for (auto& x : v) CHECK(x == std::vector<float>(5, 6.0f));
+}
+
 TEST_CASE("bad group sizes, ranks and roots are config_errors") {
   CHECK_THROWS_AS(ferry::thread_group(0), ferry::config_error);
   ferry::thread_group g(2);

@@ -43,10 +43,14 @@ TEST_CASE("Adam matches the textbook update over several steps, odd lengths incl
     const tr::optimizer_config c{.kind = tr::optimizer_kind::adam, .lr = 3e-3f};
     std::vector<float> p = randoms(n, 1, -1, 1), m(n, 0.0f), v(n, 0.0f);
     std::vector<double> P(p.begin(), p.end()), M(n, 0.0), V(n, 0.0);
+    std::vector<float> sched(tr::adam_schedule::floats, 0.0f);
     for (std::uint64_t t = 1; t <= 6; ++t) {
       std::vector<float> g = randoms(n + 1, std::uint32_t(t * 7 + n), -5, 5);
       g[n] = 4.0f + float(t);  // the weight sum, where the trainer keeps it: after the gradients
-      be.for_each(n, tr::adam_update::at(c, t, p.data(), g.data(), m.data(), v.data(), &g[n]));
+      be.for_each(1, tr::adam_advance{sched.data(), &g[n], c.lr, c.beta1, c.beta2});
+      CHECK(sched[tr::adam_schedule::t_lo] == float(t));
+      be.for_each(n, tr::adam_update{p.data(), g.data(), m.data(), v.data(), &g[n], sched.data(),
+                                     c.beta1, c.beta2, c.eps});
       for (std::size_t i = 0; i < n; ++i) {
         const double gi = double(g[i]) / double(g[n]);
         M[i] = 0.9 * M[i] + 0.1 * gi;
@@ -80,10 +84,28 @@ TEST_CASE("SGD with momentum matches PyTorch's form; a zero weight sum changes n
   std::vector<float> g = randoms(n + 1, 9, -2, 2);
   g[n] = 0.0f;  // a batch of padding only
   be.for_each(n, tr::sgd_update{p.data(), g.data(), vel.data(), &g[n], 0.05f, 0.9f});
-  std::vector<float> m(n, 0.0f), v(n, 0.0f);
-  be.for_each(n, tr::adam_update::at({}, 1, p.data(), g.data(), m.data(), v.data(), &g[n]));
+  std::vector<float> m(n, 0.0f), v(n, 0.0f), sched(tr::adam_schedule::floats, 0.0f);
+  const tr::optimizer_config a{};
+  be.for_each(1, tr::adam_advance{sched.data(), &g[n], a.lr, a.beta1, a.beta2});
+  be.for_each(n, tr::adam_update{p.data(), g.data(), m.data(), v.data(), &g[n], sched.data(),
+                                 a.beta1, a.beta2, a.eps});
   CHECK(p == before);
   CHECK(m == std::vector<float>(n, 0.0f));
+  CHECK(sched == std::vector<float>(tr::adam_schedule::floats, 0.0f));  // still step 0
+}
+
+TEST_CASE("Adam's step count carries into its high half past 2^24 steps") {
+  tr::host_backend be;
+  std::vector<float> sched(tr::adam_schedule::floats, 0.0f);
+  sched[tr::adam_schedule::t_lo] = 16777215.0f;  // 2^24 - 1
+  const float w = 1.0f;
+  be.for_each(1, tr::adam_advance{sched.data(), &w, 1e-3f, 0.9f, 0.999f});
+  CHECK(sched[tr::adam_schedule::t_lo] == 0.0f);
+  CHECK(sched[tr::adam_schedule::t_hi] == 1.0f);
+  be.for_each(1, tr::adam_advance{sched.data(), &w, 1e-3f, 0.9f, 0.999f});
+  CHECK(sched[tr::adam_schedule::t_lo] == 1.0f);
+  CHECK(sched[tr::adam_schedule::step] == doctest::Approx(1e-3));  // bias corrections ~1
+  CHECK(sched[tr::adam_schedule::inv_sqrt_bc2] == doctest::Approx(1.0));
 }
 
 TEST_CASE("bias + ReLU over (row, column) and the ReLU backward match a naive loop") {

@@ -10,10 +10,12 @@
 #include <cstdlib>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 #include "common/doubles.hpp"
 #include "ferry/collective/communicator.hpp"
+#include "ferry/collective/thread_collective.hpp"
 #include "ferry/train/host_trainer.hpp"
 
 using namespace std::chrono_literals;
@@ -72,6 +74,58 @@ double loss_at(tr::replica<tr::host_backend>& rep, const std::vector<float>& p,
   rep.upload_params(p);
   rep.forward_backward(in);
   return rep.read_stats().loss;
+}
+
+// Failures on demand for host replicas. The test sets `faults` between trainer calls; during
+// a call only replica `rank`'s thread reads and counts it down (the trainer's hand-off to
+// its threads orders the two).
+struct fault_plan {
+  int rank = -1;
+  int gemms_before_failure = -1;  // that replica's GEMMs to run before one throws; -1: none
+  int failing_uploads = 0;        // that replica's next uploads that throw
+};
+fault_plan faults;
+
+// host_backend whose replica (replica_context::device = its index) fails as `faults` says.
+class faulty_backend : public tr::host_backend {
+ public:
+  explicit faulty_backend(const tr::replica_context& c) : rank_(c.device) {}
+  void gemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b,
+            int ldb, float beta, float* c, int ldc) {
+    if (rank_ == faults.rank && faults.gemms_before_failure >= 0 &&
+        faults.gemms_before_failure-- == 0)
+      throw std::runtime_error("injected GEMM failure");
+    host_backend::gemm(ta, tb, m, n, k, a, lda, b, ldb, beta, c, ldc);
+  }
+  void upload(void* dst, const void* src, std::size_t bytes) {
+    if (rank_ == faults.rank && faults.failing_uploads > 0) {
+      --faults.failing_uploads;
+      throw std::runtime_error("injected upload failure");
+    }
+    host_backend::upload(dst, src, bytes);
+  }
+
+ private:
+  int rank_;
+};
+using faulty_trainer = tr::mirrored_trainer<faulty_backend, ferry::thread_communicator>;
+
+// 4 replicas built with the generic constructor from the caller's thread_group.
+std::vector<ferry::thread_communicator> comms_of(ferry::thread_group& g) {
+  std::vector<ferry::thread_communicator> c;
+  for (int r = 0; r < g.size(); ++r) c.push_back(g.communicator(r));
+  return c;
+}
+const std::vector<tr::replica_context> four_contexts{{0, nullptr}, {1, nullptr}, {2, nullptr},
+                                                      {3, nullptr}};
+
+template <class Trainer>
+void check_replicas_agree(Trainer& t) {
+  const auto p0 = t.replica_at(0).download_params();
+  for (int r = 1; r < t.replicas(); ++r) {
+    INFO("replica " << r);
+    CHECK(t.replica_at(r).download_params() == p0);
+  }
 }
 
 }  // namespace
@@ -257,6 +311,109 @@ TEST_CASE("a batch of padding only leaves the weights unchanged" * doctest::time
   const auto s = t.train_step(in);
   CHECK(s.rows == 0);
   CHECK(t.parameters() == before);
+}
+
+TEST_CASE("a step of weight 0 leaves the optimizer state alone: padding, then a real step, is "
+          "the real step alone (Adam, SGD)" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "padding then a step");
+  const dataset d = blobs(32, 4, 2, 5);
+  for (auto kind : {tr::optimizer_kind::adam, tr::optimizer_kind::sgd}) {
+    INFO((kind == tr::optimizer_kind::adam ? "adam" : "sgd"));
+    // A batch whose weight sum is 0 two ways: padding only, and only rows of class weight 0.
+    for (bool by_class_weight : {false, true}) {
+      INFO((by_class_weight ? "class weight 0" : "padding only"));
+      tr::mlp_config cfg{{4, 8, 2}, {}};
+      if (by_class_weight) cfg.class_weights = {0.0f, 1.0f};
+      const tr::trainer_options o{.opt = {.kind = kind, .lr = 0.05f}, .seed = 3, .max_rows = 8};
+      std::vector<tr::replica_input> nothing;
+      std::vector<std::int32_t> zeros(16, 0);
+      if (by_class_weight) {
+        nothing = split(d, 0, 16, 2);
+        for (int r = 0; r < 2; ++r) nothing[r].y = zeros.data() + 8 * r;  // all class 0
+      } else {
+        nothing = split(d, 0, 16, 2);
+        nothing[0].valid = nothing[1].valid = 0;
+      }
+      const auto real = split(d, 16, 16, 2);
+
+      tr::host_trainer a(cfg, o, 2), b(cfg, o, 2);
+      CHECK(a.train_step(nothing).weight == 0.0);
+      a.train_step(real);
+      a.train_step(real);  // the second step's bias correction tells the step counts apart too
+      b.train_step(real);
+      b.train_step(real);
+      CHECK(a.parameters() == b.parameters());
+    }
+  }
+}
+
+TEST_CASE("set_parameters clears Adam's step count with its moments" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "set_parameters resets adam");
+  const dataset d = blobs(32, 4, 2, 6);
+  const tr::mlp_config cfg{{4, 8, 2}, {}};
+  const tr::trainer_options o{.opt = {.lr = 0.05f}, .seed = 4, .max_rows = 8};
+  tr::host_trainer a(cfg, o, 2), b(cfg, o, 2);
+  const auto p0 = a.parameters();
+  a.train_step(split(d, 0, 16, 2));
+  a.set_parameters(p0);
+  a.train_step(split(d, 16, 16, 2));
+  b.train_step(split(d, 16, 16, 2));
+  CHECK(a.parameters() == b.parameters());
+}
+
+TEST_CASE("a replica failing mid-step, generic constructor with thread_communicators: the error, "
+          "no hang, a usable trainer" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "generic constructor failure");
+  const dataset d = blobs(64, 4, 2, 7);
+  const tr::mlp_config cfg{{4, 8, 2}, {}};
+  const tr::trainer_options o{.seed = 5, .max_rows = 4};
+  ferry::thread_group g(4);
+  faulty_trainer t(cfg, o, comms_of(g), four_contexts);
+  tr::host_trainer ref(cfg, o, 4);  // the same steps, no failure
+  t.train_step(split(d, 0, 16, 4));
+  ref.train_step(split(d, 0, 16, 4));
+  for (int failing : {1, 0, 3}) {  // a worker, the caller's replica, the last
+    INFO("replica " << failing << " fails");
+    faults = {.rank = failing, .gemms_before_failure = 2};  // in the step's backward
+    CHECK_THROWS_WITH_AS(t.train_step(split(d, 16, 16, 4)), "injected GEMM failure",
+                         std::runtime_error);
+    faults = {};
+    check_replicas_agree(t);
+    t.train_step(split(d, 32, 16, 4));  // usable: the group was reset
+    ref.train_step(split(d, 32, 16, 4));
+    check_replicas_agree(t);
+    CHECK(t.parameters() == ref.parameters());  // the failed step changed nothing
+  }
+  CHECK(t.evaluate(split(d, 48, 16, 4)).rows == 16);
+}
+
+TEST_CASE("a failed set_parameters restores the previous weights on every replica" *
+          doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "set_parameters failure");
+  const dataset d = blobs(64, 4, 2, 8);
+  const tr::mlp_config cfg{{4, 8, 2}, {}};
+  ferry::thread_group g(4);
+  faulty_trainer t(cfg, {.seed = 6, .max_rows = 4}, comms_of(g), four_contexts);
+  t.train_step(split(d, 0, 16, 4));
+  const auto before = t.parameters();
+  std::vector<float> other(before.size(), 0.25f);
+  for (int failing : {2, 0}) {
+    INFO("replica " << failing << "'s upload fails");
+    faults = {.rank = failing, .failing_uploads = 1};
+    CHECK_THROWS_WITH_AS(t.set_parameters(other), "injected upload failure", std::runtime_error);
+    faults = {};
+    check_replicas_agree(t);
+    CHECK(t.parameters() == before);
+  }
+  t.train_step(split(d, 16, 16, 4));  // still usable
+  check_replicas_agree(t);
+
+  // The restore fails as well: the replicas may disagree, so the trainer refuses more work.
+  faults = {.rank = 3, .failing_uploads = 2};
+  CHECK_THROWS_AS(t.set_parameters(other), std::runtime_error);
+  faults = {};
+  CHECK_THROWS_AS(t.train_step(split(d, 32, 16, 4)), ferry::error);
+  CHECK_THROWS_AS(t.set_parameters(other), ferry::error);
 }
 
 TEST_CASE("OpenBLAS threads: 1 per replica by default, as asked otherwise" * doctest::timeout(30)) {

@@ -10,9 +10,12 @@
 // all-gather in one pass, no staging copy). Every rank ends with bit-identical values, and
 // the result does not depend on thread timing. Two barriers per call; no allocation.
 //
-// Failure: if one thread fails (its replica threw), abort() wakes every thread waiting in
-// a collective and makes it throw ferry::error instead of waiting forever. Buffers passed
-// to one call must all have the same length (config_error otherwise, on every rank).
+// Failure: if one thread fails (its replica threw), abort() (on the group or any of its
+// communicators, from any thread) wakes every thread waiting in a collective and makes it
+// throw ferry::error instead of waiting forever; reset() makes the group usable again.
+// Lengths: all_reduce buffers must all have the same length (config_error otherwise, on
+// every rank); in broadcast, only the ranks whose length differs from the root's throw
+// config_error (the others, the root included, return with their copy done).
 //
 // Thread safety: a thread_group is shared by its N threads; each thread_communicator is
 // used by one thread. Runs no user code.
@@ -153,6 +156,10 @@ class thread_communicator {
   void all_reduce_average(std::span<float> s) { g_->all_reduce(rank_, s, true); }
   void broadcast(std::span<float> s, int root) { g_->broadcast(rank_, s, root); }
   void barrier() { g_->barrier(); }
+  // The group's abort() and reset(): thread-safe, so a trainer can release the other ranks
+  // from the failing rank's thread, holding communicators only (no thread_group).
+  void abort() noexcept { g_->abort(); }
+  void reset() noexcept { g_->reset(); }
 
  private:
   friend class thread_group;

@@ -8,7 +8,8 @@
 //   for (auto& step : batches | ferry::distribute(ferry::host_replicas{4}))
 //     auto s = t.train_step(step);         // s.loss, s.accuracy: global, every replica
 //
-//   // any communicator (NCCL for GPUs; MPI, issue 6): one replica per local communicator
+//   // any communicator (NCCL for GPUs, MPI across processes, your own thread_group's
+//   // thread_communicators): one replica per local communicator
 //   ferry::train::mirrored_trainer<Backend, Comm> t(cfg, opts, std::move(comms), contexts);
 //
 // A step: every replica runs forward/backward on its own thread (replica 0 on the
@@ -27,14 +28,26 @@
 // the replicas are the parallelism (see trainer_options), unless OPENBLAS_NUM_THREADS is set.
 //
 // Errors: a slice larger than max_rows, or a step with the wrong number of slices, is a
-// config_error (checked on the caller before any replica starts); so is blas_threads < 0. If a replica throws, the
-// others are released from the collective (communicator abort hook), the first error is
-// rethrown on the caller, and the trainer stays usable. With communicators that can abort
-// (nccl_communicator) every one is aborted once all replicas are back from a call that
-// enqueues collectives (a step, evaluate), since the others' all-reduce would wait on the
-// GPU forever; that trainer is then spent (later calls throw ferry::error) but shuts down
-// without hanging. A failed set_parameters leaves it usable. load() throws what load_weights
-// throws, and config_error when the file's layers differ from the model's.
+// config_error (checked on the caller before any replica starts); so is blas_threads < 0.
+// If a replica throws, the first error is rethrown on the caller, and the others are
+// released from their collective as the communicator allows:
+//  * communicators with abort() and reset() (thread_communicator, from either
+//    constructor): aborted from the failing replica's thread at once, reset once every
+//    replica is back; the trainer stays usable. Aborting reaches the whole thread_group,
+//    so a group shared with threads outside this trainer is aborted for them too.
+//  * communicators with abort() only (nccl_communicator): every one is aborted once all
+//    replicas are back from a call that enqueues collectives (a step, evaluate), since the
+//    others' all-reduce would wait on the GPU forever; that trainer is then spent (later
+//    calls throw ferry::error) but shuts down without hanging.
+//  * communicators without abort() (solo, mpi_communicator, user types): nothing releases
+//    a replica waiting for a failed sibling, so with several replicas a failure hangs the
+//    call; use them with one replica per trainer (MPI: one per process, see
+//    docs/multi_node.md), where a failure simply propagates.
+// set_parameters uploads per replica without collectives: if one upload fails, the
+// previous weights (replica 0's, read first) are uploaded back to every replica, so they
+// still agree (optimizer state cleared), and the error is rethrown; if that restore fails
+// too, the trainer is spent. load() throws what load_weights throws, and config_error when
+// the file's layers differ from the model's.
 #pragma once
 
 #include <condition_variable>
@@ -113,11 +126,26 @@ void step_inputs(Step& step, std::size_t replicas, int inputs, std::vector<repli
 
 template <class Backend, communicator Comm>
 class mirrored_trainer {
+  // abort() callable from any thread while the others wait in a collective, and reset()
+  // making it usable again once all are back (thread_communicator).
+  static constexpr bool resettable = requires(Comm& c) {
+    c.abort();
+    c.reset();
+  };
+
  public:
   // One replica per communicator (their ranks' order). contexts: one per replica, or empty.
   mirrored_trainer(const mlp_config& cfg, const trainer_options& o, std::vector<Comm> comms,
                    std::vector<replica_context> contexts = {})
       : cfg_(cfg), opts_(o), comms_(std::move(comms)) {
+    if constexpr (resettable) {  // e.g. thread_communicators of the caller's thread_group
+      abort_ = [this] {
+        for (auto& c : comms_) c.abort();
+      };
+      reset_ = [this] {
+        for (auto& c : comms_) c.reset();
+      };
+    }
     init(std::move(contexts));
   }
 
@@ -175,12 +203,29 @@ class mirrored_trainer {
 
   // Replica 0's parameters (every replica holds the same).
   std::vector<float> parameters() { return reps_[0]->download_params(); }
-  // Sets every replica's parameters and clears the optimizer state.
+  // Sets every replica's parameters and clears the optimizer state. On failure every
+  // replica gets the previous weights back (see Errors above) and the error is rethrown.
   void set_parameters(const std::vector<float>& p) {
     if (p.size() != layout().params)
       throw config_error("mirrored_trainer::set_parameters: " + std::to_string(p.size()) +
                          " values for " + std::to_string(layout().params) + " parameters");
-    run_all([&](int r) { reps_[r]->upload_params(p); }, /*collectives=*/false);
+    if (spent_) throw error(spent_why_);
+    // The uploads are independent: a failure leaves the others holding p (and the failed
+    // one maybe part of it). Keep replica 0's weights to put back everywhere (one copy per
+    // call, not per step).
+    const std::vector<float> old = parameters();
+    try {
+      run_all([&](int r) { reps_[r]->upload_params(p); }, /*collectives=*/false);
+    } catch (...) {
+      try {
+        run_all([&](int r) { reps_[r]->upload_params(old); }, /*collectives=*/false);
+      } catch (...) {
+        spent_ = true;
+        spent_why_ = "mirrored_trainer: set_parameters failed and the previous weights could "
+                     "not be restored on every replica; build a new trainer";
+      }
+      throw;  // the first failure
+    }
   }
 
   void save(const std::string& path) { save_weights(path, cfg_.layers, parameters()); }
@@ -266,9 +311,7 @@ class mirrored_trainer {
   // `collectives`: whether job enqueues collectives (then a failure aborts NCCL ones).
   template <class F>
   void run_all(F&& job, bool collectives = true) {
-    if (spent_)
-      throw error("mirrored_trainer: a replica failed in an earlier call and its NCCL communicators were "
-                  "aborted; build a new trainer");
+    if (spent_) throw error(spent_why_);
     std::function<void(int)> fn = std::ref(job);
     const std::size_t N = reps_.size();
     if (N > 1) {
@@ -289,13 +332,16 @@ class mirrored_trainer {
       for (auto& x : errs_) x = nullptr;
       failed_ = -1;
       if (reset_) reset_();
-      // Communicators that can end their collectives (NCCL): the other replicas' all-reduce
-      // waits on the GPU for the replica that failed, so the streams would never drain.
-      // Every thread is out of its calls now: abort them all; the trainer is then spent.
-      if constexpr (requires(Comm& c) { c.abort(); })
-        if (!group_ && collectives) {
+      // Communicators that can end their collectives but not be reset (NCCL): the other
+      // replicas' all-reduce waits on the GPU for the replica that failed, so the streams
+      // would never drain. Every thread is out of its calls now: abort them all; the
+      // trainer is then spent.
+      if constexpr (requires(Comm& c) { c.abort(); } && !resettable)
+        if (collectives) {
           for (auto& c : comms_) c.abort();
           spent_ = true;
+          spent_why_ = "mirrored_trainer: a replica failed in an earlier call and its NCCL "
+                       "communicators were aborted; build a new trainer";
         }
       std::rethrow_exception(e);
     }
@@ -337,7 +383,8 @@ class mirrored_trainer {
   std::unique_ptr<thread_group> group_;  // host replicas only
   std::vector<Comm> comms_;
   std::function<void()> abort_, reset_;
-  bool spent_ = false;  // its communicators were aborted after a failure
+  bool spent_ = false;  // unusable after a failure (spent_why_ says why)
+  const char* spent_why_ = "";
   std::vector<std::unique_ptr<replica<Backend>>> reps_;
   std::vector<replica_input> slices_;
   std::uint64_t steps_ = 0;

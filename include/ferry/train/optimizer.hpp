@@ -4,21 +4,25 @@
 // The gradient buffer holds the gradient of the SUMMED loss of the global batch followed
 // by the step statistics; each functor divides by the global weight sum it reads from
 // that buffer (so the GPU needs no host round trip). A step whose weight sum is 0 (a
-// batch of padding only) leaves the parameters and the optimizer state unchanged.
+// batch of padding only, or rows of class weight 0 only) leaves the parameters and the
+// optimizer state unchanged, Adam's step counter included: that counter and its bias
+// corrections live in backend memory too (adam_schedule), advanced by adam_advance only
+// when the weight sum is > 0, so the host never waits for the reduced sum.
 //
 //   optimizer_config{.kind = optimizer_kind::adam, .lr = 1e-3f}
 //   optimizer_config{.kind = optimizer_kind::sgd, .lr = 0.05f, .momentum = 0.9f}
 //
-// Each functor reads the weight sum once per call of apply(i, w): operator()(i) reads it
-// from memory (the GPU path), while the host backend reads scalar() once and runs
-// apply over the whole range, so the loop vectorizes (build with -fno-math-errno so
-// sqrtf does too).
+// Each functor reads its scalars (the weight sum; Adam's step sizes) once per call of
+// apply(i, s): operator()(i) reads them from memory (the GPU path), while the host backend
+// reads scalar() once and runs apply over the whole range, so the loop vectorizes (build
+// with -fno-math-errno so sqrtf does too).
 //
 // Throws nothing; validate() throws config_error for a non-positive learning rate or
 // betas/momentum outside [0, 1).
 #pragma once
 
 #include <cmath>
+#include <math.h>  // ::pow, ::sqrt (host and device)
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -66,35 +70,69 @@ struct sgd_update {
   }
 };
 
+// Adam's schedule, adam_schedule::floats floats of backend memory (zeros: step 0):
+// the step count t (as two exact float halves, t = hi * 2^24 + lo, since a float counts
+// exactly only to 2^24) and the bias-corrected step sizes of step t.
+struct adam_schedule {
+  static constexpr std::size_t t_lo = 0, t_hi = 1, step = 2, inv_sqrt_bc2 = 3, floats = 4;
+};
+
+// Run as for_each(1, ...) before adam_update: when the global weight sum is > 0, t += 1 and
+// with bc1 = 1 - beta1^t, bc2 = 1 - beta2^t: step = lr / bc1, inv_sqrt_bc2 = 1 / sqrt(bc2).
+// A step of weight 0 leaves t alone, so later bias corrections stay those of the real steps.
+struct adam_advance {
+  float* sched;
+  const float* weight_sum;
+  float lr, beta1, beta2;
+  FERRY_HOST_DEVICE void operator()(std::size_t) const {
+    if (!(*weight_sum > 0.0f)) return;
+    constexpr float half = 16777216.0f;  // 2^24
+    float lo = sched[adam_schedule::t_lo] + 1.0f, hi = sched[adam_schedule::t_hi];
+    if (lo >= half) {
+      lo = 0.0f;
+      hi += 1.0f;
+    }
+    sched[adam_schedule::t_lo] = lo;
+    sched[adam_schedule::t_hi] = hi;
+    const double t = double(hi) * double(half) + double(lo);
+    // ::pow / ::sqrt on doubles: the same calls in host and CUDA device code.
+    const double bc1 = 1.0 - ::pow(double(beta1), t);
+    const double bc2 = 1.0 - ::pow(double(beta2), t);
+    sched[adam_schedule::step] = static_cast<float>(double(lr) / bc1);
+    sched[adam_schedule::inv_sqrt_bc2] = static_cast<float>(1.0 / ::sqrt(bc2));
+  }
+};
+
+// What adam_update reads once per call: the weight sum and the step sizes of this step.
+struct adam_scalars {
+  float w, step, inv_sqrt_bc2;
+};
+
 // Adam (Kingma & Ba) with bias correction, in PyTorch's arrangement (one sqrt and one
 // division per parameter): with bc1 = 1 - beta1^t and bc2 = 1 - beta2^t,
 //   p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
-// step = lr / bc1 and inv_sqrt_bc2 = 1 / sqrt(bc2) come from adam_update::at(t).
+// step = lr / bc1 and inv_sqrt_bc2 = 1 / sqrt(bc2) are read from the schedule that
+// adam_advance wrote for this step.
 struct adam_update {
   float* p;
   const float* g;
   float* m;
   float* v;
   const float* weight_sum;
-  float beta1, beta2, eps, step, inv_sqrt_bc2;
-  FERRY_HOST_DEVICE float scalar() const { return *weight_sum; }
-  FERRY_HOST_DEVICE void operator()(std::size_t i) const { apply(i, *weight_sum); }
-  FERRY_HOST_DEVICE void apply(std::size_t i, float w) const {
-    if (!(w > 0.0f)) return;
-    const float gi = g[i] * (1.0f / w);
+  const float* sched;  // adam_schedule::floats floats
+  float beta1, beta2, eps;
+  FERRY_HOST_DEVICE adam_scalars scalar() const {
+    return {*weight_sum, sched[adam_schedule::step], sched[adam_schedule::inv_sqrt_bc2]};
+  }
+  FERRY_HOST_DEVICE void operator()(std::size_t i) const { apply(i, scalar()); }
+  FERRY_HOST_DEVICE void apply(std::size_t i, adam_scalars s) const {
+    if (!(s.w > 0.0f)) return;
+    const float gi = g[i] * (1.0f / s.w);
     const float mi = beta1 * m[i] + (1.0f - beta1) * gi;
     const float vi = beta2 * v[i] + (1.0f - beta2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] -= step * mi / (sqrtf(vi) * inv_sqrt_bc2 + eps);
-  }
-  // The functor for step t (1-based) of config c over these arrays.
-  static adam_update at(const optimizer_config& c, std::uint64_t t, float* p, const float* g,
-                        float* m, float* v, const float* weight_sum) {
-    const double bc1 = 1.0 - std::pow(double(c.beta1), double(t));
-    const double bc2 = 1.0 - std::pow(double(c.beta2), double(t));
-    return {p, g, m, v, weight_sum, c.beta1, c.beta2, c.eps, static_cast<float>(c.lr / bc1),
-            static_cast<float>(1.0 / std::sqrt(bc2))};
+    p[i] -= s.step * mi / (sqrtf(vi) * s.inv_sqrt_bc2 + eps);
   }
 };
 

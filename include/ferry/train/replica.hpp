@@ -90,6 +90,7 @@ class replica {
     stats_ = be_.alloc(std::size_t(max_rows) * 4);
     ones_ = be_.alloc(max_rows);
     eval_ = be_.alloc(mlp_layout::extras);
+    if (opt_.kind == optimizer_kind::adam) sched_ = be_.alloc(adam_schedule::floats);
     be_.fill(ones_, max_rows, 1.0f);
     be_.upload(params_, init.data(), P * sizeof(float));
     if (!cfg.class_weights.empty()) {
@@ -142,15 +143,16 @@ class replica {
     update();
   }
 
-  // The optimizer step from the (already reduced) gradient buffer.
+  // The optimizer step from the (already reduced) gradient buffer. Adam's step count
+  // advances on the backend, only when the weight sum is > 0 (no host round trip).
   void update() {
-    ++t_;
     const float* wsum = grads_ + lay_.params + mlp_layout::weight_sum;
     if (opt_.kind == optimizer_kind::sgd) {
       be_.for_each(lay_.params, sgd_update{params_, grads_, state_, wsum, opt_.lr, opt_.momentum});
     } else {
-      be_.for_each(lay_.params, adam_update::at(opt_, t_, params_, grads_, state_,
-                                                state_ + lay_.params, wsum));
+      be_.for_each(1, adam_advance{sched_, wsum, opt_.lr, opt_.beta1, opt_.beta2});
+      be_.for_each(lay_.params, adam_update{params_, grads_, state_, state_ + lay_.params, wsum,
+                                            sched_, opt_.beta1, opt_.beta2, opt_.eps});
     }
   }
 
@@ -187,7 +189,7 @@ class replica {
   void upload_params(const std::vector<float>& p) {
     be_.upload(params_, p.data(), p.size() * sizeof(float));
     be_.fill(state_, lay_.params * opt_.state_per_param(), 0.0f);
-    t_ = 0;
+    if (sched_) be_.fill(sched_, adam_schedule::floats, 0.0f);
     be_.sync();
   }
 
@@ -223,9 +225,9 @@ class replica {
   optimizer_config opt_;
   Backend be_;
   int max_rows_;
-  std::uint64_t t_ = 0;
   float *params_ = nullptr, *grads_ = nullptr, *state_ = nullptr, *cw_ = nullptr;
   float *d0_ = nullptr, *d1_ = nullptr, *stats_ = nullptr, *ones_ = nullptr, *eval_ = nullptr;
+  float* sched_ = nullptr;  // Adam's step count and step sizes (adam_schedule), backend memory
   std::vector<float*> acts_;
 };
 
