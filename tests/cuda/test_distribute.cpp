@@ -18,7 +18,11 @@
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "ferry/stages/filter.hpp"
 #include "ferry/stages/prefetch.hpp"
+#include "ferry/stages/repeat.hpp"
+#include "ferry/stages/shard.hpp"
+#include "ferry/stages/take.hpp"
 
 using namespace std::chrono_literals;
 
@@ -84,6 +88,26 @@ std::size_t check_epoch(P& steps, const std::vector<elem>& data, std::size_t R, 
   return nsteps;
 }
 
+// Batches of the given sizes with no batch_size(): a pipeline that hides batch(), so
+// distribute has to infer G from the first batch.
+struct sized_batches {
+  using value_type = ferry::batch_of<elem>;
+  std::vector<std::size_t> sizes;
+  std::size_t i = 0;
+  std::uint32_t next_id = 0;
+  std::optional<value_type> next() {
+    if (i == sizes.size()) return std::nullopt;
+    ferry::batch_collator<elem> c;
+    auto b = c.start(std::make_shared<ferry::buffer_pool>(), sizes[i]);
+    for (std::size_t k = 0; k < sizes[i]; ++k) {
+      elem e{++next_id, {0, 0, 0}};
+      c.put(b, e);
+    }
+    ++i;
+    return b;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("distribute(host_replicas): every element reaches exactly one replica, in order, "
@@ -108,6 +132,95 @@ TEST_CASE("distribute(host_replicas): every element reaches exactly one replica,
       CHECK(steps.dropped() == (pol == ferry::remainder_policy::drop && n % G ? 1u : 0u));
     }
   }
+}
+
+// The same oracle sweep with pass-through stages between batch() and distribute(), and
+// datasets that include ones smaller than one global batch (a short FIRST batch): G must
+// come from batch() through them, never from that short batch.
+template <class Wrap>
+void sweep_through(Wrap wrap, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (auto pol : {ferry::remainder_policy::drop, ferry::remainder_policy::pad,
+                   ferry::remainder_policy::partial}) {
+    for (int trial = 0; trial < 40; ++trial) {
+      const std::size_t R = 1 + rng() % 5, per = 1 + rng() % 6, G = R * per;
+      // Half the trials smaller than one global batch, the rest up to four batches.
+      const auto data = make_data(trial % 2 ? rng() % G : rng() % (4 * G + 3));
+      CAPTURE(name(pol));
+      CAPTURE(R);
+      CAPTURE(per);
+      CAPTURE(data.size());
+      auto steps = wrap(ferry::from_range(data) | ferry::batch(G)) |
+                   ferry::distribute(ferry::host_replicas{R}, {.remainder = pol});
+      const std::size_t n = data.size();
+      const std::size_t expect =
+          pol == ferry::remainder_policy::drop ? n / G : (n + G - 1) / G;
+      CHECK(check_epoch(steps, data, R, per, pol) == expect);
+      CHECK(steps.global_batch() == G);
+      CHECK(steps.dropped() == (pol == ferry::remainder_policy::drop && n % G ? 1u : 0u));
+    }
+  }
+}
+
+TEST_CASE("distribute: the oracle sweep holds through prefetch, take, repeat, filter and "
+          "shard, with datasets smaller than one global batch" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(90s, "pass-through sweep");
+  SUBCASE("prefetch") {
+    sweep_through([](auto&& s) { return std::move(s) | ferry::prefetch(2); }, 1);
+  }
+  SUBCASE("take") {
+    sweep_through([](auto&& s) { return std::move(s) | ferry::take(1000); }, 2);
+  }
+  SUBCASE("repeat(1)") {
+    sweep_through([](auto&& s) { return std::move(s) | ferry::repeat(1); }, 3);
+  }
+  SUBCASE("filter") {
+    sweep_through([](auto&& s) { return std::move(s) | ferry::filter([](const auto&) { return true; }); }, 4);
+  }
+  SUBCASE("shard(1, 0)") {
+    sweep_through([](auto&& s) { return std::move(s) | ferry::shard(1, 0); }, 5);
+  }
+  SUBCASE("take | repeat(1) | prefetch") {
+    sweep_through([](auto&& s) {
+      return std::move(s) | ferry::take(1000) | ferry::repeat(1) | ferry::prefetch(2);
+    }, 6);
+  }
+}
+
+TEST_CASE("distribute: batch(8) | prefetch(2) with a dataset shorter than one batch follows "
+          "the policy (the audit's reproduction)" * doctest::timeout(20)) {
+  ferry_test::watchdog wd(30s, "short dataset through prefetch");
+  for (std::uint32_t rows : {4u, 5u, 6u}) {
+    CAPTURE(rows);
+    const auto data = make_data(rows);
+    {
+      auto steps = ferry::from_range(data) | ferry::batch(8) | ferry::prefetch(2) |
+                   ferry::distribute(ferry::host_replicas{4});
+      CHECK_FALSE(steps.next());  // drop: the only batch is short
+      CHECK(steps.dropped() == 1);
+      CHECK(steps.global_batch() == 8);
+    }
+    {
+      auto steps = ferry::from_range(data) | ferry::batch(8) | ferry::prefetch(2) |
+                   ferry::distribute(ferry::host_replicas{4}, {.remainder = ferry::remainder_policy::pad});
+      auto st = steps.next();
+      REQUIRE(st);
+      for (std::size_t r = 0; r < 4; ++r) CHECK((*st)[r].size() == 2);
+      CHECK(st->valid() == rows);
+      CHECK_FALSE(steps.next());
+    }
+  }
+  // Played three times: each epoch's only batch is short, each is dropped / padded.
+  const auto data = make_data(4);
+  auto steps = ferry::from_range(data) | ferry::batch(8) | ferry::repeat(3) | ferry::prefetch(2) |
+               ferry::distribute(ferry::host_replicas{4}, {.remainder = ferry::remainder_policy::pad});
+  std::size_t n = 0;
+  for (auto& st : steps) {
+    CHECK(st.global_size() == 8);
+    CHECK(st.valid() == 4);
+    ++n;
+  }
+  CHECK(n == 3);
 }
 
 TEST_CASE("distribute(host_replicas): slices are zero-copy views of the host batch") {
@@ -138,7 +251,7 @@ TEST_CASE("distribute: batch() collates into the memory distribute hands up, thr
   }
   CHECK(rows == 100);
   CHECK(steps.collates_into_distribute_memory());
-  CHECK(steps.global_batch() == 20);  // inferred from the first batch (prefetch hides batch_size)
+  CHECK(steps.global_batch() == 20);  // batch()'s size, seen through prefetch
 }
 
 TEST_CASE("distribute: the default host resource is used through the same hook") {
@@ -239,7 +352,7 @@ TEST_CASE("distribute: configuration errors say what to do" * doctest::timeout(3
     auto steps = ferry::from_range(data) | ferry::batch(10) | ferry::distribute(ferry::host_replicas{4});
     CHECK_THROWS_AS(steps.next(), ferry::config_error);
   }
-  SUBCASE("inferred global batch not divisible (through prefetch)") {
+  SUBCASE("batch size not divisible, seen through prefetch") {
     auto steps = ferry::from_range(data) | ferry::batch(10) | ferry::prefetch(1) |
                  ferry::distribute(ferry::host_replicas{3});
     CHECK_THROWS_WITH_AS(steps.next(), doctest::Contains("multiple of 3"), ferry::config_error);
@@ -253,6 +366,36 @@ TEST_CASE("distribute: configuration errors say what to do" * doctest::timeout(3
     auto steps = ferry::from_range(data) | ferry::batch(16) |
                  ferry::distribute(ferry::host_replicas{4}, {.global_batch = 8});
     CHECK_THROWS_WITH_AS(steps.next(), doctest::Contains("larger than"), ferry::config_error);
+  }
+  SUBCASE("a short first batch through prefetch is not taken for the global batch") {
+    // batch(8)'s size is seen through prefetch: 6 rows is a short batch, not G = 6.
+    auto steps = ferry::from_range(make_data(6)) | ferry::batch(8) | ferry::prefetch(1) |
+                 ferry::distribute(ferry::host_replicas{4}, {.remainder = ferry::remainder_policy::partial});
+    auto st = steps.next();
+    REQUIRE(st);
+    CHECK(steps.global_batch() == 8);
+    CHECK(st->valid() == 6);
+  }
+  SUBCASE("an inferred global batch that does not divide suggests global_batch") {
+    auto steps = ferry::distribute(sized_batches{{6, 8}}, ferry::host_replicas{4});
+    CHECK_THROWS_WITH_AS(steps.next(), doctest::Contains("distribute_options::global_batch"),
+                         ferry::config_error);
+  }
+  SUBCASE("a short first batch followed by a longer one: inference was wrong") {
+    auto steps = ferry::distribute(sized_batches{{4, 8, 8}}, ferry::host_replicas{4});
+    REQUIRE(steps.next());  // 4 rows: G inferred as 4, nothing yet says otherwise
+    CHECK_THROWS_WITH_AS(steps.next(), doctest::Contains("pass distribute_options::global_batch"),
+                         ferry::config_error);
+  }
+  SUBCASE("global_batch overrides inference from a short first batch") {
+    auto steps = ferry::distribute(sized_batches{{4, 8, 8}}, ferry::host_replicas{4},
+                                   {.remainder = ferry::remainder_policy::pad, .global_batch = 8});
+    std::size_t n = 0;
+    for (auto& st : steps) {
+      CHECK(st.global_size() == 8);
+      ++n;
+    }
+    CHECK(n == 3);
   }
   SUBCASE("zero replicas") {
     CHECK_THROWS_AS(ferry::distribute(ferry::from_range(data) | ferry::batch(4), ferry::host_replicas{0}),

@@ -79,11 +79,13 @@ class device_buffer_pool {
     if (b.p) {
       if (b.after) {
         const cudaError_t st = cudaStreamWaitEvent(s, b.after, 0);
-        give_event(b.after);
         if (st != cudaSuccess) {
-          release(b.p, bytes, nullptr);
+          // Back with its event: its last user may still read it, so whoever takes it next
+          // must still wait for that event (a null event would let a copy overwrite it).
+          release(b.p, bytes, b.after);
           FERRY_CUDA_TRY(st);
         }
+        give_event(b.after);
       }
       return b.p;
     }

@@ -2,8 +2,8 @@
 //
 // Batches own their storage through `buffer`, which returns its bytes to the
 // std::pmr::memory_resource it came from when destroyed. `buffer_pool` is that resource
-// for every batch: it caches freed blocks by (size, alignment) and hands them out again,
-// so a pipeline in steady state allocates nothing per batch. The pinned pool of the CUDA
+// for every batch: it caches freed blocks by (size class, alignment), within a byte bound,
+// and hands them out again, so a pipeline in steady state allocates nothing per batch. The pinned pool of the CUDA
 // layer is a buffer_pool over a pinned upstream resource.
 //
 // Thread safety: buffer_pool is safe to use from any number of threads (batches are built
@@ -11,12 +11,16 @@
 #pragma once
 
 #include <atomic>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <memory_resource>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -69,21 +73,47 @@ class buffer {
   std::size_t align_ = buffer_alignment;
 };
 
-// A memory_resource that recycles blocks of the sizes it has seen. Blocks freed to it are
-// kept (up to max_cached_bytes; beyond that they go back upstream) and handed out again
-// for a request of the same size and alignment. Its upstream is where new blocks come
-// from: new/delete by default, pinned memory in the CUDA layer.
+// A memory_resource that recycles blocks. Requests are rounded up to size classes (eighths
+// of a power of two: 1/8 steps between 2^k and 2^(k+1), at least 256 bytes), so at most
+// 12.5% is wasted, and batches whose sizes vary a little (ragged fields: every batch a new
+// byte count) share blocks instead of each caching a block of its own. A request is served
+// from the smallest cached class that fits, of the same alignment, up to twice its own
+// class; else from upstream. Freed blocks are cached up to max_cached_bytes (by default a
+// bound that grows with the largest block: see auto_max_cached); past that the oldest
+// cached blocks go back upstream first. A block whose class exceeds a fixed bound is never
+// cached: it is taken from and returned to upstream at its exact size. Its
+// upstream is where new blocks come from: new/delete by default, pinned memory in the CUDA
+// layer.
+//
+// Statistics: upstream_allocations counts blocks taken from upstream; reuses, requests
+// served from the cache; evictions, cached blocks returned to make room; outstanding_bytes
+// is the sum of the sizes requested and not yet freed; cached_bytes the (class-rounded)
+// sizes of the blocks parked now, never more than max_cached_bytes.
+//
+// allocate throws std::bad_alloc (or what upstream throws); deallocate and trim never throw.
 class buffer_pool : public std::pmr::memory_resource {
  public:
+  // The default cache bound (max_cached_bytes = auto_max_cached): 256 MiB, or 16 blocks of
+  // the largest class requested so far when that is more. With size classes the cache
+  // holds about what is in flight at once (depth+2 batches per field), so batches of any
+  // size keep being reused (never pinned per batch), while ragged batches of varying size
+  // no longer fill up to a fixed large bound. A value other than auto_max_cached is a
+  // fixed bound.
+  static constexpr std::size_t auto_max_cached = 0;
+  static constexpr std::size_t default_max_cached_bytes = std::size_t(256) << 20;
+  static constexpr std::size_t auto_blocks = 16;
+  static constexpr std::size_t min_class_bytes = 256;
+
   struct stats {
     std::uint64_t upstream_allocations = 0;  // blocks obtained from upstream, ever
     std::uint64_t reuses = 0;                // requests served from the cache
     std::uint64_t cached_bytes = 0;          // bytes parked in the cache now
     std::uint64_t outstanding_bytes = 0;     // bytes handed out and not yet returned
+    std::uint64_t evictions = 0;             // cached blocks returned upstream to keep the cap
   };
 
   explicit buffer_pool(std::pmr::memory_resource* upstream = std::pmr::new_delete_resource(),
-                       std::size_t max_cached_bytes = std::size_t(1) << 30)
+                       std::size_t max_cached_bytes = auto_max_cached)
       : upstream_(upstream), max_cached_(max_cached_bytes) {}
   buffer_pool(const buffer_pool&) = delete;
   buffer_pool& operator=(const buffer_pool&) = delete;
@@ -93,33 +123,65 @@ class buffer_pool : public std::pmr::memory_resource {
     std::lock_guard lk(m_);
     return st_;
   }
+  // The bound now (it grows with the largest class requested under auto_max_cached).
+  std::size_t max_cached_bytes() const noexcept { return cap(); }
+
+  // The bytes a request of `bytes` occupies: its size class (a multiple of 1/8 of the
+  // largest power of two not above it), or `bytes` itself when that would overflow.
+  static std::size_t size_class(std::size_t bytes) noexcept {
+    if (bytes <= min_class_bytes) return min_class_bytes;
+    const std::size_t step = std::bit_floor(bytes) / 8;
+    const std::size_t steps = (bytes - 1) / step + 1;
+    if (steps > std::numeric_limits<std::size_t>::max() / step) return bytes;
+    return steps * step;
+  }
 
   // Returns every cached block to upstream.
   void trim() noexcept {
     std::lock_guard lk(m_);
-    for (auto& [key, blocks] : free_)
-      for (void* p : blocks) upstream_->deallocate(p, key.first, key.second);
+    for (auto& [k, blocks] : free_)
+      for (const cached& c : blocks) upstream_->deallocate(c.p, k.first, k.second);
     free_.clear();
     st_.cached_bytes = 0;
   }
 
  private:
-  using key = std::pair<std::size_t, std::size_t>;  // (bytes, alignment)
+  using key = std::pair<std::size_t, std::size_t>;  // (class bytes, alignment)
+  struct cached {
+    void* p;
+    std::uint64_t age;  // when it was freed: eviction takes the smallest
+  };
+
+  // What upstream gives a request: its class, unless the class could never be cached.
+  std::size_t block_bytes(std::size_t bytes) const noexcept {
+    const std::size_t c = size_class(bytes);
+    return c <= cap() ? c : bytes;
+  }
 
   void* do_allocate(std::size_t bytes, std::size_t align) override {
-    {
+    if (max_cached_ == auto_max_cached) {  // grow the bound first: this class then fits it
+      const std::size_t c = size_class(bytes);
+      std::size_t seen = largest_.load(std::memory_order_relaxed);
+      while (c > seen && !largest_.compare_exchange_weak(seen, c, std::memory_order_relaxed)) {
+      }
+    }
+    const std::size_t want = block_bytes(bytes);
+    if (want <= cap()) {
       std::lock_guard lk(m_);
-      auto it = free_.find({bytes, align});
-      if (it != free_.end() && !it->second.empty()) {
-        void* p = it->second.back();
+      // The smallest cached class that fits, up to twice the request's own.
+      for (auto it = free_.lower_bound({want, 0}); it != free_.end() && it->first.first / 2 <= want; ++it) {
+        if (it->first.second != align) continue;
+        if (it->first.first != want) oversized_.emplace(it->second.back().p, it->first.first);  // may throw: nothing taken yet
+        void* p = it->second.back().p;  // the most recently freed: likeliest warm in cache
+        st_.cached_bytes -= it->first.first;
         it->second.pop_back();
-        st_.cached_bytes -= bytes;
+        if (it->second.empty()) free_.erase(it);
         st_.outstanding_bytes += bytes;
         ++st_.reuses;
         return p;
       }
     }
-    void* p = upstream_->allocate(bytes, align);  // outside the lock: may be slow (pinning)
+    void* p = upstream_->allocate(want, align);  // outside the lock: may be slow (pinning)
     std::lock_guard lk(m_);
     ++st_.upstream_allocations;
     st_.outstanding_bytes += bytes;
@@ -127,24 +189,68 @@ class buffer_pool : public std::pmr::memory_resource {
   }
 
   void do_deallocate(void* p, std::size_t bytes, std::size_t align) override {
+    std::size_t have = block_bytes(bytes);
     {
       std::lock_guard lk(m_);
       st_.outstanding_bytes -= bytes;
-      if (st_.cached_bytes + bytes <= max_cached_) {
-        free_[{bytes, align}].push_back(p);
-        st_.cached_bytes += bytes;
+      if (!oversized_.empty()) {  // served from a larger class: it goes back as what it is
+        if (auto it = oversized_.find(p); it != oversized_.end()) {
+          have = it->second;
+          oversized_.erase(it);
+        }
+      }
+      if (have <= cap() && cache(p, have, align)) {
+        evict_to_cap();
         return;
       }
     }
-    upstream_->deallocate(p, bytes, align);
+    upstream_->deallocate(p, have, align);
+  }
+
+  // Parks p; false when it cannot (out of memory for the bookkeeping). Under m_.
+  bool cache(void* p, std::size_t have, std::size_t align) noexcept {
+    try {
+      free_[{have, align}].push_back({p, ++clock_});
+    } catch (...) {
+      return false;
+    }
+    st_.cached_bytes += have;
+    return true;
+  }
+
+  // Returns the oldest cached blocks upstream until the cache is within its bound; the
+  // block just cached is the newest and fits alone, so it stays. Under m_ (rare: only once
+  // the cache is full), so upstream's free is not raced by a reuse of the same class.
+  void evict_to_cap() noexcept {
+    while (st_.cached_bytes > cap()) {
+      auto oldest = free_.end();
+      for (auto it = free_.begin(); it != free_.end(); ++it)  // few classes: a scan is cheap
+        if (oldest == free_.end() || it->second.front().age < oldest->second.front().age) oldest = it;
+      const cached c = oldest->second.front();
+      oldest->second.pop_front();
+      st_.cached_bytes -= oldest->first.first;
+      ++st_.evictions;
+      upstream_->deallocate(c.p, oldest->first.first, oldest->first.second);
+      if (oldest->second.empty()) free_.erase(oldest);
+    }
   }
 
   bool do_is_equal(const std::pmr::memory_resource& o) const noexcept override { return this == &o; }
 
   std::pmr::memory_resource* upstream_;
-  std::size_t max_cached_;
+  std::size_t cap() const noexcept {
+    if (max_cached_ != auto_max_cached) return max_cached_;
+    const std::size_t l = largest_.load(std::memory_order_relaxed);
+    return l > default_max_cached_bytes / auto_blocks ? (l > SIZE_MAX / auto_blocks ? SIZE_MAX : l * auto_blocks)
+                                                     : default_max_cached_bytes;
+  }
+
+  std::size_t max_cached_;             // auto_max_cached: see cap()
+  std::atomic<std::size_t> largest_{0};  // the largest class requested (auto bound)
   mutable std::mutex m_;
-  std::map<key, std::vector<void*>> free_;
+  std::map<key, std::deque<cached>> free_;  // per class, oldest first; no empty entries
+  std::unordered_map<void*, std::size_t> oversized_;  // handed-out blocks of a larger class
+  std::uint64_t clock_ = 0;
   stats st_;
 };
 

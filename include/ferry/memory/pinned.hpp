@@ -95,7 +95,7 @@ class pinned_buffer_pool : public buffer_pool {
   };
 
  public:
-  explicit pinned_buffer_pool(std::size_t max_cached_bytes = std::size_t(1) << 30)
+  explicit pinned_buffer_pool(std::size_t max_cached_bytes = buffer_pool::auto_max_cached)
       : pinned_buffer_pool(std::make_unique<holder>(), max_cached_bytes) {}
   ~pinned_buffer_pool() override { trim(); }  // before the resource goes
   const pinned_resource& upstream_resource() const noexcept { return h_->res; }
@@ -109,7 +109,7 @@ class pinned_buffer_pool : public buffer_pool {
 
 // A private pinned pool: its statistics count only what its users allocate.
 inline std::shared_ptr<pinned_buffer_pool> make_pinned_pool(
-    std::size_t max_cached_bytes = std::size_t(1) << 30) {
+    std::size_t max_cached_bytes = buffer_pool::auto_max_cached) {
   return std::make_shared<pinned_buffer_pool>(max_cached_bytes);
 }
 

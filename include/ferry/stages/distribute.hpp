@@ -11,9 +11,14 @@
 //
 // Splitting. A global batch of G rows goes to R replicas as R contiguous slices of G / R
 // rows: replica r gets rows [r*G/R, (r+1)*G/R). G is distribute_options::global_batch, or
-// the upstream batch stage's size when batch() is directly upstream, or else the size of
-// the first batch; G not divisible by R is a config_error. A batch larger than G is a
-// config_error. Only fixed-size fields can be split (a ragged field is a compile error).
+// the upstream batch stage's size (batch_size()), seen through the stages that pass
+// batches on unchanged (prefetch, take, repeat, filter, shard), or else, when neither is
+// known (e.g. a map() after batch()), it is inferred from the size of the first batch.
+// Inference is wrong when that first batch is short (a dataset or shard with fewer than
+// G rows): set global_batch when the pipeline hides batch(). A later batch larger than an
+// inferred G proves it was wrong, and is a config_error saying so. G not divisible by R
+// is a config_error; so is a batch larger than G. Only fixed-size fields can be split (a
+// ragged field is a compile error).
 //
 // The last batch (any batch shorter than G, m rows) follows remainder_policy; every
 // replica always gets the same NUMBER of steps, so collective training never hangs:
@@ -76,7 +81,8 @@ enum class remainder_policy { drop, pad, partial };
 
 struct distribute_options {
   remainder_policy remainder = remainder_policy::drop;
-  // Global batch size G; 0 means: ask batch() directly upstream, else the first batch's size.
+  // Global batch size G; 0 means: ask batch() upstream (through pass-through stages), else
+  // infer it from the first batch's size (wrong if that batch is short: set it then).
   std::size_t global_batch = 0;
   // Where batch() collates; null means the backend's default (pinned pool for CUDA).
   std::shared_ptr<std::pmr::memory_resource> host_resource = nullptr;
@@ -160,7 +166,9 @@ class replica_batch {
   void* stream_ = nullptr;
 };
 
-// One training step: one replica_batch per replica, all with the same size(). Move-only.
+// One training step: one replica_batch per replica. Every replica's size() is G/R, except
+// for a short last batch under remainder_policy::partial, where sizes differ by at most one
+// (some may be 0). Move-only.
 // It keeps the host batch alive (and, for CUDA, the device buffers leased to it).
 template <class T>
 class step {
@@ -380,9 +388,15 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       const std::size_t m = b->size();
       if (m == 0) continue;
       if (global_ == 0) {
+        inferred_ = true;
         check_global(m);
         global_ = m;
       }
+      if (m > global_ && inferred_)  // the first batch was short, so G was inferred wrong
+        throw config_error("distribute: got a batch of " + std::to_string(m) + " rows after a first batch of " +
+                           std::to_string(global_) + ", from which the global batch size had been inferred (no "
+                           "batch() visible upstream); that first batch was short: pass "
+                           "distribute_options::global_batch");
       if (m > global_)
         throw config_error("distribute: got a batch of " + std::to_string(m) +
                            " rows, larger than the global batch size " + std::to_string(global_));
@@ -449,7 +463,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   }
 
   std::size_t replicas() const noexcept { return be_.replicas(); }
-  // The global batch size, once known (0 before the first batch when it had to be inferred).
+  // The global batch size, once known (0 before the first batch when it has to be inferred).
   std::size_t global_batch() const noexcept { return global_; }
   // Whether an upstream batch stage took distribute's memory (false: batches come from
   // wherever upstream puts them; for CUDA that may be pageable memory, copied slower).
@@ -477,8 +491,12 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     const std::size_t R = be_.replicas();
     if (g % R != 0)
       throw config_error("distribute: the global batch size " + std::to_string(g) +
+                         (inferred_ ? " (inferred from the first batch: no batch() visible upstream)" : "") +
                          " does not divide among " + std::to_string(R) +
-                         " replicas; use a batch size that is a multiple of " + std::to_string(R));
+                         " replicas; use a batch size that is a multiple of " + std::to_string(R) +
+                         (inferred_ ? ", and if that first batch was short (fewer rows than one batch), "
+                                      "pass distribute_options::global_batch"
+                                    : ""));
   }
 
   // The short batch copied into a full-size one whose tail rows are value-initialised T.
@@ -520,6 +538,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   std::uint64_t dropped_ = 0;
   bool started_ = false;
   bool hooked_ = false;
+  bool inferred_ = false;  // G came from the first batch (for the error messages)
   observe::stage_counters stats_;
   [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };

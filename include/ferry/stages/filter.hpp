@@ -12,6 +12,8 @@
 // and the next call goes on with whatever upstream gives next.
 #pragma once
 
+#include <concepts>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -66,6 +68,19 @@ class filter_source : public source_interface<filter_source<Up, P>> {
     up_.restore(r);
     r.expect("filter");
     n_ = r.get();
+  }
+  // The batch stage's settings upstream, passed on (batches go through unchanged) so that
+  // distribute() downstream knows the global batch size instead of inferring it from a
+  // possibly short first batch. Throw what the upstream's do (batch's throw nothing).
+  std::size_t batch_size() const
+    requires requires(const Up& u) { { u.batch_size() } -> std::convertible_to<std::size_t>; }
+  {
+    return up_.batch_size();
+  }
+  bool drops_remainder() const
+    requires requires(const Up& u) { { u.drops_remainder() } -> std::convertible_to<bool>; }
+  {
+    return up_.drops_remainder();
   }
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return forward_buffer_resource(up_, r);
