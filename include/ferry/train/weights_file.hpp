@@ -63,16 +63,19 @@ inline void save_weights(const std::string& path, const std::vector<int>& layers
   out.append(reinterpret_cast<const char*>(&P), 8);
   out.append(reinterpret_cast<const char*>(params.data()), params.size() * sizeof(float));
   put32(static_cast<std::uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size()))));
+      crc32_z(0L, reinterpret_cast<const Bytef*>(out.data()), out.size())));  // z_size_t: past 4 GiB
 
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (!f) throw io_error(tmp, 0, std::error_code(errno, std::generic_category()), "cannot create");
   const std::size_t w = std::fwrite(out.data(), 1, out.size(), f);
-  const int e = errno;
-  if (std::fclose(f) != 0 || w != out.size()) {
+  const int write_errno = errno;
+  const bool closed = std::fclose(f) == 0;  // flushes: a full disk may show only here
+  const int close_errno = errno;
+  if (!closed || w != out.size()) {
     std::remove(tmp.c_str());
-    throw io_error(tmp, w, std::error_code(e, std::generic_category()), "cannot write");
+    throw io_error(tmp, w, std::error_code(w != out.size() ? write_errno : close_errno, std::generic_category()),
+                   "cannot write");
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
@@ -148,7 +151,7 @@ inline mlp_weights load_weights(const std::string& path) {
   need(total, "the parameters and checksum");
   const std::uint32_t want = get32(doff + P * 4);
   const auto got = static_cast<std::uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(data.data()), static_cast<uInt>(doff + P * 4)));
+      crc32_z(0L, reinterpret_cast<const Bytef*>(data.data()), doff + P * 4));
   if (want != got)
     throw format_error(path, doff + P * 4, "checksum mismatch (the file is corrupt)");
   w.params.resize(P);
