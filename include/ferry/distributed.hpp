@@ -33,7 +33,10 @@
 // waiting forever in a collective. abort_on_exception(fn) runs fn; if it throws, it
 // prints "rank R: <what()>" on stderr and calls MPI_Abort(MPI_COMM_WORLD, 1), which makes
 // mpirun/srun kill every rank and exit non-zero. The context also installs a terminate
-// handler that does the same for an exception escaping any thread.
+// handler that does the same for an exception escaping any thread. (That MPI_Abort may
+// come while another thread is inside an MPI call, which MPI_THREAD_SERIALIZED does not
+// promise to allow; the job is ending either way, and with Open MPI it ends cleanly:
+// tests/mpi, mpi_abort_thread.) A library below MPI_THREAD_SERIALIZED is a config_error.
 //
 // Throws config_error for bad options (devices_per_rank < 0, too few devices on the node),
 // ferry::error when an MPI call fails. Runs no user code except abort_on_exception's fn,
@@ -190,6 +193,12 @@ class distributed_context {
       int provided = 0;
       detail::mpi_check(MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided),
                         "MPI_Init_thread");
+      if (provided < MPI_THREAD_SERIALIZED) {  // the trainer's threads may make the calls
+        MPI_Finalize();
+        throw config_error("distributed_context: this MPI library gives thread level " + std::to_string(provided) +
+                           ", below MPI_THREAD_SERIALIZED, which ferry needs (MPI calls come from one "
+                           "thread at a time, not always the main one)");
+      }
       owns_mpi_ = true;
     }
     if (o.install_terminate) std::set_terminate(detail::terminate_handler);
