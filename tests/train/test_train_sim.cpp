@@ -17,6 +17,7 @@
 #include <cublas_v2.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -32,6 +33,7 @@
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/prefetch.hpp"
 #include "ferry/train/gpu_backend.cuh"
+#include "common/doubles.hpp"
 #include "sim_reference.hpp"
 
 namespace {
@@ -92,6 +94,9 @@ void all_freed(const sim::counters& before) {
 // wrong-device call or deadlock seen, and everything freed.
 template <class F>
 void sim_run(std::uint64_t seed, int progress, F body) {
+  // The simulator reports a deadlock after 2 s without progress; this catches any other
+  // hang (doctest::timeout only reports a slow case once it has finished).
+  ferry_test::watchdog wd(std::chrono::seconds(120), "a train_sim run");
   CAPTURE(seed);
   CAPTURE(progress);
   sim::reset(seed, progress);
