@@ -18,6 +18,7 @@
 
 #include "common/doubles.hpp"
 #include "cuda/elements.hpp"
+#include "ferry/cuda/device_pool.hpp"
 #include "ferry/cuda/devices.hpp"
 #include "ferry/memory/pinned.hpp"
 #include "ferry/sources/from_range.hpp"
@@ -446,4 +447,29 @@ TEST_CASE("sim: the user's own compute streams are used, waited on, and left ali
   CHECK(sim::stats().live_device_blocks == 0);
   for (auto s : mine) CHECK(cudaStreamDestroy(s) == cudaSuccess);
   CHECK(sim::stats().live_streams == 0);
+}
+
+TEST_CASE("sim: a block whose reuse wait failed keeps its event: the next user still waits for the last") {
+  sim::reset(5, 0);  // a lagging GPU: the last user's kernel has not run when the block is reused
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);  // the launches below are on device 0 streams
+  {
+    ferry::cuda::device_buffer_pool pool(0);
+    ferry::cuda::stream a = ferry::cuda::stream::create(0), b = ferry::cuda::stream::create(0);
+    void* p = pool.acquire(4096, a.get());
+    sim::launch(a.get(), "last user", {}, {{p, 4096}}, [] {});
+    cudaEvent_t done = pool.take_event();
+    REQUIRE(cudaEventRecord(done, a.get()) == cudaSuccess);
+    pool.release(p, 4096, done);
+    sim::fail_wait(1, cudaErrorIllegalAddress);
+    CHECK_THROWS_AS(pool.acquire(4096, b.get()), ferry::cuda_error);
+    void* q = pool.acquire(4096, b.get());  // the same block, its wait succeeding now
+    CHECK(q == p);
+    sim::launch(b.get(), "next user", {}, {{q, 4096}}, [] {});
+    pool.release(q, 4096, nullptr);
+    sim::drain();
+    // Without the event kept, "next user" would write the block unordered with "last user".
+    for (const auto& v : sim::violations()) MESSAGE(v);
+    CHECK(sim::violations().empty());
+  }
+  CHECK(sim::stats().live_device_blocks == 0);
 }

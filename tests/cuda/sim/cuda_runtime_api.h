@@ -164,6 +164,9 @@ bool done(op_id a);
 void drain();
 // Makes the n-th cudaMemcpyAsync from now (1 = the next) fail with `status`.
 void fail_copy(int n, cudaError_t status);
+// Makes the n-th cudaStreamWaitEvent from now (1 = the next) fail with `status`,
+// enqueueing nothing.
+void fail_wait(int n, cudaError_t status);
 // Makes the n-th cudaMalloc on `device` from now fail with cudaErrorMemoryAllocation.
 void fail_malloc(int device, int n);
 

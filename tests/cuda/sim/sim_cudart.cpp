@@ -99,6 +99,8 @@ struct state {
   std::vector<std::string> violations;
   int fail_in = 0;
   cudaError_t fail_status = cudaSuccess;
+  int wait_fail_in = 0;
+  cudaError_t wait_fail_status = cudaSuccess;
   std::map<int, int> malloc_fail_in;  // device -> n-th cudaMalloc from now fails
 };
 
@@ -437,6 +439,7 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned) {
   auto& s = S();
   std::lock_guard lk(s.m);
   if (!valid(st) || !valid(e)) return fail(cudaErrorInvalidResourceHandle);
+  if (s.wait_fail_in > 0 && --s.wait_fail_in == 0) return fail(s.wait_fail_status);
   tick();
   if (e->recorded == 0) return cudaSuccess;  // never recorded: nothing to wait for
   join(st->clock, e->clock);
@@ -710,6 +713,7 @@ void reset(std::uint64_t seed, int progress) {
   s.c.live_events = live_events;
   s.violations.clear();
   s.fail_in = 0;
+  s.wait_fail_in = 0;
   s.malloc_fail_in.clear();
 }
 
@@ -776,6 +780,12 @@ void fail_copy(int n, cudaError_t status) {
   std::lock_guard lk(S().m);
   S().fail_in = n;
   S().fail_status = status;
+}
+
+void fail_wait(int n, cudaError_t status) {
+  std::lock_guard lk(S().m);
+  S().wait_fail_in = n;
+  S().wait_fail_status = status;
 }
 
 void fail_malloc(int device, int n) {
