@@ -6,11 +6,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <new>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "ahead_source.hpp"
 #include "common/doubles.hpp"
+#include "failing_source.hpp"
 #include "ferry/ferry.hpp"
 
 using namespace std::chrono_literals;
@@ -56,7 +58,51 @@ TEST_CASE("an upstream exception is re-thrown after the elements before it" * do
       }(),
       "source failed at 42", std::runtime_error);
   CHECK(got == 42);
-  CHECK_FALSE(p.next());  // the epoch is over, nothing hangs
+  // The producer went on after the error: the rest follows, then the end.
+  std::size_t rest = 0;
+  while (auto e = p.next()) CHECK(*e == 43 + rest++);
+  CHECK(rest == 100 - 43);
+  CHECK_FALSE(p.next());
+}
+
+TEST_CASE("prefetch: errors in place, nothing lost, and resume exact around them, any depth" * doctest::timeout(60)) {
+  watchdog w(60s);
+  const std::vector<std::uint64_t> fails{0, 7, 8, 31, 99};
+  // The oracle: the source itself, drained through its errors.
+  std::vector<std::string> want_errors;
+  auto plain = ferry_test::failing_source(100, fails);
+  const auto want = ferry_test::drain_through_errors(plain, want_errors);
+  REQUIRE(want.size() == 95);
+  for (std::size_t depth : {1, 2, 5}) {
+    CAPTURE(depth);
+    std::vector<std::string> errors;
+    auto p = ferry_test::failing_source(100, fails) | ferry::prefetch(depth);
+    CHECK(ferry_test::drain_through_errors(p, errors) == want);
+    CHECK(errors == want_errors);
+    // Saved after every call (value or error), restored into a new pipeline: the rest is
+    // what the first one gave after that point, errors included.
+    for (std::size_t k = 0; k <= want.size() + fails.size(); k += 7) {
+      CAPTURE(k);
+      auto a = ferry_test::failing_source(100, fails) | ferry::prefetch(depth);
+      std::vector<std::uint64_t> seen;
+      std::vector<std::string> seen_errors;
+      for (std::size_t i = 0; i < k; ++i) {
+        try {
+          if (auto e = a.next()) seen.push_back(*e);
+        } catch (const std::exception& e) {
+          seen_errors.push_back(e.what());
+        }
+      }
+      auto b = ferry_test::failing_source(100, fails) | ferry::prefetch(depth);
+      ferry::restore_state(b, ferry::save_state(a));
+      std::vector<std::string> rest_errors;
+      auto rest = ferry_test::drain_through_errors(b, rest_errors);
+      seen.insert(seen.end(), rest.begin(), rest.end());
+      seen_errors.insert(seen_errors.end(), rest_errors.begin(), rest_errors.end());
+      CHECK(seen == want);
+      CHECK(seen_errors == want_errors);
+    }
+  }
 }
 
 TEST_CASE("prefetch reads at most depth + 1 elements ahead" * doctest::timeout(30)) {

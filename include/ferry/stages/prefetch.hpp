@@ -7,9 +7,11 @@
 // filter and batch, user functions of stages without their own threads) runs on it.
 // Memory: at most depth + 2 elements alive (depth queued, one being built, one held by
 // the consumer).
-// Errors: an exception thrown upstream is re-thrown, unchanged, by the consumer's next
-// next() call, after the elements produced before it; then the epoch is over. So is a
-// std::bad_alloc from queueing an element on the producer thread (that element is lost).
+// Errors: an exception thrown upstream is re-thrown, unchanged, by the consumer's next()
+// at its place, after the elements produced before it; the producer goes on, so the next
+// next() gives what upstream gives after the error (as without prefetch: a consumer that
+// catches and goes on loses nothing prefetch held). A std::bad_alloc from queueing an
+// element on the producer thread ends the epoch instead (that element is lost).
 // Shutdown: the destructor (and rewind()) stops the producer and joins it at once, even
 // mid-epoch; it waits only for an upstream next() call already in progress.
 // Checkpoints: save() records the upstream position after the last element handed to the
@@ -51,7 +53,8 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
   struct item {
     std::optional<T> value;
     std::exception_ptr error;
-    pipeline_state state;  // upstream position after `value` (resumable upstreams only)
+    pipeline_state state;  // upstream position after `value` or `error` (resumable upstreams only)
+    bool has_state = false;
   };
   // Heap-allocated so the pipeline object can move while the thread runs.
   struct core {
@@ -101,6 +104,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
     if (finished_) return std::nullopt;
     if (!started_) start();
     item it;
+    std::exception_ptr failed;
     observe::wait_timer wt;  // the consumer waits on an empty queue: upstream is slower
     if (c_->queued.load(std::memory_order_acquire) == 0) wt.start();
     // A short spin before sleeping: when the producer is about to deliver, a futex
@@ -115,15 +119,24 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
         c_->q.pop_front();
         c_->queued.store(c_->q.size(), std::memory_order_release);
       } else {
-        it.error = std::exchange(c_->failure, nullptr);
+        failed = std::exchange(c_->failure, nullptr);
       }
     }
     wt.stop(c_->stats.wait_up, "prefetch: wait upstream");
     c_->not_full.notify_one();
-    if (it.error || !it.value) {
+    if (failed) {  // the producer could not queue (out of memory): it has stopped
       finished_ = true;
       halt();
-      if (it.error) std::rethrow_exception(it.error);
+      std::rethrow_exception(failed);
+    }
+    if (it.error) {  // in place; the producer goes on after it
+      if constexpr (resumable)
+        if (it.has_state) last_ = std::move(it.state);
+      std::rethrow_exception(it.error);
+    }
+    if (!it.value) {
+      finished_ = true;
+      halt();
       if constexpr (resumable) last_ = std::move(it.state);
       return std::nullopt;
     }
@@ -195,21 +208,25 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
       item it;
       try {
         it.value = c.probe.pull(c.up);
-        if constexpr (resumable) {
-          if (c.save_error.empty()) {
-            try {
-              state_writer w(it.state);
-              c.up.save(w);
-            } catch (const config_error& e) {  // e.g. an unordered parallel map: the data
-              std::lock_guard lk(c.m);         // still flows; only save() will fail
-              c.save_error = e.what();
-            }
-          }
-        }
       } catch (...) {
         it.error = std::current_exception();
       }
-      bool last = it.error || !it.value;
+      if constexpr (resumable) {
+        if (c.save_error.empty()) {
+          try {
+            state_writer w(it.state);
+            c.up.save(w);
+            it.has_state = true;
+          } catch (const config_error& e) {  // e.g. an unordered parallel map: the data
+            std::lock_guard lk(c.m);         // still flows; only save() will fail
+            c.save_error = e.what();
+          } catch (...) {  // an upstream that cannot say where it is after its error (zip):
+            it.state.words.clear();  // the position before the error stands
+            if (!it.error) it.error = std::current_exception();
+          }
+        }
+      }
+      bool last = !it.error && !it.value;  // the end; after an error upstream goes on
       {
         std::unique_lock lk(c.m);
         auto room = [&] { return c.stop || c.q.size() < c.depth; };
