@@ -18,8 +18,9 @@
 // (batch loses the batch it was building). One exception: an inline map that batch()
 // drives in bulk over a contiguous source pulls and maps the batch's run as one unit, so
 // the throw loses that whole run and the consumer goes on after it.
-// An exception from upstream reaches the consumer unchanged at its position and ends the
-// epoch. So does a std::bad_alloc on a worker outside fn and upstream (its buffers), after
+// An exception from upstream reaches the consumer unchanged at its position; with
+// workers == 1 the next call goes on after it, with workers > 1 it ends the epoch. So does
+// a std::bad_alloc on a worker outside fn and upstream (its buffers), after
 // the elements the other workers published; the elements in flight are lost.
 // Shutdown: the destructor and rewind() stop the workers and join them, waiting only for
 // fn calls already running.
