@@ -75,6 +75,14 @@ concept borrowing_source =
       { s.next_borrowed(out, max) } -> std::same_as<std::size_t>;
     };
 
+// A batch stage (or stages passing its batches on unchanged: prefetch, take, repeat,
+// filter, shard) that says the batch size it makes, so distribute() need not infer the
+// global batch size from a possibly short first batch.
+template <class S>
+concept sized_batches = requires(const std::remove_cvref_t<S>& s) {
+  { s.batch_size() } -> std::convertible_to<std::size_t>;
+};
+
 // ---- range-for ------------------------------------------------------------------------
 
 // An input iterator over a source: holds the current element. Used by range-for.

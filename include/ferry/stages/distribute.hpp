@@ -479,7 +479,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     res_ = o_.host_resource ? o_.host_resource : be_.default_host_resource();
     hooked_ = forward_buffer_resource(up_, res_);
     global_ = o_.global_batch;
-    if constexpr (requires { { up_.batch_size() } -> std::convertible_to<std::size_t>; }) {
+    if constexpr (sized_batches<Up>) {
       if (global_ == 0) {
         check_global(up_.batch_size());
         global_ = up_.batch_size();

@@ -69,19 +69,8 @@ class filter_source : public source_interface<filter_source<Up, P>> {
     r.expect("filter");
     n_ = r.get();
   }
-  // The batch stage's settings upstream, passed on (batches go through unchanged) so that
-  // distribute() downstream knows the global batch size instead of inferring it from a
-  // possibly short first batch. Throw what the upstream's do (batch's throw nothing).
-  std::size_t batch_size() const
-    requires requires(const Up& u) { { u.batch_size() } -> std::convertible_to<std::size_t>; }
-  {
-    return up_.batch_size();
-  }
-  bool drops_remainder() const
-    requires requires(const Up& u) { { u.drops_remainder() } -> std::convertible_to<bool>; }
-  {
-    return up_.drops_remainder();
-  }
+  // batch()'s size, passed on for distribute() (batches go through unchanged).
+  std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return forward_buffer_resource(up_, r);
   }

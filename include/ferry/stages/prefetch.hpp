@@ -174,19 +174,8 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
     c_->up.restore(r);
     r.expect("prefetch");
   }
-  // The batch stage's settings upstream, passed on (batches go through unchanged) so that
-  // distribute() downstream knows the global batch size instead of inferring it from a
-  // possibly short first batch. Throw what the upstream's do (batch's throw nothing).
-  std::size_t batch_size() const
-    requires requires(const Up& u) { { u.batch_size() } -> std::convertible_to<std::size_t>; }
-  {
-    return c_->up.batch_size();
-  }
-  bool drops_remainder() const
-    requires requires(const Up& u) { { u.drops_remainder() } -> std::convertible_to<bool>; }
-  {
-    return c_->up.drops_remainder();
-  }
+  // batch()'s size, passed on for distribute() (batches go through unchanged).
+  std::size_t batch_size() const requires sized_batches<Up> { return c_->up.batch_size(); }
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return forward_buffer_resource(c_->up, r);
   }
