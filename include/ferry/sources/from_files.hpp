@@ -208,6 +208,23 @@ class file_source : public source_interface<file_source> {
   // Records skipped under error_policy::skip since construction (a file that could not
   // be framed to its end counts once).
   std::uint64_t skipped() const { return skipped_; }
+  // npy/IDX: the row layout of the first of files()[0, upto) whose header reads, which a
+  // read from the start takes as the one every file must match (nullopt: none reads, or
+  // another format). Those files' own errors come when they are read. Opens headers with
+  // a reader of its own (no read-ahead threads), so interleave's workers may call it.
+  std::optional<array_meta> reference_layout(std::size_t upto = std::size_t(-1)) const {
+    if (!array_format()) return std::nullopt;
+    for (std::size_t j = 0; j < upto && j < files_.size(); ++j) {
+      try {
+        std::optional<array_meta> m;
+        file_reader r(fmt_, header_only(), pool_);
+        r.open(files_[j], m);
+        return m;
+      } catch (const ferry::error&) {
+      }
+    }
+    return std::nullopt;
+  }
   // For npy and idx: dtype and shape of the rows (reads the header of the file next()
   // would open if none has been read yet; throws as next() would). nullopt for the other
   // formats.
@@ -229,22 +246,6 @@ class file_source : public source_interface<file_source> {
     from_files_options o = opt_;
     o.read_ahead = 0;  // a header: no I/O threads for it
     return o;
-  }
-  // npy/IDX: the row layout of the first of files_[0, upto) whose header reads, which a
-  // read from the start takes as the one every file must match (nullopt: none reads).
-  // Their own errors come when next() reaches them, as without a restore.
-  std::optional<array_meta> reference_layout(std::size_t upto) {
-    if (!array_format()) return std::nullopt;
-    for (std::size_t j = 0; j < upto && j < files_.size(); ++j) {
-      try {
-        std::optional<array_meta> m;
-        file_reader r(fmt_, header_only(), pool_);
-        r.open(files_[j], m);
-        return m;
-      } catch (const ferry::error&) {
-      }
-    }
-    return std::nullopt;
   }
 
   void on_bad(const ferry::error& e) {

@@ -38,7 +38,6 @@
 #include <string>
 #include <thread>
 #include <utility>
-#include <variant>
 #include <vector>
 
 #include "ferry/error.hpp"
@@ -287,25 +286,13 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     }
     return std::nullopt;
   }
-  // npy/IDX: the row layout every file must match, that of the first file in the list
-  // whose header reads (what from_files checks against when reading from the start).
-  // Taken from the list, not from whichever slot opens a file first, so the file refused
-  // never depends on thread timing. Probed once, by the first reader to need it.
+  // npy/IDX: the row layout every file must match (from_files::reference_layout): taken
+  // from the list, not from whichever slot opens a file first, so the file refused never
+  // depends on thread timing. Probed once, by the first reader to need it.
   std::optional<array_meta> layout() {
-    const file_format& fmt = up_.format();
-    if (!std::holds_alternative<npy>(fmt) && !std::holds_alternative<idx>(fmt)) return std::nullopt;
     std::lock_guard lk(layout_m_);
     if (!layout_known_) {
-      from_files_options o = up_.options();
-      o.read_ahead = 0;  // a header: no I/O threads for it
-      for (const std::string& f : up_.files()) {
-        try {
-          file_reader probe(fmt, o, pool_);
-          probe.open(f, layout_);
-          break;
-        } catch (const ferry::error&) {  // that file's own error comes when its slot reads it
-        }
-      }
+      layout_ = up_.reference_layout();
       layout_known_ = true;
     }
     return layout_;
