@@ -192,6 +192,16 @@ void touch(op& o, const void* p, std::size_t n, bool write) {
 // Virtual time (sim::virtual_time). Work starts when its stream, the events it waits for
 // and the host that enqueued it allow; the host's time moves only when it sees work end.
 void observe(double t) { S().host_vt = std::max(S().host_vt, t); }
+// The host has seen a stream's work so far end: ordered after it, and no earlier in time.
+void saw(const CUstream_st& st) {
+  join(S().host_clock, st.clock);
+  observe(st.vtail);
+}
+// The same for the work an event marks.
+void saw(const CUevent_st& e) {
+  join(S().host_clock, e.clock);
+  observe(e.vtime);
+}
 
 op& enqueue(CUstream_st* st, kind k, std::string label, double seconds = 0, double after = 0) {
   auto& s = S();
@@ -301,8 +311,7 @@ void drain_device(int device) {
   wait_until(idle, what);
   for (auto& st : s.streams)
     if (device < 0 || st->device == device) {
-      join(s.host_clock, st->clock);
-      observe(st->vtail);
+      saw(*st);
     }
 }
 void drain_all() { drain_device(-1); }
@@ -420,8 +429,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
   ++s.c.host_waits;
   ++s.c.stream_syncs;
   if (!st->q.empty()) run_until_done(st->q.back()->id);
-  join(s.host_clock, st->clock);
-  observe(st->vtail);
+  saw(*st);
   return cudaSuccess;
 }
 cudaError_t cudaStreamQuery(cudaStream_t st) {
@@ -431,8 +439,7 @@ cudaError_t cudaStreamQuery(cudaStream_t st) {
   step_one();  // a host that polls still sees the GPU move, even a lagging one
   tick();
   if (!st->q.empty()) return cudaErrorNotReady;
-  join(s.host_clock, st->clock);
-  observe(st->vtail);
+  saw(*st);
   return cudaSuccess;
 }
 cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned) {
@@ -489,8 +496,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   if (!valid(e)) return fail(cudaErrorInvalidResourceHandle);
   tick();
   if (e->recorded != 0 && !s.ops[e->recorded - 1]->done) return cudaErrorNotReady;  // not sticky
-  join(s.host_clock, e->clock);
-  observe(e->vtime);
+  saw(*e);
   return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t e) {
@@ -500,8 +506,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   ++s.c.host_waits;
   ++s.c.event_syncs;
   if (e->recorded != 0) run_until_done(e->recorded);
-  join(s.host_clock, e->clock);
-  observe(e->vtime);
+  saw(*e);
   return cudaSuccess;
 }
 // As the runtime: both events recorded, complete and made with timing; virtual time.
@@ -574,14 +579,12 @@ cudaError_t on_legacy_stream(const char* what, F async) {
       std::string(what) + " waiting for the blocking streams of device " + std::to_string(dev));
   for (auto& st : s.streams)
     if (st->device == dev && st->blocking) {
-      join(s.host_clock, st->clock);
-      observe(st->vtail);
+      saw(*st);
     }
   const cudaError_t r = async(ls);
   if (r != cudaSuccess) return r;
   run_until_done(ls->q.back()->id);
-  join(s.host_clock, ls->clock);
-  observe(ls->vtail);
+  saw(*ls);
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind k) {
