@@ -196,3 +196,42 @@ TEST_CASE("buffer_pool: the default bound grows with the largest block, so big b
   CHECK(up.held == 0);
   CHECK(up.mismatched == 0);
 }
+
+namespace {
+// An upstream whose free takes the pool's lock (through statistics()): a free made while
+// the pool holds its lock would deadlock here. cudaFreeHost is the real case: it can take
+// milliseconds, and every thread's batch would wait on the pool meanwhile.
+struct reentrant_resource : counting_resource {
+  ferry::buffer_pool* pool = nullptr;
+  std::uint64_t calls = 0, cached_seen = 0;
+  void do_deallocate(void* p, std::size_t b, std::size_t a) override {
+    ++calls;
+    if (pool) cached_seen = pool->statistics().cached_bytes;
+    counting_resource::do_deallocate(p, b, a);
+  }
+};
+}  // namespace
+
+TEST_CASE("buffer_pool: blocks go upstream outside the pool's lock (eviction and trim)" *
+          doctest::timeout(30)) {
+  reentrant_resource up;
+  {
+    ferry::buffer_pool pool(&up, 10'000);
+    up.pool = &pool;
+    std::vector<void*> ps;
+    for (std::size_t i = 0; i < 8; ++i) ps.push_back(pool.allocate(2048 + i * 512, 256));
+    for (std::size_t i = 0; i < ps.size(); ++i) pool.deallocate(ps[i], 2048 + i * 512, 256);
+    const auto s = pool.statistics();
+    CHECK(s.evictions > 0);
+    CHECK(up.calls == s.evictions);
+    // The evicted block was out of the cache's count before its free: what upstream
+    // holds then is the cache, the block being freed and nothing else.
+    CHECK(up.cached_seen == s.cached_bytes);
+    pool.trim();
+    CHECK(up.held == 0);
+    CHECK(pool.statistics().cached_bytes == 0);
+    up.pool = nullptr;
+  }
+  CHECK(up.allocs == up.frees);
+  CHECK(up.mismatched == 0);
+}

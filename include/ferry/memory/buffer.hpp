@@ -20,6 +20,7 @@
 #include <memory>
 #include <memory_resource>
 #include <mutex>
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -136,13 +137,16 @@ class buffer_pool : public std::pmr::memory_resource {
     return steps * step;
   }
 
-  // Returns every cached block to upstream.
+  // Returns every cached block to upstream (outside the lock, as eviction does).
   void trim() noexcept {
-    std::lock_guard lk(m_);
-    for (auto& [k, blocks] : free_)
+    std::map<key, std::deque<cached>> gone;
+    {
+      std::lock_guard lk(m_);
+      gone.swap(free_);
+      st_.cached_bytes = 0;
+    }
+    for (auto& [k, blocks] : gone)
       for (const cached& c : blocks) upstream_->deallocate(c.p, k.first, k.second);
-    free_.clear();
-    st_.cached_bytes = 0;
   }
 
  private:
@@ -191,7 +195,7 @@ class buffer_pool : public std::pmr::memory_resource {
   void do_deallocate(void* p, std::size_t bytes, std::size_t align) override {
     std::size_t have = block_bytes(bytes);
     {
-      std::lock_guard lk(m_);
+      std::unique_lock lk(m_);
       st_.outstanding_bytes -= bytes;
       if (!oversized_.empty()) {  // served from a larger class: it goes back as what it is
         if (auto it = oversized_.find(p); it != oversized_.end()) {
@@ -200,8 +204,16 @@ class buffer_pool : public std::pmr::memory_resource {
         }
       }
       if (have <= cap() && cache(p, have, align)) {
-        evict_to_cap();
-        return;
+        // Past the bound, the oldest blocks go upstream one at a time, each freed outside
+        // the lock: a pinned free (cudaFreeHost) can take milliseconds and may wait for the
+        // device, and every other thread's batch would wait with it.
+        for (;;) {
+          const std::optional<evicted> e = evict_one();
+          if (!e) return;
+          lk.unlock();
+          upstream_->deallocate(e->p, e->bytes, e->align);
+          lk.lock();
+        }
       }
     }
     upstream_->deallocate(p, have, align);
@@ -218,21 +230,24 @@ class buffer_pool : public std::pmr::memory_resource {
     return true;
   }
 
-  // Returns the oldest cached blocks upstream until the cache is within its bound; the
-  // block just cached is the newest and fits alone, so it stays. Under m_ (rare: only once
-  // the cache is full), so upstream's free is not raced by a reuse of the same class.
-  void evict_to_cap() noexcept {
-    while (st_.cached_bytes > cap()) {
-      auto oldest = free_.end();
-      for (auto it = free_.begin(); it != free_.end(); ++it)  // few classes: a scan is cheap
-        if (oldest == free_.end() || it->second.front().age < oldest->second.front().age) oldest = it;
-      const cached c = oldest->second.front();
-      oldest->second.pop_front();
-      st_.cached_bytes -= oldest->first.first;
-      ++st_.evictions;
-      upstream_->deallocate(c.p, oldest->first.first, oldest->first.second);
-      if (oldest->second.empty()) free_.erase(oldest);
-    }
+  struct evicted {
+    void* p;
+    std::size_t bytes, align;
+  };
+  // Takes the oldest cached block out of the cache when the cache is over its bound (the
+  // block just cached is the newest and fits alone, so it stays); the caller frees it
+  // after unlocking. Once taken out, no reuse can hand it out. Under m_.
+  std::optional<evicted> evict_one() noexcept {
+    if (st_.cached_bytes <= cap()) return std::nullopt;
+    auto oldest = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)  // few classes: a scan is cheap
+      if (oldest == free_.end() || it->second.front().age < oldest->second.front().age) oldest = it;
+    const evicted e{oldest->second.front().p, oldest->first.first, oldest->first.second};
+    oldest->second.pop_front();
+    if (oldest->second.empty()) free_.erase(oldest);
+    st_.cached_bytes -= e.bytes;
+    ++st_.evictions;
+    return e;
   }
 
   bool do_is_equal(const std::pmr::memory_resource& o) const noexcept override { return this == &o; }
