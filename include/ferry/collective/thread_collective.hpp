@@ -64,6 +64,12 @@ class thread_group {
     std::lock_guard lk(m_);
     return aborted_;
   }
+  // Threads waiting at the barrier now, blocked until the rest arrive (a diagnostic: how
+  // many of the group reached the current collective).
+  int waiting() const noexcept {
+    std::lock_guard lk(m_);
+    return waiting_;
+  }
   // Makes the group usable again after abort() (no thread may be inside a collective).
   void reset() noexcept {
     std::lock_guard lk(m_);
