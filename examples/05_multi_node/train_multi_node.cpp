@@ -66,6 +66,12 @@ auto pipeline(const std::string& dir, const std::string& split, bool train, std:
                            {.remainder = train ? ferry::remainder_policy::drop : ferry::remainder_policy::pad});
 }
 
+// Rows in an IDX file, from its header alone: each rank sizes its shard from it.
+std::int64_t rows_in(const std::string& path) {
+  const auto m = ferry::from_files(std::vector<std::string>{path}, ferry::idx{}).meta();
+  return m ? std::int64_t(m->rows) : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -110,6 +116,8 @@ int main(int argc, char** argv) {
         {.opt = {.kind = ferry::train::optimizer_kind::adam, .lr = lr}, .seed = seed,
          .max_rows = int(per_rank)},
         ferry::one_replica_per_process(ctx));
+    const std::int64_t train_rows = rows_in(dir + "/train-labels-idx1-ubyte.gz");
+    const std::int64_t test_rows = rows_in(dir + "/t10k-labels-idx1-ubyte.gz");
     auto train = pipeline(dir, "train", true, per_rank, W, me, seed);
     auto test = pipeline(dir, "t10k", false, per_rank, W, me, seed);
     if (me == 0)
@@ -121,7 +129,7 @@ int main(int argc, char** argv) {
     double accuracy = 0;
     for (int e = 1; e <= epochs; ++e) {
       std::int64_t n = ferry::agree_steps(
-          ctx.world(), ferry::steps_for(ferry::shard_rows(60000, W, me), std::int64_t(per_rank), ferry::step_policy::drop),
+          ctx.world(), ferry::steps_for(ferry::shard_rows(train_rows, W, me), std::int64_t(per_rank), ferry::step_policy::drop),
           ferry::step_policy::drop);
       if (max_steps > 0) n = std::min(n, max_steps);
       double loss = 0;
@@ -132,7 +140,7 @@ int main(int argc, char** argv) {
       }
       train.rewind();
       const std::int64_t m = ferry::agree_steps(
-          ctx.world(), ferry::steps_for(ferry::shard_rows(10000, W, me), std::int64_t(per_rank), ferry::step_policy::pad),
+          ctx.world(), ferry::steps_for(ferry::shard_rows(test_rows, W, me), std::int64_t(per_rank), ferry::step_policy::pad),
           ferry::step_policy::pad);
       double correct = 0, rows = 0;
       for (std::int64_t i = 0; i < m; ++i) {
