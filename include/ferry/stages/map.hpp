@@ -18,10 +18,10 @@
 // (batch loses the batch it was building). One exception: an inline map that batch()
 // drives in bulk over a contiguous source pulls and maps the batch's run as one unit, so
 // the throw loses that whole run and the consumer goes on after it.
-// An exception from upstream reaches the consumer unchanged at its position; with
-// workers == 1 the next call goes on after it, with workers > 1 it ends the epoch. So does
-// a std::bad_alloc on a worker outside fn and upstream (its buffers), after
-// the elements the other workers published; the elements in flight are lost.
+// An exception from upstream reaches the consumer unchanged at its position, and the next
+// call goes on after it (the workers go on pulling), as prefetch does. A std::bad_alloc on
+// a worker outside fn and upstream (its buffers) ends the epoch instead, after the elements
+// the other workers published; the elements in flight are lost.
 // Shutdown: the destructor and rewind() stop the workers and join them, waiting only for
 // fn calls already running.
 // Checkpoints: exact for ordered maps: save() records the upstream position at the start
@@ -369,10 +369,15 @@ class map_source : public source_interface<map_source<Up, F>> {
 
  private:
   // After restore: re-read (not re-map) the elements of the window already handed out.
+  // An upstream error among them was handed out before the save: it counts as its
+  // element and is not thrown again.
   void skip_pending() {
     while (skip_ > 0) {
       --skip_;
-      if (!c_->up.next()) skip_ = 0;
+      try {
+        if (!c_->up.next()) skip_ = 0;
+      } catch (...) {
+      }
     }
   }
 
@@ -483,8 +488,8 @@ class map_source : public source_interface<map_source<Up, F>> {
       {
         std::lock_guard lk(c.m);
         for (auto& a : anchors) c.anchors.push_back(std::move(a));
-        c.next_pull = first + got + (uerr ? 1 : 0);
-        if (end || uerr) {
+        c.next_pull = first + got + (uerr ? 1 : 0);  // an upstream error holds its place
+        if (end) {
           c.ended = true;
           c.end_seq = c.next_pull;
         }
@@ -532,7 +537,7 @@ class map_source : public source_interface<map_source<Up, F>> {
         c.published.fetch_add(1, std::memory_order_release);
       }
       if (wake_consumer) c.ready.notify_all();
-      if (end || uerr) {
+      if (end) {
         c.space.notify_all();  // other workers waiting for space see `ended`
         return;
       }
