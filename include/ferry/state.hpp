@@ -23,28 +23,63 @@ namespace ferry {
 
 // The saved position of a whole pipeline. `words` is its portable form: write it to a
 // checkpoint with to_bytes() and read it back with from_bytes().
+//
+// Bytes: the magic word "ferrySt1", the words, and a check word (a SplitMix64-mixed hash of
+// the words), each 8 bytes little-endian. The check catches a checkpoint file that was cut
+// short or damaged: restoring garbage positions would silently read the wrong elements.
 struct pipeline_state {
   std::vector<std::uint64_t> words;
 
+  static constexpr std::uint64_t magic = 0x3174537972726566ull;  // "ferrySt1" read as LE
+
   std::string to_bytes() const {
-    std::string out(words.size() * 8, '\0');
-    for (std::size_t i = 0; i < words.size(); ++i)
-      for (int b = 0; b < 8; ++b) out[i * 8 + b] = static_cast<char>(words[i] >> (8 * b));
+    std::string out((words.size() + 2) * 8, '\0');
+    auto put = [&](std::size_t i, std::uint64_t w) {
+      for (int b = 0; b < 8; ++b) out[i * 8 + b] = static_cast<char>(w >> (8 * b));
+    };
+    put(0, magic);
+    for (std::size_t i = 0; i < words.size(); ++i) put(i + 1, words[i]);
+    put(words.size() + 1, check(words));
     return out;
   }
-  // Throws config_error when `bytes` is not a whole number of words.
+  // Throws config_error naming what is wrong: not a whole number of words, not a ferry
+  // state (magic), or a check word that does not match (cut short or damaged).
   static pipeline_state from_bytes(std::string_view bytes) {
-    if (bytes.size() % 8 != 0)
-      throw config_error("pipeline_state::from_bytes: " + std::to_string(bytes.size()) +
-                         " bytes is not a multiple of 8");
+    auto fail = [&](const std::string& why) {
+      return config_error("pipeline_state::from_bytes: " + std::to_string(bytes.size()) + " bytes: " + why);
+    };
+    if (bytes.size() % 8 != 0) throw fail("not a multiple of 8");
+    if (bytes.size() < 16) throw fail("too short for a ferry pipeline state (magic and check word)");
+    auto get = [&](std::size_t i) {
+      std::uint64_t w = 0;
+      for (int b = 0; b < 8; ++b) w |= std::uint64_t(static_cast<unsigned char>(bytes[i * 8 + b])) << (8 * b);
+      return w;
+    };
+    if (get(0) != magic) throw fail("not a ferry pipeline state (no \"ferrySt1\" at offset 0)");
+    const std::size_t n = bytes.size() / 8 - 2;
     pipeline_state s;
-    s.words.resize(bytes.size() / 8);
-    for (std::size_t i = 0; i < s.words.size(); ++i)
-      for (int b = 0; b < 8; ++b)
-        s.words[i] |= std::uint64_t(static_cast<unsigned char>(bytes[i * 8 + b])) << (8 * b);
+    s.words.resize(n);
+    for (std::size_t i = 0; i < n; ++i) s.words[i] = get(i + 1);
+    if (get(n + 1) != check(s.words))
+      throw fail("the check word at offset " + std::to_string((n + 1) * 8) +
+                 " does not match the words before it (the state was cut short or damaged)");
     return s;
   }
   friend bool operator==(const pipeline_state&, const pipeline_state&) = default;
+
+ private:
+  // Each word goes through SplitMix64's finaliser with the running hash, so one flipped
+  // bit changes the check everywhere; the word count is mixed in first.
+  static constexpr std::uint64_t check(const std::vector<std::uint64_t>& ws) {
+    auto mix = [](std::uint64_t z) {
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      return z ^ (z >> 31);
+    };
+    std::uint64_t h = mix(0x9e3779b97f4a7c15ull ^ ws.size());
+    for (std::uint64_t w : ws) h = mix(h + 0x9e3779b97f4a7c15ull + w);
+    return h;
+  }
 };
 
 namespace detail {

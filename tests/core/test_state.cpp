@@ -117,6 +117,37 @@ TEST_CASE("a state from another pipeline shape is refused") {
   CHECK_THROWS_AS(ferry::pipeline_state::from_bytes("abc"), ferry::config_error);
 }
 
+TEST_CASE("checkpoint bytes cut short, damaged or foreign are refused, every cut and every bit") {
+  auto p = ferry::from_generator(1000, [](std::uint64_t i) { return i; }) | ferry::shuffle(64, 5) |
+           ferry::batch(8);
+  for (int i = 0; i < 7; ++i) REQUIRE(p.next());
+  const ferry::pipeline_state st = ferry::save_state(p);
+  const std::string bytes = st.to_bytes();
+  REQUIRE(bytes.size() == (st.words.size() + 2) * 8);
+  CHECK(bytes.substr(0, 8) == "ferrySt1");
+  CHECK(ferry::pipeline_state::from_bytes(bytes) == st);
+  for (std::size_t n = 0; n < bytes.size(); ++n) {  // every cut
+    CAPTURE(n);
+    CHECK_THROWS_AS(ferry::pipeline_state::from_bytes(std::string_view(bytes).substr(0, n)), ferry::config_error);
+  }
+  for (std::size_t bit = 0; bit < bytes.size() * 8; ++bit) {  // every single flipped bit
+    CAPTURE(bit);
+    std::string bad = bytes;
+    bad[bit / 8] = char(bad[bit / 8] ^ (1 << (bit % 8)));
+    CHECK_THROWS_AS(ferry::pipeline_state::from_bytes(bad), ferry::config_error);
+  }
+  // The messages say which: foreign bytes, or a damaged state (with the check's offset).
+  CHECK_THROWS_WITH_AS(ferry::pipeline_state::from_bytes(std::string(bytes.size(), 'x')),
+                       doctest::Contains("not a ferry pipeline state"), ferry::config_error);
+  std::string flipped = bytes;
+  flipped[20] = char(flipped[20] ^ 4);
+  const std::string at = "check word at offset " + std::to_string(bytes.size() - 8);
+  CHECK_THROWS_WITH_AS(ferry::pipeline_state::from_bytes(flipped), doctest::Contains(at.c_str()),
+                       ferry::config_error);
+  // An empty pipeline state (no words) still round-trips.
+  CHECK(ferry::pipeline_state::from_bytes(ferry::pipeline_state{}.to_bytes()).words.empty());
+}
+
 TEST_CASE("an unordered parallel map refuses to save" * doctest::timeout(30)) {
   watchdog w(30s);
   auto p = ferry::from_generator(100, [](std::uint64_t i) { return i; }) |
