@@ -71,6 +71,7 @@ class gated_source : public ferry::source_interface<gated_source> {
     std::condition_variable cv;
     std::uint64_t released = 0;
     bool closed = false;  // releases everything (used to unblock at teardown)
+    std::uint64_t pulled = 0;  // elements next() has returned
   };
 
  public:
@@ -80,6 +81,7 @@ class gated_source : public ferry::source_interface<gated_source> {
     if (i_ >= n_) return std::nullopt;
     std::unique_lock lk(g_->m);
     g_->cv.wait(lk, [&] { return g_->closed || g_->released > i_; });
+    g_->pulled = i_ + 1;
     return i_++;
   }
   // Handles the test keeps after moving the source into a pipeline.
@@ -92,6 +94,10 @@ class gated_source : public ferry::source_interface<gated_source> {
     void close() {
       { std::lock_guard lk(g->m); g->closed = true; }
       g->cv.notify_all();
+    }
+    std::uint64_t pulled() const {
+      std::lock_guard lk(g->m);
+      return g->pulled;
     }
   };
   handle control() const { return {g_}; }

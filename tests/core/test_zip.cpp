@@ -36,6 +36,16 @@ TEST_CASE("zip of sources of different lengths is an error, not a truncation") {
   CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("out of step"), ferry::error);
   p.rewind();
   CHECK(p.next() == std::pair<int, int>(1, 4));
+  // The other way round: the first side ends early.
+  auto q = ferry::zip(ferry::from_range(std::vector<int>{1}), ferry::from_range(std::vector<int>{4, 5, 6}));
+  CHECK(q.next() == std::pair<int, int>(1, 4));
+  CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("the first ended after 1 elements"), ferry::error);
+  CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("out of step"), ferry::error);
+  // Equal lengths end together, with no error.
+  auto e = ferry::zip(ferry::from_range(std::vector<int>{1, 2}), ferry::from_range(std::vector<int>{3, 4}));
+  CHECK(e.next());
+  CHECK(e.next());
+  CHECK_FALSE(e.next());
 }
 
 namespace {
