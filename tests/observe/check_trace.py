@@ -2,10 +2,11 @@
 """Checks a ferry Chrome trace: valid JSON, well-formed events inside the session, nesting
 per thread, and the named stages present.
 
-usage: check_trace.py TRACE.json [--events N] [--dropped] [NAME ...]
-  --events N   exactly N complete ("X") events
-  --dropped    otherData.dropped_events must be > 0
-  NAME         at least one complete event with this name
+usage: check_trace.py TRACE.json [--events N] [--dropped N] [--named-threads] [NAME[=MIN] ...]
+  --events N        exactly N complete ("X") events
+  --dropped N       otherData.dropped_events must be exactly N
+  --named-threads   every thread with events has a thread_name metadata event
+  NAME[=MIN]        at least MIN (default 1) complete events with this name
 """
 import json
 import sys
@@ -13,16 +14,20 @@ import sys
 args = sys.argv[1:]
 path = args.pop(0)
 want_events = None
-want_dropped = False
-names = []
+want_dropped = None
+named_threads = False
+names = {}
 while args:
     a = args.pop(0)
     if a == "--events":
         want_events = int(args.pop(0))
     elif a == "--dropped":
-        want_dropped = True
+        want_dropped = int(args.pop(0))
+    elif a == "--named-threads":
+        named_threads = True
     else:
-        names.append(a)
+        name, _, least = a.partition("=")
+        names[name] = int(least) if least else 1
 
 with open(path) as f:
     doc = json.load(f)  # raises on invalid JSON
@@ -66,20 +71,28 @@ else:
 for e in evs:
     if e.get("ph") == "M" and not e.get("args", {}).get("name"):
         errors.append(f"metadata event without a name: {e}")
-seen = {e["name"] for e in complete if "name" in e}
-for n in names:
-    if n not in seen:
-        errors.append(f"no event named {n!r} (have {sorted(seen)})")
+seen = {}
+for e in complete:
+    if "name" in e:
+        seen[e["name"]] = seen.get(e["name"], 0) + 1
+for n, least in names.items():
+    if seen.get(n, 0) < least:
+        errors.append(f"{seen.get(n, 0)} events named {n!r}, expected at least {least} (have {sorted(seen)})")
+if named_threads:
+    named = {e.get("tid") for e in evs if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    for tid in by_tid:
+        if tid not in named:
+            errors.append(f"thread {tid} has events but no thread_name metadata")
 if want_events is not None and len(complete) != want_events:
     errors.append(f"{len(complete)} events, expected {want_events}")
 dropped = doc.get("otherData", {}).get("dropped_events")
 if not isinstance(dropped, int):
     errors.append("otherData.dropped_events missing")
-elif want_dropped and dropped <= 0:
-    errors.append("expected dropped events")
+elif want_dropped is not None and dropped != want_dropped:
+    errors.append(f"{dropped} dropped events, expected {want_dropped}")
 if doc.get("otherData", {}).get("recorded_events") != len(complete):
     errors.append("otherData.recorded_events does not match the events written")
 for e in errors:
     print("check_trace:", e)
-print(f"check_trace: {len(complete)} events, {dropped} dropped, names {sorted(seen)}")
+print(f"check_trace: {len(complete)} events, {dropped} dropped, names {dict(sorted(seen.items()))}")
 sys.exit(1 if errors else 0)
