@@ -339,7 +339,9 @@ def draw(latest, plt):
         for yi, v in zip(y, vals):
             ax.text(v * 1.08, yi, f"{v:.3g}×", va="center", fontsize=8)
         ax.set_xlabel("ferry speed ÷ baseline speed, same run (log scale; 1 = parity, > 1: ferry faster)")
-        ax.set_title("ferry against its baselines (" + ", ".join(hosts) + ")", fontsize=10)
+        dates = sorted(r.get("date", "?") for r in latest.values())
+        when = dates[0] if dates[0] == dates[-1] else f"{dates[0]} to {dates[-1]}"
+        ax.set_title(f"ferry against its baselines ({', '.join(hosts)})\nnewest passing results, {when}", fontsize=10)
         ax.grid(True, axis="x", which="both", alpha=0.3)
         finish(fig, "ferry_vs_baselines.png")
 
