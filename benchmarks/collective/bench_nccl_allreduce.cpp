@@ -81,9 +81,13 @@ int main(int argc, char** argv) try {
     // Correctness: with one rank the sum is the input.
     std::vector<float> h(count), back(count);
     for (std::size_t i = 0; i < count; ++i) h[i] = float(i % 251);
+    // Plain cudaMemcpy is on the legacy stream, which the communicator's stream does not
+    // wait for (nor it for that one): synchronise the device on both sides.
     cudaMemcpy(buf, h.data(), bytes, cudaMemcpyHostToDevice);
+    cudaDeviceSynchronize();
     fc.all_reduce_sum(s);
     fc.barrier();
+    cudaDeviceSynchronize();
     cudaMemcpy(back.data(), buf, bytes, cudaMemcpyDeviceToHost);
     long long bad = 0;
     for (std::size_t i = 0; i < count; ++i) bad += back[i] != h[i];

@@ -119,6 +119,9 @@ int main(int argc, char** argv) try {
       cuda_ok(cudaMalloc(reinterpret_cast<void**>(&dy[r]), hy.size() * sizeof(std::int32_t)), "cudaMalloc");
       cuda_ok(cudaMemcpy(dx[r], hx.data(), hx.size() * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
       cuda_ok(cudaMemcpy(dy[r], hy.data(), hy.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice), "cudaMemcpy");
+      // Pageable copies may return before their DMA ends, on the legacy stream, which the
+      // trainer's non-blocking streams do not wait for.
+      cuda_ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     }
   }
   auto on_device_round = [&] {

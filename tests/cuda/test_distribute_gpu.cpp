@@ -93,6 +93,9 @@ TEST_CASE("the hot path never waits on the host, and device memory stops growing
   unsigned long long* d_sum = nullptr;
   FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_sum), 2 * sizeof(unsigned long long)));
   FERRY_CUDA_TRY(cudaMemset(d_sum, 0, 2 * sizeof(unsigned long long)));
+  // cudaMemset is asynchronous, on the legacy stream, which ferry's non-blocking streams
+  // do not wait for: it must be done before the kernels add into d_sum.
+  FERRY_CUDA_TRY(cudaDeviceSynchronize());
   auto pool = ferry::make_pinned_pool();
   {
     auto steps = ferry::from_range(data) | ferry::batch(64) | ferry::prefetch(2) |

@@ -40,6 +40,9 @@ static T* to_device(const std::vector<T>& v) {
   T* p = nullptr;
   cudaMalloc(&p, v.size() * sizeof(T));
   cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  // A pageable cudaMemcpy may return before its DMA ends, and it is on the legacy stream,
+  // which the replicas' non-blocking streams do not wait for.
+  cudaDeviceSynchronize();
   return p;
 }
 
