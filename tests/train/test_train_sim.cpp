@@ -293,6 +293,14 @@ TEST_CASE("a GPU replica that fails while the trainer is built: cuda_error, noth
   }
 }
 
+TEST_CASE("nccl_communicator::local refuses a device listed twice (NCCL: one rank per device)") {
+  sim_run(32, 2, [&] {
+    CHECK_THROWS_WITH_AS(ferry::nccl_communicator::local({0, 1, 0}), doctest::Contains("device 0 is listed twice"),
+                         ferry::config_error);
+    CHECK(ferry::nccl_communicator::local({1, 0}).size() == 2);
+  });
+}
+
 TEST_CASE("a lost NCCL peer: barrier() ends with the communicator's async error, not a hang" *
           doctest::timeout(60)) {
   sim_run(31, 2, [&] {

@@ -61,9 +61,16 @@ inline void cuda_check_nccl(cudaError_t r, const char* call) {
 class nccl_communicator {
  public:
   // One communicator per listed device, rank i on devices[i] (ncclCommInitAll).
-  // Throws config_error for an empty list, ferry::error when NCCL fails.
+  // Throws config_error for an empty list or a device listed twice (NCCL does not support
+  // two ranks on one device: it may hang; distribute allows {0, 0}, a trainer over NCCL
+  // does not), ferry::error when NCCL fails.
   static std::vector<nccl_communicator> local(const std::vector<int>& devices) {
     if (devices.empty()) throw config_error("nccl_communicator::local: no devices given");
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (devices[i] == devices[j])
+          throw config_error("nccl_communicator::local: device " + std::to_string(devices[i]) +
+                             " is listed twice (NCCL supports one rank per device)");
     std::vector<ncclComm_t> raw(devices.size());
     detail::nccl_check(ncclCommInitAll(raw.data(), static_cast<int>(devices.size()),
                                        devices.data()),
