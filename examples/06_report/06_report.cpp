@@ -6,9 +6,10 @@
 // Prints a table like
 //   #   stage            threads     elements         MB       elem/s   busy  wait_up wait_down
 //   0   source                 1         2000       0.02       ...       0.1%    0.0%     0.0%
-//   1   map                    1         2000       0.02       ...      97.0%    0.0%     0.0%
+//   1   map                    1         2000       0.02       ...      99.7%    0.0%     0.0%
 //   ...
-// and "map is the bottleneck: 97% busy; prefetch waited 96% of the time on upstream".
+// and "map is the bottleneck: 100% busy; prefetch waited 100% of the time on upstream"
+// (figures from a run on the 2-core development machine: docs/observe.md).
 // Then the same with the map given 2 workers.
 #include <chrono>
 #include <cstdint>

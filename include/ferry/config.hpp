@@ -1,4 +1,5 @@
-// ferry/config.hpp: compile-time switches shared by every header.
+// ferry/config.hpp: compile-time switches shared by every header. Macros only: runs no
+// code, throws nothing.
 #pragma once
 
 // Functors that may run on the device carry FERRY_HOST_DEVICE: one source of math for

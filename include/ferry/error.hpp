@@ -6,6 +6,9 @@
 //   ferry::format_error     corrupt or truncated data: path, byte offset, what was expected
 //   ferry::element_error    user code (a map function, a filter predicate, a generator)
 //                           threw at element k; the original is kept as the nested exception
+//
+// Constructing one may throw std::bad_alloc (the message is a std::string); nothing here
+// runs user code or starts threads. Any thread may throw and catch them.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 // ferry/ferry.hpp: the whole CPU layer (g++ alone). The CUDA layer is included separately
-// (ferry/cuda/...), so this header never needs nvcc.
+// (ferry/cuda/...), so this header never needs nvcc. It only includes the others: what
+// each stage throws and which thread runs user code is at the top of its own header.
 #pragma once
 
 #include "ferry/config.hpp"

@@ -9,6 +9,10 @@
 //   rewindable_source   rewind(): start the next epoch from the beginning (shuffle draws
 //                       a new order; files are re-opened). repeat() needs it.
 //   resumable_source    save(state_writer&) const / restore(state_reader&): see state.hpp.
+//
+// Threads: a source's next() runs on the thread that calls it (each stage's header says
+// where it runs user code). Throws: the concepts and the pipe operator throw nothing of
+// their own; restore_state throws config_error for a state of another shape or length.
 #pragma once
 
 #include <concepts>

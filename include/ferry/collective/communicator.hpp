@@ -17,9 +17,13 @@
 //                                                  + nccl.h); spans are device memory
 //   mpi_communicator      (mpi.hpp, issue 6)       one rank per process across nodes:
 //                                                  MPI_Allreduce / MPI_Bcast / MPI_Barrier
-//                                                  on MPI_COMM_WORLD or a split of it. It
-//                                                  only has to satisfy this concept; the
+//                                                  on a private duplicate of the job's
+//                                                  communicator (MPI_Comm_dup). It only
+//                                                  has to satisfy this concept; the
 //                                                  trainer needs no change.
+//
+// Threads: a rank's collectives are called by the one thread that drives that rank (the
+// trainer's replica thread); they run no user code.
 //
 // Memory: spans are wherever the backend's buffers live (host for threads and MPI, device
 // for NCCL). Collectives throw ferry::error (or a subclass) on failure; a failed

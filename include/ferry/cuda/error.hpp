@@ -6,6 +6,8 @@
 // cuda_error names the API call, the device that was current, the status (number and
 // name), the source location and the host. It is defined with or without the runtime so
 // code that catches it compiles in CPU-only builds; the macros need FERRY_WITH_CUDART.
+// Both macros run on the calling thread and name the device current on that thread; they
+// run no user code.
 #pragma once
 
 #include <cstdio>

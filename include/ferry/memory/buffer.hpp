@@ -3,11 +3,14 @@
 // Batches own their storage through `buffer`, which returns its bytes to the
 // std::pmr::memory_resource it came from when destroyed. `buffer_pool` is that resource
 // for every batch: it caches freed blocks by (size class, alignment), within a byte bound,
-// and hands them out again, so a pipeline in steady state allocates nothing per batch. The pinned pool of the CUDA
-// layer is a buffer_pool over a pinned upstream resource.
+// and hands them out again, so a pipeline in steady state allocates nothing per batch. The
+// pinned pool of the CUDA layer is a buffer_pool over a pinned upstream resource.
 //
 // Thread safety: buffer_pool is safe to use from any number of threads (batches are built
-// on prefetch threads and freed on the consumer's). buffer is a single-owner value.
+// on prefetch threads and freed on the consumer's). buffer is a single-owner value. No
+// user code runs here.
+// Throws: allocation throws std::bad_alloc, or what the upstream resource throws (a
+// pinned upstream: cuda_error); freeing, trim() and the destructors throw nothing.
 #pragma once
 
 #include <atomic>

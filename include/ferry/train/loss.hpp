@@ -7,7 +7,8 @@
 // The trainer sums loss_i, w and the gradients over the global batch (all-reduce) and
 // divides by the global weight sum: the mean over the global batch, whatever the replica
 // count. Labels outside [0, classes) are treated as padding (weight 0) and counted in
-// stats[3] as not valid, never read out of bounds. Throws nothing.
+// stats[3] as not valid, never read out of bounds. Throws nothing; runs on the backend
+// (the replica's thread on the host, its stream on the GPU), with no user code.
 #pragma once
 
 #include <cmath>

@@ -18,7 +18,8 @@
 // with -fno-math-errno so sqrtf does too).
 //
 // Throws nothing; validate() throws config_error for a non-positive learning rate or
-// betas/momentum outside [0, 1).
+// betas/momentum outside [0, 1). The functors run on the backend (the replica's thread on
+// the host, its stream on the GPU), with no user code.
 #pragma once
 
 #include <cmath>
