@@ -6,7 +6,9 @@
 //
 // Formats: ferry::tfrecord{.verify_crc}, npy{}, idx{}, fixed_length{.record_bytes,
 // .header_bytes, .footer_bytes}, text_lines{} (see each header). Files whose names end in
-// .gz/.gzip/.zlib are inflated on the fly (options.compress overrides the guess).
+// .gz/.gzip/.zlib are inflated on the fly (options.compress overrides the guess);
+// concatenated members are one stream, zero padding after the last is ignored, other
+// trailing bytes are an error (detail/byte_stream.hpp).
 // Paths containing * ? [ are glob patterns, expanded (sorted) when from_files is called;
 // files are read in the order given.
 //

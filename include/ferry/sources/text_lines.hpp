@@ -47,14 +47,16 @@ struct lines_framer {
         return frame_status::record;
       }
       scanned = avail;
+      // grow(), not ensure(): the lines complete in what is read before a damaged
+      // compressed stream ends are records, and the error comes at the first line after.
       if (s.size()) {
-        s.ensure(avail + std::max<std::size_t>(avail, 4096));
+        s.grow(avail + std::max<std::size_t>(avail, 4096));
         continue;
       }
       // Compressed: never buffer more than max_record_bytes and a "\r\n" looking for the end.
       if (avail > max_record && avail - max_record > 1) too_long(s);
       const std::uint64_t cap = max_record > UINT64_MAX - 2 ? UINT64_MAX : max_record + 2;
-      s.ensure(static_cast<std::size_t>(std::min<std::uint64_t>(avail + std::max<std::size_t>(avail, 4096), cap)));
+      s.grow(static_cast<std::size_t>(std::min<std::uint64_t>(avail + std::max<std::size_t>(avail, 4096), cap)));
     }
   }
   [[noreturn]] void too_long(const byte_stream& s) const {

@@ -12,6 +12,15 @@
 // Errors: io_error (open/read failures, with path and offset), format_error (corrupt or
 // truncated gzip stream, at the offset in the uncompressed stream). Single-threaded;
 // chunk_pool is thread-safe (records may die on any thread).
+//
+// Compressed files: concatenated gzip (or zlib) members, what `cat a.gz b.gz` makes, are
+// one stream, as gzip(1) reads them. Zero bytes after a member (tape or block padding)
+// are skipped, as gzip(1), Python's gzip and zlib's gzread skip them; no member starts
+// with a zero byte, so nothing is lost, and a member after them is read. Any other bytes
+// after the last member are a format_error at the end of the uncompressed data ("corrupt
+// gzip stream (incorrect header check ...)", or "truncated gzip stream" when they are
+// the start of a member): they may be a member whose header is damaged, and ignoring
+// them, as gzip(1) does with a warning, could drop data silently.
 #pragma once
 
 #include <fcntl.h>
@@ -360,6 +369,14 @@ class byte_stream {
     return std::min(n, end_ - pos_);
   }
   void consume(std::size_t n) { pos_ += n; }
+  // One read toward n contiguous bytes, for a framer looking for a delimiter: returns
+  // available(), larger than before unless the file has ended. Unlike ensure(), it stops
+  // after one read, so the bytes read before an error (a damaged compressed stream) reach
+  // the framer, which may complete records from them; the error comes at the next call.
+  std::size_t grow(std::size_t n) {
+    if (end_ - pos_ < n && !eof_) refill(n);
+    return end_ - pos_;
+  }
 
   // Moves to `target` in the (uncompressed) stream: lseek for plain files, inflate and
   // discard for compressed ones (they can only be read sequentially).
@@ -488,6 +505,10 @@ class byte_stream {
         zs_.avail_in = static_cast<uInt>(got);
       }
       if (z_end_) {
+        while (zs_.avail_in > 0 && *zs_.next_in == 0) {  // zero padding after a member
+          ++zs_.next_in;
+          --zs_.avail_in;
+        }
         if (zs_.avail_in == 0 && z_eof_in_) return 0;  // clean end
         if (zs_.avail_in == 0) continue;
         inflateReset(&zs_);  // another member follows
