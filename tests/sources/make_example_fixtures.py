@@ -11,9 +11,14 @@ field numbers); protoc compiles it to Python at generation time. Outputs:
   examples.tfrecord   the encoder-written payloads of examples.txt, as TFRecords (framed
                       here with crcmod's CRC-32C, an implementation that is not ferry's)
   examples_bad.tfrecord  three records: good, corrupt payload (truncated varint), good
+  example_cuts.txt    protobuf's verdict (parses / refuses) on every prefix of some of those
+                      payloads and on single-byte changes of others, what ferry must do with
+                      each, and where a prefix's error is (see the section at the end)
+Re-running it writes the same bytes (map entries are serialized in key order).
 """
 import os
 import random
+import shutil
 import struct
 import subprocess
 import sys
@@ -38,12 +43,27 @@ message Features { map<string, Feature> feature = 1; }
 message Example { Features features = 1; }
 """
 
+# For example_cuts.txt (below), two variants of the same wire format. PROTO_WIRE spells the
+# map as what it is on the wire (repeated entries) with the key as bytes: it parses what
+# the map parses, entry by entry, but keeps each message's unknown fields (where protobuf
+# puts a known field sent with another wire type) and takes keys that are not UTF-8.
+# PROTO2 is the schema as proto2, whose parser does not refuse strings that are not UTF-8:
+# where proto3 refuses a payload and proto2 does not, UTF-8 is the only reason.
+PROTO_WIRE = PROTO.replace("package tensorflow;", "package wire;").replace(
+    "message Features { map<string, Feature> feature = 1; }",
+    "message Entry { bytes key = 1; Feature value = 2; }\nmessage Features { repeated Entry feature = 1; }")
+PROTO2 = PROTO.replace('syntax = "proto3";', 'syntax = "proto2";').replace(
+    "package tensorflow;", "package p2;").replace("{ Features features", "{ optional Features features")
+
 tmp = tempfile.mkdtemp()
-with open(os.path.join(tmp, "example.proto"), "w") as f:
-    f.write(PROTO)
-subprocess.check_call(["protoc", "-I", tmp, "--python_out", tmp, os.path.join(tmp, "example.proto")])
+for name, text in (("example.proto", PROTO), ("example_wire.proto", PROTO_WIRE), ("example_p2.proto", PROTO2)):
+    with open(os.path.join(tmp, name), "w") as f:
+        f.write(text)
+    subprocess.check_call(["protoc", "-I", tmp, "--python_out", tmp, os.path.join(tmp, name)])
 sys.path.insert(0, tmp)
 import example_pb2 as pb  # noqa: E402
+import example_wire_pb2 as pbw  # noqa: E402
+import example_p2_pb2 as pb2  # noqa: E402
 from google.protobuf.message import DecodeError  # noqa: E402
 
 crc = crcmod.predefined.mkCrcFun("crc-32c")
@@ -81,7 +101,9 @@ cases = []  # (name, payload, encoder_written, error_byte or None)
 
 
 def add_message(name, ex):
-    cases.append((name, ex.SerializeToString(), True, None))
+    # deterministic: map entries in key order, so a re-run writes the same bytes (the
+    # default order follows the C++ map's hash order and changes from run to run).
+    cases.append((name, ex.SerializeToString(deterministic=True), True, None))
 
 
 def example(**feats):
@@ -268,4 +290,195 @@ with open(P("examples.tfrecord"), "wb") as f:
             f.write(tfrecord(payload))
 with open(P("examples_bad.tfrecord"), "wb") as f:
     f.write(tfrecord(cases[2][1]) + tfrecord(b"\x0a\x80") + tfrecord(cases[2][1]))
-print("wrote %d cases" % len(cases))
+# --- example_cuts.txt: protobuf's verdict on every prefix of a few payloads and on
+# single-byte changes of a few; test_example.cpp holds parse_example to it exactly -------
+
+
+def refused(cls, payload):
+    """protobuf's verdict on payload as a cls: (refused, message). The C++-backed parser
+    stops at a 0 tag or a stray end-group and warns "Not all data was converted" instead
+    of raising: a refusal too (the rest of the payload is not parsed). Its log line for
+    each string that is not UTF-8 goes to /dev/null."""
+    sys.stderr.flush()
+    saved, null = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 2)
+    try:
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            try:
+                m = cls.FromString(payload)
+            except DecodeError:
+                return True, None
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+    if any("Not all data was converted" in str(x.message) for x in w):
+        return True, None
+    return False, m
+
+
+def describe_wire(ex):
+    """describe() of a pbw.Example: the map rebuilt from its entries (the last entry of a
+    key wins, as in protobuf's map), and NaN floats written "nan": protobuf's Python API
+    widens floats to doubles, which does not keep a NaN's payload bits."""
+    feats = {}
+    for e in ex.features.feature:
+        feats[bytes(e.key)] = e.value
+    lines = []
+    for name in sorted(feats):
+        ft = feats[name]
+        kind = ft.WhichOneof("kind") or "none"
+        if kind == "bytes_list":
+            vals = [v.hex() or "-" for v in ft.bytes_list.value]
+        elif kind == "float_list":
+            vals = ["nan" if v != v else "%08x" % struct.unpack("<I", struct.pack("<f", v))[0]
+                    for v in ft.float_list.value]
+        elif kind == "int64_list":
+            vals = [str(v) for v in ft.int64_list.value]
+        else:
+            vals = []
+        lines.append("feature %s %s %d%s" % (name.hex() or "-", kind, len(vals), "".join(" " + v for v in vals)))
+    return lines
+
+
+def fnv1a64(lines):
+    """FNV-1a (64-bit) of the description, each line followed by a newline."""
+    h = 0xCBF29CE484222325
+    for c in "".join(l + "\n" for l in lines).encode():
+        h = ((h ^ c) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return "%016x" % h
+
+
+def wrong_wire(m):
+    """True when m, or a message inside it, kept a field of a known number as an unknown
+    field: protobuf does that for a known field sent with another wire type."""
+    known = m.DESCRIPTOR.fields_by_number
+    if any(u.field_number in known for u in m.UnknownFields()):
+        return True
+    for fd, v in m.ListFields():
+        if fd.type == fd.TYPE_MESSAGE:
+            if any(wrong_wire(x) for x in (v if fd.label == fd.LABEL_REPEATED else [v])):
+                return True
+    return False
+
+
+def decode_varint(b, i):
+    v, s = 0, 0
+    while True:
+        v |= (b[i] & 0x7F) << s
+        s += 7
+        i += 1
+        if not b[i - 1] & 0x80:
+            return v, i
+
+
+def cut_error(full, n):
+    """The payload byte where a parser that checks every length against the bytes left
+    must stop on full[:n] (full: a valid payload), or None when the cut falls between two
+    top-level fields (the prefix is a whole message). The cut runs through a top-level
+    field; the item it runs through there is to blame: a tag or length varint (cut short,
+    or a length past the end: the length's first byte), a varint or fixed-size value (its
+    first byte), or, inside a group, the group's start tag when the cut falls between the
+    group's fields. Nested messages are never reached: their enclosing length fails first."""
+
+    def field(i):  # (end of the field at i, error byte or None); n > i
+        t, t_end = decode_varint(full, i)
+        if n < t_end:
+            return None, i
+        wire = t & 7
+        if wire == 0:
+            end = decode_varint(full, t_end)[1]
+        elif wire in (1, 5):
+            end = t_end + (8 if wire == 1 else 4)
+        elif wire == 2:
+            length, l_end = decode_varint(full, t_end)
+            end = l_end + length
+        elif wire == 3:
+            j = t_end
+            while True:
+                if n == j:
+                    return None, i  # the group is not closed
+                tj, tj_end = decode_varint(full, j)
+                if tj & 7 == 4:
+                    return tj_end, (j if n < tj_end else None)
+                j, err = field(j)
+                if err is not None:
+                    return None, err
+        else:
+            raise SystemExit("cut_error: wire type %d in a valid payload" % wire)
+        return end, (t_end if n < end else None)
+
+    i = 0
+    while i < len(full) and i != n:
+        i, err = field(i)
+        if err is not None:
+            return err
+    return None
+
+
+CUT = ["one_of_each", "unicode_name", "empty_lists", "features_twice_merge", "unknown_fields_everywhere",
+       "unknown_in_lists", "mixed_float_runs", "float_after_empty_run", "random_1"]
+MUTATE = ["one_of_each", "unicode_name", "empty_lists", "features_twice_merge", "mixed_float_runs", "mixed_int64_runs"]
+by_name = {c[0]: c[1] for c in cases}
+counts = {}
+with open(P("example_cuts.txt"), "w") as f:
+    f.write("# Written by tests/sources/make_example_fixtures.py (protobuf %s): protobuf's verdict on\n"
+            "# every prefix of some payloads of examples.txt and on single-byte changes of others.\n"
+            "# payload NAME HEX, then per prefix length N:\n"
+            "#   cut N parses HASH     protobuf parses it; HASH: FNV-1a 64 of describe() (NaN floats \"nan\")\n"
+            "#   cut N fails AT        protobuf refuses it; AT: the payload byte where the item the cut\n"
+            "#                         runs through starts (cut_error() in the generator)\n"
+            "# and per change (byte POS set to VAL, hex): mut POS VAL PROTOBUF FERRY [HASH] [WHY], where\n"
+            "# FERRY is what parse_example must do; it differs from PROTOBUF only for a documented WHY:\n"
+            "#   strict  a known field with another wire type: protobuf keeps it as an unknown field,\n"
+            "#           ferry refuses it (example.hpp: no writer produces it)\n"
+            "#   utf8    a feature name that is not UTF-8: protobuf refuses it (proto3 string), ferry\n"
+            "#           does not check (example.hpp); HASH is protobuf's parse with the key as bytes\n"
+            "# end\n" % __import__("google.protobuf").protobuf.__version__)
+    for name in CUT + [m for m in MUTATE if m not in CUT]:
+        payload = by_name[name]
+        f.write("payload %s %s\n" % (name, payload.hex()))
+        if name in CUT:
+            for n in range(len(payload) + 1):
+                at = cut_error(payload, n)
+                bad, m = refused(pb.Example, payload[:n])
+                if bad != (at is not None):
+                    raise SystemExit("%s cut at %d: protobuf %s it, cut_error says %s" %
+                                     (name, n, "refuses" if bad else "accepts", at))
+                if bad:
+                    f.write("cut %d fails %d\n" % (n, at))
+                else:
+                    w = refused(pbw.Example, payload[:n])[1]
+                    f.write("cut %d parses %s\n" % (n, fnv1a64(describe_wire(w))))
+                counts["cut " + ("fails" if bad else "parses")] = counts.get("cut " + ("fails" if bad else "parses"), 0) + 1
+        if name in MUTATE:
+            for pos in range(len(payload)):
+                for val in (0x00, 0x80, 0xFF, 0x0A, 0x7F):
+                    if payload[pos] == val:
+                        continue
+                    m = payload[:pos] + bytes([val]) + payload[pos + 1:]
+                    bad, msg = refused(pb.Example, m)
+                    wbad, wmsg = refused(pbw.Example, m)
+                    if wbad != refused(pb2.Example, m)[0]:
+                        raise SystemExit("%s byte %d = %02x: the wire schema and proto2 disagree" % (name, pos, val))
+                    utf8 = bad and not wbad       # proto3 refuses what proto2 takes
+                    strict = not wbad and wrong_wire(wmsg)
+                    if not bad and wbad:
+                        raise SystemExit("%s byte %d = %02x: proto3 parses, proto2 does not" % (name, pos, val))
+                    if not bad and not strict:
+                        lines = describe_wire(wmsg)
+                        if "nan" not in " ".join(lines) and lines != describe(msg):
+                            raise SystemExit("%s byte %d = %02x: the two schemas disagree" % (name, pos, val))
+                    ferry = "fails" if wbad or strict else "parses"
+                    why = ""
+                    if (ferry == "fails") != bad:
+                        why = " strict" if strict else " utf8"
+                        assert strict or utf8
+                    h = " " + fnv1a64(describe_wire(wmsg)) if ferry == "parses" else ""
+                    f.write("mut %d %02x %s %s%s%s\n" % (pos, val, "fails" if bad else "parses", ferry, h, why))
+                    key = "mut %s/%s%s" % ("fails" if bad else "parses", ferry, why)
+                    counts[key] = counts.get(key, 0) + 1
+        f.write("end\n")
+shutil.rmtree(tmp)
+print("wrote %d cases; example_cuts.txt: %s" % (len(cases), ", ".join("%s %d" % kv for kv in sorted(counts.items()))))
