@@ -160,16 +160,28 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       throw config_error("restore_state: interleave: the state was saved with other files, cycle or block");
     stop_threads();
     reset_slots();
-    cur_ = static_cast<std::size_t>(r.get());
-    in_block_ = static_cast<std::size_t>(r.get());
-    if (cur_ >= slots_.size() && !slots_.empty()) throw config_error("restore_state: interleave: bad slot");
-    for (slot& s : slots_) {
-      s.active = r.get() != 0;
-      pos p;
+    // Read and check everything before taking any of it: a refused state leaves the stage
+    // at the start of the epoch, as reset_slots() made it, never half restored.
+    const std::uint64_t cur = r.get(), in_block = r.get();
+    if (cur >= slots_.size() && !slots_.empty()) throw config_error("restore_state: interleave: bad slot");
+    std::vector<std::pair<bool, pos>> got(slots_.size());
+    for (std::size_t j = 0; j < slots_.size(); ++j) {
+      got[j].first = r.get() != 0;
+      pos& p = got[j].second;
       p.ord = r.get();
       p.open = r.get() != 0;
       p.offset = r.get();
       p.rec = r.get();
+      if (p.ord > slots_[j].files.size())
+        throw config_error("restore_state: interleave: slot " + std::to_string(j) + " is at file " +
+                           std::to_string(p.ord) + " of " + std::to_string(slots_[j].files.size()));
+    }
+    cur_ = static_cast<std::size_t>(cur);
+    in_block_ = static_cast<std::size_t>(in_block);
+    for (std::size_t j = 0; j < slots_.size(); ++j) {
+      slot& s = slots_[j];
+      const pos& p = got[j].second;
+      s.active = got[j].first;
       s.consumed = s.at = p;
       s.producing_done = !s.active;
       if (p.open) s.pending = p;
