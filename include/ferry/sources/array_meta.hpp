@@ -1,5 +1,6 @@
 // ferry/sources/array_meta.hpp: the element type and shape behind the rows of a .npy or
 // IDX file, so the consumer can interpret each record (one row along the first axis).
+// A plain value: throws nothing but std::bad_alloc, runs no user code, any thread.
 #pragma once
 
 #include <cstddef>

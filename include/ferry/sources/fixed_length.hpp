@@ -6,6 +6,9 @@
 // the partial one are read, then a format_error at the partial record's offset names the
 // size found. from_files throws config_error for record_bytes == 0, for record_bytes +
 // footer_bytes over from_files_options::max_record_bytes, and for sizes whose sum overflows.
+//
+// Threads: a format framer runs where from_files reads (the thread calling next(), or
+// interleave's reader threads); it runs no user code.
 #pragma once
 
 #include <algorithm>

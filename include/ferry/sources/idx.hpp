@@ -9,6 +9,9 @@
 // shapes whose size overflows, missing rows (at the first missing one) and bytes after
 // the last row. A compressed file cut short: a format_error at the first row it cannot
 // complete (offset in the uncompressed data).
+//
+// Threads: a format framer runs where from_files reads (the thread calling next(), or
+// interleave's reader threads); it runs no user code.
 #pragma once
 
 #include <cstdint>

@@ -8,6 +8,9 @@
 // object dtypes ('|O': pickles), structured dtypes, fortran_order True with more than one
 // dimension, shapes whose size overflows, rows missing from the file (at the first
 // missing row) and bytes after the last row.
+//
+// Threads: a format framer runs where from_files reads (the thread calling next(), or
+// interleave's reader threads); it runs no user code.
 #pragma once
 
 #include <cctype>

@@ -15,6 +15,10 @@
 // report "file: what at offset n" like the readers do. The file name is owned by the
 // chunk the record holds, so it lives exactly as long as the record. Records built by
 // hand have an empty origin (file "").
+//
+// Throws: building a record from bytes may throw std::bad_alloc; views and origin() throw
+// nothing. A record may be read and destroyed on any thread (its chunk's count is
+// atomic); no user code runs here.
 #pragma once
 
 #include <cstddef>

@@ -6,6 +6,9 @@
 // record). A line longer than the file cannot exist; in a compressed stream (or a pipe) a
 // line longer than max_record_bytes is a format_error at the line's offset, whatever the
 // chunk size, and no more than max_record_bytes + 2 are buffered looking for its end.
+//
+// Threads: a format framer runs where from_files reads (the thread calling next(), or
+// interleave's reader threads); it runs no user code.
 #pragma once
 
 #include <algorithm>

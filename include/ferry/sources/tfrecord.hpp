@@ -9,6 +9,9 @@
 // stream for compressed files): "truncated record", "corrupted record (length CRC
 // mismatch)", "corrupted record (data CRC mismatch)", a length larger than what is left in
 // the file (never allocated). An empty file is a valid file of no records, as in TensorFlow.
+//
+// Threads: a format framer runs where from_files reads (the thread calling next(), or
+// interleave's reader threads); it runs no user code.
 #pragma once
 
 #include <array>
