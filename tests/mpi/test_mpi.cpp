@@ -14,6 +14,7 @@
 //                      by_element is the explicit fallback
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -28,6 +29,7 @@
 #include <tuple>
 #include <vector>
 
+#include "common/close.hpp"
 #include "common/doubles.hpp"
 #include "ferry/collective/agree_steps.hpp"
 #include "ferry/distributed.hpp"
@@ -118,12 +120,6 @@ auto to_sample = [](const ferry::record& r) {
   std::get<1>(s) = w.y;
   return s;
 };
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
-  return m;
-}
 
 }  // namespace
 
@@ -255,6 +251,7 @@ TEST_CASE("W ranks train to the same weights as one process with the same global
       if (k == n) break;
       const auto st = t.train_step(s);
       CHECK(st.rows == doctest::Approx(double(B)));  // global figures on every rank
+      CHECK(std::isfinite(st.loss));
       if (e == 0 && k == 0) first_loss = st.loss;
       last_loss = st.loss;
       ++k;
@@ -263,7 +260,7 @@ TEST_CASE("W ranks train to the same weights as one process with the same global
   }
   const auto mine = t.parameters(), theirs = ref.parameters();
   REQUIRE(mine.size() == theirs.size());
-  const double d = max_abs_diff(mine, theirs);
+  const double d = ferry_test::max_abs_diff(mine, theirs);  // NaN if a weight is not finite
   CAPTURE(d);
   CHECK(d < 1e-4);
   CHECK(mine != ferry::train::init_params(ferry::train::mlp_layout(cfg), opts.seed));
@@ -328,29 +325,56 @@ TEST_CASE("uneven files: every record exactly once across ranks and replicas, eq
                  ferry::distribute(ferry::host_replicas{R},
                                    {.remainder = pad ? ferry::remainder_policy::pad
                                                      : ferry::remainder_policy::drop});
-    const std::int64_t local = ferry::steps_for(my_rows(files, W, me), b, policy);
+    const std::int64_t rows_here = my_rows(files, W, me);
+    const std::int64_t local = ferry::steps_for(rows_here, b, policy);
     const std::int64_t n = ferry::agree_steps(w, local, policy);
+    // The naive oracle of both: this rank's batches counted one by one (pad keeps the short
+    // last one, drop does not), then the largest (pad) or smallest (drop) over the ranks.
+    std::int64_t oracle_local = 0;
+    for (std::int64_t left = rows_here; pad ? left > 0 : left >= std::int64_t(b); left -= std::int64_t(b))
+      ++oracle_local;
+    CHECK(local == oracle_local);
+    CHECK(n == (pad ? w.all_reduce_max(oracle_local) : w.all_reduce_min(oracle_local)));
     std::vector<std::int64_t> visits(std::size_t(total), 0);
-    std::int64_t ran = 0, empty = 0, bad_ids = 0;
+    // What this rank's pipeline really delivered in the n agreed steps: the steps holding
+    // at least one row, and the rows themselves (not padding).
+    std::int64_t delivered_steps = 0, delivered_rows = 0, empty = 0, bad_ids = 0;
     for (std::int64_t i = 0; i < n; ++i) {
       auto s = steps.next();
+      std::int64_t step_rows = 0;
       if (s) {
         CHECK(s->replicas() == R);
         for (std::size_t r = 0; r < R; ++r) {
           auto ids = (*s)[r].field<0>();
-          for (std::size_t k = 0; k < (*s)[r].valid(); ++k)
+          for (std::size_t k = 0; k < (*s)[r].valid(); ++k, ++step_rows)
             if (ids[k] >= 0 && ids[k] < total) ++visits[std::size_t(ids[k])];
             else ++bad_ids;
         }
-      } else {
-        ++empty;  // this rank ran out: an empty step (it would still join the all-reduce)
       }
+      if (step_rows > 0) ++delivered_steps;
+      else ++empty;  // this rank ran out: an empty step (it would still join the all-reduce)
+      delivered_rows += step_rows;
       w.barrier();  // stands in for the step's all-reduce: every rank must enter it
-      ++ran;
     }
     CHECK(bad_ids == 0);
-    CHECK(w.all_reduce_min(ran) == n);
-    CHECK(w.all_reduce_max(ran) == n);
+    CAPTURE(rows_here);
+    CAPTURE(local);
+    CAPTURE(n);
+    // pad: n is the largest local count, ranks with fewer steps run empty ones at the end;
+    // drop: n is the smallest, every rank stops after n full steps.
+    CHECK(delivered_steps == std::min(local, n));
+    CHECK(empty == n - std::min(local, n));
+    // The rows the policy keeps: pad every row of this rank's files, drop n full batches.
+    const std::int64_t kept_here = pad ? rows_here : n * std::int64_t(b);
+    CHECK(delivered_rows == kept_here);
+    CHECK(w.all_reduce_sum(delivered_rows) == (pad ? total : n * std::int64_t(b) * W));
+    if (pad) {
+      CHECK(local <= n);
+      CHECK(!steps.next());  // nothing of this rank's files left behind
+    } else {
+      CHECK(local >= n);
+      CHECK(empty == 0);
+    }
     w.all_reduce_sum(std::span<std::int64_t>(visits));
     std::int64_t seen = 0, twice = 0, never = 0;
     for (auto v : visits) {
@@ -362,10 +386,8 @@ TEST_CASE("uneven files: every record exactly once across ranks and replicas, eq
     if (pad) {
       CHECK(never == 0);  // every record of the epoch, exactly once
       CHECK(seen == total);
-      if (local < n) CHECK(empty == n - local);
     } else {
       CHECK(seen == n * std::int64_t(b) * W);  // full steps only, the same count everywhere
-      CHECK(empty == 0);
     }
   }
   w.barrier();
@@ -395,20 +417,40 @@ TEST_CASE("uneven files with the trainer: pad with empty steps, no hang" * docte
                ferry::shard(W, me) | ferry::map(to_sample) | ferry::batch(b) |
                ferry::distribute(ferry::host_replicas{1}, {.remainder = ferry::remainder_policy::pad});
   for (int e = 0; e < 2; ++e, steps.rewind()) {
-    const std::int64_t n = ferry::agree_steps(
-        c.world(), ferry::steps_for(mine, std::int64_t(b), ferry::step_policy::pad),
-        ferry::step_policy::pad);
+    CAPTURE(e);
+    const std::int64_t local = ferry::steps_for(mine, std::int64_t(b), ferry::step_policy::pad);
+    const std::int64_t n = ferry::agree_steps(c.world(), local, ferry::step_policy::pad);
+    std::int64_t oracle_local = 0;  // batches of this rank counted one by one, the short one too
+    for (std::int64_t left = mine; left > 0; left -= std::int64_t(b)) ++oracle_local;
+    CHECK(local == oracle_local);
+    CHECK(n == c.world().all_reduce_max(oracle_local));
+    const std::uint64_t trained_before = t.steps();
     double rows = 0;
-    std::int64_t ran = 0;
-    for (std::int64_t i = 0; i < n; ++i, ++ran) {
+    // What this rank's pipeline delivered: non-empty steps and their rows (not padding).
+    std::int64_t delivered_steps = 0, delivered_rows = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
       auto s = steps.next();
+      if (s) {
+        std::int64_t step_rows = 0;
+        for (std::size_t r = 0; r < s->replicas(); ++r) step_rows += std::int64_t((*s)[r].valid());
+        delivered_steps += step_rows > 0;
+        delivered_rows += step_rows;
+      }
       const auto st = s ? t.train_step(*s)
                         : t.train_step(std::vector<ferry::train::replica_input>(1));
+      CHECK(std::isfinite(st.loss));
       rows += st.rows;  // global rows of this step, the same on every rank
     }
     CHECK(!steps.next());  // nothing left behind on this rank
+    CAPTURE(mine);
+    CAPTURE(local);
+    CAPTURE(n);
+    CHECK(local <= n);
+    CHECK(delivered_steps == std::min(local, n));  // then n - local empty steps
+    CHECK(delivered_rows == mine);
+    CHECK(c.world().all_reduce_sum(delivered_rows) == total);  // pad keeps every row
     CHECK(rows == doctest::Approx(double(total)));
-    CHECK(c.world().all_reduce_min(ran) == c.world().all_reduce_max(ran));
+    CHECK(t.steps() - trained_before == std::uint64_t(n));  // the trainer ran every step, empty ones too
   }
   c.world().barrier();
   if (me == 0) fs::remove_all(dir);

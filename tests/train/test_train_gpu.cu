@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "blobs.hpp"
+#include "common/close.hpp"
 #include "ferry/cuda/runtime.hpp"
 #include "ferry/collective/nccl.hpp"
 #include "ferry/cuda/devices.hpp"
@@ -35,16 +36,25 @@ static int failures = 0;
     }                                                       \
   } while (0)
 
+// A CUDA call of the test itself that fails: counted, and named with its status.
+#define EXPECT_CUDA(call)                                         \
+  do {                                                            \
+    const cudaError_t status_ = (call);                           \
+    EXPECT(status_ == cudaSuccess, "%s: %s", #call, cudaGetErrorName(status_)); \
+  } while (0)
+
 template <class T>
 static T* to_device(const std::vector<T>& v) {
   T* p = nullptr;
-  cudaMalloc(&p, v.size() * sizeof(T));
-  cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  EXPECT_CUDA(cudaMalloc(&p, v.size() * sizeof(T)));
+  EXPECT_CUDA(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
   // A pageable cudaMemcpy may return before its DMA ends, and it is on the legacy stream,
   // which the replicas' non-blocking streams do not wait for.
-  cudaDeviceSynchronize();
+  EXPECT_CUDA(cudaDeviceSynchronize());
   return p;
 }
+using ferry_test::rel_diff;
+using ferry_test::worst;
 
 int main() {
   if (!ferry::cuda::available()) {
@@ -69,12 +79,10 @@ int main() {
     std::vector<float> gh(h.gradient_buffer().begin(), h.gradient_buffer().end());
     std::vector<float> gg(lay.grad_floats());
     g.backend().download(gg.data(), g.gradient_buffer().data(), gg.size() * sizeof(float));
-    double worst = 0, scale = 0;
-    for (std::size_t i = 0; i < gh.size(); ++i) {
-      worst = std::fmax(worst, std::fabs(gh[i] - gg[i]));
-      scale = std::fmax(scale, std::fabs(gh[i]));
-    }
-    EXPECT(worst <= 1e-4 * scale + 1e-5, "gradients differ: worst %g (scale %g)", worst, scale);
+    // NaN (so the check fails) if either buffer holds a NaN or an infinity.
+    const double grad_diff = ferry_test::max_abs_diff(gh, gg), scale = ferry_test::max_abs(gh);
+    EXPECT(scale > 0, "the host gradient is all zeros (or not finite): scale %g", scale);
+    EXPECT(grad_diff <= 1e-4 * scale + 1e-5, "gradients differ: worst %g (scale %g)", grad_diff, scale);
 
     tr::host_trainer ht(cfg, {.seed = 7, .max_rows = B}, 1);
     tr::mirrored_trainer<tr::gpu_backend, ferry::solo_communicator> gt(
@@ -87,11 +95,12 @@ int main() {
       const tr::replica_input gi{dx + o * dim, dy + o, B, B};
       const double lh = ht.train_step(std::span(&hi, 1)).loss;
       const double lg = gt.train_step(std::span(&gi, 1)).loss;
-      worst_loss = std::fmax(worst_loss, std::fabs(lh - lg) / std::fmax(1e-3, std::fabs(lh)));
+      EXPECT(std::isfinite(lh) && std::isfinite(lg), "step %d: loss %g on the host, %g on the GPU", s, lh, lg);
+      worst_loss = worst(worst_loss, rel_diff(lg, lh));
     }
     EXPECT(worst_loss < 1e-3, "loss curves differ: worst relative %g", worst_loss);
     std::printf("gpu vs host: gradient max diff %g, loss curve max rel diff %g over %d steps\n",
-                worst, worst_loss, steps);
+                grad_diff, worst_loss, steps);
   }
 
   // 2. NCCL, one rank per local GPU, against one host replica with the same global batch.
@@ -107,7 +116,7 @@ int main() {
     std::vector<float*> rx(count);
     std::vector<std::int32_t*> ry(count);
     for (int r = 0; r < count; ++r) {  // every device gets its own copy of the data
-      cudaSetDevice(r);
+      EXPECT_CUDA(cudaSetDevice(r));
       rx[r] = to_device(d.x);
       ry[r] = to_device(d.y);
     }
@@ -120,7 +129,8 @@ int main() {
       const tr::replica_input hi{d.x.data() + o * dim, d.y.data() + o, B, B};
       const double lh = ht.train_step(std::span(&hi, 1)).loss;
       const double lg = gt.train_step(gi).loss;
-      worst_loss = std::fmax(worst_loss, std::fabs(lh - lg) / std::fmax(1e-3, std::fabs(lh)));
+      EXPECT(std::isfinite(lh) && std::isfinite(lg), "step %d: loss %g on the host, %g on the GPUs", s, lh, lg);
+      worst_loss = worst(worst_loss, rel_diff(lg, lh));
     }
     EXPECT(worst_loss < 1e-3, "nccl trainer loss differs from host: %g", worst_loss);
     const auto p0 = gt.parameters();
@@ -172,7 +182,9 @@ int main() {
         EXPECT(lg.rows == lh.rows, "step %d: %g rows on the GPU, %g on the host", steps_done,
                lg.rows, lh.rows);
         last_rows = lg.rows;
-        worst_loss = std::fmax(worst_loss, std::fabs(lh.loss - lg.loss) / std::fmax(1e-3, std::fabs(lh.loss)));
+        EXPECT(std::isfinite(lh.loss) && std::isfinite(lg.loss), "step %d: loss %g on the host, %g on the GPUs",
+               steps_done, lh.loss, lg.loss);
+        worst_loss = worst(worst_loss, rel_diff(lg.loss, lh.loss));
         ++steps_done;
       }
       gp.rewind();

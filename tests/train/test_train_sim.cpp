@@ -33,6 +33,7 @@
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/prefetch.hpp"
 #include "ferry/train/gpu_backend.cuh"
+#include "common/close.hpp"
 #include "common/doubles.hpp"
 #include "sim_reference.hpp"
 
@@ -66,13 +67,9 @@ struct device_copies {
   }
 };
 
-double rel(double a, double b) { return std::fabs(a - b) / std::fmax(1e-3, std::fabs(b)); }
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double w = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) w = std::fmax(w, std::fabs(a[i] - b[i]));
-  return w;
-}
+// NaN (so every `< tol` check fails) once a value is not finite: tests/common/close.hpp.
+using ferry_test::max_abs_diff;
+using ferry_test::rel_diff;
 
 void no_violations() {
   const auto& v = sim::violations();
@@ -127,13 +124,9 @@ TEST_CASE("gpu_backend on a simulated GPU: the gradients and the loss curve of t
           std::vector<float> got(lay.grad_floats());
           g.backend().download(got.data(), g.gradient_buffer().data(), got.size() * sizeof(float));
           REQUIRE(got.size() == want.size());
-          double worst = 0, scale = 0;
-          for (std::size_t i = 0; i < got.size(); ++i) {
-            worst = std::fmax(worst, std::fabs(got[i] - want[i]));
-            scale = std::fmax(scale, std::fabs(want[i]));
-          }
+          const double diff = max_abs_diff(got, want), scale = ferry_test::max_abs(want);
           CHECK(scale > 0);
-          CHECK(worst <= 1e-4 * scale + 1e-5);
+          CHECK(diff <= 1e-4 * scale + 1e-5);
         }
 
         // 40 Adam steps, then evaluate: the loss curve and the weights of the host's.
@@ -146,7 +139,8 @@ TEST_CASE("gpu_backend on a simulated GPU: the gradients and the loss curve of t
           const std::size_t off = std::size_t(s) * B;
           const tr::replica_input in{dx + off * dim, dy + off, B, B};
           const auto st = t.train_step(std::span(&in, 1));
-          worst = std::fmax(worst, rel(st.loss, ref.loss[s]));
+          CHECK(std::isfinite(st.loss));
+          worst = ferry_test::worst(worst, rel_diff(st.loss, ref.loss[s]));
           CHECK(st.rows == ref.rows[s]);
           CHECK(st.accuracy == doctest::Approx(ref.accuracy[s]).epsilon(0.02));
         }
@@ -156,7 +150,7 @@ TEST_CASE("gpu_backend on a simulated GPU: the gradients and the loss curve of t
         const std::size_t off = std::size_t(40) * B;
         const tr::replica_input ev{dx + off * dim, dy + off, B, B};
         const auto e = t.evaluate(std::span(&ev, 1));
-        CHECK(rel(e.loss, ref.eval.loss) < 1e-3);
+        CHECK(rel_diff(e.loss, ref.eval.loss) < 1e-3);
         CHECK(e.rows == ref.eval.rows);
       });
     }
@@ -186,7 +180,8 @@ TEST_CASE("NCCL, one rank per simulated GPU: the weights of one host replica wit
           for (int r = 0; r < 2; ++r)
             in.push_back({dx[r] + (off + std::size_t(r) * per) * dim, dy[r] + off + std::size_t(r) * per, per, per});
           const auto st = t.train_step(in);
-          worst = std::fmax(worst, rel(st.loss, ref.loss[s]));
+          CHECK(std::isfinite(st.loss));
+          worst = ferry_test::worst(worst, rel_diff(st.loss, ref.loss[s]));
           CHECK(st.rows == ref.rows[s]);
         }
         CHECK(worst < 1e-3);
@@ -197,7 +192,7 @@ TEST_CASE("NCCL, one rank per simulated GPU: the weights of one host replica wit
         const tr::replica_input ev[2] = {{dx[0] + off * dim, dy[0] + off, per, per},
                                          {dx[1] + (off + per) * dim, dy[1] + off + per, per, per}};
         const auto e = t.evaluate(std::span(ev));
-        CHECK(rel(e.loss, ref.eval.loss) < 1e-3);
+        CHECK(rel_diff(e.loss, ref.eval.loss) < 1e-3);
         CHECK(e.rows == ref.eval.rows);
         CHECK(sim::stats().collectives > 0);
         REQUIRE(cudaSetDevice(0) == cudaSuccess);
@@ -225,7 +220,8 @@ TEST_CASE("the pipeline feeds two simulated GPUs' trainer: distribute(cuda::devi
           REQUIRE(k < ref.loss.size());
           const auto st = t.train_step(step);
           CHECK(st.rows == ref.rows[k]);
-          worst = std::fmax(worst, rel(st.loss, ref.loss[k]));
+          CHECK(std::isfinite(st.loss));
+          worst = ferry_test::worst(worst, rel_diff(st.loss, ref.loss[k]));
           ++k;
         }
         p.rewind();
@@ -372,7 +368,7 @@ TEST_CASE("ncclCommInitRank across processes: two trainers of two ranks each in 
     REQUIRE(res[0].loss.size() == std::size_t(steps));
     REQUIRE(res[1].loss.size() == std::size_t(steps));
     double worst = 0;
-    for (int s = 0; s < steps; ++s) worst = std::fmax(worst, rel(res[0].loss[s], ref.loss[s]));
+    for (int s = 0; s < steps; ++s) worst = ferry_test::worst(worst, rel_diff(res[0].loss[s], ref.loss[s]));
     CHECK(worst < 1e-3);
     CHECK(res[0].loss == res[1].loss);      // every rank reads the same global statistics
     CHECK(res[0].params == res[1].params);  // and holds the same weights
