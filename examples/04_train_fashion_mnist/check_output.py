@@ -3,22 +3,30 @@
 `epoch <k> loss <l> test_accuracy <a> elapsed_s <s>` line per epoch, then
 `test_accuracy: <a>`, and the stderr line naming the backend. On a machine without a usable
 GPU the nvcc-built program must fall back to host replicas; with `gpu` it must run on the
-GPU. Exits 1 with the reason on any mismatch.
+GPU: its stderr must name the GPU backend, and a host-replica line fails the check. Exits 1
+with the reason on any mismatch.
 
-usage: check_output.py TRAIN_FASHION_MNIST [gpu]
-    gpu: force --device gpu (suite gpu): exit 77 when there is no usable device
+usage: check_output.py TRAIN_FASHION_MNIST [gpu [--no-skip]]
+    gpu:       force --device gpu (suite gpu): exit 77 when there is no usable device
+    --no-skip: with gpu, no usable device is a failure, not a skip (the simulator's build,
+               whose two simulated GPUs are always there)
 """
 import re
 import subprocess
 import sys
 
+USAGE = "usage: check_output.py TRAIN_FASHION_MNIST [gpu [--no-skip]]"
+if len(sys.argv) < 2 or sys.argv[2:] not in ([], ["gpu"], ["gpu", "--no-skip"]):
+    print(USAGE)
+    sys.exit(2)
 exe = sys.argv[1]
-gpu = sys.argv[2:] == ["gpu"]
+want_gpu = sys.argv[2:3] == ["gpu"]
+no_skip = sys.argv[3:4] == ["--no-skip"]
 p = subprocess.run([exe, "--epochs", "2", "--limit", "2048", "--batch", "128", "--replicas", "2",
-                    "--quiet", "--device", "gpu" if gpu else "auto"],
+                    "--quiet", "--device", "gpu" if want_gpu else "auto"],
                    capture_output=True, text=True, timeout=110)
-if gpu and p.returncode != 0 and ("no usable CUDA device" in p.stderr
-                                  or "has no GPU path" in p.stderr):
+if want_gpu and not no_skip and p.returncode != 0 and ("no usable CUDA device" in p.stderr
+                                                       or "has no GPU path" in p.stderr):
     print("SKIP: " + p.stderr.strip())
     sys.exit(77)
 out, err = p.stdout.splitlines(), p.stderr
@@ -26,6 +34,8 @@ print("stdout:\n" + p.stdout + "stderr:\n" + err)
 fail = []
 if p.returncode != 0:
     fail.append(f"exit status {p.returncode}")
+if want_gpu and no_skip and ("no usable CUDA device" in err or "has no GPU path" in err):
+    fail.append("no usable GPU, and --no-skip says this build must have one")
 epoch = re.compile(r"^epoch (\d+) loss (\d+\.\d{4}) test_accuracy (\d\.\d{4}) elapsed_s (\d+\.\d)$")
 if len(out) != 3:
     fail.append(f"expected 3 stdout lines, got {len(out)}")
@@ -42,12 +52,17 @@ else:
         fail.append("the final accuracy differs from the last epoch's")
     elif float(m[1]) < 0.6:  # 2 x 2048 images of a 10-class problem: chance is 0.1
         fail.append(f"test accuracy {m[1]} after 2 short epochs: not learning")
-gpu = re.search(r"GPU replica\(s\) on", err)
-host = re.search(r"2 host replica\(s\)", err)
-if not gpu and not host:
-    fail.append("stderr does not say which backend ran")
-if gpu and not re.search(r"train_fashion_mnist: \d+ GPU replica\(s\) on .*\(cuBLAS, NCCL\)", err):
-    fail.append("--device gpu did not run on the GPU")
+gpu_line = re.search(r"^train_fashion_mnist: \d+ GPU replica\(s\) on .*\(cuBLAS, NCCL\)", err, re.M)
+host_line = re.search(r"^train_fashion_mnist: 2 host replica\(s\)", err, re.M)
+if want_gpu:
+    if not gpu_line:
+        fail.append("--device gpu: stderr does not name the GPU backend "
+                    "('train_fashion_mnist: <n> GPU replica(s) on ... (cuBLAS, NCCL)')")
+    if re.search(r"host replica\(s\)", err):
+        fail.append("--device gpu ran on host replicas")
+elif bool(gpu_line) == bool(host_line):
+    fail.append("stderr does not say which one backend ran" if not gpu_line
+                else "stderr names both backends")
 for f in fail:
     print("FAILED: " + f)
 sys.exit(1 if fail else 0)

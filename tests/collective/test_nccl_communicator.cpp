@@ -1,11 +1,34 @@
-// nccl_communicator: one rank per local GPU, all ranks driven from their own threads.
-// Exits 77 (SKIP) with a reason when no CUDA device is usable; must pass on a GPU machine.
+// nccl_communicator: one rank per local GPU, all ranks driven from their own threads. Each
+// rank starts from values of its own, so a collective that did nothing (or the wrong thing)
+// leaves some rank with the wrong numbers; results are checked exactly against the oracle:
+//
+//   all_reduce_sum      rank r holds r + 1 + (i % 7)      -> sum_r (r + 1) + count (i % 7)
+//   broadcast(last)     rank r holds 1000 r + (i % 5)     -> 1000 (count - 1) + (i % 5)
+//   all_reduce_average  rank r holds 2 r + (i % 3) / 2    -> (count - 1) + (i % 3) / 2
+//
+// (all integers or halves: exact in float; the average is exact for a power-of-two count,
+// NCCL's float average being a sum of x / count, and within a few ulps otherwise.)
+// Every CUDA call is checked. Plain cudaMemcpy runs on the legacy default stream, which the
+// communicator's cudaStreamNonBlocking stream is not ordered with: cudaDeviceSynchronize
+// after each upload and before each download orders them (as bench_nccl_allreduce does).
+//
+// With one GPU a collective over one rank is the identity: that is what is checked then, and
+// the test says that the cross-rank checks did not run (they need two GPUs). Exits 77 (SKIP)
+// with a reason when no CUDA device is usable; must pass on a GPU machine.
 // Also built against the simulated runtime and NCCL (collective_nccl_sim: two simulated
-// GPUs; tests/cuda/sim/sim_report_at_exit.cpp makes a race or deadlock fail it too).
+// GPUs, where fewer than two ranks is a failure; tests/cuda/sim/sim_report_at_exit.cpp
+// makes a race or deadlock fail it too).
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <barrier>
+#include <cfloat>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -13,50 +36,153 @@
 #include "ferry/cuda/runtime.hpp"
 #include "ferry/collective/nccl.hpp"
 
+namespace {
+
+std::mutex print_mutex;
+std::atomic<int> failures{0};
+
+void fail(int rank, const std::string& what) {
+  ++failures;
+  std::lock_guard lk(print_mutex);
+  std::printf("FAILED rank %d: %s\n", rank, what.c_str());
+}
+
+// Throws (caught by the rank's phase, which counts it) when a CUDA call of the test fails.
+void ck(cudaError_t e, const char* call, int line) {
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string(__FILE__) + ":" + std::to_string(line) + ": " + call + ": " +
+                             cudaGetErrorName(e));
+}
+#define CK(call) ck((call), #call, __LINE__)
+
+// Compares a rank's downloaded buffer with the oracle; reports the first few mismatches.
+template <class Want>
+int check(int rank, const char* what, const std::vector<float>& got, Want want, float tol) {
+  int bad = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const float w = want(i);
+    if (!(std::fabs(got[i] - w) <= tol)) {  // a NaN is wrong too
+      if (++bad <= 3)
+        fail(rank, std::string(what) + ": element " + std::to_string(i) + " is " + std::to_string(got[i]) +
+                       ", expected " + std::to_string(w));
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
 int main() {
   if (!ferry::cuda::available()) {
     std::printf("SKIP: no usable CUDA device: %s\n", ferry::cuda::unavailable_reason().c_str());
     return 77;
   }
   const int count = ferry::cuda::device_count();
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::printf("FAILED: cudaGetDeviceProperties(0)\n");
+    return 1;
+  }
+  const bool simulated = std::string(prop.name).rfind("simulated GPU", 0) == 0;
+  if (simulated && count < 2) {
+    std::printf("FAILED: the simulator has two GPUs, this run sees %d: the cross-rank checks would not run\n",
+                count);
+    return 1;
+  }
   std::vector<int> devs;
   for (int d = 0; d < count; ++d) devs.push_back(d);
   auto comms = ferry::nccl_communicator::local(devs);
   const std::size_t len = 1 << 20;
-  std::vector<int> bad(count, 0);
+  const float n = float(count);
+  const bool pow2 = (count & (count - 1)) == 0;
+  // NCCL's float average: x_r * (1 / count) summed; exact for a power of two, else a few
+  // rounding errors of values up to 2 count.
+  const float avg_tol = pow2 ? 0.0f : 8.0f * n * FLT_EPSILON * 2.0f * n;
+  std::vector<int> wrong(count, 0);
+  // Every rank ends each phase here. When one failed, all skip the phases after (a rank that
+  // left early would leave its peers waiting in the next collective for ever): `stopped`
+  // is read from `failed` once every rank has arrived, so all ranks see the same value.
+  std::atomic<bool> failed{false};
+  bool stopped = false;
+  std::barrier sync(count, [&]() noexcept { stopped = failed.load(); });
+
   std::vector<std::thread> ts;
   for (int r = 0; r < count; ++r)
     ts.emplace_back([&, r] {
-      cudaSetDevice(devs[r]);
-      cudaStream_t s;
-      cudaStreamCreate(&s);
-      comms[r].set_stream(s);
+      auto phase = [&](auto body) {
+        if (!stopped) {
+          try {
+            body();
+          } catch (const std::exception& e) {
+            fail(r, e.what());
+            failed = true;
+          }
+        }
+        sync.arrive_and_wait();
+      };
+      cudaStream_t s = nullptr;
       float* d = nullptr;
-      cudaMalloc(&d, len * sizeof(float));
       std::vector<float> h(len);
-      for (std::size_t i = 0; i < len; ++i) h[i] = float(r + 1) + float(i % 7);
-      cudaMemcpy(d, h.data(), len * sizeof(float), cudaMemcpyHostToDevice);
-      comms[r].all_reduce_sum({d, len});
-      comms[r].barrier();
-      cudaMemcpy(h.data(), d, len * sizeof(float), cudaMemcpyDeviceToHost);
-      const float ranks = float(count) * float(count + 1) / 2.0f;
-      for (std::size_t i = 0; i < len; ++i)
-        if (h[i] != ranks + float(count) * float(i % 7)) ++bad[r];
-      // broadcast from the last rank
-      for (std::size_t i = 0; i < len; ++i) h[i] = float(r);
-      cudaMemcpy(d, h.data(), len * sizeof(float), cudaMemcpyHostToDevice);
-      comms[r].broadcast({d, len}, count - 1);
-      comms[r].all_reduce_average({d, len});
-      comms[r].barrier();
-      cudaMemcpy(h.data(), d, len * sizeof(float), cudaMemcpyDeviceToHost);
-      for (std::size_t i = 0; i < len; ++i)
-        if (h[i] != float(count - 1)) ++bad[r];
-      cudaFree(d);
-      cudaStreamDestroy(s);
+      auto upload = [&] {
+        CK(cudaMemcpy(d, h.data(), len * sizeof(float), cudaMemcpyHostToDevice));
+        CK(cudaDeviceSynchronize());  // the DMA has ended before the communicator's stream reads d
+      };
+      auto download = [&] {
+        CK(cudaDeviceSynchronize());  // the collective has ended before the legacy stream reads d
+        CK(cudaMemcpy(h.data(), d, len * sizeof(float), cudaMemcpyDeviceToHost));
+      };
+      // 1. all_reduce_sum
+      phase([&] {
+        CK(cudaSetDevice(devs[r]));
+        CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        comms[r].set_stream(s);
+        CK(cudaMalloc(&d, len * sizeof(float)));
+        for (std::size_t i = 0; i < len; ++i) h[i] = float(r + 1) + float(i % 7);
+        upload();
+      });
+      phase([&] {
+        comms[r].all_reduce_sum({d, len});
+        comms[r].barrier();
+        download();
+        wrong[r] += check(r, "all_reduce_sum", h, [&](std::size_t i) { return n * (n + 1) / 2 + n * float(i % 7); },
+                          0.0f);
+      });
+      // 2. broadcast from the last rank
+      phase([&] {
+        for (std::size_t i = 0; i < len; ++i) h[i] = 1000.0f * float(r) + float(i % 5);
+        upload();
+      });
+      phase([&] {
+        comms[r].broadcast({d, len}, count - 1);
+        comms[r].barrier();
+        download();
+        wrong[r] += check(r, "broadcast from the last rank", h,
+                          [&](std::size_t i) { return 1000.0f * (n - 1) + float(i % 5); }, 0.0f);
+      });
+      // 3. all_reduce_average of values that differ from rank to rank
+      phase([&] {
+        for (std::size_t i = 0; i < len; ++i) h[i] = 2.0f * float(r) + 0.5f * float(i % 3);
+        upload();
+      });
+      phase([&] {
+        comms[r].all_reduce_average({d, len});
+        comms[r].barrier();
+        download();
+        wrong[r] += check(r, "all_reduce_average", h, [&](std::size_t i) { return (n - 1) + 0.5f * float(i % 3); },
+                          avg_tol);
+      });
+      // Teardown, whatever happened above.
+      try {
+        if (d) CK(cudaFree(d));
+        if (s) CK(cudaStreamDestroy(s));
+      } catch (const std::exception& e) {
+        fail(r, e.what());
+      }
     });
   for (auto& t : ts) t.join();
-  int wrong = 0;
-  for (int b : bad) wrong += b;
+  int bad = 0;
+  for (int b : wrong) bad += b;
+
   // abort(): later calls throw a clear error; destruction afterwards does not hang.
   bool clear = true;
   for (auto& c : comms) c.abort();
@@ -70,7 +196,11 @@ int main() {
     }
   }
   comms.clear();
-  std::printf("nccl_communicator: %d rank(s), %zu floats, #wrong %d, abort %s\n", count, len, wrong,
-              clear ? "ok" : "WRONG");
-  return wrong == 0 && clear ? 0 : 1;
+  std::printf("nccl_communicator: %d rank(s)%s, %zu floats: #wrong %d, abort %s, %d failure(s)\n", count,
+              simulated ? " (simulated)" : "", len, bad, clear ? "ok" : "WRONG", failures.load());
+  if (count < 2)
+    std::printf("NOTE: one GPU: only checked that init works and that each collective over one rank is the "
+                "identity; the cross-rank checks (sum, broadcast, average across ranks) need >= 2 GPUs and "
+                "did NOT run\n");
+  return bad == 0 && clear && failures == 0 ? 0 : 1;
 }
