@@ -235,6 +235,8 @@ def ratios(latest):
             for x in rec(r, "read")[:1]:
                 add("read: fixed_length vs cat", x.get("ratio_fixed_cat"), r)
                 add("read: tfrecord (CRC) vs cat", x.get("ratio_tfrecord_cat"), r)
+                if x.get("ratio_interleave_cat") is not None:
+                    add("read: tfrecord interleave(4) vs cat", x.get("ratio_interleave_cat"), r)
                 add("read: vs PyTorch DataLoader", x.get("ratio_torch"), r)
         elif name == "sweep":
             for x in rec(r, "sweep"):

@@ -1,8 +1,9 @@
 // Read throughput of from_files | batch against `cat` of the same files to /dev/null (the
 // page-cache read limit) and PyTorch's DataLoader (num_workers=2, same batch size) on the
 // same records, all in one run; TFRecord also with read_ahead = 0 (every read(2) on the
-// consuming thread), to show what the I/O thread buys. Prints a table, the ratios, and a
-// JSON line.
+// consuming thread), to show what the I/O thread buys, and through interleave(4) with two
+// reader threads (tf.data's parallel interleave), to show what mixing files costs. Prints
+// a table, the ratios, and a JSON line.
 //
 // Usage: bench_read [MiB per format, default 256] [record bytes, default 1024] [python3]
 #include <fcntl.h>
@@ -23,6 +24,7 @@
 #include "ferry/sources/detail/crc32c.hpp"
 #include "ferry/sources/from_files.hpp"
 #include "ferry/stages/batch.hpp"
+#include "ferry/stages/interleave.hpp"
 
 namespace {
 using bench::now;
@@ -64,6 +66,13 @@ std::uint64_t ferry_read(const std::vector<std::string>& files, ferry::file_form
   while (auto b = p.next()) n += b->size();
   return n;
 }
+std::uint64_t ferry_interleave(const std::vector<std::string>& files, std::size_t batch) {
+  std::uint64_t n = 0;
+  auto p = ferry::from_files(files, ferry::tfrecord{}) | ferry::interleave(files.size(), {.workers = 2}) |
+           ferry::batch(batch);
+  while (auto b = p.next()) n += b->size();
+  return n;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -94,8 +103,8 @@ int main(int argc, char** argv) {
   // Best of 8 rounds, each running every contender once; odd rounds in reverse order, so
   // each contender runs after different ones (a run right after `cat` is slower on this
   // VM, whatever runs) and a slow spell of the machine hits them alike.
-  double cat_fixed = 1e100, cat_tf = 1e100, t_fixed = 1e100, t_tf = 1e100, t_tf_sync = 1e100;
-  bool ok_fixed = true, ok_tf = true, ok_tf_sync = true;
+  double cat_fixed = 1e100, cat_tf = 1e100, t_fixed = 1e100, t_tf = 1e100, t_tf_sync = 1e100, t_il = 1e100;
+  bool ok_fixed = true, ok_tf = true, ok_tf_sync = true, ok_il = true;
   const std::uint64_t want = per_file * nfiles;
   auto timed = [&](double& best, bool* ok, auto&& f) {
     const double t0 = now();
@@ -110,6 +119,7 @@ int main(int argc, char** argv) {
       [&] { timed(t_tf, &ok_tf, [&] { return ferry_read(tf, ferry::tfrecord{}, batch); }); },
       // The same without the I/O thread (read_ahead = 0): every read(2) on the consuming thread.
       [&] { timed(t_tf_sync, &ok_tf_sync, [&] { return ferry_read(tf, ferry::tfrecord{}, batch, {.read_ahead = 0}); }); },
+      [&] { timed(t_il, &ok_il, [&] { return ferry_interleave(tf, batch); }); },
   };
   for (int round = 0; round < 8; ++round)
     for (std::size_t i = 0; i < contenders.size(); ++i)
@@ -137,18 +147,21 @@ int main(int argc, char** argv) {
   row("cat tfrecord > /dev/null", cat_tf, bytes_tf, records, true);
   row("ferry tfrecord (CRC) | batch", t_tf, bytes_tf, records, ok_tf);
   row("  same, read_ahead = 0", t_tf_sync, bytes_tf, records, ok_tf_sync);
+  row("  interleave(4, 2 workers) | batch", t_il, bytes_tf, records, ok_il);
   std::printf("%-34s %12s %12s %14.0f %7s\n", "pytorch DataLoader(num_workers=2)", "-", "-", torch_rps, torch_rps > 0 ? "0" : "n/a");
   const double r_fixed = cat_fixed / t_fixed, r_tf = cat_tf / t_tf, r_torch = torch_rps > 0 ? (records / t_fixed) / torch_rps : 0;
   std::printf("ratio fixed/cat: %.2f (target >= 0.8)\nratio tfrecord/cat: %.2f (target >= 0.7)\n", r_fixed, r_tf);
   std::printf("ratio tfrecord/cat, read_ahead = 0: %.2f\n", cat_tf / t_tf_sync);
+  std::printf("ratio tfrecord interleave/cat: %.2f (interleave/from_files: %.2f)\n", cat_tf / t_il, t_tf / t_il);
   std::printf("ratio ferry/pytorch records/s: %.1f (target >= 20)\n", r_torch);
   std::printf("{\"bench\":\"read\",\"record_bytes\":%zu,\"records\":%.0f,\"cat_fixed_s\":%.5f,\"ferry_fixed_s\":%.5f,"
               "\"cat_tfrecord_s\":%.5f,\"ferry_tfrecord_s\":%.5f,\"torch_records_per_s\":%.0f,"
               "\"ratio_fixed_cat\":%.3f,\"ratio_tfrecord_cat\":%.3f,\"ratio_torch\":%.2f,"
-              "\"ferry_tfrecord_sync_s\":%.5f,\"ratio_tfrecord_sync_cat\":%.3f}\n",
+              "\"ferry_tfrecord_sync_s\":%.5f,\"ratio_tfrecord_sync_cat\":%.3f,"
+              "\"ferry_interleave_s\":%.5f,\"ratio_interleave_cat\":%.3f}\n",
               rec, records, cat_fixed, t_fixed, cat_tf, t_tf, torch_rps, r_fixed, r_tf, r_torch, t_tf_sync,
-              cat_tf / t_tf_sync);
+              cat_tf / t_tf_sync, t_il, cat_tf / t_il);
   std::string rm = "rm -rf '" + dir + "'";
   std::system(rm.c_str());
-  return ok_fixed && ok_tf && ok_tf_sync ? 0 : 1;
+  return ok_fixed && ok_tf && ok_tf_sync && ok_il ? 0 : 1;
 }

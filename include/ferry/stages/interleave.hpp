@@ -13,7 +13,10 @@
 // would depend on which slot ends first.
 //
 // Threads: with .workers = w > 0, w threads read ahead (slot s on thread s % w), each
-// slot buffering up to .buffer records (and about 4 read chunks of bytes); with
+// slot buffering up to .buffer records (and about 4 read chunks of bytes) while the
+// consumer takes the run it collected before (so at most 2 x .buffer per slot): records
+// pass between threads in runs, one lock and at most one wake-up per run, not per record,
+// and a reader publishes at once when the consumer waits on its slot; with
 // .workers = 0 everything runs on the thread calling next(). on_skip runs on the reading
 // thread. Errors: as from_files (error_policy raise: the error reaches next() at the
 // record's place in the order, skip: counted in skipped()). Anything else thrown while
@@ -27,6 +30,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -74,8 +78,9 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     pos at;                       // producer's position
     std::optional<pos> pending;   // a restored position to seek to
     bool producing_done = false;  // producer reached the end
-    std::deque<entry> q;
+    std::deque<entry> q;          // published by the slot's reader, under m_
     std::size_t q_bytes = 0;
+    std::deque<entry> local;      // consumer side: a run taken from q at once, no lock per record
     bool active = true;           // consumer side: not yet ended
     pos consumed;                 // consumer side: after the last record taken
     std::uint64_t skipped = 0;
@@ -310,22 +315,32 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     return layout_;
   }
 
+  // Takes slot i's next entry: from the run taken before, or else everything its reader
+  // has published, at once (one lock, one wake-up of the readers if one waits for room).
   entry take(std::size_t i) {
     slot& s = slots_[i];
     if (o_.workers == 0) return produce(s);
-    std::unique_lock lk(m_);
-    if (s.q.empty()) {  // the consumer waits for the readers
-      observe::wait_timer wt;
-      wt.start();
-      not_empty_.wait(lk, [&] { return !s.q.empty() || s.broken; });
-      wt.stop(stats_.wait_up, "interleave: wait upstream");
-      if (s.q.empty()) std::rethrow_exception(s.broken);  // until rewind()
+    if (s.local.empty()) {
+      std::unique_lock lk(m_);
+      if (s.q.empty()) {  // the consumer waits for the readers
+        observe::wait_timer wt;
+        wt.start();
+        waiting_for_.store(i, std::memory_order_relaxed);  // its reader publishes at once
+        ++consumer_waiting_;
+        not_empty_.wait(lk, [&] { return !s.q.empty() || s.broken; });
+        --consumer_waiting_;
+        waiting_for_.store(no_slot, std::memory_order_relaxed);
+        wt.stop(stats_.wait_up, "interleave: wait upstream");
+        if (s.q.empty()) std::rethrow_exception(s.broken);  // until rewind()
+      }
+      s.local.swap(s.q);  // s.local was empty: s.q is now
+      s.q_bytes = 0;
+      const bool wake = readers_waiting_ > 0;
+      lk.unlock();
+      if (wake) not_full_.notify_all();
     }
-    entry e = std::move(s.q.front());
-    s.q.pop_front();
-    if (e.rec) s.q_bytes -= e.rec->size();
-    lk.unlock();
-    not_full_.notify_all();
+    entry e = std::move(s.local.front());
+    s.local.pop_front();
     return e;
   }
 
@@ -333,15 +348,21 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     return !s.producing_done && !s.broken && s.q.size() < std::max<std::size_t>(o_.buffer, 1) &&
            (s.q.empty() || s.q_bytes < 4 * pool_->chunk_bytes());
   }
+  // A reader reads a run of entries for one slot (as many as its room allows) outside the
+  // lock, then publishes them under one lock with at most one wake-up. The run ends early
+  // at the slot's end, at stop, past the byte bound, or when the consumer waits on this
+  // slot (so a slow file, a pipe, never holds back what is already read).
   void worker(std::size_t t) {
     observe::name_this_thread("ferry interleave reader");
     const std::size_t w = threads_count_;
+    const std::size_t cap = std::max<std::size_t>(o_.buffer, 1), byte_cap = 4 * pool_->chunk_bytes();
+    std::vector<entry> run;
     for (;;) {
-      std::size_t pick = slots_.size();
+      std::size_t pick = slots_.size(), want = 0, bytes_left = 0;
       {
         std::unique_lock lk(m_);
         auto room = [&] {
-          if (stop_) return true;
+          if (stop_.load(std::memory_order_relaxed)) return true;
           for (std::size_t s = t; s < slots_.size(); s += w)
             if (has_room(slots_[s])) return true;
           return false;
@@ -349,52 +370,76 @@ class interleave_source : public source_interface<interleave_source<Up>> {
         if (!room()) {  // every slot of this reader is full: the consumer is slower
           observe::wait_timer wt;
           wt.start();
+          ++readers_waiting_;
           not_full_.wait(lk, room);
+          --readers_waiting_;
           wt.stop(stats_.wait_down, "interleave: wait downstream", /*shared=*/true);
         }
-        if (stop_) return;
+        if (stop_.load(std::memory_order_relaxed)) return;
         // The slot with the fewest buffered entries first: the consumer needs them in turn.
         for (std::size_t s = t; s < slots_.size(); s += w)
           if (has_room(slots_[s]) && (pick == slots_.size() || slots_[s].q.size() < slots_[pick].q.size())) pick = s;
+        want = cap - slots_[pick].q.size();
+        bytes_left = byte_cap > slots_[pick].q_bytes ? byte_cap - slots_[pick].q_bytes : 1;
       }
-      const bool timed = observe::on();
-      const observe::ticks t0 = timed ? observe::now() : 0;
-      entry e;
-      try {
-        e = produce(slots_[pick]);
-      } catch (...) {  // building the entry itself failed (std::bad_alloc): the consumer gets that
-        e = entry{std::nullopt, std::current_exception(), false, slots_[pick].at};
+      run.clear();
+      std::size_t bytes = 0;
+      bool end = false;
+      while (run.size() < want) {
+        const bool timed = observe::on();
+        const observe::ticks t0 = timed ? observe::now() : 0;
+        entry e;
+        try {
+          e = produce(slots_[pick]);
+        } catch (...) {  // building the entry itself failed (std::bad_alloc): the consumer gets that
+          e = entry{std::nullopt, std::current_exception(), false, slots_[pick].at};
+        }
+        if (timed) {
+          const observe::ticks t1 = observe::now();
+          stats_.work.add_shared(t1 - t0);
+          if (observe::tracing()) observe::record("interleave: read", t0, t1);
+        }
+        end = e.end;
+        bytes += e.rec ? e.rec->size() : 0;
+        try {
+          run.push_back(std::move(e));
+        } catch (...) {  // no room to hold it: the slot stops rather than skip it silently
+          std::lock_guard lk(m_);
+          slots_[pick].broken = std::current_exception();
+          break;
+        }
+        if (end || bytes >= bytes_left || stop_.load(std::memory_order_relaxed) ||
+            waiting_for_.load(std::memory_order_relaxed) == pick)
+          break;
       }
-      if (timed) {
-        const observe::ticks t1 = observe::now();
-        stats_.work.add_shared(t1 - t0);
-        if (observe::tracing()) observe::record("interleave: read", t0, t1);
-      }
+      bool wake;
       {
         std::lock_guard lk(m_);
         slot& s = slots_[pick];
-        const bool end = e.end;
-        const std::size_t bytes = e.rec ? e.rec->size() : 0;
         try {
-          s.q.push_back(std::move(e));
+          for (entry& e : run) {
+            const std::size_t b = e.rec ? e.rec->size() : 0;
+            s.q.push_back(std::move(e));
+            s.q_bytes += b;
+          }
           if (end) s.producing_done = true;
-          s.q_bytes += bytes;
-        } catch (...) {  // the entry is lost: the slot stops rather than skip it silently
+        } catch (...) {  // entries lost: the slot stops rather than skip them silently
           s.broken = std::current_exception();
         }
+        wake = consumer_waiting_ > 0;
       }
-      not_empty_.notify_all();
+      if (wake) not_empty_.notify_all();
     }
   }
   void start_threads() {
-    stop_ = false;
+    stop_.store(false, std::memory_order_relaxed);
     threads_count_ = std::min(o_.workers, slots_.size());
     for (std::size_t t = 0; t < threads_count_; ++t) threads_.emplace_back([this, t] { worker(t); });
   }
   void stop_threads() noexcept {
     {
       std::lock_guard lk(m_);
-      stop_ = true;
+      stop_.store(true, std::memory_order_relaxed);
     }
     not_full_.notify_all();
     for (auto& th : threads_) th.join();
@@ -402,6 +447,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     // Entries read ahead are dropped; producers restart from the consumed positions.
     for (slot& s : slots_) {
       s.q.clear();
+      s.local.clear();
       s.q_bytes = 0;
       s.broken = nullptr;
       if (s.reader) s.reader->close();
@@ -423,7 +469,10 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   std::size_t cur_ = 0, in_block_ = 0;
   mutable std::mutex m_;
   std::condition_variable not_empty_, not_full_;
-  bool stop_ = false;
+  std::atomic<bool> stop_{false};  // written under m_; readers also check it between reads
+  static constexpr std::size_t no_slot = std::size_t(-1);
+  std::atomic<std::size_t> waiting_for_{no_slot};  // the slot the consumer waits on
+  int consumer_waiting_ = 0, readers_waiting_ = 0;  // under m_: whom a publish or take must wake
   std::size_t threads_count_ = 0;
   std::vector<std::thread> threads_;
   observe::stage_counters stats_;
