@@ -85,11 +85,14 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   log "GPU benchmarks (scripts/bench.py: JSON under benchmarks/results, copied to \$OUT)"
   before=$(ls benchmarks/results/*.json 2>/dev/null | sort)
-  python3 scripts/bench.py --build "$bdir" --no-build \
-    --only distribute_gpu,collective_nccl,train_fed_gpu,train_fashion_mnist_gpu_vs_pytorch > "$out/bench.log" 2>&1 || status=1
+  # One benchmark at a time, the archive rewritten after each: a call cut off at its time
+  # limit still brings back what finished. At most 8 files come back: the results go as
+  # one archive.
+  for b in distribute_gpu collective_nccl train_fed_gpu train_fashion_mnist_gpu_vs_pytorch; do
+    python3 scripts/bench.py --build "$bdir" --no-build --only "$b" >> "$out/bench.log" 2>&1 || status=1
+    comm -13 <(echo "$before") <(ls benchmarks/results/*.json | sort) | tar -czf "$out/results.tgz" -T - 2>/dev/null
+  done
   grep -E "^(pass|fail|skip)|ratio|h2d_|hidden_copy|busbw|time to" "$out/bench.log" | tail -20 | tee -a "$out/summary.txt"
-  # At most 8 files come back: the new results go as one archive.
-  comm -13 <(echo "$before") <(ls benchmarks/results/*.json | sort) | tar -czf "$out/results.tgz" -T - 2>/dev/null
   tar -czf "$out/figures.tgz" benchmarks/results/figures 2>/dev/null
 fi
 # At most 8 files come back from a device call: the logs go as one archive.
