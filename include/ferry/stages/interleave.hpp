@@ -350,8 +350,9 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   }
   // A reader reads a run of entries for one slot (as many as its room allows) outside the
   // lock, then publishes them under one lock with at most one wake-up. The run ends early
-  // at the slot's end, at stop, past the byte bound, or when the consumer waits on this
-  // slot (so a slow file, a pipe, never holds back what is already read).
+  // at the slot's end, at stop, past the byte bound, or when the consumer waits on one of
+  // this reader's slots (so a slow file, a pipe, never holds back what is already read,
+  // nor another slot's turn).
   void worker(std::size_t t) {
     observe::name_this_thread("ferry interleave reader");
     const std::size_t w = threads_count_;
@@ -408,9 +409,10 @@ class interleave_source : public source_interface<interleave_source<Up>> {
           slots_[pick].broken = std::current_exception();
           break;
         }
-        if (end || bytes >= bytes_left || stop_.load(std::memory_order_relaxed) ||
-            waiting_for_.load(std::memory_order_relaxed) == pick)
-          break;
+        if (end || bytes >= bytes_left || stop_.load(std::memory_order_relaxed)) break;
+        // The consumer waits on one of this reader's slots: this one (publish what it
+        // has), or another (a slow file here must not hold it back).
+        if (const std::size_t wf = waiting_for_.load(std::memory_order_relaxed); wf != no_slot && wf % w == t) break;
       }
       bool wake;
       {
