@@ -520,7 +520,7 @@ class map_source : public source_interface<map_source<Up, F>> {
         run = std::clamp<std::uint64_t>(ideal >= double(run_cap) ? run_cap : std::uint64_t(ideal), 1, run_cap);
       }
       if (uerr) {
-        outs[got].error = uerr;
+        outs[got].error = std::move(uerr);  // no reference stays here: the consumer drops the last
         outs[got].from_upstream = true;
         outs[got].ready = true;
       }
