@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -69,6 +70,28 @@ std::vector<ferry::value_t<S>> drain_through_errors(S& s, std::vector<std::strin
     }
   }
   return out;
+}
+
+// A consumer that checkpoints mid-epoch through errors: pulls k times from make()'s
+// pipeline (values and errors alike), saves, restores into a fresh make() and drains it
+// through its errors. Returns everything seen, before and after, which must equal one
+// uninterrupted drain: nothing lost, nothing twice.
+template <class Make>
+auto resumed_through_errors(Make make, std::size_t k, std::vector<std::string>& errors) {
+  auto a = make();
+  std::vector<ferry::value_t<decltype(a)>> seen;
+  for (std::size_t i = 0; i < k; ++i) {
+    try {
+      if (auto e = a.next()) seen.push_back(std::move(*e));
+    } catch (const std::exception& e) {
+      errors.push_back(e.what());
+    }
+  }
+  auto b = make();
+  ferry::restore_state(b, ferry::save_state(a));
+  auto rest = drain_through_errors(b, errors);
+  seen.insert(seen.end(), std::make_move_iterator(rest.begin()), std::make_move_iterator(rest.end()));
+  return seen;
 }
 
 }  // namespace ferry_test

@@ -210,23 +210,8 @@ TEST_CASE("upstream errors reach the consumer unchanged, in place; nothing lost;
       // rest is what the first gave after that point, errors included, none twice.
       for (std::size_t k = 0; k <= want.size() + fails.size(); k += 5) {
         CAPTURE(k);
-        auto a = make();
-        std::vector<std::uint64_t> seen;
         std::vector<std::string> seen_errors;
-        for (std::size_t i = 0; i < k; ++i) {
-          try {
-            if (auto e = a.next()) seen.push_back(*e);
-          } catch (const std::exception& e) {
-            seen_errors.push_back(e.what());
-          }
-        }
-        auto b = make();
-        ferry::restore_state(b, ferry::save_state(a));
-        std::vector<std::string> rest_errors;
-        auto rest = ferry_test::drain_through_errors(b, rest_errors);
-        seen.insert(seen.end(), rest.begin(), rest.end());
-        seen_errors.insert(seen_errors.end(), rest_errors.begin(), rest_errors.end());
-        CHECK(seen == want);
+        CHECK(ferry_test::resumed_through_errors(make, k, seen_errors) == want);
         CHECK(seen_errors == want_errors);
       }
     }

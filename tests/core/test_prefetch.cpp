@@ -84,23 +84,9 @@ TEST_CASE("prefetch: errors in place, nothing lost, and resume exact around them
     // what the first one gave after that point, errors included.
     for (std::size_t k = 0; k <= want.size() + fails.size(); k += 7) {
       CAPTURE(k);
-      auto a = ferry_test::failing_source(100, fails) | ferry::prefetch(depth);
-      std::vector<std::uint64_t> seen;
       std::vector<std::string> seen_errors;
-      for (std::size_t i = 0; i < k; ++i) {
-        try {
-          if (auto e = a.next()) seen.push_back(*e);
-        } catch (const std::exception& e) {
-          seen_errors.push_back(e.what());
-        }
-      }
-      auto b = ferry_test::failing_source(100, fails) | ferry::prefetch(depth);
-      ferry::restore_state(b, ferry::save_state(a));
-      std::vector<std::string> rest_errors;
-      auto rest = ferry_test::drain_through_errors(b, rest_errors);
-      seen.insert(seen.end(), rest.begin(), rest.end());
-      seen_errors.insert(seen_errors.end(), rest_errors.begin(), rest_errors.end());
-      CHECK(seen == want);
+      auto make = [&] { return ferry_test::failing_source(100, fails) | ferry::prefetch(depth); };
+      CHECK(ferry_test::resumed_through_errors(make, k, seen_errors) == want);
       CHECK(seen_errors == want_errors);
     }
   }
