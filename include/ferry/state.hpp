@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry {
@@ -68,16 +69,11 @@ struct pipeline_state {
   friend bool operator==(const pipeline_state&, const pipeline_state&) = default;
 
  private:
-  // Each word goes through SplitMix64's finaliser with the running hash, so one flipped
-  // bit changes the check everywhere; the word count is mixed in first.
-  static constexpr std::uint64_t check(const std::vector<std::uint64_t>& ws) {
-    auto mix = [](std::uint64_t z) {
-      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-      return z ^ (z >> 31);
-    };
-    std::uint64_t h = mix(0x9e3779b97f4a7c15ull ^ ws.size());
-    for (std::uint64_t w : ws) h = mix(h + 0x9e3779b97f4a7c15ull + w);
+  // The word count, then each word, chained through SplitMix64 as mix_seed does: each step
+  // is a bijection of the running hash, so any one changed word changes the check.
+  static std::uint64_t check(const std::vector<std::uint64_t>& ws) {
+    std::uint64_t h = detail::mix_seed({ws.size()});
+    for (std::uint64_t w : ws) h = detail::splitmix64(h ^ w)();
     return h;
   }
 };
