@@ -23,6 +23,7 @@
 
 #include "common/doubles.hpp"
 #include "ferry/sources/from_files.hpp"
+#include "ferry/stages/batch.hpp"
 #include "ferry/stages/interleave.hpp"
 #include "sources/helpers.hpp"
 
@@ -572,4 +573,102 @@ TEST_CASE("interleave: resuming into a compressed file now too short: the error 
       want.push_back("=" + *r);
     CHECK(got == want);
   }
+}
+
+namespace {
+// Everything next_borrowed gives until the end, as interleaved() writes it ("=" + bytes for
+// a record, "!" + what() for a throw), asking for a random number of records (1..17) each
+// call; every `save_every` calls (0: never) the state is saved and the rest read by a new
+// source restored from it, as a job resumed from a checkpoint would.
+template <class Make>
+std::vector<std::string> borrowed_outcomes(const Make& make, std::uint64_t seed, int save_every) {
+  std::mt19937_64 g(seed);
+  auto src = std::make_unique<decltype(make())>(make());
+  std::vector<std::string> out;
+  ferry::borrowed_records b;
+  for (int call = 1; call < 100000; ++call) {
+    if (save_every > 0 && call % save_every == 0) {
+      const ferry::pipeline_state st = ferry::save_state(*src);
+      src = std::make_unique<decltype(make())>(make());
+      ferry::restore_state(*src, st);
+    }
+    b.clear();
+    const std::size_t max = 1 + g() % 17;
+    std::size_t n = 0;
+    std::string thrown;
+    try {
+      n = src->next_borrowed(b, max);
+      CHECK(n == b.size());
+      CHECK(n <= max);
+    } catch (const std::exception& e) {
+      thrown = "!" + std::string(e.what());
+    }
+    for (const auto& v : b.views) out.push_back("=" + std::string(reinterpret_cast<const char*>(v.data()), v.size()));
+    if (!thrown.empty()) out.push_back(thrown);
+    else if (n == 0) return out;
+    // Each view's chunk is held by `b`, not by the source: the views stay valid after the
+    // source moved on (checked above by reading them after next_borrowed returned).
+    CHECK(b.owners.size() <= std::max<std::size_t>(b.views.size(), 1));
+  }
+  FAIL("no end after 100000 calls");
+  return out;
+}
+}  // namespace
+
+TEST_CASE("interleave: next_borrowed (batch's path) gives next()'s order and errors; any max, buffer, resume" *
+          doctest::timeout(120)) {
+  ferry_test::watchdog wd(120s);
+  for (std::uint64_t seed = 1; seed <= 3; ++seed) {
+    dataset d(7, 70 + seed, seed == 2);
+    // A CRC error in file 2 (raise: an error at its place) and file 5 cut inside a record.
+    std::string bad = tfrecord_of("good-before") + tfrecord_of("bad") + tfrecord_of("good-after");
+    bad[tfrecord_of("good-before").size() + 12] ^= 1;
+    write_file(d.files[2], bad);
+    std::string cut;
+    for (auto& r : d.recs[5]) cut += tfrecord_of(r);
+    write_file(d.files[5], cut + tfrecord_of("the last record").substr(0, 15));
+    auto plain = ferry::from_files(d.files, ferry::tfrecord{}, {.chunk_bytes = 300});
+    const outcome file_order = outcomes(plain);
+    REQUIRE(errors_in(file_order) == 2);
+    for (std::size_t cycle : {2, 3, 8})
+      for (std::size_t block : {1, 3})
+        for (std::size_t workers : {0, 1, 3})
+          for (std::size_t buffer : {1, 5, 1024})
+            for (int save_every : {0, 7}) {
+              if (workers == 0 && buffer != 1024) continue;  // no read-ahead: buffer unused
+              INFO("seed " << seed << ", cycle " << cycle << ", block " << block << ", workers " << workers
+                           << ", buffer " << buffer << ", save every " << save_every);
+              auto make = [&] {
+                return ferry::from_files(d.files, ferry::tfrecord{}, {.chunk_bytes = 300}) |
+                       ferry::interleave(cycle, {.workers = workers, .block = block, .buffer = buffer});
+              };
+              CHECK(borrowed_outcomes(make, seed * 1000 + cycle, save_every) ==
+                    interleaved(file_order, d.files, cycle, block));
+            }
+  }
+}
+
+TEST_CASE("interleave | batch: the batches hold the oracle's records, in order, for any workers" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  dataset d(9, 5);
+  for (std::size_t workers : {0, 2})
+    for (std::size_t n : {1, 4, 64}) {
+      INFO("workers " << workers << ", batch " << n);
+      auto p = ferry::from_files(d.files, ferry::tfrecord{}, {.chunk_bytes = 500}) |
+               ferry::interleave(4, {.workers = workers, .block = 2, .buffer = 3}) | ferry::batch(n);
+      std::vector<std::string> got;
+      std::size_t batches = 0;
+      while (auto b = p.next()) {
+        ++batches;
+        CHECK(b->size() <= n);
+        for (std::size_t i = 0; i < b->size(); ++i) {
+          const auto v = b->field<0>()[i];
+          got.emplace_back(reinterpret_cast<const char*>(v.data()), v.size());
+        }
+      }
+      const auto want = d.expected(4, 2);
+      CHECK(got == want);
+      CHECK(batches == (want.size() + n - 1) / n);
+    }
 }

@@ -84,10 +84,15 @@ struct borrowed_records {
     owners.clear();
   }
   // Adds a view into storage owned by `owner`, taking a reference only when the owner is
-  // not the previous view's. Throws std::bad_alloc.
+  // none of the last few views' (interleave alternates among a few files' chunks).
+  // Throws std::bad_alloc.
   template <class T>
   void add(const std::shared_ptr<T>& owner, std::span<const std::byte> v) {
-    if (owners.empty() || owners.back().get() != static_cast<const void*>(owner.get())) owners.emplace_back(owner);
+    const void* p = owner.get();
+    const std::size_t n = owners.size(), from = n > 8 ? n - 8 : 0;
+    bool held = false;
+    for (std::size_t i = n; i > from && !held; --i) held = owners[i - 1].get() == p;
+    if (!held) owners.emplace_back(owner);
     views.push_back(v);
   }
 };

@@ -14,13 +14,17 @@
 //
 // Threads: with .workers = w > 0, w threads read ahead (slot s on thread s % w), each
 // slot buffering up to .buffer records (and about 4 read chunks of bytes) while the
-// consumer takes the run it collected before (so at most 2 x .buffer per slot): records
-// pass between threads in runs, one lock and at most one wake-up per run, not per record,
-// and a reader publishes at once when the consumer waits on its slot; with
-// .workers = 0 everything runs on the thread calling next(). on_skip runs on the reading
-// thread. Errors: as from_files (error_policy raise: the error reaches next() at the
-// record's place in the order, skip: counted in skipped()). Anything else thrown while
-// reading (on_skip throwing, std::bad_alloc) reaches next() the same way, never
+// consumer takes the run it collected before (so at most 2 x .buffer per slot). Records
+// pass between threads in runs, as views into the read chunks with one chunk reference
+// per chunk, not per record: one lock and at most one wake-up per run. batch() of records
+// takes them through next_borrowed, with no reference per record. When the consumer waits
+// on a slot, its reader publishes after .buffer / 2 records or 50 us, whichever comes
+// first: a slow file, a pipe, never holds back what is already read, and a consumer
+// faster than the reader is not woken per record. With .workers = 0 everything runs on
+// the thread calling next(), which reads only the records it takes. on_skip runs on the
+// reading thread. Errors: as from_files (error_policy raise: the error reaches next() at
+// the record's place in the order, skip: counted in skipped()). Anything else thrown
+// while reading (on_skip throwing, std::bad_alloc) reaches next() the same way, never
 // std::terminate; the slot then goes on with its next file (or, after on_skip, its next
 // record). npy/IDX: every file's rows must match those of the first file in the list
 // whose header reads, as from_files requires; a file that differs is a format_error
@@ -31,6 +35,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -54,7 +59,7 @@ namespace ferry {
 struct interleave_options {
   std::size_t workers = 2;   // reading threads; 0 reads on the consumer's thread
   std::size_t block = 1;     // records taken from a slot before moving to the next
-  std::size_t buffer = 64;   // records each slot may read ahead (workers > 0)
+  std::size_t buffer = 1024; // records each slot may read ahead (workers > 0); bytes: about 4 chunks
 };
 
 namespace detail {
@@ -66,11 +71,38 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     bool open = false;
     std::uint64_t offset = 0, rec = 0;
   };
-  struct entry {
-    std::optional<record> rec;
+  // One record read ahead: a view into a chunk the run holds, its origin and the
+  // slot's position after it (what save() records once the consumer has taken it).
+  struct item {
+    std::span<const std::byte> bytes;
+    std::uint64_t offset;                // the record's frame in its file
+    std::uint64_t ord, after_offset, after_rec;
+    std::uint32_t head;                  // frame header bytes before the payload
+    std::uint32_t owner;                 // index into run::owners
+  };
+  // Records a slot's reader passes to the consumer at once: one reference per chunk, not
+  // per record, so no reference count moves between threads per record. What follows the
+  // records, if anything: an error at its place (`after` is the position past it), or
+  // the slot's end.
+  struct run {
+    std::vector<item> items;
+    std::vector<std::shared_ptr<chunk>> owners;
+    std::size_t taken = 0;  // consumer side
+    std::size_t bytes = 0;
     std::exception_ptr err;
     bool end = false;
     pos after;
+    bool spent() const { return taken == items.size() && !err && !end; }
+    // Empties it for reuse (the vectors keep their capacity); keep_owner: holds on to the
+    // last chunk, which the next record most likely shares.
+    void clear(bool keep_owner = false) {
+      items.clear();
+      if (keep_owner && owners.size() > 1) owners.erase(owners.begin(), owners.end() - 1);
+      else if (!keep_owner) owners.clear();
+      taken = bytes = 0;
+      err = nullptr;
+      end = false;
+    }
   };
   struct slot {
     std::vector<std::string> files;
@@ -78,13 +110,16 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     pos at;                       // producer's position
     std::optional<pos> pending;   // a restored position to seek to
     bool producing_done = false;  // producer reached the end
-    std::deque<entry> q;          // published by the slot's reader, under m_
-    std::size_t q_bytes = 0;
-    std::deque<entry> local;      // consumer side: a run taken from q at once, no lock per record
+    std::deque<run> q;            // published by the slot's reader, under m_
+    std::size_t q_items = 0, q_bytes = 0;
+    std::deque<run> local;        // consumer side: the runs taken from q at once
+    std::vector<run> spent;       // consumer side: emptied runs, back to free at the next take
+    std::vector<run> free;        // under m_: emptied runs a reader reuses (no allocation)
+    run own;                      // workers = 0: the one run, reused
     bool active = true;           // consumer side: not yet ended
     pos consumed;                 // consumer side: after the last record taken
     std::uint64_t skipped = 0;
-    std::exception_ptr broken;    // a worker could not queue an entry (std::bad_alloc)
+    std::exception_ptr broken;    // a worker could not queue a run (std::bad_alloc)
   };
 
  public:
@@ -109,6 +144,12 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   std::optional<record> next() {
     return observe::observed_next(stats_, "interleave", [&] { return next_impl(); });
   }
+  // The borrowing_source fast path (source.hpp), which batch() of records takes: the next
+  // records as views, each chunk's reference taken once, not once per record. Throws as
+  // next() does; the records appended before a throw stay in `out`.
+  std::size_t next_borrowed(borrowed_records& out, std::size_t max) {
+    return observe::observed_borrow(stats_, "interleave", out, [&] { return borrow(out, max); });
+  }
   void visit_stages(observe::stage_visitor& v) const {
     // from_files only lists the files here; interleave does the reading itself.
     if (o_.workers == 0)
@@ -119,23 +160,62 @@ class interleave_source : public source_interface<interleave_source<Up>> {
 
  private:
   std::optional<record> next_impl() {
+    std::optional<record> out;
+    step(1, [&](run& r, std::size_t) {
+      const item& it = r.items[r.taken];
+      const std::shared_ptr<chunk>& c = r.owners[it.owner];
+      out.emplace(std::shared_ptr<const std::byte>(c, it.bytes.data()), it.bytes.size(), c->file.get(), it.offset,
+                  it.head);
+      return std::size_t(1);
+    });
+    return out;
+  }
+  std::size_t borrow(borrowed_records& out, std::size_t max) {
+    std::size_t n = 0;
+    while (n < max) {
+      const std::size_t k = step(max - n, [&](run& r, std::size_t want) {
+        const std::size_t end = r.taken + want;
+        out.views.reserve(out.views.size() + want);  // no throw below: each record is handed out once
+        out.owners.reserve(out.owners.size() + want);
+        for (std::size_t i = r.taken; i < end; ++i) out.add(r.owners[r.items[i].owner], r.items[i].bytes);
+        return want;
+      });
+      if (k == 0) break;
+      n += k;
+    }
+    return n;
+  }
+  // Takes up to `max` records of the current turn (at least one, unless the epoch has
+  // ended: then 0) through take(run, count), which hands them out and returns how many it
+  // did; moves the turn on after `block`. An error in the slot's order is thrown here.
+  template <class Take>
+  std::size_t step(std::size_t max, const Take& take) {
     if (o_.workers > 0 && threads_.empty() && !all_done()) start_threads();
     for (;;) {
-      if (all_done()) return std::nullopt;
+      if (all_done()) return 0;
       slot& s = slots_[cur_];
-      entry e = take(cur_);
-      if (e.end) {
+      run& r = front(cur_, std::min(max, o_.block - in_block_));
+      if (r.taken < r.items.size()) {
+        const std::size_t k = take(r, std::min({max, o_.block - in_block_, r.items.size() - r.taken}));
+        r.taken += k;
+        const item& last = r.items[r.taken - 1];
+        s.consumed = pos{last.ord, true, last.after_offset, last.after_rec};
+        if (r.spent()) pop(s);
+        if ((in_block_ += k) >= o_.block) advance();
+        return k;
+      }
+      if (r.end) {
+        pop(s);
         s.active = false;
         advance();
         continue;
       }
-      s.consumed = e.after;
-      if (e.err) std::rethrow_exception(e.err);  // takes no turn: the order matches skip's
-      if (++in_block_ >= o_.block) advance();
-      return std::move(e.rec);
+      s.consumed = r.after;
+      std::exception_ptr e = std::move(r.err);
+      pop(s);
+      std::rethrow_exception(e);  // takes no turn: the order matches skip's
     }
   }
-
 
  public:
   void rewind() {
@@ -230,14 +310,21 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     in_block_ = 0;
   }
 
-  // Reads the next entry of slot s (no lock held: only one thread produces for a slot).
-  // Whatever reading throws becomes an entry at the slot's place.
-  entry produce(slot& s) {
+  // Reads slot s's next records into r (no lock held: only one thread produces for a
+  // slot) until it holds max_items records or max_bytes bytes, or enough() says so after a
+  // record; or until what follows ends it: the slot's end, or an error at its place.
+  // Whatever reading throws becomes such an error.
+  template <class Enough>
+  void produce(slot& s, run& r, std::size_t max_items, std::size_t max_bytes, const Enough& enough) {
     const from_files_options& opt = up_.options();
     file_reader& rd = *s.reader;
     for (;;) {
       if (!rd.is_open()) {
-        if (s.at.ord >= s.files.size()) return entry{std::nullopt, nullptr, true, s.at};
+        if (s.at.ord >= s.files.size()) {
+          r.end = true;
+          r.after = s.at;
+          return;
+        }
         try {
           std::optional<array_meta> first = layout();
           rd.open(s.files[s.at.ord], first);
@@ -247,21 +334,24 @@ class interleave_source : public source_interface<interleave_source<Up>> {
           rd.close();  // seek may have thrown with the file open
           s.pending.reset();
           s.at = pos{s.at.ord + 1, false, 0, 0};
-          if (auto e = failed(s, std::current_exception())) return std::move(*e);
+          if (failed(s, r, std::current_exception())) return;
           continue;
         }
       }
-      record r;
       skipped_record bad;
       frame_status st;
       try {
-        st = rd.next(r, bad);
+        st = rd.next_with(bad, [&](const std::shared_ptr<chunk>& c, std::span<const std::byte> bytes,
+                                   std::uint64_t offset, std::uint32_t head) {
+          if (r.owners.empty() || r.owners.back() != c) r.owners.push_back(c);
+          r.items.push_back(item{bytes, offset, s.at.ord, 0, 0, head, static_cast<std::uint32_t>(r.owners.size() - 1)});
+        });
       } catch (...) {
         // The framing is lost (or, for anything but a ferry error, cannot be trusted):
         // the rest of this file is, as in from_files.
         rd.close();
         s.at = pos{s.at.ord + 1, false, 0, 0};
-        if (auto e = failed(s, std::current_exception())) return std::move(*e);
+        if (failed(s, r, std::current_exception())) return;
         continue;
       }
       if (st == frame_status::end) {
@@ -270,38 +360,52 @@ class interleave_source : public source_interface<interleave_source<Up>> {
         continue;
       }
       s.at = pos{s.at.ord, true, rd.offset(), rd.records()};
-      if (st == frame_status::record) return entry{std::move(r), nullptr, false, s.at};
-      if (opt.on_error == error_policy::raise)
-        return entry{std::nullopt, std::make_exception_ptr(format_error(bad.path, bad.offset, bad.reason)), false, s.at};
-      if (auto e = note_skip(s, bad)) return std::move(*e);
+      if (st == frame_status::record) {
+        item& it = r.items.back();
+        it.after_offset = s.at.offset;
+        it.after_rec = s.at.rec;
+        r.bytes += it.bytes.size();
+        if (r.items.size() >= max_items || r.bytes >= max_bytes || enough()) return;
+        continue;
+      }
+      if (opt.on_error == error_policy::raise) {
+        r.err = std::make_exception_ptr(format_error(bad.path, bad.offset, bad.reason));
+        r.after = s.at;
+        return;
+      }
+      if (note_skip(s, r, bad)) return;
     }
   }
-  // What an exception at s's place (s.at already past it) becomes: the entry carrying it
-  // to the consumer, or nullopt when it is a ferry error skipped under error_policy::skip.
-  std::optional<entry> failed(slot& s, std::exception_ptr err) {
+  // An exception at s's place (s.at already past it): true when it ends the run, false
+  // when it is a ferry error skipped under error_policy::skip.
+  bool failed(slot& s, run& r, std::exception_ptr err) {
     if (up_.options().on_error == error_policy::skip) {
       try {
         std::rethrow_exception(err);
       } catch (const ferry::error& e) {
-        return note_skip(s, describe(e));
+        return note_skip(s, r, describe(e));
       } catch (...) {  // not a format or I/O error: never skipped, as in from_files
       }
     }
-    return entry{std::nullopt, std::move(err), false, s.at};
+    r.err = std::move(err);
+    r.after = s.at;
+    return true;
   }
-  // Counts the skip, then reports it; on_skip throwing gives the entry carrying that
-  // exception (the skip stays counted and reading goes on after it).
-  std::optional<entry> note_skip(slot& s, const skipped_record& r) {
+  // Counts the skip, then reports it; on_skip throwing ends the run with that exception
+  // (true; the skip stays counted and reading goes on after it).
+  bool note_skip(slot& s, run& r, const skipped_record& bad) {
     {
       std::lock_guard lk(m_);
       ++s.skipped;
     }
     try {
-      log_skip(up_.options(), r);
+      log_skip(up_.options(), bad);
     } catch (...) {
-      return entry{std::nullopt, std::current_exception(), false, s.at};
+      r.err = std::current_exception();
+      r.after = s.at;
+      return true;
     }
-    return std::nullopt;
+    return false;
   }
   // npy/IDX: the row layout every file must match (from_files::reference_layout): taken
   // from the list, not from whichever slot opens a file first, so the file refused never
@@ -315,51 +419,74 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     return layout_;
   }
 
-  // Takes slot i's next entry: from the run taken before, or else everything its reader
-  // has published, at once (one lock, one wake-up of the readers if one waits for room).
-  entry take(std::size_t i) {
+  // Slot i's current run, with a record or what follows them left in it: the run taken
+  // before, or else everything its reader has published, at once (one lock, one wake-up
+  // of the readers if one waits for room). With workers = 0, reads here the `want`
+  // records the turn takes now (no further: a slow pipe must not delay them).
+  run& front(std::size_t i, std::size_t want) {
     slot& s = slots_[i];
-    if (o_.workers == 0) return produce(s);
-    if (s.local.empty()) {
-      std::unique_lock lk(m_);
-      if (s.q.empty()) {  // the consumer waits for the readers
-        observe::wait_timer wt;
-        wt.start();
-        waiting_for_.store(i, std::memory_order_relaxed);  // its reader publishes at once
-        ++consumer_waiting_;
-        not_empty_.wait(lk, [&] { return !s.q.empty() || s.broken; });
-        --consumer_waiting_;
-        waiting_for_.store(no_slot, std::memory_order_relaxed);
-        wt.stop(stats_.wait_up, "interleave: wait upstream");
-        if (s.q.empty()) std::rethrow_exception(s.broken);  // until rewind()
+    if (o_.workers == 0) {
+      if (s.own.taken == s.own.items.size() && !s.own.err && !s.own.end) {
+        s.own.clear(/*keep_owner=*/true);
+        produce(s, s.own, want, std::size_t(-1), [] { return false; });
       }
-      s.local.swap(s.q);  // s.local was empty: s.q is now
-      s.q_bytes = 0;
-      const bool wake = readers_waiting_ > 0;
-      lk.unlock();
-      if (wake) not_full_.notify_all();
+      return s.own;
     }
-    entry e = std::move(s.local.front());
+    if (!s.local.empty()) return s.local.front();
+    std::unique_lock lk(m_);
+    for (run& r : s.spent)
+      if (s.free.size() < 4) s.free.push_back(std::move(r));
+    s.spent.clear();
+    if (s.q.empty()) {  // the consumer waits for the readers
+      observe::wait_timer wt;
+      wt.start();
+      waiting_since_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+      waiting_for_.store(i, std::memory_order_relaxed);  // its reader publishes soon
+      ++consumer_waiting_;
+      not_empty_.wait(lk, [&] { return !s.q.empty() || s.broken; });
+      --consumer_waiting_;
+      waiting_for_.store(no_slot, std::memory_order_relaxed);
+      wt.stop(stats_.wait_up, "interleave: wait upstream");
+      if (s.q.empty()) std::rethrow_exception(s.broken);  // until rewind()
+    }
+    s.local.swap(s.q);  // s.local was empty: s.q is now
+    s.q_items = s.q_bytes = 0;
+    // Only slot i's reader can use the room: the others sleep on.
+    reader_wait& rw = readers_[i % threads_count_];
+    const bool wake = rw.waiting;
+    lk.unlock();
+    if (wake) rw.cv.notify_one();
+    return s.local.front();
+  }
+  // Drops slot s's current run; its chunk references go here, on the consumer's thread.
+  void pop(slot& s) {
+    if (o_.workers == 0) return;  // front() reads into it again
+    run& r = s.local.front();
+    r.clear();
+    try {
+      if (s.spent.size() < 4) s.spent.push_back(std::move(r));
+    } catch (...) {  // only recycling: dropping it instead is fine
+    }
     s.local.pop_front();
-    return e;
   }
 
   bool has_room(const slot& s) const {
-    return !s.producing_done && !s.broken && s.q.size() < std::max<std::size_t>(o_.buffer, 1) &&
+    return !s.producing_done && !s.broken && s.q_items < std::max<std::size_t>(o_.buffer, 1) &&
            (s.q.empty() || s.q_bytes < 4 * pool_->chunk_bytes());
   }
-  // A reader reads a run of entries for one slot (as many as its room allows) outside the
-  // lock, then publishes them under one lock with at most one wake-up. The run ends early
-  // at the slot's end, at stop, past the byte bound, or when the consumer waits on one of
-  // this reader's slots (so a slow file, a pipe, never holds back what is already read,
-  // nor another slot's turn).
+  // A reader reads a run of records for one slot (as many as its room allows) outside the
+  // lock, then publishes it under one lock with at most one wake-up. The run ends early
+  // at the slot's end, at an error, at stop, past the byte bound, or when the consumer
+  // waits on one of this reader's slots (so a slow file, a pipe, never holds back what is
+  // already read, nor another slot's turn).
   void worker(std::size_t t) {
     observe::name_this_thread("ferry interleave reader");
     const std::size_t w = threads_count_;
     const std::size_t cap = std::max<std::size_t>(o_.buffer, 1), byte_cap = 4 * pool_->chunk_bytes();
-    std::vector<entry> run;
+    const std::size_t soon = std::max<std::size_t>(cap / 2, 1);
     for (;;) {
       std::size_t pick = slots_.size(), want = 0, bytes_left = 0;
+      run r;
       {
         std::unique_lock lk(m_);
         auto room = [&] {
@@ -371,63 +498,65 @@ class interleave_source : public source_interface<interleave_source<Up>> {
         if (!room()) {  // every slot of this reader is full: the consumer is slower
           observe::wait_timer wt;
           wt.start();
-          ++readers_waiting_;
-          not_full_.wait(lk, room);
-          --readers_waiting_;
+          readers_[t].waiting = true;
+          readers_[t].cv.wait(lk, room);
+          readers_[t].waiting = false;
           wt.stop(stats_.wait_down, "interleave: wait downstream", /*shared=*/true);
         }
         if (stop_.load(std::memory_order_relaxed)) return;
-        // The slot with the fewest buffered entries first: the consumer needs them in turn.
+        // The slot with the fewest buffered records first: the consumer needs them in turn.
         for (std::size_t s = t; s < slots_.size(); s += w)
-          if (has_room(slots_[s]) && (pick == slots_.size() || slots_[s].q.size() < slots_[pick].q.size())) pick = s;
-        want = cap - slots_[pick].q.size();
+          if (has_room(slots_[s]) && (pick == slots_.size() || slots_[s].q_items < slots_[pick].q_items)) pick = s;
+        want = cap - slots_[pick].q_items;
         bytes_left = byte_cap > slots_[pick].q_bytes ? byte_cap - slots_[pick].q_bytes : 1;
+        if (!slots_[pick].free.empty()) {
+          r = std::move(slots_[pick].free.back());
+          slots_[pick].free.pop_back();
+        }
       }
-      run.clear();
-      std::size_t bytes = 0;
-      bool end = false;
-      while (run.size() < want) {
-        const bool timed = observe::on();
-        const observe::ticks t0 = timed ? observe::now() : 0;
-        entry e;
-        try {
-          e = produce(slots_[pick]);
-        } catch (...) {  // building the entry itself failed (std::bad_alloc): the consumer gets that
-          e = entry{std::nullopt, std::current_exception(), false, slots_[pick].at};
-        }
-        if (timed) {
-          const observe::ticks t1 = observe::now();
-          stats_.work.add_shared(t1 - t0);
-          if (observe::tracing()) observe::record("interleave: read", t0, t1);
-        }
-        end = e.end;
-        bytes += e.rec ? e.rec->size() : 0;
-        try {
-          run.push_back(std::move(e));
-        } catch (...) {  // no room to hold it: the slot stops rather than skip it silently
-          std::lock_guard lk(m_);
-          slots_[pick].broken = std::current_exception();
-          break;
-        }
-        if (end || bytes >= bytes_left || stop_.load(std::memory_order_relaxed)) break;
-        // The consumer waits on one of this reader's slots: this one (publish what it
-        // has), or another (a slow file here must not hold it back).
-        if (const std::size_t wf = waiting_for_.load(std::memory_order_relaxed); wf != no_slot && wf % w == t) break;
+      slot& s = slots_[pick];
+      const bool timed = observe::on();
+      const observe::ticks t0 = timed ? observe::now() : 0;
+      try {
+        produce(s, r, want, bytes_left, [&] {
+          if (stop_.load(std::memory_order_relaxed)) return true;
+          const std::size_t wf = waiting_for_.load(std::memory_order_relaxed);
+          if (wf == no_slot) return false;
+          // The consumer waits on another of this reader's slots: a slow file here must
+          // not hold it back.
+          if (wf != pick) return wf % w == t;
+          // It waits on this one: a run of `soon` records, or what was read by 50 us into
+          // its wait (a slow file, a pipe). Publishing each record at once would wake it
+          // per record when it is faster than the reader.
+          if (r.items.size() >= soon) return true;
+          const auto since = std::chrono::steady_clock::duration(waiting_since_.load(std::memory_order_relaxed));
+          return std::chrono::steady_clock::now().time_since_epoch() - since >= std::chrono::microseconds(50);
+        });
+      } catch (...) {  // holding what was read failed (std::bad_alloc): the consumer gets that
+        r.err = std::current_exception();
+        r.after = s.at;
+      }
+      if (timed) {
+        const observe::ticks t1 = observe::now();
+        stats_.work.add_shared(t1 - t0);
+        if (observe::tracing()) observe::record("interleave: read", t0, t1);
       }
       bool wake;
       {
         std::lock_guard lk(m_);
-        slot& s = slots_[pick];
         try {
-          for (entry& e : run) {
-            const std::size_t b = e.rec ? e.rec->size() : 0;
-            s.q.push_back(std::move(e));
-            s.q_bytes += b;
-          }
+          const std::size_t items = r.items.size(), bytes = r.bytes;
+          const bool end = r.end;
+          s.q.push_back(std::move(r));
+          s.q_items += items;
+          s.q_bytes += bytes;
           if (end) s.producing_done = true;
-        } catch (...) {  // entries lost: the slot stops rather than skip them silently
+        } catch (...) {  // the run lost: the slot stops rather than skip it silently
           s.broken = std::current_exception();
         }
+        // The consumer has what it waited for: publish in full runs again until it next
+        // waits (it may take a while to be scheduled).
+        if (waiting_for_.load(std::memory_order_relaxed) == pick) waiting_for_.store(no_slot, std::memory_order_relaxed);
         wake = consumer_waiting_ > 0;
       }
       if (wake) not_empty_.notify_all();
@@ -436,6 +565,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   void start_threads() {
     stop_.store(false, std::memory_order_relaxed);
     threads_count_ = std::min(o_.workers, slots_.size());
+    readers_ = std::make_unique<reader_wait[]>(threads_count_);
     for (std::size_t t = 0; t < threads_count_; ++t) threads_.emplace_back([this, t] { worker(t); });
   }
   void stop_threads() noexcept {
@@ -443,14 +573,17 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       std::lock_guard lk(m_);
       stop_.store(true, std::memory_order_relaxed);
     }
-    not_full_.notify_all();
+    for (std::size_t t = 0; t < threads_count_; ++t) readers_[t].cv.notify_one();
     for (auto& th : threads_) th.join();
     threads_.clear();
     // Entries read ahead are dropped; producers restart from the consumed positions.
     for (slot& s : slots_) {
       s.q.clear();
       s.local.clear();
-      s.q_bytes = 0;
+      s.spent.clear();
+      s.free.clear();
+      s.own = run{};
+      s.q_items = s.q_bytes = 0;
       s.broken = nullptr;
       if (s.reader) s.reader->close();
       s.at = s.consumed;
@@ -470,11 +603,17 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   bool layout_known_ = false;
   std::size_t cur_ = 0, in_block_ = 0;
   mutable std::mutex m_;
-  std::condition_variable not_empty_, not_full_;
+  std::condition_variable not_empty_;
+  struct reader_wait {
+    std::condition_variable cv;  // a reader waits here for room in one of its slots
+    bool waiting = false;        // under m_
+  };
+  std::unique_ptr<reader_wait[]> readers_;
   std::atomic<bool> stop_{false};  // written under m_; readers also check it between reads
   static constexpr std::size_t no_slot = std::size_t(-1);
   std::atomic<std::size_t> waiting_for_{no_slot};  // the slot the consumer waits on
-  int consumer_waiting_ = 0, readers_waiting_ = 0;  // under m_: whom a publish or take must wake
+  std::atomic<std::chrono::steady_clock::rep> waiting_since_{0};  // and since when
+  int consumer_waiting_ = 0;  // under m_: whether a publish must wake the consumer
   std::size_t threads_count_ = 0;
   std::vector<std::thread> threads_;
   observe::stage_counters stats_;
