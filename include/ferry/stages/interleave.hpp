@@ -504,9 +504,14 @@ class interleave_source : public source_interface<interleave_source<Up>> {
           wt.stop(stats_.wait_down, "interleave: wait downstream", /*shared=*/true);
         }
         if (stop_.load(std::memory_order_relaxed)) return;
-        // The slot with the fewest buffered records first: the consumer needs them in turn.
-        for (std::size_t s = t; s < slots_.size(); s += w)
-          if (has_room(slots_[s]) && (pick == slots_.size() || slots_[s].q_items < slots_[pick].q_items)) pick = s;
+        // The slot the consumer waits on, else the one with the fewest buffered records:
+        // the consumer needs them in turn.
+        if (const std::size_t wf = waiting_for_.load(std::memory_order_relaxed);
+            wf != no_slot && wf % w == t && has_room(slots_[wf]))
+          pick = wf;
+        else
+          for (std::size_t s = t; s < slots_.size(); s += w)
+            if (has_room(slots_[s]) && (pick == slots_.size() || slots_[s].q_items < slots_[pick].q_items)) pick = s;
         want = cap - slots_[pick].q_items;
         bytes_left = byte_cap > slots_[pick].q_bytes ? byte_cap - slots_[pick].q_bytes : 1;
         if (!slots_[pick].free.empty()) {
