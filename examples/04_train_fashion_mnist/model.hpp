@@ -24,6 +24,10 @@ class model {
   virtual int replicas() const = 0;
   virtual int inputs() const = 0;
   virtual tr::step_stats train_step(std::span<const tr::replica_input> in) = 0;
+  // The step without reading its statistics back (no host wait on a GPU); take_stats()
+  // returns those of every step since the last take, with one wait.
+  virtual void train_step_async(std::span<const tr::replica_input> in) = 0;
+  virtual tr::step_stats take_stats() = 0;
   virtual tr::step_stats evaluate(std::span<const tr::replica_input> in) = 0;
   virtual void save(const std::string& path) = 0;
   virtual void load(const std::string& path) = 0;
@@ -37,6 +41,13 @@ class model {
   tr::step_stats train(Step& s) {
     tr::step_inputs(s, std::size_t(replicas()), inputs(), in_);
     return train_step(in_);
+  }
+  // Needs the step on this model's streams(), as distribute(cuda::devices(ordinals,
+  // streams())) hands it out: the trainer's work then orders the step's release after it.
+  template <class Step>
+  void train_async(Step& s) {
+    tr::step_inputs(s, std::size_t(replicas()), inputs(), in_);
+    train_step_async(in_);
   }
   template <class Step>
   tr::step_stats eval(Step& s) {
@@ -56,6 +67,8 @@ class trainer_model final : public model {
   int replicas() const override { return t_.replicas(); }
   int inputs() const override { return t_.layout().inputs(); }
   tr::step_stats train_step(std::span<const tr::replica_input> in) override { return t_.train_step(in); }
+  void train_step_async(std::span<const tr::replica_input> in) override { t_.train_step_async(in); }
+  tr::step_stats take_stats() override { return t_.take_stats(); }
   tr::step_stats evaluate(std::span<const tr::replica_input> in) override { return t_.evaluate(in); }
   void save(const std::string& p) override { t_.save(p); }
   void load(const std::string& p) override { t_.load(p); }

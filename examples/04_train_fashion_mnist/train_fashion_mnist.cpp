@@ -15,7 +15,9 @@
 // --device gpu|cpu forces one (gpu without a usable device is an error); one line on
 // stderr says which was chosen and why.
 //
-// After every epoch it evaluates on the test set and prints (stdout, exactly):
+// Training steps are asynchronous (train_step_async): the statistics are read every 0.2 s
+// and at the end of each epoch, not after every step. After every epoch it evaluates on the
+// test set and prints (stdout, exactly):
 //   epoch <k> loss <mean training loss> test_accuracy <a> elapsed_s <seconds since start>
 // and at the end:
 //   test_accuracy: <a>
@@ -75,16 +77,32 @@ void run(fmnist::model& m, const Tag& tag, const run_options& o) {
   for (int e = 1; e <= o.epochs; ++e) {
     tr::progress_bar bar("epoch " + std::to_string(e), train_rows, stderr,
                          o.quiet ? tr::progress_mode::off : tr::progress_mode::automatic);
-    double loss_sum = 0;
-    std::uint64_t steps = 0, seen = 0;
+    // Asynchronous steps: on a GPU the host enqueues step k+1 while the GPU runs step k,
+    // and waits only when it reads the statistics: every 0.2 s for the bar, and at the end
+    // of the epoch. The totals read add up to the epoch's mean loss over all its rows.
+    double loss_sum = 0, weight = 0;
+    std::uint64_t seen = 0;
+    auto read_stats = [&] {
+      const tr::step_stats s = m.take_stats();
+      loss_sum += s.loss * s.weight;
+      weight += s.weight;
+      if (s.weight > 0) bar.update(seen, s.loss);
+    };
+    auto last_read = std::chrono::steady_clock::now();
     for (auto& step : train) {
-      const auto s = m.train(step);
-      loss_sum += s.loss;
-      ++steps;
-      seen += std::uint64_t(s.rows);
-      bar.update(seen, s.loss);
+      m.train_async(step);
+      for (std::size_t r = 0; r < step.replicas(); ++r) seen += step[r].valid();
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_read >= std::chrono::milliseconds(200)) {
+        last_read = now;
+        read_stats();
+      } else {
+        bar.advance(seen);
+      }
     }
-    bar.finish(steps ? loss_sum / double(steps) : 0.0);
+    read_stats();
+    const double epoch_loss = weight > 0 ? loss_sum / weight : 0.0;
+    bar.finish(epoch_loss);
     train.rewind();
 
     double correct = 0, rows = 0;
@@ -97,8 +115,8 @@ void run(fmnist::model& m, const Tag& tag, const run_options& o) {
     accuracy = rows > 0 ? correct / rows : 0.0;
     const double elapsed =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::printf("epoch %d loss %.4f test_accuracy %.4f elapsed_s %.1f\n", e,
-                steps ? loss_sum / double(steps) : 0.0, accuracy, elapsed);
+    std::printf("epoch %d loss %.4f test_accuracy %.4f elapsed_s %.1f\n", e, epoch_loss,
+                accuracy, elapsed);
     std::fflush(stdout);
   }
   if (!o.save.empty()) m.save(o.save);

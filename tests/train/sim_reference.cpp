@@ -42,6 +42,7 @@ curve train(const tr::mlp_config& cfg, const tr::trainer_options& o, const blobs
     c.loss.push_back(st.loss);
     c.accuracy.push_back(st.accuracy);
     c.rows.push_back(st.rows);
+    c.weight.push_back(st.weight);
   }
   c.params = t.parameters();
   const std::size_t off = std::size_t(steps) * B;
@@ -64,6 +65,7 @@ curve train_pipeline(const tr::mlp_config& cfg, const tr::trainer_options& o, co
       c.loss.push_back(st.loss);
       c.accuracy.push_back(st.accuracy);
       c.rows.push_back(st.rows);
+      c.weight.push_back(st.weight);
     }
     p.rewind();
   }

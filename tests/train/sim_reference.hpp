@@ -27,7 +27,7 @@ std::vector<float> first_gradient(const ferry::train::mlp_config& cfg, std::uint
                                   int rows, int valid);
 
 struct curve {
-  std::vector<double> loss, accuracy, rows;  // per step
+  std::vector<double> loss, accuracy, rows, weight;  // per step
   std::vector<float> params;                 // after the last step
   ferry::train::step_stats eval{};           // on the rows after the training steps
 };

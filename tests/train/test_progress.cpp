@@ -69,3 +69,21 @@ TEST_CASE("off writes nothing") {
   CHECK(contents(f).empty());
   std::fclose(f);
 }
+
+TEST_CASE("advance moves the count on without a loss: '-' until the first, then the last one given") {
+  std::FILE* f = std::tmpfile();
+  REQUIRE(f);
+  {
+    ferry::train::progress_bar bar("epoch 3", 1000, f);  // lines
+    for (int i = 1; i <= 250; ++i) bar.advance(i);    // 10%, 20%: no loss yet
+    bar.update(250, 0.25);
+    for (int i = 251; i <= 1000; ++i) bar.advance(i);  // 30%..90%: the last loss given
+    bar.finish(0.75);                                  // the average shown stays 0.25
+  }
+  const std::string s = contents(f);
+  CHECK(count(s, "\n") == 10);
+  CHECK(count(s, "loss -,") == 2);
+  CHECK(count(s, "loss 0.2500") == 8);
+  CHECK(s.find("epoch 3: 1000/1000 samples") != std::string::npos);
+  std::fclose(f);
+}

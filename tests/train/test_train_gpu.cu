@@ -1,6 +1,7 @@
 // The trainer's GPU backend (cuBLAS + Thrust CUDA on the replica's stream) against the host
 // backend, the mirrored trainer with NCCL, one rank per local GPU, and the real pipeline
-// (batch | prefetch | distribute(cuda::devices) onto the trainer's own streams) feeding it.
+// (batch | prefetch | distribute(cuda::devices) onto the trainer's own streams) feeding it;
+// asynchronous steps against synchronous ones, counting host waits (sync_counter.cpp).
 // Exits 77 (SKIP) with a reason when no CUDA device is usable; must pass on a GPU machine.
 #include <cuda_runtime.h>
 
@@ -13,6 +14,7 @@
 
 #include "blobs.hpp"
 #include "common/close.hpp"
+#include "cuda/sync_counter.hpp"
 #include "ferry/cuda/runtime.hpp"
 #include "ferry/collective/nccl.hpp"
 #include "ferry/cuda/devices.hpp"
@@ -195,6 +197,48 @@ int main() {
     EXPECT(worst_loss < 1e-3, "pipeline-fed GPU loss differs from host: %g", worst_loss);
     std::printf("pipeline -> %d GPU replica(s): %d steps, loss curve max rel diff vs host %g\n",
                 count, steps_done, worst_loss);
+  }
+  // 4. train_step_async: train_step's weights bit for bit, take_stats the statistics of the
+  //    same steps' train_step combined by hand; no host wait in the steps, one in the take.
+  {
+    using solo_trainer = tr::mirrored_trainer<tr::gpu_backend, ferry::solo_communicator>;
+    const tr::trainer_options opts{.seed = 13, .max_rows = B};
+    solo_trainer sync(cfg, opts, std::vector<ferry::solo_communicator>(1), {tr::replica_context{0, nullptr}});
+    solo_trainer async(cfg, opts, std::vector<ferry::solo_communicator>(1), {tr::replica_context{0, nullptr}});
+    double loss_sum = 0, weight = 0, correct = 0, rows = 0;
+    for (int s = 0; s < steps; ++s) {
+      const std::size_t o = std::size_t(s) * B;
+      const tr::replica_input gi{dx + o * dim, dy + o, B, B};
+      const auto st = sync.train_step(std::span(&gi, 1));
+      loss_sum += st.loss * st.weight;
+      weight += st.weight;
+      correct += st.accuracy * st.rows;
+      rows += st.rows;
+    }
+    const auto s0 = ferry_test::count_host_syncs();
+    for (int s = 0; s < steps; ++s) {
+      const std::size_t o = std::size_t(s) * B;
+      const tr::replica_input gi{dx + o * dim, dy + o, B, B};
+      async.train_step_async(std::span(&gi, 1));
+    }
+    const auto s1 = ferry_test::count_host_syncs();
+    const auto got = async.take_stats();
+    const auto s2 = ferry_test::count_host_syncs();
+    EXPECT(s1.stream == s0.stream && s1.event == s0.event && s1.device == s0.device,
+           "%d async steps waited on the host: %ld stream, %ld event, %ld device syncs", steps,
+           s1.stream - s0.stream, s1.event - s0.event, s1.device - s0.device);
+    EXPECT(s2.stream - s1.stream == 1 && s2.event == s1.event && s2.device == s1.device,
+           "take_stats: %ld stream, %ld event, %ld device syncs (expected 1, 0, 0)",
+           s2.stream - s1.stream, s2.event - s1.event, s2.device - s1.device);
+    EXPECT(rows == double(B) * steps && got.rows == rows, "rows: %g taken, %g by hand", got.rows, rows);
+    EXPECT(got.weight == weight, "weight: %g taken, %g by hand", got.weight, weight);
+    const double want = weight > 0 ? loss_sum / weight : 0.0;
+    EXPECT(rel_diff(got.loss, want) <= 1e-6, "loss: %.9g taken, %.9g by hand", got.loss, want);
+    EXPECT(rel_diff(got.accuracy, correct / rows) <= 1e-12, "accuracy: %.9g taken, %.9g by hand",
+           got.accuracy, correct / rows);
+    EXPECT(async.parameters() == sync.parameters(), "async and sync steps left different weights");
+    std::printf("async: %d steps, %ld host waits, take_stats loss %.6f (by hand %.6f)\n", steps,
+                (s1.stream - s0.stream) + (s1.event - s0.event) + (s1.device - s0.device), got.loss, want);
   }
   std::printf("%s\n", failures ? "FAILED" : "OK");
   return failures ? 1 : 0;

@@ -428,3 +428,168 @@ TEST_CASE("OpenBLAS threads: 1 per replica by default, as asked otherwise" * doc
     CHECK(openblas_get_num_threads() == 1);
   }
 }
+
+namespace {
+// The statistics of several steps combined by hand, from each step's own (train_step's):
+// the oracle of take_stats.
+struct combined {
+  double loss_sum = 0, weight = 0, correct = 0, rows = 0;
+  void add(const tr::step_stats& s) {
+    loss_sum += s.loss * s.weight;
+    weight += s.weight;
+    correct += s.accuracy * s.rows;
+    rows += s.rows;
+  }
+  double loss() const { return weight > 0 ? loss_sum / weight : 0.0; }
+  double accuracy() const { return rows > 0 ? correct / rows : 0.0; }
+};
+
+void check_stats(const tr::step_stats& got, const combined& want) {
+  CHECK(want.rows > 0);
+  CHECK(got.rows == want.rows);      // whole numbers: exact either way
+  CHECK(got.weight == want.weight);  // sums of 0.5, 1 and 2: exact either way
+  CHECK(ferry_test::rel_diff(got.loss, want.loss()) <= 1e-6);
+  CHECK(ferry_test::rel_diff(got.accuracy, want.accuracy()) <= 1e-12);
+}
+
+// Rows [i*B, (i+1)*B) in `reps` slices, the last (i + r) % 3 rows of slice r padding: the
+// steps weigh differently.
+std::vector<tr::replica_input> padded_step(const dataset& d, int i, int B, int reps) {
+  auto in = split(d, std::size_t(i) * B, B, reps);
+  for (int r = 0; r < reps; ++r) in[r].valid = in[r].rows - (i + r) % 3;
+  return in;
+}
+}  // namespace
+
+TEST_CASE("train_step_async: train_step's weights bit for bit, and take_stats the weighted mean "
+          "of those steps' statistics; sync steps feed the totals too (1, 2, 4 replicas)" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s, "async steps");
+  constexpr int B = 24, N = 12, first_take = 5;
+  const dataset d = blobs(B * N, 6, 3, 12);
+  // Class weights: a step's weight is not its row count, so the weighted mean is the test.
+  const tr::mlp_config cfg{{6, 10, 3}, {0.5f, 2.0f, 1.0f}};
+  for (int reps : {1, 2, 4}) {
+    INFO(reps << " replica(s)");
+    const tr::trainer_options o{.opt = {.lr = 0.02f}, .seed = 8, .max_rows = B / reps};
+    tr::host_trainer sync(cfg, o, reps), async(cfg, o, reps), mixed(cfg, o, reps);
+    combined all, head, tail;
+    double unweighted = 0;
+    for (int i = 0; i < N; ++i) {
+      const auto s = sync.train_step(padded_step(d, i, B, reps));
+      all.add(s);
+      (i < first_take ? head : tail).add(s);
+      unweighted += s.loss / N;
+    }
+    // The oracle tells a weighted mean from a plain one, and a missing step shows.
+    CHECK(ferry_test::rel_diff(unweighted, all.loss()) > 1e-3);
+
+    for (int i = 0; i < first_take; ++i) async.train_step_async(padded_step(d, i, B, reps));
+    check_stats(async.take_stats(), head);
+    for (int i = first_take; i < N; ++i) async.train_step_async(padded_step(d, i, B, reps));
+    check_stats(async.take_stats(), tail);
+    CHECK(async.steps() == std::uint64_t(N));
+    CHECK(async.parameters() == sync.parameters());
+    check_replicas_agree(async);
+
+    check_stats(sync.take_stats(), all);  // train_step fed the totals as well
+    const auto none = sync.take_stats();  // no step since the last take
+    CHECK(none.loss == 0);
+    CHECK(none.accuracy == 0);
+    CHECK(none.weight == 0);
+    CHECK(none.rows == 0);
+
+    // Sync and async steps in turn, an evaluation between them: one total over all of them.
+    for (int i = 0; i < N; ++i) {
+      const auto in = padded_step(d, i, B, reps);
+      if (i % 2) mixed.train_step_async(in);
+      else CHECK(mixed.train_step(in).rows > 0);
+      if (i == 3) CHECK(mixed.evaluate(split(d, 0, B, reps)).rows == B);  // not a step: not counted
+    }
+    check_stats(mixed.take_stats(), all);
+    CHECK(mixed.parameters() == sync.parameters());
+  }
+}
+
+TEST_CASE("take_stats over thousands of steps: as exact as a double sum of the steps' float "
+          "statistics (compensated)" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s, "compensated totals");
+  constexpr int B = 8, rows = 256, N = 6000;
+  const dataset d = blobs(rows, 4, 2, 13);
+  tr::host_trainer t(tr::mlp_config{{4, 6, 2}, {}}, {.opt = {.lr = 0.01f}, .seed = 9, .max_rows = B}, 1);
+  double exact = 0, weight = 0;
+  float naive = 0;  // what a plain float running sum would give
+  for (int i = 0; i < N; ++i) {
+    const auto s = t.train_step(split(d, std::size_t(i % (rows / B)) * B, B, 1));
+    const double l = s.loss * s.weight;
+    exact += l;
+    naive += float(l);
+    weight += s.weight;
+  }
+  const auto got = t.take_stats();
+  CHECK(got.weight == weight);
+  CHECK(got.rows == double(B) * N);
+  const double want = exact / weight;
+  // The plain float sum is off by far more than the tolerance: the check can tell them apart.
+  CHECK(ferry_test::rel_diff(double(naive) / weight, want) > 1e-7);
+  CHECK(ferry_test::rel_diff(got.loss, want) <= 1e-9);
+}
+
+namespace {
+// A step whose slices are ready on some stream other than the one the replicas compute on
+// (none, for host replicas).
+struct other_stream_batch : fake_replica_batch {
+  void* stream() const { return reinterpret_cast<void*>(std::uintptr_t{0x1000}); }
+};
+struct other_stream_step {
+  std::vector<other_stream_batch> rb;
+  std::size_t replicas() const { return rb.size(); }
+  other_stream_batch& operator[](std::size_t r) { return rb[r]; }
+};
+}  // namespace
+
+TEST_CASE("train_step_async's errors: config_errors as train_step's, a failed step adds nothing, "
+          "a step on other streams is refused" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "async errors");
+  const dataset d = blobs(96, 4, 2, 14);
+  const tr::mlp_config cfg{{4, 8, 2}, {}};
+  const tr::trainer_options o{.seed = 5, .max_rows = 4};
+  {
+    tr::host_trainer t(cfg, o, 2);
+    CHECK_THROWS_AS(t.train_step_async(split(d, 0, 16, 2)), ferry::config_error);  // 8 > 4 rows
+    CHECK_THROWS_AS(t.train_step_async(split(d, 0, 8, 1)), ferry::config_error);   // 1 slice for 2
+    CHECK(t.steps() == 0);
+    t.train_step_async(split(d, 0, 8, 2));
+    const auto s = t.take_stats();
+    CHECK(s.rows == 8);  // the refused steps added nothing
+  }
+  {
+    ferry::thread_group g(4);
+    faulty_trainer t(cfg, o, comms_of(g), four_contexts);
+    tr::host_trainer ref(cfg, o, 4);
+    combined want;
+    t.train_step_async(split(d, 0, 16, 4));
+    want.add(ref.train_step(split(d, 0, 16, 4)));
+    faults = {.rank = 2, .gemms_before_failure = 2};
+    CHECK_THROWS_WITH_AS(t.train_step_async(split(d, 16, 16, 4)), "injected GEMM failure",
+                         std::runtime_error);
+    faults = {};
+    t.train_step_async(split(d, 32, 16, 4));
+    want.add(ref.train_step(split(d, 32, 16, 4)));
+    check_stats(t.take_stats(), want);
+    CHECK(t.parameters() == ref.parameters());
+  }
+  {
+    tr::host_trainer t(cfg, {.seed = 1, .max_rows = 32}, 2);
+    auto* rows = reinterpret_cast<const std::array<float, 4>*>(d.x.data());
+    fake_step st{{{{rows, 32}, {d.y.data(), 32}, 32}, {{rows + 32, 32}, {d.y.data() + 32, 32}, 32}}};
+    t.train_step_async(st);  // host replicas: no stream on either side
+    CHECK(t.take_stats().rows == 64);
+    other_stream_step elsewhere{{{st.rb[0]}, {st.rb[1]}}};
+    CHECK_THROWS_WITH_AS(t.train_step_async(elsewhere), doctest::Contains("another stream"),
+                         ferry::config_error);
+    CHECK_THROWS_WITH_AS(t.train_step(elsewhere), doctest::Contains("another stream"), ferry::config_error);
+    CHECK(t.steps() == 1);
+    CHECK(t.take_stats().rows == 0);
+  }
+}

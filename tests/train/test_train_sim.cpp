@@ -9,7 +9,8 @@
 // all-reduce and broadcast of two ranks on two simulated GPUs; the pipeline feeding the
 // trainer through distribute(cuda::devices); and the failure paths that need two GPUs: a
 // replica that fails mid-step or while the trainer is built ends in an error, not a hang,
-// and frees everything; a lost NCCL peer ends barrier() with its async error.
+// and frees everything; a lost NCCL peer ends barrier() with its async error; and that
+// asynchronous steps (train_step_async) never wait on the host, take_stats() once.
 // It cannot check the kernels' speed or the real libraries: test_train_gpu does, on a GPU.
 #include <doctest/doctest.h>
 
@@ -35,6 +36,7 @@
 #include "ferry/train/gpu_backend.cuh"
 #include "common/close.hpp"
 #include "common/doubles.hpp"
+#include "cuda/sync_counter.hpp"
 #include "sim_reference.hpp"
 
 namespace {
@@ -373,5 +375,186 @@ TEST_CASE("ncclCommInitRank across processes: two trainers of two ranks each in 
     CHECK(res[0].loss == res[1].loss);      // every rank reads the same global statistics
     CHECK(res[0].params == res[1].params);  // and holds the same weights
     CHECK(max_abs_diff(res[0].params, ref.params) < 1e-3);
+  });
+}
+
+namespace {
+
+// The statistics of steps [from, to) combined by hand from each step's own: the oracle of
+// take_stats.
+struct combined {
+  double loss_sum = 0, weight = 0, correct = 0, rows = 0;
+  double loss() const { return weight > 0 ? loss_sum / weight : 0.0; }
+  double accuracy() const { return rows > 0 ? correct / rows : 0.0; }
+};
+combined combine(const std::vector<tr::step_stats>& v, std::size_t from, std::size_t to) {
+  combined c;
+  for (std::size_t i = from; i < to; ++i) {
+    c.loss_sum += v[i].loss * v[i].weight;
+    c.weight += v[i].weight;
+    c.correct += v[i].accuracy * v[i].rows;
+    c.rows += v[i].rows;
+  }
+  return c;
+}
+combined combine(const sim_ref::curve& c, std::size_t from, std::size_t to) {
+  std::vector<tr::step_stats> v;
+  for (std::size_t i = 0; i < c.loss.size(); ++i) v.push_back({c.loss[i], c.accuracy[i], c.weight[i], c.rows[i]});
+  return combine(v, from, to);
+}
+
+// take_stats against the same GPU math's train_step statistics, combined by hand: the same
+// floats, summed in another order.
+void check_same(const tr::step_stats& got, const combined& want) {
+  CHECK(want.rows > 0);
+  CHECK(got.rows == want.rows);
+  CHECK(got.weight == want.weight);  // sums of the class weights: exact either way
+  CHECK(rel_diff(got.loss, want.loss()) <= 1e-6);
+  CHECK(rel_diff(got.accuracy, want.accuracy()) <= 1e-12);
+}
+// ... and against the host backend's, within the tolerances of the other sim tests.
+void check_close(const tr::step_stats& got, const combined& host) {
+  CHECK(host.rows > 0);
+  CHECK(got.rows == host.rows);
+  CHECK(got.weight == host.weight);
+  CHECK(rel_diff(got.loss, host.loss()) < 1e-3);
+  CHECK(got.accuracy == doctest::Approx(host.accuracy()).epsilon(0.02));
+}
+
+struct waits {
+  ferry_test::host_syncs syncs;
+  std::uint64_t all;  // every host wait, implicit ones included
+};
+waits now_waits() { return {ferry_test::count_host_syncs(), sim::stats().host_waits}; }
+// The explicit waits between a and b: cudaStreamSynchronize, cudaEventSynchronize,
+// cudaDeviceSynchronize; and all of them.
+void check_waits(const waits& a, const waits& b, long stream, long event, std::uint64_t all) {
+  CHECK(b.syncs.stream - a.syncs.stream == stream);
+  CHECK(b.syncs.event - a.syncs.event == event);
+  CHECK(b.syncs.device - a.syncs.device == 0);
+  CHECK(b.all - a.all == all);
+}
+
+using nccl_trainer = tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator>;
+
+}  // namespace
+
+TEST_CASE("asynchronous steps on two simulated GPUs: no host wait per step, one per take_stats; "
+          "train_step's weights bit for bit, the host backend's statistics" * doctest::timeout(120)) {
+  constexpr int steps = 24, head = 10;
+  const int per = B / 2;
+  const auto d = sim_ref::make_blobs(B * steps + B, classes, 9);
+  const tr::trainer_options o{.seed = 19, .max_rows = per};  // Adam
+  const auto ref = sim_ref::train(cfg, o, d, B, steps, B);
+  for (const int progress : {0, 3}) {
+    sim_run(41, progress, [&] {
+      device_copies dc;
+      float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
+      std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
+      auto slices = [&](int s) {
+        std::vector<tr::replica_input> in;
+        for (int r = 0; r < 2; ++r) {
+          const std::size_t off = std::size_t(s) * B + std::size_t(r) * per;
+          in.push_back({dx[r] + off * dim, dy[r] + off, per, per});
+        }
+        return in;
+      };
+      std::vector<tr::step_stats> sync_stats;
+      std::vector<float> sync_params;
+      {  // train_step on the same simulated GPUs: the same math, read back every step
+        nccl_trainer a(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+        for (int s = 0; s < steps; ++s) sync_stats.push_back(a.train_step(slices(s)));
+        sync_params = a.parameters();
+      }
+      nccl_trainer t(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+      const waits w0 = now_waits();
+      for (int s = 0; s < head; ++s) t.train_step_async(slices(s));
+      const waits w1 = now_waits();
+      check_waits(w0, w1, 0, 0, 0);
+      const auto first = t.take_stats();
+      const waits w2 = now_waits();
+      check_waits(w1, w2, 1, 0, 1);
+      for (int s = head; s < steps; ++s) t.train_step_async(slices(s));
+      const waits w3 = now_waits();
+      check_waits(w2, w3, 0, 0, 0);
+      const auto second = t.take_stats();
+      const auto none = t.take_stats();
+      check_waits(w3, now_waits(), 2, 0, 2);  // one each, with or without steps
+      CHECK(none.rows == 0);
+      CHECK(none.weight == 0);
+      CHECK(none.loss == 0);
+
+      check_same(first, combine(sync_stats, 0, head));
+      check_same(second, combine(sync_stats, head, steps));
+      check_close(first, combine(ref, 0, head));
+      check_close(second, combine(ref, head, steps));
+      const auto p0 = t.parameters();
+      CHECK(p0 == sync_params);  // bit for bit
+      CHECK(t.replica_at(1).download_params() == p0);
+      CHECK(max_abs_diff(p0, ref.params) < 1e-3);
+
+      // A train_step among async steps: its statistics go into the totals too.
+      t.train_step_async(slices(0));
+      const auto mid = t.train_step(slices(1));
+      t.train_step_async(slices(2));
+      const auto mixed = t.take_stats();
+      CHECK(mixed.rows == 3.0 * B);
+      CHECK(mid.rows == double(B));
+    });
+  }
+}
+
+TEST_CASE("asynchronous steps fed by distribute(cuda::devices) onto the trainer's streams: the "
+          "host backend's epochs, no host wait but distribute's backpressure" * doctest::timeout(120)) {
+  const auto d = sim_ref::make_blobs(B * 12, classes, 5);
+  const auto rows = sim_ref::rows_of(d, std::size_t(B) * 12 - 20);  // the last batch is short: padded
+  const tr::trainer_options o{.seed = 11, .max_rows = B / 2};
+  const auto ref = sim_ref::train_pipeline(cfg, o, rows, B, 2);
+  const std::size_t per_epoch = ref.loss.size() / 2;
+  for (const int progress : {0, 4}) {
+    sim_run(43, progress, [&] {
+      nccl_trainer t(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+      std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+      auto p = ferry::from_range(rows) | ferry::batch(std::size_t(B)) | ferry::prefetch(2) |
+               ferry::distribute(ferry::cuda::devices({0, 1}, streams), {.remainder = ferry::remainder_policy::pad});
+      for (std::size_t e = 0; e < 2; ++e) {
+        CAPTURE(e);
+        const waits w0 = now_waits();
+        const auto bp0 = p.backend().backpressure_waits();
+        std::size_t k = 0;
+        for (auto& step : p) {
+          t.train_step_async(step);  // released by the next next(): its blocks wait for this work
+          ++k;
+        }
+        const waits w1 = now_waits();
+        // The only waits: distribute's backpressure (one event per replica), when the
+        // simulated GPU lags max_pending steps behind.
+        const long bp = long(p.backend().backpressure_waits() - bp0);
+        check_waits(w0, w1, 0, 2 * bp, std::uint64_t(2 * bp));
+        CHECK(k == per_epoch);
+        check_close(t.take_stats(), combine(ref, e * per_epoch, (e + 1) * per_epoch));
+        p.rewind();
+      }
+      CHECK(ref.rows[per_epoch - 1] == double(B - 20));  // the padded step was there
+      CHECK(max_abs_diff(t.parameters(), ref.params) < 1e-3);
+    });
+  }
+}
+
+TEST_CASE("train_step and train_step_async refuse a distribute() step whose slices are ready on other streams" *
+          doctest::timeout(60)) {
+  const auto d = sim_ref::make_blobs(B * 2, classes, 7);
+  const auto rows = sim_ref::rows_of(d, std::size_t(B) * 2);
+  sim_run(47, 2, [&] {
+    nccl_trainer t(cfg, {.seed = 3, .max_rows = B / 2}, ferry::nccl_communicator::local({0, 1}),
+                   {{0, nullptr}, {1, nullptr}});
+    auto p = ferry::from_range(rows) | ferry::batch(std::size_t(B)) |
+             ferry::distribute(ferry::cuda::devices{0, 1});  // distribute's own streams
+    auto step = p.next();
+    REQUIRE(step);
+    CHECK_THROWS_WITH_AS(t.train_step_async(*step), doctest::Contains("another stream"), ferry::config_error);
+    CHECK_THROWS_WITH_AS(t.train_step(*step), doctest::Contains("another stream"), ferry::config_error);
+    CHECK(t.steps() == 0);
+    CHECK(t.take_stats().rows == 0);
   });
 }

@@ -9,8 +9,9 @@
 //
 // Memory: alloc() is cudaMalloc on the replica's device, zeroed, freed with the backend;
 // everything is allocated when the trainer is built, nothing per step. Work is enqueued
-// asynchronously (thrust::cuda::par_nosync); only download() (the step statistics, 16
-// bytes) waits for the stream. No stream given: the backend creates one and owns it.
+// asynchronously (thrust::cuda::par_nosync); only download() and upload() wait for the
+// stream: per step, train_step's 16-byte statistics read back, none in train_step_async
+// (take_stats reads 32 bytes of totals). No stream given: the backend creates one and owns it.
 //
 // Throws ferry::cuda_error (call, device, status) for a failed CUDA call and ferry::error
 // naming the cuBLAS call, device and status for cuBLAS. One backend per replica, used by

@@ -1,5 +1,6 @@
 // ferry/train/loss.hpp: softmax cross-entropy with optional per-class weights, as a
-// functor over rows (FERRY_HOST_DEVICE: the same code runs on the host and GPU backends).
+// functor over rows, and the sums of its statistics (FERRY_HOST_DEVICE: the same code runs
+// on the host and GPU backends).
 //
 // For row i with label y and weight w = (i < valid rows) ? class_weight[y] : 0:
 //   loss_i = -w * log softmax(z_i)[y]
@@ -62,6 +63,22 @@ struct sum_stats {
     float s = 0.0f;
     for (int i = 0; i < n; ++i) s += stats[i * 4 + k];
     out[k] = s;
+  }
+};
+
+// Adds a step's 4 reduced statistics into a running sum: sum[k] += step[k] for k < 4, with
+// sum[4 + k] holding the rounding error of each add (Neumaier's variant of Kahan
+// summation): a plain float running sum of the loss loses digits after a few thousand
+// steps, this one stays about as exact as a double sum of the steps' floats. Read it as
+// double(sum[k]) + double(sum[4 + k]). Launched with 4 indices.
+struct add_stats {
+  const float* step;
+  float* sum;  // 8 floats
+  FERRY_HOST_DEVICE void operator()(std::size_t k) const {
+    const float x = step[k], s = sum[k], t = s + x;
+    const float as = s < 0.0f ? -s : s, ax = x < 0.0f ? -x : x;
+    sum[4 + k] += as >= ax ? (s - t) + x : (x - t) + s;
+    sum[k] = t;
   }
 };
 

@@ -8,6 +8,10 @@
 //   for (auto& step : batches | ferry::distribute(ferry::host_replicas{4}))
 //     auto s = t.train_step(step);         // s.loss, s.accuracy: global, every replica
 //
+//   // no wait per step (GPUs: the host enqueues step k+1 while the GPU runs step k):
+//   for (auto& step : steps) t.train_step_async(step);
+//   auto e = t.take_stats();               // one wait: the steps since the last take
+//
 //   // any communicator (NCCL for GPUs, MPI across processes, your own thread_group's
 //   // thread_communicators): one replica per local communicator
 //   ferry::train::mirrored_trainer<Backend, Comm> t(cfg, opts, std::move(comms), contexts);
@@ -19,16 +23,29 @@
 // and N x B/N give the same weights up to float reassociation. Nothing is allocated per
 // step: activations are sized for max_rows rows per replica.
 //
+// Statistics: train_step reads the step's statistics back (a wait for replica 0's
+// backend: on a GPU, its stream). train_step_async enqueues the same work, then one
+// 4-element op on replica 0's backend that adds the step's statistics into running totals
+// (compensated float sums, allocated with the trainer); take_stats() reads them with one
+// wait and starts afresh. Both kinds of step add to the totals, so they mix, and both
+// leave the same weights, bit for bit.
+//
 // Threads: replicas 1..N-1 run on worker threads that live as long as the trainer and are
 // joined by its destructor; a 1-replica trainer starts none. The trainer itself is used
-// from one thread. Runs no user code.
+// from one thread (take_stats reads replica 0's backend on it). Runs no user code.
 //
 // BLAS threads: a backend with its own GEMM threads (host_backend: OpenBLAS) is set to
 // trainer_options::blas_threads per GEMM when the trainer is built; 0 (auto) means 1, as
 // the replicas are the parallelism (see trainer_options), unless OPENBLAS_NUM_THREADS is set.
 //
 // Errors: a slice larger than max_rows, or a step with the wrong number of slices, is a
-// config_error (checked on the caller before any replica starts); so is blas_threads < 0.
+// config_error (checked on the caller before any replica starts); so is blas_threads < 0,
+// and a distribute() step given to train_step_async whose streams are not the replicas'.
+// train_step_async throws as train_step does (the replica failures below included),
+// except that on a GPU a fault the device meets while running the enqueued work (not one
+// seen when enqueueing it) is reported by the next call that waits for it: take_stats,
+// train_step, evaluate, parameters. A step that throws adds nothing to the totals.
+// take_stats throws backend errors (cuda_error), and ferry::error once the trainer is spent.
 // If a replica throws, the first error is rethrown on the caller, and the others are
 // released from their collective as the communicator allows:
 //  * communicators with abort() and reset() (thread_communicator, from either
@@ -170,23 +187,69 @@ class mirrored_trainer {
   std::uint64_t steps() const { return steps_; }
 
   // One training step on one slice per replica (in each replica's backend memory).
-  // Returns the global loss (weighted mean) and accuracy of the batch, before the update.
+  // Returns the global loss (weighted mean) and accuracy of the batch, before the update;
+  // waits for replica 0's backend to read them. Also adds them to the running totals that
+  // take_stats() reads, so sync and async steps mix.
   step_stats train_step(std::span<const replica_input> in) {
+    train_step_async(in);
+    return reps_[0]->read_stats();
+  }
+
+  // A step as distribute() hands it out: field 0 the inputs (floats, e.g.
+  // std::array<float, 784>), field 1 the int32 labels.
+  // The step's streams must be the trainer's, as for train_step_async (a config_error
+  // otherwise): the trainer's work waits for the step's copies only on those streams.
+  template <class Step>
+    requires requires(Step& s) { s.replicas(); s[0].valid(); }
+  step_stats train_step(Step& step) {
+    train_step_async(step);
+    return reps_[0]->read_stats();
+  }
+
+  // The same step without reading its statistics back: on a GPU it returns once every
+  // replica has enqueued its work (the host never waits), so the host enqueues step k+1
+  // while the GPU runs step k. The step's reduced statistics are added, on replica 0's
+  // backend, to running totals that take_stats() reads. The inputs must stay valid until
+  // the device has run the step: a distribute() step does (see the Step& overload); data of
+  // your own, until a later call that waits (take_stats, train_step, evaluate, parameters).
+  void train_step_async(std::span<const replica_input> in) {
     check(in);
     run_all([&](int r) {
       reps_[r]->forward_backward(in[r]);
       reps_[r]->reduce_and_update(comms_[r]);
     });
     ++steps_;
-    return reps_[0]->read_stats();
+    reps_[0]->add_to_totals();  // after run_all: a step that throws adds nothing
   }
 
-  // A step as distribute() hands it out: field 0 the inputs (floats, e.g.
-  // std::array<float, 784>), field 1 the int32 labels.
+  // A step as distribute() hands it out. Safe to release at once (the next next()): the
+  // step's device blocks go back to distribute's pool with an event recorded on each
+  // replica's stream after the work enqueued here, so they are overwritten only after it
+  // ran. That needs the step's streams to be the trainer's (cuda::devices(ordinals,
+  // streams of replica_at(r).backend().stream()), as the example does): a config_error
+  // otherwise.
   template <class Step>
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
-  step_stats train_step(Step& step) {
-    return train_step(std::span<const replica_input>(slices(step)));
+  void train_step_async(Step& step) {
+    auto& in = slices(step);
+    if constexpr (requires { step[0].stream(); reps_[0]->backend().stream(); })
+      for (std::size_t r = 0; r < reps_.size(); ++r)
+        if (static_cast<void*>(step[r].stream()) != static_cast<void*>(reps_[r]->backend().stream()))
+          throw config_error("mirrored_trainer: replica " + std::to_string(r) +
+                             "'s slice is ready on another stream than the replica computes on; "
+                             "distribute onto the trainer's streams (cuda::devices(ordinals, streams))");
+    train_step_async(std::span<const replica_input>(in));
+  }
+
+  // The statistics of every step (train_step or train_step_async) since the last take, or
+  // since the trainer was built: loss = total loss / total weight, accuracy = correct /
+  // valid rows, weight and rows the totals (all 0 when there was no step, or only padding).
+  // Then starts the totals afresh. Waits once for replica 0's backend, even with no step
+  // (on a GPU: one cudaStreamSynchronize of replica 0's stream). evaluate(),
+  // set_parameters() and load() leave the totals alone.
+  step_stats take_stats() {
+    if (spent_) throw error(spent_why_);
+    return reps_[0]->take_totals();
   }
 
   // Loss and accuracy on a held-out batch, reduced across replicas; no update.

@@ -3,12 +3,14 @@
 //
 //   ferry::train::progress_bar bar("epoch 3", 60000);      // stderr, mode auto
 //   bar.update(samples_done, loss);                         // after each step
+//   bar.advance(samples_done);                              // or: no new loss (async steps)
 //   bar.finish(loss);                                       // final line / newline
 //
 // Terminal: one line rewritten with '\r' at most 10 times a second. Not a terminal: a line
 // at every 10% of the epoch, so logs stay short. Loss shown is an exponential moving
-// average of what update() is given. Writes only to its FILE*; throws nothing; use from
-// one thread.
+// average of what update() is given ("-" before the first). advance() moves the count, rate
+// and ETA on between losses, e.g. every asynchronous step while the loss is read only now
+// and then. Writes only to its FILE*; throws nothing; use from one thread.
 #pragma once
 
 #include <unistd.h>
@@ -42,9 +44,14 @@ class progress_bar {
   progress_mode mode() const { return mode_; }
 
   void update(std::uint64_t done, double loss) {
-    done_ = done;
     ema_ = have_ ? 0.9 * ema_ + 0.1 * loss : loss;
     have_ = true;
+    advance(done);
+  }
+
+  // Progress without a new loss: the line shows the last average.
+  void advance(std::uint64_t done) {
+    done_ = done;
     const auto now = clock::now();
     if (mode_ == progress_mode::terminal) {
       if (now - last_ < std::chrono::milliseconds(100) && done < total_) return;
@@ -63,6 +70,7 @@ class progress_bar {
     if (finished_) return;
     finished_ = true;
     ema_ = have_ ? ema_ : loss;
+    have_ = true;
     if (mode_ == progress_mode::off) return;
     done_ = done_ < total_ ? done_ : total_;
     draw(clock::now(), true);
@@ -73,22 +81,23 @@ class progress_bar {
     const double secs = std::chrono::duration<double>(now - start_).count();
     const double rate = secs > 0 ? double(done_) / secs : 0.0;
     const double eta = rate > 0 ? double(total_ - (done_ < total_ ? done_ : total_)) / rate : 0.0;
-    char line[256];
+    char line[256], loss[32] = "-";
+    if (have_) std::snprintf(loss, sizeof loss, "%.4f", ema_);
     if (mode_ == progress_mode::terminal) {
       constexpr int width = 24;
       const int fill = total_ ? int(double(done_) / double(total_) * width) : width;
       char bar[width + 1];
       for (int i = 0; i < width; ++i) bar[i] = i < fill ? '=' : (i == fill ? '>' : ' ');
       bar[width] = 0;
-      std::snprintf(line, sizeof line, "\r%s [%s] %llu/%llu %.0f samples/s loss %.4f %s %.0fs ",
+      std::snprintf(line, sizeof line, "\r%s [%s] %llu/%llu %.0f samples/s loss %s %s %.0fs ",
                     label_.c_str(), bar, (unsigned long long)done_, (unsigned long long)total_,
-                    rate, ema_, final_line ? "took" : "ETA", final_line ? secs : eta);
+                    rate, loss, final_line ? "took" : "ETA", final_line ? secs : eta);
       std::fputs(line, out_);
       if (final_line) std::fputc('\n', out_);
     } else {
-      std::snprintf(line, sizeof line, "%s: %llu/%llu samples, %.0f samples/s, loss %.4f, %s %.0f s\n",
+      std::snprintf(line, sizeof line, "%s: %llu/%llu samples, %.0f samples/s, loss %s, %s %.0f s\n",
                     label_.c_str(), (unsigned long long)done_, (unsigned long long)total_, rate,
-                    ema_, final_line ? "took" : "ETA", final_line ? secs : eta);
+                    loss, final_line ? "took" : "ETA", final_line ? secs : eta);
       std::fputs(line, out_);
     }
     std::fflush(out_);

@@ -90,6 +90,7 @@ class replica {
     stats_ = be_.alloc(std::size_t(max_rows) * 4);
     ones_ = be_.alloc(max_rows);
     eval_ = be_.alloc(mlp_layout::extras);
+    totals_ = be_.alloc(2 * mlp_layout::extras);  // zeroed: no steps yet
     if (opt_.kind == optimizer_kind::adam) sched_ = be_.alloc(adam_schedule::floats);
     be_.fill(ones_, max_rows, 1.0f);
     be_.upload(params_, init.data(), P * sizeof(float));
@@ -160,6 +161,21 @@ class replica {
   // backend).
   step_stats read_stats() { return to_stats(grads_ + lay_.params); }
 
+  // Adds the statistics part of the (reduced) gradient buffer into the running totals, on
+  // the backend: one 4-element op enqueued after the step's work, no wait.
+  void add_to_totals() { be_.for_each(mlp_layout::extras, add_stats{grads_ + lay_.params, totals_}); }
+  // The running totals since the last take, read back (one wait for the backend), then
+  // zeroed on the backend, ordered before any later add_to_totals().
+  step_stats take_totals() {
+    float h[2 * mlp_layout::extras];
+    be_.download(h, totals_, sizeof h);
+    be_.fill(totals_, 2 * mlp_layout::extras, 0.0f);
+    double t[mlp_layout::extras];
+    for (std::size_t k = 0; k < mlp_layout::extras; ++k)
+      t[k] = double(h[k]) + double(h[mlp_layout::extras + k]);
+    return stats_of(t);
+  }
+
   // Forward and loss only; returns the summed stats of this slice (not reduced) in the
   // backend's 4-float eval buffer, which the caller all-reduces.
   std::span<float> evaluate_local(const replica_input& in) {
@@ -213,11 +229,15 @@ class replica {
   step_stats to_stats(const float* ex) {
     float h[mlp_layout::extras];
     be_.download(h, ex, sizeof h);
+    const double t[mlp_layout::extras] = {h[0], h[1], h[2], h[3]};
+    return stats_of(t);
+  }
+  static step_stats stats_of(const double* t) {
     step_stats s;
-    s.weight = h[mlp_layout::weight_sum];
-    s.rows = h[mlp_layout::valid];
-    s.loss = s.weight > 0 ? h[mlp_layout::loss_sum] / s.weight : 0.0;
-    s.accuracy = s.rows > 0 ? h[mlp_layout::correct] / s.rows : 0.0;
+    s.weight = t[mlp_layout::weight_sum];
+    s.rows = t[mlp_layout::valid];
+    s.loss = s.weight > 0 ? t[mlp_layout::loss_sum] / s.weight : 0.0;
+    s.accuracy = s.rows > 0 ? t[mlp_layout::correct] / s.rows : 0.0;
     return s;
   }
 
@@ -227,6 +247,7 @@ class replica {
   int max_rows_;
   float *params_ = nullptr, *grads_ = nullptr, *state_ = nullptr, *cw_ = nullptr;
   float *d0_ = nullptr, *d1_ = nullptr, *stats_ = nullptr, *ones_ = nullptr, *eval_ = nullptr;
+  float* totals_ = nullptr;  // running sums of the step statistics and their compensations (add_stats)
   float* sched_ = nullptr;  // Adam's step count and step sizes (adam_schedule), backend memory
   std::vector<float*> acts_;
 };
