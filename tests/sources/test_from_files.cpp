@@ -324,7 +324,9 @@ TEST_CASE("read-ahead: the same errors at the same offsets, exact skips, and a s
       std::optional<decltype(ferry::from_files({t / "bad.tfrecord"}, ferry::tfrecord{}, o))> s2;
       s2.emplace(ferry::from_files({t / "bad.tfrecord"}, ferry::tfrecord{}, o));
       for (int i = 0; i < k; ++i) REQUIRE((*s2).next());
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));  // the threads park on a full queue
+      // Time for the threads to park on a full queue. Not a synchronisation: parked or
+      // mid-read, destruction must be prompt; this only makes the parked case likely.
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
       const auto t0 = std::chrono::steady_clock::now();
       s2.reset();
       const auto took = std::chrono::steady_clock::now() - t0;

@@ -131,7 +131,10 @@ TEST_CASE("interleave: destruction mid-epoch joins promptly" * doctest::timeout(
     std::optional<src_t> src(ferry::from_files(d.files, ferry::tfrecord{}) |
                              ferry::interleave(4, {.workers = 4, .buffer = 2}));
     for (int k = 0; k < i; ++k) src->next();
-    if (i % 5 == 4) std::this_thread::sleep_for(5ms);  // the readers park on full buffers
+    // Every 5th time, time for the readers to fill their buffers and park. Not a
+    // synchronisation: parked or mid-read, destruction must be prompt; this only makes
+    // the parked case likely as well.
+    if (i % 5 == 4) std::this_thread::sleep_for(5ms);
     worst = std::max(worst, seconds_to_destroy(src));
   }
   CHECK_MESSAGE(worst < 2.0, "the slowest destruction took " << worst << " s");
@@ -184,7 +187,9 @@ TEST_CASE("interleave: destruction with one reader in read(2) on a slow pipe and
       REQUIRE(r);
       CHECK(r->str() == (k % 2 ? "line " : "slow ") + std::to_string(k / 2));
     }
-    std::this_thread::sleep_for(50ms);  // worker 1 fills its buffer; worker 0 waits in read(2)
+    // Time for worker 1 to fill its buffer while worker 0 waits in read(2). Not a
+    // synchronisation: the bound below must hold in whatever state they are.
+    std::this_thread::sleep_for(50ms);
     const double took = seconds_to_destroy(src);
     CHECK_MESSAGE(took < 2.0, "destruction took " << took << " s");
   }

@@ -322,6 +322,67 @@ TEST_CASE("a lost NCCL peer: barrier() ends with the communicator's async error,
   });
 }
 
+TEST_CASE("a peer lost mid-training: the trainer's wait ends with the communicator's async error, not a hang" *
+          doctest::timeout(120)) {
+  // Two "processes" (threads) of two ranks each in one clique of four. Process 1 trains 3
+  // steps and leaves (a process that died). Process 0's 4th step's all-reduce then waits
+  // for ranks 2 and 3 forever; NCCL says so only as an async error of the communicator,
+  // noticed some way into the wait (here from the 20th query on). The host's wait for the
+  // step's statistics must end on that error (a blocking cudaStreamSynchronize would wait
+  // forever: the simulator reports it as a deadlock), with the communicators aborted, the
+  // trainer spent, and everything freed. And a trainer destroyed with such a step pending
+  // (no call that waits) ends the same way.
+  const auto d = sim_ref::make_blobs(B * 4, classes, 9);
+  const int per = B / 4;
+  const tr::trainer_options o{.seed = 5, .max_rows = per};
+  for (bool destroy_only : {false, true}) {
+    CAPTURE(destroy_only);
+    sim_run(43, 2, [&] {
+      device_copies dc;
+      float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
+      std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
+      const ncclUniqueId id = ferry::nccl_communicator::unique_id();
+      auto step = [&](int p, int s) {
+        std::vector<tr::replica_input> in;
+        for (int r = 0; r < 2; ++r) {
+          const std::size_t off = std::size_t(s) * B + std::size_t(2 * p + r) * per;
+          in.push_back({dx[r] + off * dim, dy[r] + off, per, per});
+        }
+        return in;
+      };
+      std::string error1;
+      std::thread other([&] {
+        try {
+          tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
+              cfg, o, ferry::nccl_communicator::join(id, 4, 2, {0, 1}), {{0, nullptr}, {1, nullptr}});
+          for (int s = 0; s < 3; ++s) t.train_step(step(1, s));
+        } catch (const std::exception& e) {
+          error1 = e.what();
+        }
+      });
+      {
+        tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
+            cfg, o, ferry::nccl_communicator::join(id, 4, 0, {0, 1}), {{0, nullptr}, {1, nullptr}});
+        for (int s = 0; s < 3; ++s) t.train_step(step(0, s));
+        other.join();  // process 1 is gone
+        CHECK(error1 == "");
+        sim::nccl_async_error(0, ncclRemoteError, 20);
+        const long q0 = sim::nccl_async_queries();
+        if (destroy_only) {
+          t.train_step_async(step(0, 3));  // enqueued; nothing waits before the destructor
+        } else {
+          CHECK_THROWS_WITH_AS(t.train_step(step(0, 3)), doctest::Contains("asynchronous error"), ferry::error);
+          CHECK(sim::nccl_async_queries() - q0 > 20);  // it polled while waiting, then saw the error
+          CHECK_THROWS_WITH_AS(t.train_step(step(0, 0)), doctest::Contains("build a new trainer"), ferry::error);
+          CHECK_THROWS_WITH_AS(t.take_stats(), doctest::Contains("build a new trainer"), ferry::error);
+          CHECK(t.parameters().size() == t.layout().params);  // the weights can still be saved
+        }
+      }  // destroyed: no deadlock, every stream drained, the communicators gone
+      sim::nccl_async_error(0, ncclSuccess);
+    });
+  }
+}
+
 TEST_CASE("ncclCommInitRank across processes: two trainers of two ranks each in one clique of four" *
           doctest::timeout(120)) {
   // Two "processes" (threads here, as in one rank per process with two GPUs each) join one

@@ -19,10 +19,11 @@
 //
 // Asynchronous errors: a peer that dies or a broken network shows up late, as an async
 // error of the communicator, not as a failed call. check_async() throws it (and aborts
-// the communicator); barrier() polls it while it waits, so a lost peer ends in an error
-// rather than a hang. abort() ends the communicator's unfinished collectives (a peer that
-// failed will never join them), so the streams drain and nothing hangs at shutdown; the
-// trainer calls it on every communicator when a replica fails. After either, every call
+// the communicator); barrier() polls it while it waits (as mirrored_trainer's waits
+// do), so a lost peer ends in an error rather than a hang. abort() ends the
+// communicator's unfinished collectives (a peer that failed will never join them), so the
+// streams drain and nothing hangs at shutdown; the trainer calls it on every communicator
+// when a replica fails. After either, every call
 // throws ferry::error saying the communicator was aborted.
 //
 // Throws ferry::error naming the NCCL/CUDA call and its status string on failure.

@@ -138,6 +138,14 @@ class gpu_backend {
     sync();
   }
   void sync() { FERRY_CUDA_TRY(cudaStreamSynchronize(stream_)); }
+  // True once the stream has run everything enqueued on it (cudaStreamQuery, no wait).
+  // Throws cuda_error for a fault the stream's work met.
+  bool idle() const {
+    const cudaError_t st = cudaStreamQuery(stream_);
+    if (st == cudaErrorNotReady) return false;
+    if (st != cudaSuccess) cuda::detail::throw_cuda_error(st, "cudaStreamQuery(replica stream)", __FILE__, __LINE__);
+    return true;
+  }
 
  private:
   void make_current() const { FERRY_CUDA_TRY(cudaSetDevice(dev_)); }

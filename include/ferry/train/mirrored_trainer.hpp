@@ -46,6 +46,11 @@
 // seen when enqueueing it) is reported by the next call that waits for it: take_stats,
 // train_step, evaluate, parameters. A step that throws adds nothing to the totals.
 // take_stats throws backend errors (cuda_error), and ferry::error once the trainer is spent.
+// Communicators whose errors surface asynchronously (nccl_communicator: a lost peer, a
+// broken network): every call that waits for the replicas' work (train_step, take_stats,
+// evaluate, parameters, and the destructor) polls the streams and check_async() instead
+// of blocking, so a collective that a lost peer never joins ends in that async error
+// (every communicator aborted, the trainer spent) rather than a hang.
 // If a replica throws, the first error is rethrown on the caller, and the others are
 // released from their collective as the communicator allows:
 //  * communicators with abort() and reset() (thread_communicator, from either
@@ -179,7 +184,16 @@ class mirrored_trainer {
   mirrored_trainer(const mirrored_trainer&) = delete;
   mirrored_trainer& operator=(const mirrored_trainer&) = delete;
 
-  ~mirrored_trainer() { shutdown(); }
+  ~mirrored_trainer() {
+    shutdown();
+    // Before the backends synchronise their streams (their destructors): a collective that
+    // a lost peer never joins would keep a stream busy forever; settle() ends on the
+    // communicator's async error and aborts the communicators, so the streams drain.
+    try {
+      settle();
+    } catch (...) {
+    }
+  }
 
   int replicas() const { return static_cast<int>(reps_.size()); }
   const mlp_layout& layout() const { return reps_[0]->layout(); }
@@ -192,6 +206,7 @@ class mirrored_trainer {
   // take_stats() reads, so sync and async steps mix.
   step_stats train_step(std::span<const replica_input> in) {
     train_step_async(in);
+    settle();
     return reps_[0]->read_stats();
   }
 
@@ -203,6 +218,7 @@ class mirrored_trainer {
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
   step_stats train_step(Step& step) {
     train_step_async(step);
+    settle();
     return reps_[0]->read_stats();
   }
 
@@ -249,6 +265,7 @@ class mirrored_trainer {
   // set_parameters() and load() leave the totals alone.
   step_stats take_stats() {
     if (spent_) throw error(spent_why_);
+    settle();
     return reps_[0]->take_totals();
   }
 
@@ -256,6 +273,7 @@ class mirrored_trainer {
   step_stats evaluate(std::span<const replica_input> in) {
     check(in);
     run_all([&](int r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
+    settle();
     return reps_[0]->read_eval();
   }
   template <class Step>
@@ -265,7 +283,10 @@ class mirrored_trainer {
   }
 
   // Replica 0's parameters (every replica holds the same).
-  std::vector<float> parameters() { return reps_[0]->download_params(); }
+  std::vector<float> parameters() {
+    settle();
+    return reps_[0]->download_params();
+  }
   // Sets every replica's parameters and clears the optimizer state. On failure every
   // replica gets the previous weights back (see Errors above) and the error is rethrown.
   void set_parameters(const std::vector<float>& p) {
@@ -307,6 +328,38 @@ class mirrored_trainer {
   }
 
  private:
+  // Before the host waits for the replicas' work (reading statistics or parameters, and at
+  // destruction), with communicators whose errors surface asynchronously (NCCL: a lost
+  // peer or a broken network is an async error of the communicator, not a failed call,
+  // and the collective it never joins keeps the stream busy forever): polls the replicas'
+  // streams and the communicators' async errors instead of blocking. On such an error
+  // every communicator is aborted (their collectives end, the streams drain), the trainer
+  // is spent, and the error is thrown. Nothing to do for other backends or communicators,
+  // or once the communicators are aborted.
+  void settle() {
+    if constexpr (requires(Comm& c, Backend& b) {
+                    c.check_async();
+                    { b.idle() } -> std::convertible_to<bool>;
+                  }) {
+      if (spent_) return;
+      try {
+        for (;;) {
+          for (auto& c : comms_) c.check_async();
+          bool idle = true;
+          for (auto& r : reps_) idle = r->backend().idle() && idle;
+          if (idle) return;
+          std::this_thread::yield();
+        }
+      } catch (...) {
+        for (auto& c : comms_) c.abort();
+        spent_ = true;
+        spent_why_ = "mirrored_trainer: the replicas' work failed in an earlier call (an async error of "
+                     "a communicator, or of a stream) and the communicators were aborted; build a new trainer";
+        throw;
+      }
+    }
+  }
+
   void init(std::vector<replica_context> ctx) {
     if (comms_.empty()) throw config_error("mirrored_trainer: no replicas");
     if (opts_.blas_threads < 0)

@@ -50,6 +50,10 @@ ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, nccl
 namespace sim {
 // Communicators alive (made, not yet destroyed or aborted).
 int live_nccl_comms();
-// Makes ncclCommGetAsyncError of `rank` in every clique report `r` from now on.
-void nccl_async_error(int rank, ncclResult_t r);
+// Makes ncclCommGetAsyncError of `rank` in every clique report `r`, after `after_queries`
+// more queries that still report ncclSuccess (an error NCCL notices some time into a wait);
+// ncclSuccess clears it.
+void nccl_async_error(int rank, ncclResult_t r, int after_queries = 0);
+// ncclCommGetAsyncError calls made so far (all ranks).
+long nccl_async_queries();
 }  // namespace sim

@@ -25,7 +25,12 @@ struct clique {
 std::mutex m;
 std::vector<std::shared_ptr<clique>> cliques;
 std::map<std::string, std::shared_ptr<clique>> by_id;  // ncclCommInitRank's rendezvous
-std::map<int, ncclResult_t> async_errors;
+struct async_error {
+  ncclResult_t result;
+  int after;  // queries still to report ncclSuccess
+};
+std::map<int, async_error> async_errors;
+long async_queries = 0;
 int live = 0;
 thread_local int group_depth = 0;
 
@@ -170,8 +175,13 @@ ncclResult_t ncclCommAbort(ncclComm_t comm) {
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* async_error) {
   if (!comm) return ncclInvalidArgument;
   std::lock_guard lk(m);
+  ++async_queries;
   const auto it = async_errors.find(comm->rank);
-  *async_error = it == async_errors.end() ? ncclSuccess : it->second;
+  *async_error = ncclSuccess;
+  if (it != async_errors.end()) {
+    if (it->second.after > 0) --it->second.after;
+    else *async_error = it->second.result;
+  }
   return ncclSuccess;
 }
 ncclResult_t ncclGroupStart() {
@@ -200,9 +210,13 @@ int live_nccl_comms() {
   std::lock_guard lk(m);
   return live;
 }
-void nccl_async_error(int rank, ncclResult_t r) {
+void nccl_async_error(int rank, ncclResult_t r, int after_queries) {
   std::lock_guard lk(m);
   if (r == ncclSuccess) async_errors.erase(rank);
-  else async_errors[rank] = r;
+  else async_errors[rank] = {r, after_queries};
+}
+long nccl_async_queries() {
+  std::lock_guard lk(m);
+  return async_queries;
 }
 }  // namespace sim
