@@ -4,11 +4,12 @@
 //   ferry::train::progress_bar bar("epoch 3", 60000);      // stderr, mode auto
 //   bar.update(samples_done, loss);                         // after each step
 //   bar.advance(samples_done);                              // or: no new loss (async steps)
-//   bar.finish(loss);                                       // final line / newline
+//   bar.finish(loss);                                       // final line (this loss) / newline
 //
 // Terminal: one line rewritten with '\r' at most 10 times a second. Not a terminal: a line
 // at every 10% of the epoch, so logs stay short. Loss shown is an exponential moving
-// average of what update() is given ("-" before the first). advance() moves the count, rate
+// average of what update() is given ("-" before the first), and on the final line the
+// loss finish() is given (the epoch's). advance() moves the count, rate
 // and ETA on between losses, e.g. every asynchronous step while the loss is read only now
 // and then. Writes only to its FILE*; throws nothing; use from one thread.
 #pragma once
@@ -69,7 +70,7 @@ class progress_bar {
   void finish(double loss) {
     if (finished_) return;
     finished_ = true;
-    ema_ = have_ ? ema_ : loss;
+    ema_ = loss;  // the final line shows the epoch's loss, not the running average
     have_ = true;
     if (mode_ == progress_mode::off) return;
     done_ = done_ < total_ ? done_ : total_;
