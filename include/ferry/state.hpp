@@ -25,13 +25,15 @@ namespace ferry {
 // The saved position of a whole pipeline. `words` is its portable form: write it to a
 // checkpoint with to_bytes() and read it back with from_bytes().
 //
-// Bytes: the magic word "ferrySt1", the words, and a check word (a SplitMix64-mixed hash of
+// Bytes: the magic word "ferrySt2", the words, and a check word (a SplitMix64-mixed hash of
 // the words), each 8 bytes little-endian. The check catches a checkpoint file that was cut
 // short or damaged: restoring garbage positions would silently read the wrong elements.
 struct pipeline_state {
   std::vector<std::uint64_t> words;
 
-  static constexpr std::uint64_t magic = 0x3174537972726566ull;  // "ferrySt1" read as LE
+  static constexpr std::uint64_t magic = 0x3274537972726566ull;  // "ferrySt2" read as LE
+  // Format 1 (before from_files saved its epoch for shuffle_files): refused by name.
+  static constexpr std::uint64_t magic_v1 = 0x3174537972726566ull;  // "ferrySt1"
 
   std::string to_bytes() const {
     std::string out((words.size() + 2) * 8, '\0');
@@ -56,7 +58,10 @@ struct pipeline_state {
       for (int b = 0; b < 8; ++b) w |= std::uint64_t(static_cast<unsigned char>(bytes[i * 8 + b])) << (8 * b);
       return w;
     };
-    if (get(0) != magic) throw fail("not a ferry pipeline state (no \"ferrySt1\" at offset 0)");
+    if (get(0) == magic_v1)
+      throw fail("a state of an older ferry (\"ferrySt1\"): from_files and interleave save their epoch "
+                 "since; it cannot be restored");
+    if (get(0) != magic) throw fail("not a ferry pipeline state (no \"ferrySt2\" at offset 0)");
     const std::size_t n = bytes.size() / 8 - 2;
     pipeline_state s;
     s.words.resize(n);

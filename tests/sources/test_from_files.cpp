@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -1419,5 +1420,116 @@ TEST_CASE("resume: a compressed file now shorter than the saved position is an e
       CHECK(log[0].reason == why);
       CHECK(r.skipped() == 1);
     }
+  }
+}
+
+namespace {
+// Six TFRecord files; file j holds records "f<j>:0" .. "f<j>:<j+1>".
+struct six_files {
+  temp_dir t;
+  std::vector<std::string> files;
+  six_files() {
+    for (int j = 0; j < 6; ++j) {
+      std::string s;
+      for (int i = 0; i <= j + 1; ++i) s += tfrecord_of("f" + std::to_string(j) + ":" + std::to_string(i));
+      files.push_back(t / ("s" + std::to_string(j) + ".tfrecord"));
+      write_file(files.back(), s);
+    }
+  }
+  // The order of files an epoch's records show, checking that each file came whole, in
+  // its own order, once.
+  static std::vector<int> order_of(const std::vector<std::string>& recs) {
+    std::vector<int> order;
+    std::size_t k = 0;
+    while (k < recs.size()) {
+      const int j = recs[k][1] - '0';
+      for (int i = 0; i <= j + 1; ++i, ++k) {
+        REQUIRE(k < recs.size());
+        REQUIRE(recs[k] == "f" + std::to_string(j) + ":" + std::to_string(i));
+      }
+      order.push_back(j);
+    }
+    return order;
+  }
+};
+std::vector<std::string> epoch_of(auto& src) {
+  std::vector<std::string> out;
+  while (auto r = src.next()) out.emplace_back(r->str());
+  return out;
+}
+}  // namespace
+
+TEST_CASE("shuffle_files: every epoch reads each file once, whole and in order, in a new seeded order") {
+  six_files d;
+  const ferry::from_files_options o{.shuffle_files = true, .shuffle_seed = 42};
+  auto a = ferry::from_files(d.files, ferry::tfrecord{}, o);
+  auto b = ferry::from_files(d.files, ferry::tfrecord{}, o);
+  auto c = ferry::from_files(d.files, ferry::tfrecord{}, {.shuffle_files = true, .shuffle_seed = 43});
+  constexpr int epochs = 300;
+  int count[6][6] = {};  // file, position
+  std::vector<std::vector<int>> orders;
+  bool c_differs = false;
+  for (int e = 0; e < epochs; ++e) {
+    CAPTURE(e);
+    CHECK(a.epoch() == std::uint64_t(e));
+    std::vector<int> want_files;  // what files() says this epoch reads
+    for (const auto& f : a.files()) want_files.push_back(int(std::find(d.files.begin(), d.files.end(), f) - d.files.begin()));
+    const std::vector<int> order = six_files::order_of(epoch_of(a));
+    std::vector<int> sorted = order;
+    std::sort(sorted.begin(), sorted.end());
+    CHECK(sorted == std::vector<int>{0, 1, 2, 3, 4, 5});  // a permutation: each file once
+    CHECK(order == want_files);
+    CHECK(six_files::order_of(epoch_of(b)) == order);  // the same seed: the same orders
+    c_differs = c_differs || six_files::order_of(epoch_of(c)) != order;
+    for (int p = 0; p < 6; ++p) ++count[order[std::size_t(p)]][p];
+    orders.push_back(order);
+    a.rewind(), b.rewind(), c.rewind();
+  }
+  CHECK(c_differs);
+  CHECK(std::count(orders.begin(), orders.end(), orders[0]) < 10);  // not one order
+  // Uniform: each file at each place about 1/6 of the epochs (50 of 300; the binomial's
+  // sd is 6.5, so 20 is 3 sd). A biased shuffle (j drawn from [0, n) rather than [0, i])
+  // puts file 1 first about 0.22 of the time instead of 0.17.
+  for (int f = 0; f < 6; ++f)
+    for (int p = 0; p < 6; ++p) {
+      CAPTURE(f);
+      CAPTURE(p);
+      CHECK(std::abs(count[f][p] - epochs / 6) < 20);
+    }
+  // Off (the default): the order as given, every epoch.
+  auto plain = ferry::from_files(d.files, ferry::tfrecord{});
+  for (int e = 0; e < 3; ++e, plain.rewind())
+    CHECK(six_files::order_of(epoch_of(plain)) == std::vector<int>{0, 1, 2, 3, 4, 5});
+}
+
+TEST_CASE("shuffle_files: a resumed source continues the epoch's order and the later epochs'; shards keep their files") {
+  six_files d;
+  const ferry::from_files_options o{.chunk_bytes = 64, .shuffle_files = true, .shuffle_seed = 7};
+  for (int epoch : {0, 1, 4})
+    for (int k : {0, 1, 5, 12, 27}) {
+      CAPTURE(epoch);
+      CAPTURE(k);
+      auto a = ferry::from_files(d.files, ferry::tfrecord{}, o);
+      for (int e = 0; e < epoch; ++e) (void)epoch_of(a), a.rewind();
+      for (int i = 0; i < k; ++i) REQUIRE(a.next());
+      const auto st = ferry::save_state(a);
+      auto b = ferry::from_files(d.files, ferry::tfrecord{}, o);
+      ferry::restore_state(b, st);
+      CHECK(b.epoch() == std::uint64_t(epoch));
+      CHECK(epoch_of(b) == epoch_of(a));
+      a.rewind(), b.rewind();
+      CHECK(epoch_of(b) == epoch_of(a));  // the next epoch's order too
+    }
+  // shard(3, i) after from_files: shard i keeps files j % 3 == i, in a new order each epoch.
+  for (std::size_t i = 0; i < 3; ++i) {
+    auto s = ferry::from_files(d.files, ferry::tfrecord{}, o).shard_files(3, i);
+    std::set<std::vector<int>> seen;
+    for (int e = 0; e < 20; ++e, s.rewind()) {
+      std::vector<int> order = six_files::order_of(epoch_of(s));
+      seen.insert(order);
+      std::sort(order.begin(), order.end());
+      CHECK(order == std::vector<int>{int(i), int(i) + 3});
+    }
+    CHECK(seen.size() == 2);  // both orders of its two files come up
   }
 }

@@ -15,6 +15,7 @@
 #include <iterator>
 #include <optional>
 #include <random>
+#include <set>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -221,22 +222,32 @@ TEST_CASE("interleave: restore_state refuses a state of other files, cycle or bl
     auto same = make(d.files, 3, 2);
     ferry::restore_state(same, st);
     CHECK(drain(same) == rest);
-    // The slot to read next (word 4: tag, file-list hash, cycle, block, slot) out of range.
-    for (std::uint64_t slot : {3ull, 4ull, ~0ull}) {
+    // The slot to read next (word 5: tag, file-list hash, epoch, cycle, block, slot, turn)
+    // out of range; or the records taken in this turn (word 6) not below block.
+    REQUIRE(st.words.size() == 7 + 3 * 5);
+    REQUIRE(st.words[5] < 3);
+    REQUIRE(st.words[6] < 2);
+    for (auto [word, value] : {std::pair<int, std::uint64_t>{5, 3}, {5, 4}, {5, ~0ull}, {6, 2}, {6, ~0ull}}) {
       ferry::pipeline_state bad = st;
-      REQUIRE(bad.words.size() == 6 + 3 * 5);
-      REQUIRE(bad.words[4] < 3);
-      bad.words[4] = slot;
+      bad.words[std::size_t(word)] = value;
       auto b = make(d.files, 3, 2);
       CHECK_THROWS_WITH_AS(ferry::restore_state(b, bad), doctest::Contains("bad slot"), ferry::config_error);
       CHECK(drain(b) == d.expected(3, 2));  // a refused state leaves the epoch's start
       b.rewind();  // and a rewind starts the epoch afresh
       CHECK(drain(b) == d.expected(3, 2));
     }
-    // A slot past its last file (word 7 + 5 j: slot j's file ordinal; slot 0 has 2 files).
+    // The turn at a slot that has ended while another has not (word 7 + 5 j: slot j active).
     {
       ferry::pipeline_state bad = st;
-      bad.words[7] = 3;
+      bad.words[7 + 5 * bad.words[5]] = 0;
+      auto b = make(d.files, 3, 2);
+      CHECK_THROWS_WITH_AS(ferry::restore_state(b, bad), doctest::Contains("bad slot"), ferry::config_error);
+      CHECK(drain(b) == d.expected(3, 2));
+    }
+    // A slot past its last file (word 8 + 5 j: slot j's file ordinal; slot 0 has 2 files).
+    {
+      ferry::pipeline_state bad = st;
+      bad.words[8] = 3;
       auto b = make(d.files, 3, 2);
       CHECK_THROWS_WITH_AS(ferry::restore_state(b, bad), doctest::Contains("slot 0 is at file 3 of 2"),
                            ferry::config_error);
@@ -676,4 +687,49 @@ TEST_CASE("interleave | batch: the batches hold the oracle's records, in order, 
       CHECK(got == want);
       CHECK(batches == (want.size() + n - 1) / n);
     }
+}
+
+TEST_CASE("interleave over shuffle_files: each epoch interleaves that epoch's order of files; resume keeps it" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  dataset d(7, 23);
+  const ferry::from_files_options o{.chunk_bytes = 300, .shuffle_files = true, .shuffle_seed = 11};
+  // The oracle of epoch e: the plain source's records at epoch e (its files in that epoch's
+  // order), dealt out as interleave deals them.
+  auto want = [&](std::uint64_t e, std::size_t cycle, std::size_t block) {
+    auto plain = ferry::from_files(d.files, ferry::tfrecord{}, o);
+    plain.set_epoch(e);
+    std::vector<std::string> order = plain.files();
+    const outcome recs = outcomes(plain);
+    std::vector<std::string> texts_out;
+    for (const std::string& t : interleaved(recs, order, cycle, block)) texts_out.push_back(t.substr(1));
+    return texts_out;
+  };
+  for (std::size_t workers : {0, 2}) {
+    INFO("workers " << workers);
+    auto make = [&] {
+      return ferry::from_files(d.files, ferry::tfrecord{}, o) | ferry::interleave(3, {.workers = workers, .block = 2});
+    };
+    auto src = make();
+    std::set<std::vector<std::string>> epochs;
+    for (std::uint64_t e = 0; e < 4; ++e) {
+      CAPTURE(e);
+      const auto got = drain(src);
+      CHECK(got == want(e, 3, 2));
+      epochs.insert(got);
+      src.rewind();
+    }
+    CHECK(epochs.size() == 4);  // a new order every epoch
+    // Saved mid-way through epoch 2, restored into a fresh source: the rest of epoch 2,
+    // then epoch 3.
+    auto a = make();
+    for (int e = 0; e < 2; ++e) (void)drain(a), a.rewind();
+    const auto e2 = want(2, 3, 2);
+    for (std::size_t k = 0; k < 9; ++k) REQUIRE(a.next());
+    auto b = make();
+    ferry::restore_state(b, ferry::save_state(a));
+    CHECK(drain(b) == std::vector<std::string>(e2.begin() + 9, e2.end()));
+    b.rewind();
+    CHECK(drain(b) == want(3, 3, 2));
+  }
 }

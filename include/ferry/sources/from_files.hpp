@@ -10,7 +10,11 @@
 // concatenated members are one stream, zero padding after the last is ignored, other
 // trailing bytes are an error (detail/byte_stream.hpp).
 // Paths containing * ? [ are glob patterns, expanded (sorted) when from_files is called;
-// files are read in the order given.
+// files are read in the order given, or with options.shuffle_files in a new order every
+// epoch: a permutation seeded from (options.shuffle_seed, epoch), the same on every rank
+// and build, where rewind() starts the next epoch (tf.data's list_files(shuffle=True)).
+// The state holds the epoch, so a resumed job continues that epoch's order and the later
+// epochs' orders.
 //
 // Reading: each file is read sequentially with large read(2) calls into pooled chunks of
 // options.chunk_bytes (default 1 MiB); a record is a view into its chunk that owns a
@@ -34,6 +38,8 @@
 //
 // File-level sharding: `| shard(n, i)` right after from_files calls shard_files(n, i),
 // keeping files j with j % n == i (tf.data's rule) - no record of another shard is read.
+// j is the place in the list as given: with shuffle_files a shard keeps its files and
+// reads them in a new order every epoch.
 //
 // Errors: with error_policy::raise (default) next() throws io_error (missing file,
 // directory, read failure) or format_error (file, offset where the bad record starts,
@@ -52,6 +58,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
@@ -67,9 +74,11 @@ class file_source : public source_interface<file_source> {
   using value_type = record;
 
   file_source(std::vector<std::string> files, file_format fmt, from_files_options o)
-      : files_(std::move(files)), fmt_(std::move(fmt)), opt_(std::move(o)),
+      : base_(std::move(files)), fmt_(std::move(fmt)), opt_(std::move(o)),
         pool_(std::make_shared<chunk_pool>(std::max<std::size_t>(opt_.chunk_bytes, 64))),
-        reader_(fmt_, opt_, pool_), hash_(hash_files(files_)) {}
+        reader_(fmt_, opt_, pool_), hash_(hash_files(base_)) {
+    order_files();
+  }
 
   std::optional<record> next() {
     return observe::observed_next(stats_, "from_files", [&] { return next_impl(); });
@@ -152,17 +161,31 @@ class file_source : public source_interface<file_source> {
 
 
  public:
+  // The next epoch (with shuffle_files: a new order of the files).
   void rewind() {
     reader_.close();
     fi_ = 0;
     done_ = false;
     pending_.reset();
+    set_epoch(epoch_ + 1);
   }
+  // Epochs started before this one (rewinds since construction or the restored state's).
+  std::uint64_t epoch() const { return epoch_; }
+  // Sets the epoch, and with shuffle_files the order of files() to that epoch's. For
+  // interleave, which reads the files itself; call only between epochs.
+  void set_epoch(std::uint64_t e) {
+    epoch_ = e;
+    if (opt_.shuffle_files) order_files();
+  }
+  // The hash of the file list as given (whatever the epoch's order): what a state checks.
+  std::uint64_t list_hash() const { return hash_; }
 
-  // Words: file-list hash, file index, open flag, offset, records read in the file, done.
+  // Words: file-list hash, epoch, file index, open flag, offset, records read in the
+  // file, done.
   void save(state_writer& w) const {
     w.tag("from_files");
     w.put(hash_);
+    w.put(epoch_);
     w.put(fi_);
     const bool open = reader_.is_open() || pending_.has_value();
     w.put(open);
@@ -176,12 +199,13 @@ class file_source : public source_interface<file_source> {
     r.expect("from_files");
     if (r.get() != hash_)
       throw config_error("restore_state: from_files: the state was saved for another list of files");
-    const std::uint64_t fi = r.get();
+    const std::uint64_t epoch = r.get(), fi = r.get();
     const bool open = r.get() != 0;
     const std::uint64_t off = r.get(), rec = r.get();
     const bool done = r.get() != 0;
     if (fi > files_.size()) throw config_error("restore_state: from_files: file index out of range");
     reader_.close();
+    set_epoch(epoch);
     fi_ = fi;
     done_ = done;
     pending_.reset();
@@ -200,10 +224,12 @@ class file_source : public source_interface<file_source> {
                          " files would leave some shards empty; shard fewer ways, or by element "
                          "(shard(count, index, ferry::by_element))");
     std::vector<std::string> keep;
-    for (std::size_t j = index; j < files_.size(); j += count) keep.push_back(std::move(files_[j]));
+    for (std::size_t j = index; j < base_.size(); j += count) keep.push_back(std::move(base_[j]));
     return file_source(std::move(keep), std::move(fmt_), std::move(opt_));
   }
 
+  // This epoch's files, in the order they are read (the list as given, or with
+  // shuffle_files its permutation for epoch()).
   const std::vector<std::string>& files() const { return files_; }
   const file_format& format() const { return fmt_; }
   const from_files_options& options() const { return opt_; }
@@ -243,6 +269,17 @@ class file_source : public source_interface<file_source> {
   }
 
  private:
+  // files_ = base_ in this epoch's order: Fisher-Yates driven by SplitMix64 seeded from
+  // (shuffle_seed, epoch), bit for bit the same on every build and rank.
+  void order_files() {
+    files_ = base_;
+    if (!opt_.shuffle_files) return;
+    splitmix64 g(mix_seed({0x73656c6966ull /* "files" */, opt_.shuffle_seed, epoch_}));
+    for (std::size_t i = files_.size(); i > 1; --i) {
+      const std::size_t j = g.below(i);
+      if (j != i - 1) std::swap(files_[i - 1], files_[j]);
+    }
+  }
   bool array_format() const { return std::holds_alternative<npy>(fmt_) || std::holds_alternative<idx>(fmt_); }
   from_files_options header_only() const {
     from_files_options o = opt_;
@@ -256,7 +293,9 @@ class file_source : public source_interface<file_source> {
     log_skip(opt_, describe(e));
   }
 
-  std::vector<std::string> files_;
+  std::vector<std::string> base_;   // the list as given (after shard_files)
+  std::vector<std::string> files_;  // this epoch's order of base_
+  std::uint64_t epoch_ = 0;
   file_format fmt_;
   from_files_options opt_;
   std::shared_ptr<chunk_pool> pool_;

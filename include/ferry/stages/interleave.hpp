@@ -18,19 +18,26 @@
 // pass between threads in runs, as views into the read chunks with one chunk reference
 // per chunk, not per record: one lock and at most one wake-up per run. batch() of records
 // takes them through next_borrowed, with no reference per record. When the consumer waits
-// on a slot, its reader publishes after .buffer / 2 records or 50 us, whichever comes
-// first: a slow file, a pipe, never holds back what is already read, and a consumer
-// faster than the reader is not woken per record. With .workers = 0 everything runs on
-// the thread calling next(), which reads only the records it takes. on_skip runs on the
+// on a slot, that slot's reader serves it first and publishes its run once it holds
+// .buffer / 2 records or 50 us have passed since the wait began, checked after each record
+// it reads: a consumer faster than its readers is not woken per record. So a record read
+// just before the reader blocks in read(2) (a pipe, a slow network file) waits for the
+// next record, and a reader blocked on one slot's file holds up its other slots: give
+// slow sources a reader each (.workers = cycle). With .workers = 0 everything runs on the
+// thread calling next(), which reads only the records it takes. on_skip runs on the
 // reading thread. Errors: as from_files (error_policy raise: the error reaches next() at
 // the record's place in the order, skip: counted in skipped()). Anything else thrown
 // while reading (on_skip throwing, std::bad_alloc) reaches next() the same way, never
 // std::terminate; the slot then goes on with its next file (or, after on_skip, its next
-// record). npy/IDX: every file's rows must match those of the first file in the list
-// whose header reads, as from_files requires; a file that differs is a format_error
-// naming it (offset 0) at its place in the order, whatever the thread timing. The
-// destructor and rewind() stop and join the threads at once, even mid-epoch. Throws
-// config_error for cycle == 0 or block == 0.
+// record); but when a reader cannot even queue what it read (std::bad_alloc), that slot
+// stops and every next() reaching it throws that error until rewind() or restore_state.
+// Epochs: rewind() starts the next one, and with from_files' shuffle_files the slots read
+// that epoch's order of files; the state holds the epoch. npy/IDX: every file's rows must
+// match those of the first file in the list whose header reads, as from_files requires; a
+// file that differs is a format_error naming it (offset 0) at its place in the order,
+// whatever the thread timing. The destructor and rewind() stop and join the threads, even
+// mid-epoch, once each has finished the record it is reading (a read(2) on a pipe waits
+// for its data). Throws config_error for cycle == 0 or block == 0.
 #pragma once
 
 #include <algorithm>
@@ -218,14 +225,17 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   }
 
  public:
+  // The next epoch: with from_files' shuffle_files, the slots read its new order of files.
   void rewind() {
     stop_threads();
+    up_.rewind();
     reset_slots();
   }
 
   void save(state_writer& w) const {
     w.tag("interleave");
-    w.put(hash_files(up_.files()));
+    w.put(up_.list_hash());
+    w.put(up_.epoch());
     w.put(cycle_);
     w.put(o_.block);
     w.put(cur_);
@@ -241,14 +251,16 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   // Throws config_error for a state from another file list, cycle or block.
   void restore(state_reader& r) {
     r.expect("interleave");
-    if (r.get() != hash_files(up_.files()) || r.get() != cycle_ || r.get() != o_.block)
+    const std::uint64_t list = r.get(), epoch = r.get();
+    if (list != up_.list_hash() || r.get() != cycle_ || r.get() != o_.block)
       throw config_error("restore_state: interleave: the state was saved with other files, cycle or block");
     stop_threads();
     reset_slots();
     // Read and check everything before taking any of it: a refused state leaves the stage
     // at the start of the epoch, as reset_slots() made it, never half restored.
     const std::uint64_t cur = r.get(), in_block = r.get();
-    if (cur >= slots_.size() && !slots_.empty()) throw config_error("restore_state: interleave: bad slot");
+    if ((cur >= slots_.size() && !slots_.empty()) || in_block >= o_.block)
+      throw config_error("restore_state: interleave: bad slot or turn");
     std::vector<std::pair<bool, pos>> got(slots_.size());
     for (std::size_t j = 0; j < slots_.size(); ++j) {
       got[j].first = r.get() != 0;
@@ -261,6 +273,12 @@ class interleave_source : public source_interface<interleave_source<Up>> {
         throw config_error("restore_state: interleave: slot " + std::to_string(j) + " is at file " +
                            std::to_string(p.ord) + " of " + std::to_string(slots_[j].files.size()));
     }
+    // The turn is always an active slot's, until every slot has ended (advance()).
+    bool any_active = false;
+    for (const auto& g : got) any_active = any_active || g.first;
+    if (any_active && !got[cur].first) throw config_error("restore_state: interleave: bad slot or turn");
+    up_.set_epoch(epoch);  // the saved epoch's order of files (slots hold as many either way)
+    reset_slots();
     cur_ = static_cast<std::size_t>(cur);
     in_block_ = static_cast<std::size_t>(in_block);
     for (std::size_t j = 0; j < slots_.size(); ++j) {
@@ -434,14 +452,17 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     }
     if (!s.local.empty()) return s.local.front();
     std::unique_lock lk(m_);
-    for (run& r : s.spent)
-      if (s.free.size() < 4) s.free.push_back(std::move(r));
+    try {
+      for (run& r : s.spent)
+        if (s.free.size() < 4) s.free.push_back(std::move(r));
+    } catch (...) {  // only recycling: dropping them instead is fine
+    }
     s.spent.clear();
     if (s.q.empty()) {  // the consumer waits for the readers
       observe::wait_timer wt;
       wt.start();
       waiting_since_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-      waiting_for_.store(i, std::memory_order_relaxed);  // its reader publishes soon
+      waiting_for_.store(i, std::memory_order_release);  // after waiting_since_: its reader publishes soon
       ++consumer_waiting_;
       not_empty_.wait(lk, [&] { return !s.q.empty() || s.broken; });
       --consumer_waiting_;
@@ -525,7 +546,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       try {
         produce(s, r, want, bytes_left, [&] {
           if (stop_.load(std::memory_order_relaxed)) return true;
-          const std::size_t wf = waiting_for_.load(std::memory_order_relaxed);
+          const std::size_t wf = waiting_for_.load(std::memory_order_acquire);
           if (wf == no_slot) return false;
           // The consumer waits on another of this reader's slots: a slow file here must
           // not hold it back.
@@ -567,11 +588,21 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       if (wake) not_empty_.notify_all();
     }
   }
+  // Throws what allocating or starting a thread throws, with none left running (the next
+  // next() tries again).
   void start_threads() {
+    const std::size_t n = std::min(o_.workers, slots_.size());
+    auto readers = std::make_unique<reader_wait[]>(n);
+    threads_.reserve(n);
     stop_.store(false, std::memory_order_relaxed);
-    threads_count_ = std::min(o_.workers, slots_.size());
-    readers_ = std::make_unique<reader_wait[]>(threads_count_);
-    for (std::size_t t = 0; t < threads_count_; ++t) threads_.emplace_back([this, t] { worker(t); });
+    readers_ = std::move(readers);
+    threads_count_ = n;  // the readers index slots by it, and stop_threads() wakes that many
+    try {
+      for (std::size_t t = 0; t < n; ++t) threads_.emplace_back([this, t] { worker(t); });
+    } catch (...) {
+      stop_threads();
+      throw;
+    }
   }
   void stop_threads() noexcept {
     {
@@ -630,10 +661,14 @@ inline void check_interleave_args(std::size_t cycle, const interleave_options& o
 }
 
 template <class S>
-concept interleavable = requires(const S& s) {
+concept interleavable = requires(S& s) {
   s.files();
   s.format();
   s.options();
+  s.list_hash();
+  s.epoch();
+  s.set_epoch(std::uint64_t{});
+  s.rewind();
 };
 
 }  // namespace detail

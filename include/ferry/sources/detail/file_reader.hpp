@@ -53,6 +53,12 @@ struct from_files_options {
   std::uint64_t max_record_bytes = 1ull << 30;     // largest record of a compressed stream,
                                                    // and of any fixed_length record + footer
   compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib
+  // A new order of the files every epoch (tf.data's list_files(shuffle=True)): a
+  // permutation seeded from (shuffle_seed, epoch), where rewind() starts the next epoch.
+  // After shard(n, i), this shard's files are permuted: a rank keeps its files. Records
+  // keep their order within a file; mix them with interleave and shuffle.
+  bool shuffle_files = false;
+  std::uint64_t shuffle_seed = 0;
 };
 
 namespace detail {
