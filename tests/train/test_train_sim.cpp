@@ -327,16 +327,21 @@ TEST_CASE("a peer lost mid-training: the trainer's wait ends with the communicat
   // Two "processes" (threads) of two ranks each in one clique of four. Process 1 trains 3
   // steps and leaves (a process that died). Process 0's 4th step's all-reduce then waits
   // for ranks 2 and 3 forever; NCCL says so only as an async error of the communicator,
-  // noticed some way into the wait (here from the 20th query on). The host's wait for the
-  // step's statistics must end on that error (a blocking cudaStreamSynchronize would wait
-  // forever: the simulator reports it as a deadlock), with the communicators aborted, the
-  // trainer spent, and everything freed. And a trainer destroyed with such a step pending
-  // (no call that waits) ends the same way.
-  const auto d = sim_ref::make_blobs(B * 4, classes, 9);
+  // noticed some way into the wait (here from the 20th query on). Three ways process 0
+  // goes on:
+  //  * sync: train_step's wait for the statistics must end on that error (a blocking
+  //    cudaStreamSynchronize would wait forever: the simulator reports a deadlock), with
+  //    the communicators aborted, the trainer spent, its weights still readable;
+  //  * destroy: the trainer destroyed with such a step pending (nothing else waits);
+  //  * fed: async steps fed by distribute(cuda::devices) on the trainer's streams, as the
+  //    example trains: the host must not run ahead into distribute's backpressure wait
+  //    (cudaEventSynchronize on the stuck stream) but end on the error in a step.
+  const auto d = sim_ref::make_blobs(B * 24, classes, 9);
   const int per = B / 4;
   const tr::trainer_options o{.seed = 5, .max_rows = per};
-  for (bool destroy_only : {false, true}) {
-    CAPTURE(destroy_only);
+  for (const char* mode : {"sync", "destroy", "fed"}) {
+    CAPTURE(mode);
+    const std::string m = mode;
     sim_run(43, 2, [&] {
       device_copies dc;
       float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
@@ -368,14 +373,34 @@ TEST_CASE("a peer lost mid-training: the trainer's wait ends with the communicat
         CHECK(error1 == "");
         sim::nccl_async_error(0, ncclRemoteError, 20);
         const long q0 = sim::nccl_async_queries();
-        if (destroy_only) {
+        if (m == "destroy") {
           t.train_step_async(step(0, 3));  // enqueued; nothing waits before the destructor
-        } else {
+        } else if (m == "sync") {
           CHECK_THROWS_WITH_AS(t.train_step(step(0, 3)), doctest::Contains("asynchronous error"), ferry::error);
           CHECK(sim::nccl_async_queries() - q0 > 20);  // it polled while waiting, then saw the error
           CHECK_THROWS_WITH_AS(t.train_step(step(0, 0)), doctest::Contains("build a new trainer"), ferry::error);
           CHECK_THROWS_WITH_AS(t.take_stats(), doctest::Contains("build a new trainer"), ferry::error);
           CHECK(t.parameters().size() == t.layout().params);  // the weights can still be saved
+        } else {
+          std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+          // Process 0's rows: its half of each of 20 more batches.
+          std::vector<sim_ref::row> mine;
+          const auto all = sim_ref::rows_of(d, std::size_t(B) * 24);
+          for (int s = 4; s < 24; ++s)
+            for (int k = 0; k < 2 * per; ++k) mine.push_back(all[std::size_t(s) * B + std::size_t(k)]);
+          auto p = ferry::from_range(mine) | ferry::batch(std::size_t(2 * per)) |
+                   ferry::distribute(ferry::cuda::devices({0, 1}, streams));
+          int steps = 0;
+          CHECK_THROWS_WITH_AS(
+              [&] {
+                for (auto& st : p) {
+                  t.train_step_async(st);
+                  ++steps;
+                }
+              }(),
+              doctest::Contains("asynchronous error"), ferry::error);
+          CHECK(steps <= int(tr::gpu_backend::marks));  // at most that many steps in flight
+          CHECK(p.backend().backpressure_waits() == 0);  // never blocked in distribute first
         }
       }  // destroyed: no deadlock, every stream drained, the communicators gone
       sim::nccl_async_error(0, ncclSuccess);

@@ -81,6 +81,8 @@ class gpu_backend {
     FERRY_CUDA_LOG(cudaSetDevice(dev_));
     FERRY_CUDA_LOG(cudaStreamSynchronize(stream_));
     for (float* p : blocks_) FERRY_CUDA_LOG(cudaFree(p));
+    for (cudaEvent_t e : marks_)
+      if (e) FERRY_CUDA_LOG(cudaEventDestroy(e));
     if (blas_) cublasDestroy(blas_);
     if (own_stream_) FERRY_CUDA_LOG(cudaStreamDestroy(stream_));
     if (prev >= 0 && prev != dev_) FERRY_CUDA_LOG(cudaSetDevice(prev));
@@ -140,6 +142,25 @@ class gpu_backend {
   void sync() { FERRY_CUDA_TRY(cudaStreamSynchronize(stream_)); }
   // True once the stream has run everything enqueued on it (cudaStreamQuery, no wait).
   // Throws cuda_error for a fault the stream's work met.
+  // Step marks, in a ring of `marks` events on the stream: mirrored_trainer records one
+  // after each step and, with NCCL, polls the one `marks` steps back before enqueuing
+  // another (at most `marks` steps in flight). Events made on first use.
+  static constexpr std::uint64_t marks = 3;
+  void mark(std::uint64_t step) {
+    cudaEvent_t& e = marks_[step % marks];
+    make_current();
+    if (!e) FERRY_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    FERRY_CUDA_TRY(cudaEventRecord(e, stream_));
+  }
+  // True once the stream has run past mark(step) (or no mark was recorded in its slot).
+  bool marked(std::uint64_t step) const {
+    const cudaEvent_t e = marks_[step % marks];
+    if (!e) return true;
+    const cudaError_t st = cudaEventQuery(e);
+    if (st == cudaErrorNotReady) return false;
+    if (st != cudaSuccess) cuda::detail::throw_cuda_error(st, "cudaEventQuery(step mark)", __FILE__, __LINE__);
+    return true;
+  }
   bool idle() const {
     const cudaError_t st = cudaStreamQuery(stream_);
     if (st == cudaErrorNotReady) return false;
@@ -155,6 +176,7 @@ class gpu_backend {
   bool own_stream_ = false;
   cublasHandle_t blas_ = nullptr;
   std::vector<float*> blocks_;
+  cudaEvent_t marks_[marks] = {};  // see mark()
 };
 
 }  // namespace ferry::train

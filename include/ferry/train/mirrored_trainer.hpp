@@ -223,19 +223,23 @@ class mirrored_trainer {
   }
 
   // The same step without reading its statistics back: on a GPU it returns once every
-  // replica has enqueued its work (the host never waits), so the host enqueues step k+1
-  // while the GPU runs step k. The step's reduced statistics are added, on replica 0's
+  // replica has enqueued its work (no blocking wait), so the host enqueues step k+1 while
+  // the GPU runs step k. With NCCL the host runs at most gpu_backend::marks (3) steps
+  // ahead of replica 0: past that it polls the stream and the communicators' async errors
+  // (see Errors) before enqueuing. The step's reduced statistics are added, on replica 0's
   // backend, to running totals that take_stats() reads. The inputs must stay valid until
   // the device has run the step: a distribute() step does (see the Step& overload); data of
   // your own, until a later call that waits (take_stats, train_step, evaluate, parameters).
   void train_step_async(std::span<const replica_input> in) {
     check(in);
+    throttle();
     run_all([&](int r) {
       reps_[r]->forward_backward(in[r]);
       reps_[r]->reduce_and_update(comms_[r]);
     });
-    ++steps_;
     reps_[0]->add_to_totals();  // after run_all: a step that throws adds nothing
+    if constexpr (polls_async) reps_[0]->backend().mark(steps_);
+    ++steps_;
   }
 
   // A step as distribute() hands it out. Safe to release at once (the next next()): the
@@ -337,26 +341,47 @@ class mirrored_trainer {
   // is spent, and the error is thrown. Nothing to do for other backends or communicators,
   // or once the communicators are aborted.
   void settle() {
-    if constexpr (requires(Comm& c, Backend& b) {
-                    c.check_async();
-                    { b.idle() } -> std::convertible_to<bool>;
-                  }) {
-      if (spent_) return;
-      try {
-        for (;;) {
-          for (auto& c : comms_) c.check_async();
-          bool idle = true;
-          for (auto& r : reps_) idle = r->backend().idle() && idle;
-          if (idle) return;
-          std::this_thread::yield();
-        }
-      } catch (...) {
-        for (auto& c : comms_) c.abort();
-        spent_ = true;
-        spent_why_ = "mirrored_trainer: the replicas' work failed in an earlier call (an async error of "
-                     "a communicator, or of a stream) and the communicators were aborted; build a new trainer";
-        throw;
+    if constexpr (polls_async)
+      poll_until([&] {
+        bool idle = true;
+        for (auto& r : reps_) idle = r->backend().idle() && idle;
+        return idle;
+      });
+  }
+  // Before enqueuing a step, with the same communicators: waits (polling, as settle()) until
+  // at most Backend::marks - 1 earlier steps are still running on replica 0, so the host
+  // never runs so far ahead that it blocks elsewhere first (distribute's backpressure waits
+  // in cudaEventSynchronize, a full launch queue in the launch), out of reach of the
+  // communicators' async errors.
+  void throttle() {
+    if constexpr (polls_async)
+      if (steps_ >= Backend::marks) poll_until([&] { return reps_[0]->backend().marked(steps_ - Backend::marks); });
+  }
+  static constexpr bool polls_async = requires(Comm& c, Backend& b, std::uint64_t i) {
+    c.check_async();
+    { b.idle() } -> std::convertible_to<bool>;
+    b.mark(i);
+    { b.marked(i) } -> std::convertible_to<bool>;
+    Backend::marks;
+  };
+  // Polls done() and the communicators' async errors until done() (nothing once the
+  // trainer is spent). On an error, or a throw from done(): every communicator is aborted
+  // (their collectives end, the streams drain), the trainer is spent, the error rethrown.
+  template <class Done>
+  void poll_until(const Done& done) {
+    if (spent_) return;
+    try {
+      for (;;) {
+        for (auto& c : comms_) c.check_async();
+        if (done()) return;
+        std::this_thread::yield();
       }
+    } catch (...) {
+      for (auto& c : comms_) c.abort();
+      spent_ = true;
+      spent_why_ = "mirrored_trainer: the replicas' work failed in an earlier call (an async error of "
+                   "a communicator, or of a stream) and the communicators were aborted; build a new trainer";
+      throw;
     }
   }
 

@@ -494,6 +494,7 @@ cudaError_t cudaEventQuery(cudaEvent_t e) {
   auto& s = S();
   std::lock_guard lk(s.m);
   if (!valid(e)) return fail(cudaErrorInvalidResourceHandle);
+  step_one();  // as cudaStreamQuery: a host that polls still sees the GPU move
   tick();
   if (e->recorded != 0 && !s.ops[e->recorded - 1]->done) return cudaErrorNotReady;  // not sticky
   saw(*e);
