@@ -24,7 +24,7 @@
 // step: activations are sized for max_rows rows per replica.
 //
 // Statistics: train_step reads the step's statistics back (a wait for replica 0's
-// backend: on a GPU, its stream). train_step_async enqueues the same work, then one
+// backend: on a GPU, its stream; with NCCL, first a poll of every replica's stream). train_step_async enqueues the same work, then one
 // 4-element op on replica 0's backend that adds the step's statistics into running totals
 // (compensated float sums, allocated with the trainer); take_stats() reads them with one
 // wait and starts afresh. Both kinds of step add to the totals, so they mix, and both
@@ -50,7 +50,8 @@
 // broken network): every call that waits for the replicas' work (train_step, take_stats,
 // evaluate, parameters, and the destructor) polls the streams and check_async() instead
 // of blocking, so a collective that a lost peer never joins ends in that async error
-// (every communicator aborted, the trainer spent) rather than a hang.
+// (every communicator aborted, the trainer spent) rather than a hang; a stream's fault
+// seen while polling (cuda_error) ends the same way.
 // If a replica throws, the first error is rethrown on the caller, and the others are
 // released from their collective as the communicator allows:
 //  * communicators with abort() and reset() (thread_communicator, from either
