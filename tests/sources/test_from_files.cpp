@@ -1126,6 +1126,53 @@ TEST_CASE("npy/idx: a restored reader checks every file against the first file's
   CHECK(!b.next());
 }
 
+TEST_CASE("npy with shuffle_files: the reference layout is the list's first file's in every epoch and after a resume") {
+  const std::string d = data_dir();
+  // Two f4 (2,3) files listed first, then two u1 (4,2,3): whatever an epoch's order, the
+  // two u1 files are the ones refused (as in the order given), never the f4 ones, and a
+  // resumed reader refuses the same.
+  const std::vector<std::string> files{d + "/f4_2x3.npy", d + "/f4_2x3.npy", d + "/u1_4x2x3.npy",
+                                       d + "/u1_4x2x3.npy"};
+  const ferry::from_files_options o{.shuffle_files = true, .shuffle_seed = 3};
+  auto read_epoch = [&](auto& src, std::size_t& rows, std::vector<std::string>& refused) {
+    for (int guard = 0; guard < 100; ++guard) {
+      try {
+        if (!src.next()) return;
+        ++rows;
+      } catch (const ferry::format_error& e) {
+        refused.push_back(e.path());
+        CHECK(std::string(e.what()).find("differ from the first file's") != std::string::npos);
+      }
+    }
+    FAIL("no end");
+  };
+  auto a = ferry::from_files(files, ferry::npy{}, o);
+  bool u1_first = false;  // some epoch must open a u1 file first, or the test shows nothing
+  for (int e = 0; e < 12; ++e, a.rewind()) {
+    CAPTURE(e);
+    u1_first = u1_first || a.files()[0] == files[2];
+    CHECK(a.meta()->dtype == "<f4");
+    std::size_t rows = 0;
+    std::vector<std::string> refused;
+    read_epoch(a, rows, refused);
+    CHECK(rows == 4);  // the two f4 files' rows
+    CHECK(refused == std::vector<std::string>{files[2], files[2]});
+  }
+  CHECK(u1_first);
+  // Resumed at the start of an epoch whose first file is a u1 one: that file is refused.
+  auto b = ferry::from_files(files, ferry::npy{}, o);
+  int e = 0;
+  while (b.files()[0] != files[2]) b.rewind(), ++e;
+  auto c = ferry::from_files(files, ferry::npy{}, o);
+  ferry::restore_state(c, ferry::save_state(b));
+  CHECK(c.epoch() == std::uint64_t(e));
+  std::size_t rows = 0;
+  std::vector<std::string> refused;
+  read_epoch(c, rows, refused);
+  CHECK(rows == 4);
+  CHECK(refused.size() == 2);
+}
+
 TEST_CASE("records outlive the reader's chunk; batch collates them as a ragged field" * doctest::timeout(60)) {
   ferry_test::watchdog wd(std::chrono::seconds(60));  // read-ahead threads: never hang
   temp_dir t;

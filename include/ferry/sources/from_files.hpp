@@ -119,8 +119,9 @@ class file_source : public source_interface<file_source> {
           return false;
         }
         try {
-          // Restored past the first file: its layout is still the one to match.
-          if (!first_meta_ && fi_ > 0) first_meta_ = reference_layout(fi_);
+          // Restored past the first file: its layout is still the one to match; with
+          // shuffle_files the first readable one of the list as given, every epoch.
+          if (!first_meta_ && (fi_ > 0 || opt_.shuffle_files)) first_meta_ = reference_layout(fi_);
           reader_.open(files_[fi_], first_meta_);
           if (pending_) {
             reader_.seek(pending_->first, pending_->second);
@@ -238,15 +239,19 @@ class file_source : public source_interface<file_source> {
   std::uint64_t skipped() const { return skipped_; }
   // npy/IDX: the row layout of the first of files()[0, upto) whose header reads, which a
   // read from the start takes as the one every file must match (nullopt: none reads, or
-  // another format). Those files' own errors come when they are read. Opens headers with
-  // a reader of its own (no read-ahead threads), so interleave's workers may call it.
+  // another format); with shuffle_files, of the first in the list as given, whatever the
+  // epoch's order and upto, so the same files are refused every epoch and after a resume.
+  // Those files' own errors come when they are read. Opens headers with a reader of its
+  // own (no read-ahead threads), so interleave's workers may call it.
   std::optional<array_meta> reference_layout(std::size_t upto = std::size_t(-1)) const {
     if (!array_format()) return std::nullopt;
-    for (std::size_t j = 0; j < upto && j < files_.size(); ++j) {
+    const std::vector<std::string>& list = opt_.shuffle_files ? base_ : files_;
+    if (opt_.shuffle_files) upto = list.size();
+    for (std::size_t j = 0; j < upto && j < list.size(); ++j) {
       try {
         std::optional<array_meta> m;
         file_reader r(fmt_, header_only(), pool_);
-        r.open(files_[j], m);
+        r.open(list[j], m);
         return m;
       } catch (const ferry::error&) {
       }
@@ -258,7 +263,7 @@ class file_source : public source_interface<file_source> {
   // formats.
   std::optional<array_meta> meta() {
     if (!first_meta_ && !reader_.is_open() && !done_ && fi_ < files_.size() && array_format()) {
-      if (fi_ > 0)
+      if (fi_ > 0 || opt_.shuffle_files)
         if (auto m = reference_layout(fi_)) return m;
       std::optional<array_meta> probe;
       file_reader r(fmt_, header_only(), pool_);

@@ -33,9 +33,9 @@
 // stops and every next() reaching it throws that error until rewind() or restore_state.
 // Epochs: rewind() starts the next one, and with from_files' shuffle_files the slots read
 // that epoch's order of files; the state holds the epoch. npy/IDX: every file's rows must
-// match those of the first file in the list whose header reads, as from_files requires; a
-// file that differs is a format_error naming it (offset 0) at its place in the order,
-// whatever the thread timing. The destructor and rewind() stop and join the threads, even
+// match those of the first file in the list (as given) whose header reads, as from_files
+// requires; a file that differs is a format_error naming it (offset 0) at its place in
+// the order, whatever the thread timing. The destructor and rewind() stop and join the threads, even
 // mid-epoch, once each has finished the record it is reading (a read(2) on a pipe waits
 // for its data). Throws config_error for cycle == 0 or block == 0.
 #pragma once
