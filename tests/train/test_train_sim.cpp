@@ -69,6 +69,18 @@ struct device_copies {
   }
 };
 
+// The two replicas' slices of batch s (B rows from row s * B of the copies on each device),
+// `per` rows each: global slices `first` and `first` + 1 (process p of two ranks: 2p).
+std::vector<tr::replica_input> two_slices(float* const (&dx)[2], std::int32_t* const (&dy)[2], int s, int per,
+                                          int first = 0) {
+  std::vector<tr::replica_input> in;
+  for (int r = 0; r < 2; ++r) {
+    const std::size_t off = std::size_t(s) * B + std::size_t(first + r) * std::size_t(per);
+    in.push_back({dx[r] + off * dim, dy[r] + off, per, per});
+  }
+  return in;
+}
+
 // NaN (so every `< tol` check fails) once a value is not finite: tests/common/close.hpp.
 using ferry_test::max_abs_diff;
 using ferry_test::rel_diff;
@@ -177,11 +189,7 @@ TEST_CASE("NCCL, one rank per simulated GPU: the weights of one host replica wit
         REQUIRE(cudaSetDevice(1) == cudaSuccess);
         double worst = 0;
         for (int s = 0; s < 30; ++s) {
-          const std::size_t off = std::size_t(s) * B;
-          std::vector<tr::replica_input> in;
-          for (int r = 0; r < 2; ++r)
-            in.push_back({dx[r] + (off + std::size_t(r) * per) * dim, dy[r] + off + std::size_t(r) * per, per, per});
-          const auto st = t.train_step(in);
+          const auto st = t.train_step(two_slices(dx, dy, s, per));
           CHECK(std::isfinite(st.loss));
           worst = ferry_test::worst(worst, rel_diff(st.loss, ref.loss[s]));
           CHECK(st.rows == ref.rows[s]);
@@ -247,14 +255,7 @@ TEST_CASE("a GPU replica that fails mid-step: the error, then a spent trainer th
       const int per = B / 2;
       tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
           cfg, {.seed = 3, .max_rows = per}, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
-      auto slices = [&](int s) {
-        std::vector<tr::replica_input> in;
-        for (int r = 0; r < 2; ++r) {
-          const std::size_t off = std::size_t(s) * B + std::size_t(r) * per;
-          in.push_back({dx[r] + off * dim, dy[r] + off, per, per});
-        }
-        return in;
-      };
+      auto slices = [&](int s) { return two_slices(dx, dy, s, per); };
       t.train_step(slices(0));
       // Replica 1's third GEMM of the next step fails: it never joins that step's all-reduce,
       // which replica 0 has enqueued and its GPU would wait on for ever.
@@ -347,14 +348,7 @@ TEST_CASE("a peer lost mid-training: the trainer's wait ends with the communicat
       float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
       std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
       const ncclUniqueId id = ferry::nccl_communicator::unique_id();
-      auto step = [&](int p, int s) {
-        std::vector<tr::replica_input> in;
-        for (int r = 0; r < 2; ++r) {
-          const std::size_t off = std::size_t(s) * B + std::size_t(2 * p + r) * per;
-          in.push_back({dx[r] + off * dim, dy[r] + off, per, per});
-        }
-        return in;
-      };
+      auto step = [&](int p, int s) { return two_slices(dx, dy, s, per, 2 * p); };
       std::string error1;
       std::thread other([&] {
         try {
@@ -435,14 +429,7 @@ TEST_CASE("ncclCommInitRank across processes: two trainers of two ranks each in 
           throw std::runtime_error("ranks " + std::to_string(comms[0].rank()) + "," + std::to_string(comms[1].rank()));
         tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(cfg, o, std::move(comms),
                                                                           {{0, nullptr}, {1, nullptr}});
-        for (int s = 0; s < steps; ++s) {
-          std::vector<tr::replica_input> in;
-          for (int r = 0; r < 2; ++r) {
-            const std::size_t off = std::size_t(s) * B + std::size_t(2 * p + r) * per;
-            in.push_back({dx[r] + off * dim, dy[r] + off, per, per});
-          }
-          res[p].loss.push_back(t.train_step(in).loss);
-        }
+        for (int s = 0; s < steps; ++s) res[p].loss.push_back(t.train_step(two_slices(dx, dy, s, per, 2 * p)).loss);
         res[p].params = t.parameters();
       } catch (const std::exception& e) {
         res[p].error = e.what();
@@ -537,14 +524,7 @@ TEST_CASE("asynchronous steps on two simulated GPUs: no host wait per step, one 
       device_copies dc;
       float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
       std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
-      auto slices = [&](int s) {
-        std::vector<tr::replica_input> in;
-        for (int r = 0; r < 2; ++r) {
-          const std::size_t off = std::size_t(s) * B + std::size_t(r) * per;
-          in.push_back({dx[r] + off * dim, dy[r] + off, per, per});
-        }
-        return in;
-      };
+      auto slices = [&](int s) { return two_slices(dx, dy, s, per); };
       std::vector<tr::step_stats> sync_stats;
       std::vector<float> sync_params;
       {  // train_step on the same simulated GPUs: the same math, read back every step
