@@ -1499,11 +1499,6 @@ struct six_files {
     return order;
   }
 };
-std::vector<std::string> epoch_of(auto& src) {
-  std::vector<std::string> out;
-  while (auto r = src.next()) out.emplace_back(r->str());
-  return out;
-}
 }  // namespace
 
 TEST_CASE("shuffle_files: every epoch reads each file once, whole and in order, in a new seeded order") {
@@ -1521,13 +1516,13 @@ TEST_CASE("shuffle_files: every epoch reads each file once, whole and in order, 
     CHECK(a.epoch() == std::uint64_t(e));
     std::vector<int> want_files;  // what files() says this epoch reads
     for (const auto& f : a.files()) want_files.push_back(int(std::find(d.files.begin(), d.files.end(), f) - d.files.begin()));
-    const std::vector<int> order = six_files::order_of(epoch_of(a));
+    const std::vector<int> order = six_files::order_of(read_all(a));
     std::vector<int> sorted = order;
     std::sort(sorted.begin(), sorted.end());
     CHECK(sorted == std::vector<int>{0, 1, 2, 3, 4, 5});  // a permutation: each file once
     CHECK(order == want_files);
-    CHECK(six_files::order_of(epoch_of(b)) == order);  // the same seed: the same orders
-    c_differs = c_differs || six_files::order_of(epoch_of(c)) != order;
+    CHECK(six_files::order_of(read_all(b)) == order);  // the same seed: the same orders
+    c_differs = c_differs || six_files::order_of(read_all(c)) != order;
     for (int p = 0; p < 6; ++p) ++count[order[std::size_t(p)]][p];
     orders.push_back(order);
     a.rewind(), b.rewind(), c.rewind();
@@ -1546,7 +1541,7 @@ TEST_CASE("shuffle_files: every epoch reads each file once, whole and in order, 
   // Off (the default): the order as given, every epoch.
   auto plain = ferry::from_files(d.files, ferry::tfrecord{});
   for (int e = 0; e < 3; ++e, plain.rewind())
-    CHECK(six_files::order_of(epoch_of(plain)) == std::vector<int>{0, 1, 2, 3, 4, 5});
+    CHECK(six_files::order_of(read_all(plain)) == std::vector<int>{0, 1, 2, 3, 4, 5});
 }
 
 TEST_CASE("shuffle_files: a resumed source continues the epoch's order and the later epochs'; shards keep their files") {
@@ -1557,22 +1552,22 @@ TEST_CASE("shuffle_files: a resumed source continues the epoch's order and the l
       CAPTURE(epoch);
       CAPTURE(k);
       auto a = ferry::from_files(d.files, ferry::tfrecord{}, o);
-      for (int e = 0; e < epoch; ++e) (void)epoch_of(a), a.rewind();
+      for (int e = 0; e < epoch; ++e) (void)read_all(a), a.rewind();
       for (int i = 0; i < k; ++i) REQUIRE(a.next());
       const auto st = ferry::save_state(a);
       auto b = ferry::from_files(d.files, ferry::tfrecord{}, o);
       ferry::restore_state(b, st);
       CHECK(b.epoch() == std::uint64_t(epoch));
-      CHECK(epoch_of(b) == epoch_of(a));
+      CHECK(read_all(b) == read_all(a));
       a.rewind(), b.rewind();
-      CHECK(epoch_of(b) == epoch_of(a));  // the next epoch's order too
+      CHECK(read_all(b) == read_all(a));  // the next epoch's order too
     }
   // shard(3, i) after from_files: shard i keeps files j % 3 == i, in a new order each epoch.
   for (std::size_t i = 0; i < 3; ++i) {
     auto s = ferry::from_files(d.files, ferry::tfrecord{}, o).shard_files(3, i);
     std::set<std::vector<int>> seen;
     for (int e = 0; e < 20; ++e, s.rewind()) {
-      std::vector<int> order = six_files::order_of(epoch_of(s));
+      std::vector<int> order = six_files::order_of(read_all(s));
       seen.insert(order);
       std::sort(order.begin(), order.end());
       CHECK(order == std::vector<int>{int(i), int(i) + 3});
