@@ -155,21 +155,18 @@ class gpu_backend {
   // True once the stream has run past mark(step) (or no mark was recorded in its slot).
   bool marked(std::uint64_t step) const {
     const cudaEvent_t e = marks_[step % marks];
-    if (!e) return true;
-    const cudaError_t st = cudaEventQuery(e);
-    if (st == cudaErrorNotReady) return false;
-    if (st != cudaSuccess) cuda::detail::throw_cuda_error(st, "cudaEventQuery(step mark)", __FILE__, __LINE__);
-    return true;
+    return !e || ready(cudaEventQuery(e), "cudaEventQuery(step mark)");
   }
-  bool idle() const {
-    const cudaError_t st = cudaStreamQuery(stream_);
-    if (st == cudaErrorNotReady) return false;
-    if (st != cudaSuccess) cuda::detail::throw_cuda_error(st, "cudaStreamQuery(replica stream)", __FILE__, __LINE__);
-    return true;
-  }
+  bool idle() const { return ready(cudaStreamQuery(stream_), "cudaStreamQuery(replica stream)"); }
 
  private:
   void make_current() const { FERRY_CUDA_TRY(cudaSetDevice(dev_)); }
+  // A query's answer: false while not ready; throws cuda_error for any other failure.
+  static bool ready(cudaError_t st, const char* call) {
+    if (st == cudaErrorNotReady) return false;
+    if (st != cudaSuccess) cuda::detail::throw_cuda_error(st, call, __FILE__, __LINE__);
+    return true;
+  }
 
   int dev_;
   cudaStream_t stream_ = nullptr;

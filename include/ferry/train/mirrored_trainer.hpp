@@ -24,11 +24,11 @@
 // step: activations are sized for max_rows rows per replica.
 //
 // Statistics: train_step reads the step's statistics back (a wait for replica 0's
-// backend: on a GPU, its stream; with NCCL, first a poll of every replica's stream). train_step_async enqueues the same work, then one
-// 4-element op on replica 0's backend that adds the step's statistics into running totals
-// (compensated float sums, allocated with the trainer); take_stats() reads them with one
-// wait and starts afresh. Both kinds of step add to the totals, so they mix, and both
-// leave the same weights, bit for bit.
+// backend: on a GPU, its stream; with NCCL, first a poll of every replica's stream).
+// train_step_async enqueues the same work, then one 4-element op on replica 0's backend
+// that adds the step's statistics into running totals (compensated float sums, allocated
+// with the trainer); take_stats() reads them with one wait and starts afresh. Both kinds
+// of step add to the totals, so they mix, and both leave the same weights, bit for bit.
 //
 // Threads: replicas 1..N-1 run on worker threads that live as long as the trainer and are
 // joined by its destructor; a 1-replica trainer starts none. The trainer itself is used
@@ -266,7 +266,8 @@ class mirrored_trainer {
   // since the trainer was built: loss = total loss / total weight, accuracy = correct /
   // valid rows, weight and rows the totals (all 0 when there was no step, or only padding).
   // Then starts the totals afresh. Waits once for replica 0's backend, even with no step
-  // (on a GPU: one cudaStreamSynchronize of replica 0's stream). evaluate(),
+  // (on a GPU: one cudaStreamSynchronize of replica 0's stream, after a poll of every
+  // replica's stream with NCCL). evaluate(),
   // set_parameters() and load() leave the totals alone.
   step_stats take_stats() {
     if (spent_) throw error(spent_why_);
@@ -340,7 +341,7 @@ class mirrored_trainer {
   // streams and the communicators' async errors instead of blocking. On such an error
   // every communicator is aborted (their collectives end, the streams drain), the trainer
   // is spent, and the error is thrown. Nothing to do for other backends or communicators,
-  // or once the communicators are aborted.
+  // or once the trainer is spent.
   void settle() {
     if constexpr (polls_async)
       poll_until([&] {
