@@ -3,8 +3,10 @@
 // would differ between builds; these are defined bit for bit.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
 
 namespace ferry::detail {
 
@@ -35,6 +37,16 @@ class splitmix64 {
  private:
   std::uint64_t s_;
 };
+
+// Fisher-Yates over a random-access container, drawing from g: the permutation depends
+// only on g's state and the size, bit for bit on every build.
+template <class V>
+constexpr void permute(V& v, splitmix64& g) {
+  for (std::size_t i = v.size(); i > 1; --i) {
+    const std::size_t j = static_cast<std::size_t>(g.below(i));
+    if (j != i - 1) std::swap(v[i - 1], v[j]);
+  }
+}
 
 // Derives one seed from several words (seed, epoch, block...): order matters.
 constexpr std::uint64_t mix_seed(std::initializer_list<std::uint64_t> words) {

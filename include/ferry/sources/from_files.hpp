@@ -280,10 +280,7 @@ class file_source : public source_interface<file_source> {
     files_ = base_;
     if (!opt_.shuffle_files) return;
     splitmix64 g(mix_seed({0x73656c6966ull /* "files" */, opt_.shuffle_seed, epoch_}));
-    for (std::size_t i = files_.size(); i > 1; --i) {
-      const std::size_t j = g.below(i);
-      if (j != i - 1) std::swap(files_[i - 1], files_[j]);
-    }
+    permute(files_, g);
   }
   bool array_format() const { return std::holds_alternative<npy>(fmt_) || std::holds_alternative<idx>(fmt_); }
   from_files_options header_only() const {

@@ -151,10 +151,7 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
       pending_ = std::current_exception();
     }
     splitmix64 g(mix_seed({seed_, epoch_, window_++}));
-    for (std::size_t i = win_.size(); i > 1; --i) {
-      const std::size_t j = g.below(i);
-      if (j != i - 1) std::swap(win_[i - 1], win_[j]);
-    }
+    permute(win_, g);
     return !win_.empty();
   }
 
