@@ -10,6 +10,7 @@
 #include "ferry/sources/from_generator.hpp"
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
+#include "ferry/stages/cache.hpp"
 #include "ferry/stages/filter.hpp"
 #include "ferry/stages/map.hpp"
 #include "ferry/stages/prefetch.hpp"

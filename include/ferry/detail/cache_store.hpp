@@ -1,0 +1,353 @@
+// ferry/detail/cache_store.hpp: where cache() keeps a pass: in memory, or in a file.
+//
+// Both stores have one shape, which cache_source drives:
+//   begin_fill() / append(e) / commit() / discard()   the first complete pass, written
+//   open_replay(index, offset) / read() / position()   later passes, read back
+// The file store writes "<path>.partial-<pid>-<n>" and renames it to <path> on commit, so
+// a file at <path> is always a whole pass (a crash leaves only a .partial file behind).
+//
+// File layout (little-endian, as this machine writes it):
+//   header  "ferryCa1", type fingerprint (u64), key hash (u64), 0 (u64)       32 bytes
+//   element payload length (u64), CRC-32C of the length word then payload (u32), payload
+//   footer  element count (u64), "ferryCaE"                                    16 bytes
+#pragma once
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <system_error>
+#include <typeinfo>
+#include <utility>
+#include <vector>
+
+#include "ferry/cache_codec.hpp"
+#include "ferry/error.hpp"
+#include "ferry/sources/detail/crc32c.hpp"
+#include "ferry/state.hpp"
+
+namespace ferry::detail {
+
+template <class T>
+class memory_cache_store {
+ public:
+  void begin_fill() { items_.clear(); }
+  void append(const T& e) { items_.push_back(e); }
+  void commit() { complete_ = true; }
+  void discard() noexcept {
+    items_.clear();
+    items_.shrink_to_fit();  // a partial pass gives its memory back
+    complete_ = false;
+  }
+  bool complete() const noexcept { return complete_; }
+  // The memory store never outlives its pipeline: nothing to reuse or to resume from.
+  bool try_reuse() { return false; }
+  bool open_replay(std::uint64_t index, std::uint64_t /*offset*/) {
+    if (!complete_ || index > items_.size()) return false;
+    pos_ = static_cast<std::size_t>(index);
+    return true;
+  }
+  bool seek_end() {
+    pos_ = items_.size();
+    return complete_;
+  }
+  std::optional<T> read() {
+    if (pos_ >= items_.size()) return std::nullopt;
+    return items_[pos_++];
+  }
+  std::uint64_t offset() const noexcept { return 0; }
+  std::size_t size() const noexcept { return items_.size(); }
+
+ private:
+  std::vector<T> items_;
+  std::size_t pos_ = 0;
+  bool complete_ = false;
+};
+
+template <class T>
+class file_cache_store {
+ public:
+  static constexpr std::uint64_t magic = 0x3161437972726566ull;      // "ferryCa1"
+  static constexpr std::uint64_t end_magic = 0x4561437972726566ull;  // "ferryCaE"
+  static constexpr std::size_t header_bytes = 32, footer_bytes = 16, frame_bytes = 12;
+  static constexpr std::size_t write_flush = 1 << 20, read_chunk = 1 << 20;
+
+  file_cache_store(std::string path, std::string key)
+      : path_(std::move(path)), key_hash_(stage_tag(key)), fingerprint_(stage_tag(typeid(T).name())) {}
+  file_cache_store(file_cache_store&& o) noexcept
+      : path_(std::move(o.path_)), key_hash_(o.key_hash_), fingerprint_(o.fingerprint_),
+        tmp_(std::move(o.tmp_)), wfd_(std::exchange(o.wfd_, -1)), out_(std::move(o.out_)),
+        written_(o.written_), count_(o.count_), complete_(o.complete_),
+        rfd_(std::exchange(o.rfd_, -1)), size_(o.size_), chunk_(std::move(o.chunk_)), begin_(o.begin_),
+        end_(o.end_), chunk_off_(o.chunk_off_), read_count_(o.read_count_), footer_count_(o.footer_count_) {}
+  file_cache_store& operator=(file_cache_store&&) = delete;
+  ~file_cache_store() {
+    discard();
+    close_read();
+  }
+
+  const std::string& path() const noexcept { return path_; }
+
+  // Opens a new partial file and writes the header. Throws io_error.
+  void begin_fill() {
+    discard();
+    static std::atomic<std::uint64_t> serial{0};
+    tmp_ = path_ + ".partial-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
+    wfd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (wfd_ < 0) {
+      const int e = errno;
+      tmp_.clear();
+      throw io_error(path_, 0, {e, std::generic_category()}, "cannot create the cache's partial file");
+    }
+    written_ = 0;
+    count_ = 0;
+    out_.clear();
+    const std::uint64_t h[4] = {magic, fingerprint_, key_hash_, 0};
+    cache_put_bytes(out_, h, sizeof h);
+  }
+  // Encodes and frames e; writes when a megabyte is buffered. Throws io_error.
+  void append(const T& e) {
+    const std::size_t at = out_.size();
+    out_.append(frame_bytes, '\0');
+    cache_codec<T>::encode(e, out_);
+    const std::uint64_t n = out_.size() - at - frame_bytes;
+    std::memcpy(out_.data() + at, &n, 8);
+    const std::uint32_t crc = crc32c::extend(crc32c::value(&n, 8), out_.data() + at + frame_bytes, n);
+    std::memcpy(out_.data() + at + 8, &crc, 4);
+    ++count_;
+    if (out_.size() >= write_flush) flush();
+  }
+  // Writes the footer and renames the partial file to path(). Throws io_error.
+  void commit() {
+    const std::uint64_t f[2] = {count_, end_magic};
+    cache_put_bytes(out_, f, sizeof f);
+    flush();
+    const int fd = std::exchange(wfd_, -1);
+    if (::close(fd) != 0) fail_write(errno, "cannot close the cache's partial file");
+    if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+      fail_write(errno, "cannot rename the cache's partial file to this name");
+    tmp_.clear();
+    complete_ = true;
+    close_read();
+  }
+  // Drops a partial pass: closes and removes its file. Never throws.
+  void discard() noexcept {
+    if (wfd_ >= 0) ::close(std::exchange(wfd_, -1));
+    if (!tmp_.empty()) ::unlink(tmp_.c_str());
+    tmp_.clear();
+    out_.clear();
+    out_.shrink_to_fit();
+  }
+  bool complete() const noexcept { return complete_; }
+
+  // A file left at path() by an earlier run (or pipeline): true when it is a whole ferry
+  // cache of this element type and key, ready to read. false when there is no file.
+  // Throws config_error when the file is not a ferry cache (it is never overwritten) or
+  // is one of another element type or key; format_error when it is a damaged ferry
+  // cache (the next fill replaces it).
+  bool try_reuse() {
+    if (!open_checked(false)) return false;
+    complete_ = true;
+    return true;
+  }
+  // Positions the reader at a saved place (index elements read, at byte offset), after
+  // checking the file as try_reuse() does. false when there is no usable file.
+  bool open_replay(std::uint64_t index, std::uint64_t offset) {
+    if (rfd_ < 0 && !open_checked(true)) return false;
+    if (offset == 0) offset = header_bytes;
+    if (offset < header_bytes || offset > size_ - footer_bytes || index > footer_count_) {
+      close_read();
+      return false;
+    }
+    begin_ = end_ = 0;
+    chunk_off_ = offset;
+    read_count_ = index;
+    return true;
+  }
+  // After commit(): positioned after the last element. false when the file cannot be
+  // opened any more.
+  bool seek_end() {
+    if (!open_checked(true)) return false;
+    chunk_off_ = size_ - footer_bytes;
+    read_count_ = footer_count_;
+    return true;
+  }
+  // The next element, or nullopt after the last. Throws format_error (damaged file: the
+  // offset of the frame) and io_error.
+  std::optional<T> read() {
+    const std::uint64_t elements_end = size_ - footer_bytes;
+    const std::uint64_t at = chunk_off_ + begin_;
+    if (at >= elements_end) {
+      if (read_count_ != footer_count_)
+        throw format_error(path_, at, "cache file ends after " + std::to_string(read_count_) +
+                                          " elements; its footer says " + std::to_string(footer_count_));
+      return std::nullopt;
+    }
+    if (elements_end - at < frame_bytes)
+      throw format_error(path_, at, "cache element frame cut short (the file is damaged)");
+    fill(frame_bytes);
+    std::uint64_t n;
+    std::uint32_t crc;
+    std::memcpy(&n, data() + begin_, 8);
+    std::memcpy(&crc, data() + begin_ + 8, 4);
+    if (n > elements_end - at - frame_bytes)
+      throw format_error(path_, at, "cache element length " + std::to_string(n) +
+                                        " runs past the end of the file (the file is damaged)");
+    fill(frame_bytes + n);
+    const std::byte* frame = data() + begin_;
+    if (crc32c::extend(crc32c::value(&n, 8), frame + frame_bytes, n) != crc)
+      throw format_error(path_, at, "cache element CRC-32C mismatch (the file is damaged)");
+    cache_cursor::chunk_ref ref{chunk_, &chunk_->file, at, frame};
+    cache_cursor in({frame + frame_bytes, static_cast<std::size_t>(n)}, ref);
+    std::optional<T> v;
+    try {
+      v.emplace(cache_codec<T>::decode(in));
+    } catch (const cache_cursor::short_input&) {
+      throw format_error(path_, at, "cache element decodes past its end (written as another type?)");
+    }
+    if (in.left() != 0)
+      throw format_error(path_, at, "cache element decodes to " + std::to_string(n - in.left()) + " of its " +
+                                        std::to_string(n) + " bytes (written as another type?)");
+    begin_ += frame_bytes + n;
+    ++read_count_;
+    return v;
+  }
+  // The byte offset of the next element to read (saved with the pipeline's state).
+  std::uint64_t offset() const noexcept { return chunk_off_ + begin_; }
+
+ private:
+  struct chunk {
+    std::string file;
+    std::unique_ptr<std::byte[]> bytes;
+    std::size_t cap = 0;
+  };
+  const std::byte* data() const noexcept { return chunk_->bytes.get(); }
+
+  [[noreturn]] void fail_write(int e, const char* what) {
+    const std::uint64_t at = written_;
+    discard();
+    throw io_error(path_, at, {e, std::generic_category()}, what);
+  }
+  void flush() {
+    std::size_t done = 0;
+    while (done < out_.size()) {
+      const ssize_t w = ::write(wfd_, out_.data() + done, out_.size() - done);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        fail_write(errno, "cannot write the cache's partial file");
+      }
+      done += static_cast<std::size_t>(w);
+      written_ += static_cast<std::uint64_t>(w);
+    }
+    out_.clear();
+  }
+
+  // Opens path() and checks its header and footer. false when there is no file (or, with
+  // `quiet`, when it is not a usable cache: restore then refills instead).
+  bool open_checked(bool quiet) {
+    close_read();
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT || quiet) return false;
+      throw io_error(path_, 0, {errno, std::generic_category()}, "cannot open the cache file");
+    }
+    rfd_ = fd;
+    try {
+      struct stat st {};
+      if (::fstat(fd, &st) != 0) throw io_error(path_, 0, {errno, std::generic_category()}, "cannot stat the cache file");
+      size_ = static_cast<std::uint64_t>(st.st_size);
+      std::uint64_t h[4] = {}, f[2] = {};
+      if (size_ < 8 || !pread_all(h, 8, 0) || h[0] != magic)
+        throw config_error("cache: " + path_ + " exists and is not a ferry cache file (no \"ferryCa1\" at "
+                           "offset 0); it is left alone: remove it or choose another path");
+      if (size_ < header_bytes + footer_bytes || !pread_all(h, header_bytes, 0))
+        throw format_error(path_, 0, "cache file shorter than its header and footer (the file is damaged)");
+      if (h[1] != fingerprint_)
+        throw config_error("cache: " + path_ + " holds elements of another type (fingerprint " +
+                           std::to_string(h[1]) + ", this pipeline's is " + std::to_string(fingerprint_) +
+                           "); remove it or choose another path");
+      if (h[2] != key_hash_)
+        throw config_error("cache: " + path_ + " was written with another cache_options::key; "
+                           "remove it or choose another path");
+      if (!pread_all(f, footer_bytes, size_ - footer_bytes) || f[1] != end_magic)
+        throw format_error(path_, size_ - footer_bytes, "cache file has no footer (\"ferryCaE\"; the file is damaged)");
+      footer_count_ = f[0];
+    } catch (const error&) {
+      close_read();
+      if (quiet) return false;
+      throw;
+    }
+    chunk_off_ = header_bytes;
+    begin_ = end_ = 0;
+    read_count_ = 0;
+    return true;
+  }
+  bool pread_all(void* dst, std::size_t n, std::uint64_t at) {
+    auto* p = static_cast<char*>(dst);
+    while (n) {
+      const ssize_t r = ::pread(rfd_, p, n, static_cast<off_t>(at));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw io_error(path_, at, {errno, std::generic_category()}, "cannot read the cache file");
+      if (r == 0) return false;
+      p += r;
+      n -= static_cast<std::size_t>(r);
+      at += static_cast<std::uint64_t>(r);
+    }
+    return true;
+  }
+  // Makes [begin_, begin_ + need) readable in the chunk: moves the unread tail to a chunk
+  // (a new one while records still view the old), then reads after it.
+  void fill(std::size_t need) {
+    if (chunk_ && end_ - begin_ >= need) return;
+    const std::size_t cap = need > read_chunk ? need : read_chunk;
+    const std::size_t tail = end_ - begin_;
+    if (!chunk_ || chunk_.use_count() > 1 || chunk_->cap < cap) {
+      auto c = std::make_shared<chunk>();
+      c->file = path_;
+      c->bytes = std::make_unique_for_overwrite<std::byte[]>(cap);
+      c->cap = cap;
+      if (tail) std::memcpy(c->bytes.get(), data() + begin_, tail);
+      chunk_ = std::move(c);
+    } else if (tail) {
+      std::memmove(chunk_->bytes.get(), data() + begin_, tail);
+    }
+    chunk_off_ += begin_;
+    begin_ = 0;
+    end_ = tail;
+    const std::uint64_t file_left = size_ - (chunk_off_ + end_);
+    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_->cap - end_, file_left));
+    if (!pread_all(chunk_->bytes.get() + end_, want, chunk_off_ + end_))
+      throw format_error(path_, chunk_off_ + end_, "cache file shrank while being read");
+    end_ += want;
+    if (end_ < need) throw format_error(path_, chunk_off_ + end_, "cache file cut short");
+  }
+  void close_read() noexcept {
+    if (rfd_ >= 0) ::close(std::exchange(rfd_, -1));
+  }
+
+  std::string path_;
+  std::uint64_t key_hash_, fingerprint_;
+  // writing
+  std::string tmp_;
+  int wfd_ = -1;
+  std::string out_;
+  std::uint64_t written_ = 0, count_ = 0;
+  bool complete_ = false;
+  // reading
+  int rfd_ = -1;
+  std::uint64_t size_ = 0;
+  std::shared_ptr<chunk> chunk_;
+  std::size_t begin_ = 0, end_ = 0;  // unread bytes of chunk_
+  std::uint64_t chunk_off_ = 0;      // file offset of chunk_'s first byte
+  std::uint64_t read_count_ = 0, footer_count_ = 0;
+};
+
+}  // namespace ferry::detail

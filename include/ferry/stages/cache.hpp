@@ -1,0 +1,336 @@
+// ferry/stages/cache.hpp: cache() keeps the first complete pass over its upstream and
+// plays it back on every later pass, without running the upstream again (tf.data's
+// cache()): decode once, train many epochs.
+//
+//   from_files(paths, idx{}) | map(decode, {.workers = 2}) | cache()     // in memory
+//       | shuffle(4096, seed) | batch(256) | repeat(10)
+//   ... | cache("/scratch/train.ferrycache")                              // in a file
+//   ... | cache("/scratch/train.ferrycache", {.key = "decode v2"})
+//
+// A pass is kept only when it is whole: it ran to the upstream's end with no upstream
+// error and no failed write. A pass cut short (rewind() before the end, a consumer that
+// stopped) or one in which the upstream threw is handed on as it comes and then dropped,
+// and the next pass fills the cache again, so a bad record never leaves a hole in every
+// later epoch. Put the stages whose order should
+// change each epoch (shuffle) after cache(): the kept pass is replayed in its order.
+//
+// Memory: cache() keeps every element of the pass in memory: the whole dataset, after the
+// stages before it (records from from_files keep their read chunks; decode first, or
+// cache to a file). cache(path) streams the pass to a file and reads it back a megabyte
+// at a time: bounded memory, for datasets larger than memory (elements need a
+// cache_codec, see ferry/cache_codec.hpp).
+//
+// The file: written as "<path>.partial-<pid>-<n>" and renamed to <path> when the pass is
+// whole, so <path> always holds a whole pass. A later run (or another pipeline) that finds
+// <path> with the same element type and key reads it and never pulls its upstream. The
+// file is not tied to the upstream's contents: change `key` (or remove the file) when the
+// data or the stages before cache() change. One file per pipeline: ranks that shard give
+// each rank its own path. Files of other programs are never overwritten.
+//
+// Iterator state: the upstream's position when this pass's fill began, the number of
+// elements and of upstream errors handed out this pass and, while replaying, the file
+// offset. Restoring a replay
+// position of cache(path) seeks in the file. Otherwise (in memory, mid-fill, or the file is
+// gone) the fresh pipeline refills from that upstream position and skips the elements
+// already handed out (and the upstream errors among them): the cache's content and the
+// order after the restore are exactly those of the run that saved, at the price of
+// re-reading up to one pass, the only stage whose restore re-reads more than a window.
+//
+// Throws: upstream exceptions pass through unchanged (that pass is then not kept).
+// cache(path): io_error (path, offset, errno) when the partial file cannot be created or
+// written: that error comes after the element it was writing (nothing is lost) and the
+// pass goes on uncached; config_error when <path> is not a ferry cache, or one of another
+// element type or key (on every next() until the pipeline changes); format_error (path,
+// offset) for a damaged cache file: found when opening it, the pass fills the cache anew;
+// found while replaying, the pass ends at that element and the next pass refills it from
+// the upstream. Runs on the calling thread; user code runs only in the upstream and in a
+// cache_codec.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "ferry/cache_codec.hpp"
+#include "ferry/detail/cache_store.hpp"
+#include "ferry/observe/hooks.hpp"
+#include "ferry/source.hpp"
+#include "ferry/state.hpp"
+
+namespace ferry {
+
+struct cache_options {
+  // Stored in the file's header; a file written with another key is refused. Name what
+  // the cached data depends on (a decode version, a dataset date).
+  std::string key;
+};
+
+namespace detail {
+
+template <source Up, class Store>
+class cache_source : public source_interface<cache_source<Up, Store>> {
+ public:
+  using value_type = value_t<Up>;
+  cache_source(Up up, Store store) : up_(std::move(up)), store_(std::move(store)) {}
+
+  std::optional<value_type> next() {
+    return observe::observed_next(stats_, "cache", [&] { return next_impl(); });
+  }
+
+  // The next pass: replays a kept pass from its first element; otherwise drops what the
+  // pass kept so far and rewinds the upstream.
+  void rewind()
+    requires rewindable_source<Up>
+  {
+    const bool replay = phase_ == phase::replay && !broken_;
+    reset_pass();
+    if (replay && store_.open_replay(0, 0)) return;
+    phase_ = phase::fill;
+    store_.discard();
+    fill_start_.words.clear();
+    up_.rewind();
+  }
+
+  // True once a whole pass is kept (later passes do not run the upstream).
+  bool cached() const noexcept { return phase_ == phase::replay && !broken_; }
+
+  void save(state_writer& w) const
+    requires resumable_source<Up>
+  {
+    // The upstream as it was when this pass's fill began (a fresh pipeline refills from
+    // there when it has no kept pass), then how far the consumer is.
+    if (fill_start_.words.empty())
+      up_.save(w);  // no fill began yet (or the file was reused): the upstream has not moved
+    else
+      w.put_words(fill_start_.words);
+    w.tag("cache");
+    w.put(phase_ == phase::replay ? 1 : 0);
+    w.put(emitted_ + skip_);  // what a refill that is still skipping had to skip
+    w.put(phase_ == phase::replay ? store_.offset() : 0);
+    w.put(errors_ + swallow_);
+  }
+  void restore(state_reader& r)
+    requires resumable_source<Up>
+  {
+    up_.restore(r);
+    r.expect("cache");
+    const std::uint64_t ph = r.get(), index = r.get(), offset = r.get(), errors = r.get();
+    reset_pass();
+    phase_ = phase::fill;
+    store_.discard();
+    fill_start_.words.clear();
+    resume_ = true;
+    resume_replay_ = ph == 1;
+    resume_index_ = index;
+    resume_offset_ = offset;
+    resume_errors_ = errors;
+  }
+  std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
+  void visit_stages(observe::stage_visitor& v) const {
+    probe_.visit(up_, v);
+    v.add("cache", stats_, observe::stage_mode::inline_stage, 1);
+  }
+
+ private:
+  enum class phase { fill, replay };
+
+  void reset_pass() {
+    emitted_ = 0;
+    skip_ = 0;
+    started_ = false;
+    keep_ = true;
+    ended_ = false;
+    broken_ = false;
+    resume_ = false;
+    swallow_ = 0;
+    errors_ = 0;
+    pending_ = nullptr;
+  }
+
+  // The first next() of a pass: a restored replay position, a file left by an earlier
+  // run, or a new fill.
+  void start_pass() {
+    started_ = true;
+    if (resume_) {
+      resume_ = false;
+      checked_file_ = true;  // mid-fill, a file at the path is not this pass: replace it
+      if (resume_replay_ && store_.open_replay(resume_index_, resume_offset_)) {
+        phase_ = phase::replay;
+        emitted_ = resume_index_;
+        save_fill_start();
+        return;
+      }
+      // Refill from the pass's start; skip what was handed out, errors included.
+      skip_ = resume_index_;
+      swallow_ = resume_errors_;
+    } else if (!checked_file_) {
+      started_ = false;  // a config_error comes again on the next call
+      const bool reuse = reuse_file();
+      checked_file_ = true;
+      started_ = true;
+      if (reuse) {
+        phase_ = phase::replay;
+        return;
+      }
+    }
+    save_fill_start();
+    try {
+      store_.begin_fill();
+    } catch (...) {
+      keep_ = false;
+      throw;
+    }
+  }
+  bool reuse_file() {
+    try {
+      return store_.try_reuse();
+    } catch (const format_error&) {
+      checked_file_ = true;  // damaged: say so once, then fill it anew
+      started_ = false;
+      throw;
+    }
+  }
+  void save_fill_start() {
+    fill_start_.words.clear();
+    if constexpr (resumable_source<Up>) {
+      state_writer w(fill_start_);
+      up_.save(w);
+    }
+  }
+
+  std::optional<value_type> next_impl() {
+    if (pending_) std::rethrow_exception(std::exchange(pending_, nullptr));
+    if (phase_ == phase::fill && !started_) start_pass();
+    if (phase_ == phase::replay) {
+      if (broken_) return std::nullopt;
+      try {
+        std::optional<value_type> e = store_.read();
+        if (e) ++emitted_;
+        return e;
+      } catch (...) {
+        broken_ = true;  // the rest of this pass is lost to the damage; the next refills
+        throw;
+      }
+    }
+    while (!ended_) {
+      std::optional<value_type> e;
+      try {
+        e = probe_.pull(up_);
+      } catch (...) {
+        drop();  // a pass with an upstream error is not kept
+        if (swallow_ > 0) {  // the consumer had this error before the save
+          --swallow_;
+          continue;
+        }
+        ++errors_;
+        throw;
+      }
+      if (!e) {
+        ended_ = true;
+        if (keep_ && skip_ == 0 && swallow_ == 0) {
+          try {
+            store_.commit();
+          } catch (...) {
+            drop();
+            throw;
+          }
+          phase_ = phase::replay;
+          if (!store_.seek_end()) broken_ = true;  // the file went: the next pass refills
+        } else {
+          drop();
+        }
+        return std::nullopt;
+      }
+      if (keep_) {
+        try {
+          store_.append(*e);
+        } catch (...) {
+          drop();
+          pending_ = std::current_exception();  // after this element: nothing lost
+        }
+      }
+      if (skip_ > 0) {  // handed out before the restore
+        --skip_;
+        ++emitted_;
+        if (pending_) std::rethrow_exception(std::exchange(pending_, nullptr));
+        continue;
+      }
+      swallow_ = 0;  // (only an upstream that changed could leave errors unmet here)
+      ++emitted_;
+      return e;
+    }
+    return std::nullopt;
+  }
+  void drop() noexcept {
+    keep_ = false;
+    store_.discard();
+  }
+
+  Up up_;
+  Store store_;
+  phase phase_ = phase::fill;
+  std::uint64_t emitted_ = 0;  // elements of this pass handed out (or skipped after a restore)
+  std::uint64_t skip_ = 0;     // elements still to skip after a restore that refills
+  bool started_ = false;       // this pass's first next() ran
+  bool keep_ = true;           // this fill pass can still be kept
+  bool ended_ = false;         // the upstream ended this pass
+  bool broken_ = false;        // replay: the kept pass is damaged; nothing more this pass
+  bool checked_file_ = false;  // looked for a file left by an earlier run
+  bool resume_ = false;        // restored, not yet opened or refilled
+  bool resume_replay_ = false;  // ... at a position in a kept pass (seek in the file)
+  std::uint64_t resume_index_ = 0, resume_offset_ = 0;
+  std::uint64_t resume_errors_ = 0;
+  std::uint64_t swallow_ = 0;  // upstream errors still to skip after a restore that refills
+  std::uint64_t errors_ = 0;   // upstream errors handed on this pass
+  std::exception_ptr pending_;  // a failed write, thrown after the element it was writing
+  pipeline_state fill_start_;   // the upstream's position when the kept pass began
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<Up> probe_;
+};
+
+}  // namespace detail
+
+struct cache_t {
+  // In memory.
+  template <source S>
+  auto operator()(S&& s) const {
+    detail::require_rvalue_source<S>();
+    using T = value_t<std::remove_cvref_t<S>>;
+    static_assert(std::copy_constructible<T>,
+                  "ferry::cache: cache() in memory hands out copies of the kept elements; "
+                  "the element type must be copyable");
+    return detail::cache_source<std::remove_cvref_t<S>, detail::memory_cache_store<T>>(
+        std::forward<S>(s), detail::memory_cache_store<T>{});
+  }
+  // In a file.
+  template <source S>
+  auto operator()(S&& s, const std::filesystem::path& path, cache_options o = {}) const {
+    detail::require_rvalue_source<S>();
+    using T = value_t<std::remove_cvref_t<S>>;
+    static_assert(cache_codable<T>,
+                  "ferry::cache(path): no ferry::cache_codec for the element type; specialize "
+                  "it (see ferry/cache_codec.hpp) or cache in memory with cache()");
+    if (path.empty()) throw config_error("ferry::cache: the cache file's path is empty");
+    if (std::filesystem::is_directory(path))
+      throw config_error("ferry::cache: " + path.string() + " is a directory; give a file name in it");
+    return detail::cache_source<std::remove_cvref_t<S>, detail::file_cache_store<T>>(
+        std::forward<S>(s), detail::file_cache_store<T>(path.string(), std::move(o.key)));
+  }
+  auto operator()() const {
+    return make_closure([]<class S>(S&& s) { return cache_t{}(std::forward<S>(s)); });
+  }
+  auto operator()(std::filesystem::path path, cache_options o = {}) const {
+    return make_closure([path = std::move(path), o = std::move(o)]<class S>(S&& s) {
+      return cache_t{}(std::forward<S>(s), path, o);
+    });
+  }
+};
+inline constexpr cache_t cache{};
+
+}  // namespace ferry
