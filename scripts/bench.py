@@ -39,6 +39,7 @@ FIGURES = os.path.join(RESULTS, "figures")
 QUICK_ARGS = {
     "overhead": ["4194304", "5"],
     "read": ["64", "1024"],
+    "cache": ["64", "1024"],
     "sweep": ["262144", "32", "3"],
 }
 # Benchmarks that write their rows to a file given with --json.
@@ -238,6 +239,10 @@ def ratios(latest):
                 if x.get("ratio_interleave_cat") is not None:
                     add("read: tfrecord interleave(4) vs cat", x.get("ratio_interleave_cat"), r)
                 add("read: vs PyTorch DataLoader", x.get("ratio_torch"), r)
+        elif name == "cache":
+            for x in rec(r, "cache")[:1]:
+                add("cache(): replay vs hand copy loop", x.get("ratio_memory_loop"), r)
+                add("cache(path): replay vs cat", x.get("ratio_file_cat"), r)
         elif name == "sweep":
             for x in rec(r, "sweep"):
                 if (x["sweep"], x["workers"], x["batch"]) in {("workers", 1, 256), ("workers", 2, 256),

@@ -6,10 +6,6 @@
 // a table, the ratios, and a JSON line.
 //
 // Usage: bench_read [MiB per format, default 256] [record bytes, default 1024] [python3]
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/wait.h>
-
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
@@ -20,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/cat.hpp"
 #include "common/timing.hpp"
 #include "ferry/sources/detail/crc32c.hpp"
 #include "ferry/sources/from_files.hpp"
@@ -27,36 +24,13 @@
 #include "ferry/stages/interleave.hpp"
 
 namespace {
+using bench::cat_once;
 using bench::now;
 
 std::string le(std::uint64_t v, int n) {
   std::string s;
   for (int i = 0; i < n; ++i) s += static_cast<char>(v >> (8 * i));
   return s;
-}
-
-
-// One run of `cat FILES > /dev/null`, in seconds. posix_spawn, not system(): a fork would
-// mark this process's pages copy-on-write, and the next ferry run would pay a page fault
-// on each page of its (reused) read buffers.
-double cat_once(const std::vector<std::string>& files) {
-  std::vector<std::string> args{"cat"};
-  args.insert(args.end(), files.begin(), files.end());
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-  const double t0 = now();
-  pid_t pid = 0;
-  int status = 0;
-  if (posix_spawnp(&pid, "cat", &fa, nullptr, argv.data(), environ) != 0 || ::waitpid(pid, &status, 0) != pid ||
-      status != 0)
-    std::fprintf(stderr, "cat failed\n");
-  const double t = now() - t0;
-  posix_spawn_file_actions_destroy(&fa);
-  return t;
 }
 
 std::uint64_t ferry_read(const std::vector<std::string>& files, ferry::file_format fmt, std::size_t batch,

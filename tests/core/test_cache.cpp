@@ -92,6 +92,34 @@ TEST_CASE("cache plays the first whole pass back without running the upstream ag
     }
 }
 
+TEST_CASE("cache(path): elements larger than a read chunk, read ahead or not") {
+  src_test::temp_dir dir;
+  // Sizes around the 64 KiB headroom and the 1 MiB chunk, in an order that makes the
+  // elements cross chunk and read-ahead block boundaries at different places.
+  const std::vector<std::size_t> sizes = {10, 70000, 3 << 20, 5, (1 << 20) - 7, 65536, 1 << 20, 200000, 17,
+                                          (2 << 20) + 3, 1000, 500000, 600000, 700000};
+  auto elem = [&](std::uint64_t i) {
+    std::vector<std::uint8_t> v(sizes[i % sizes.size()]);
+    for (std::size_t k = 0; k < v.size(); ++k) v[k] = static_cast<std::uint8_t>(k * 31 + i);
+    return v;
+  };
+  std::vector<std::vector<std::uint8_t>> want;
+  for (std::uint64_t i = 0; i < 3 * sizes.size(); ++i) want.push_back(elem(i));
+  for (std::size_t ahead : {0, 1, 4})
+    for (std::size_t threads : {1, 2}) {
+      CAPTURE(ahead);
+      CAPTURE(threads);
+      const std::string path = dir / ("big-" + std::to_string(ahead) + "-" + std::to_string(threads));
+      auto calls = std::make_shared<std::uint64_t>(0);
+      auto p = ferry::from_generator(want.size(), [&, calls](std::uint64_t i) { return ++*calls, elem(i); }) |
+               ferry::cache(path, {.read_ahead = ahead, .read_threads = threads}) | ferry::repeat(3);
+      const auto got = drain(p);
+      REQUIRE(got.size() == 3 * want.size());
+      for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[i % want.size()]);
+      CHECK(*calls == want.size());
+    }
+}
+
 TEST_CASE("cache then shuffle: a new order each epoch over the kept pass") {
   auto calls = std::make_shared<std::uint64_t>(0);
   auto p = ferry::from_generator(500, [calls](std::uint64_t i) { return ++*calls, i; }) | ferry::cache() |

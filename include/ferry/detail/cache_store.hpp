@@ -5,6 +5,8 @@
 //   open_replay(index, offset) / read() / position()   later passes, read back
 // The file store writes "<path>.partial-<pid>-<n>" and renames it to <path> on commit, so
 // a file at <path> is always a whole pass (a crash leaves only a .partial file behind).
+// It reads the file back through from_files' byte_stream: pooled 1 MiB chunks, filled
+// ahead by I/O threads (which run no user code and are joined when the reader closes).
 //
 // File layout (little-endian, as this machine writes it):
 //   header  "ferryCa1", type fingerprint (u64), key hash (u64), 0 (u64)       32 bytes
@@ -31,6 +33,7 @@
 
 #include "ferry/cache_codec.hpp"
 #include "ferry/error.hpp"
+#include "ferry/sources/detail/byte_stream.hpp"
 #include "ferry/sources/detail/crc32c.hpp"
 #include "ferry/state.hpp"
 
@@ -80,19 +83,20 @@ class file_cache_store {
   static constexpr std::size_t header_bytes = 32, footer_bytes = 16, frame_bytes = 12;
   static constexpr std::size_t write_flush = 1 << 20, read_chunk = 1 << 20;
 
-  file_cache_store(std::string path, std::string key)
-      : path_(std::move(path)), key_hash_(stage_tag(key)), fingerprint_(stage_tag(typeid(T).name())) {}
+  // Reads with `read_ahead` chunks filled ahead by `read_threads` I/O threads (0: every
+  // read(2) on the consumer's thread), as from_files does.
+  file_cache_store(std::string path, std::string key, std::size_t read_ahead, std::size_t read_threads)
+      : path_(std::move(path)), key_hash_(stage_tag(key)), fingerprint_(stage_tag(typeid(T).name())) {
+    in_.set_pool(std::make_shared<chunk_pool>(read_chunk));
+    in_.set_read_ahead(read_ahead, read_threads);
+  }
   file_cache_store(file_cache_store&& o) noexcept
       : path_(std::move(o.path_)), key_hash_(o.key_hash_), fingerprint_(o.fingerprint_),
         tmp_(std::move(o.tmp_)), wfd_(std::exchange(o.wfd_, -1)), out_(std::move(o.out_)),
-        written_(o.written_), count_(o.count_), complete_(o.complete_),
-        rfd_(std::exchange(o.rfd_, -1)), size_(o.size_), chunk_(std::move(o.chunk_)), begin_(o.begin_),
-        end_(o.end_), chunk_off_(o.chunk_off_), read_count_(o.read_count_), footer_count_(o.footer_count_) {}
+        written_(o.written_), count_(o.count_), complete_(o.complete_), in_(std::move(o.in_)),
+        size_(o.size_), read_count_(o.read_count_), footer_count_(o.footer_count_) {}
   file_cache_store& operator=(file_cache_store&&) = delete;
-  ~file_cache_store() {
-    discard();
-    close_read();
-  }
+  ~file_cache_store() { discard(); }
 
   const std::string& path() const noexcept { return path_; }
 
@@ -136,7 +140,7 @@ class file_cache_store {
       fail_write(errno, "cannot rename the cache's partial file to this name");
     tmp_.clear();
     complete_ = true;
-    close_read();
+    in_.close();
   }
   // Drops a partial pass: closes and removes its file. Never throws.
   void discard() noexcept {
@@ -152,7 +156,7 @@ class file_cache_store {
   // cache of this element type and key, ready to read. false when there is no file.
   // Throws config_error when the file is not a ferry cache (it is never overwritten) or
   // is one of another element type or key; format_error when it is a damaged ferry
-  // cache (the next fill replaces it).
+  // cache (the next fill replaces it); io_error when it cannot be read.
   bool try_reuse() {
     if (!open_checked(false)) return false;
     complete_ = true;
@@ -161,14 +165,13 @@ class file_cache_store {
   // Positions the reader at a saved place (index elements read, at byte offset), after
   // checking the file as try_reuse() does. false when there is no usable file.
   bool open_replay(std::uint64_t index, std::uint64_t offset) {
-    if (rfd_ < 0 && !open_checked(true)) return false;
+    if (!in_.is_open() && !open_checked(true)) return false;
     if (offset == 0) offset = header_bytes;
     if (offset < header_bytes || offset > size_ - footer_bytes || index > footer_count_) {
-      close_read();
+      in_.close();
       return false;
     }
-    begin_ = end_ = 0;
-    chunk_off_ = offset;
+    in_.seek(offset);
     read_count_ = index;
     return true;
   }
@@ -176,61 +179,55 @@ class file_cache_store {
   // opened any more.
   bool seek_end() {
     if (!open_checked(true)) return false;
-    chunk_off_ = size_ - footer_bytes;
+    in_.seek(size_ - footer_bytes);
     read_count_ = footer_count_;
     return true;
   }
   // The next element, or nullopt after the last. Throws format_error (damaged file: the
-  // offset of the frame) and io_error.
+  // offset of the element's frame) and io_error.
   std::optional<T> read() {
     const std::uint64_t elements_end = size_ - footer_bytes;
-    const std::uint64_t at = chunk_off_ + begin_;
+    const std::uint64_t at = in_.offset();
     if (at >= elements_end) {
       if (read_count_ != footer_count_)
         throw format_error(path_, at, "cache file ends after " + std::to_string(read_count_) +
                                           " elements; its footer says " + std::to_string(footer_count_));
       return std::nullopt;
     }
-    if (elements_end - at < frame_bytes)
+    if (elements_end - at < frame_bytes || in_.ensure(frame_bytes) < frame_bytes)
       throw format_error(path_, at, "cache element frame cut short (the file is damaged)");
-    fill(frame_bytes);
     std::uint64_t n;
     std::uint32_t crc;
-    std::memcpy(&n, data() + begin_, 8);
-    std::memcpy(&crc, data() + begin_ + 8, 4);
+    std::memcpy(&n, in_.data(), 8);
+    std::memcpy(&crc, in_.data() + 8, 4);
     if (n > elements_end - at - frame_bytes)
       throw format_error(path_, at, "cache element length " + std::to_string(n) +
                                         " runs past the end of the file (the file is damaged)");
-    fill(frame_bytes + n);
-    const std::byte* frame = data() + begin_;
+    if (in_.ensure(frame_bytes + n) < frame_bytes + n)
+      throw format_error(path_, at, "cache file cut short while being read");
+    const std::byte* frame = in_.data();
     if (crc32c::extend(crc32c::value(&n, 8), frame + frame_bytes, n) != crc)
       throw format_error(path_, at, "cache element CRC-32C mismatch (the file is damaged)");
-    cache_cursor::chunk_ref ref{chunk_, &chunk_->file, at, frame};
-    cache_cursor in({frame + frame_bytes, static_cast<std::size_t>(n)}, ref);
+    const std::shared_ptr<chunk>& c = in_.current_chunk();
+    const cache_cursor::chunk_ref ref{c, c->file.get(), at, frame};
+    cache_cursor cur({frame + frame_bytes, static_cast<std::size_t>(n)}, ref);
     std::optional<T> v;
     try {
-      v.emplace(cache_codec<T>::decode(in));
+      v.emplace(cache_codec<T>::decode(cur));
     } catch (const cache_cursor::short_input&) {
       throw format_error(path_, at, "cache element decodes past its end (written as another type?)");
     }
-    if (in.left() != 0)
-      throw format_error(path_, at, "cache element decodes to " + std::to_string(n - in.left()) + " of its " +
+    if (cur.left() != 0)
+      throw format_error(path_, at, "cache element decodes to " + std::to_string(n - cur.left()) + " of its " +
                                         std::to_string(n) + " bytes (written as another type?)");
-    begin_ += frame_bytes + n;
+    in_.consume(frame_bytes + n);
     ++read_count_;
     return v;
   }
   // The byte offset of the next element to read (saved with the pipeline's state).
-  std::uint64_t offset() const noexcept { return chunk_off_ + begin_; }
+  std::uint64_t offset() const noexcept { return in_.is_open() ? in_.offset() : 0; }
 
  private:
-  struct chunk {
-    std::string file;
-    std::unique_ptr<std::byte[]> bytes;
-    std::size_t cap = 0;
-  };
-  const std::byte* data() const noexcept { return chunk_->bytes.get(); }
-
   [[noreturn]] void fail_write(int e, const char* what) {
     const std::uint64_t at = written_;
     discard();
@@ -253,22 +250,23 @@ class file_cache_store {
   // Opens path() and checks its header and footer. false when there is no file (or, with
   // `quiet`, when it is not a usable cache: restore then refills instead).
   bool open_checked(bool quiet) {
-    close_read();
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      if (errno == ENOENT || quiet) return false;
-      throw io_error(path_, 0, {errno, std::generic_category()}, "cannot open the cache file");
-    }
-    rfd_ = fd;
+    in_.close();
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) != 0 && errno == ENOENT) return false;
     try {
-      struct stat st {};
-      if (::fstat(fd, &st) != 0) throw io_error(path_, 0, {errno, std::generic_category()}, "cannot stat the cache file");
-      size_ = static_cast<std::uint64_t>(st.st_size);
+      in_.open(path_, compression::none);
+      size_ = in_.size().value_or(0);
       std::uint64_t h[4] = {}, f[2] = {};
-      if (size_ < 8 || !pread_all(h, 8, 0) || h[0] != magic)
+      auto read_at = [&](void* dst, std::size_t n, std::uint64_t at) {
+        in_.seek(at);
+        if (in_.ensure(n) < n) return false;
+        std::memcpy(dst, in_.data(), n);
+        return true;
+      };
+      if (size_ < 8 || !read_at(h, 8, 0) || h[0] != magic)
         throw config_error("cache: " + path_ + " exists and is not a ferry cache file (no \"ferryCa1\" at "
                            "offset 0); it is left alone: remove it or choose another path");
-      if (size_ < header_bytes + footer_bytes || !pread_all(h, header_bytes, 0))
+      if (size_ < header_bytes + footer_bytes || !read_at(h, header_bytes, 0))
         throw format_error(path_, 0, "cache file shorter than its header and footer (the file is damaged)");
       if (h[1] != fingerprint_)
         throw config_error("cache: " + path_ + " holds elements of another type (fingerprint " +
@@ -277,60 +275,17 @@ class file_cache_store {
       if (h[2] != key_hash_)
         throw config_error("cache: " + path_ + " was written with another cache_options::key; "
                            "remove it or choose another path");
-      if (!pread_all(f, footer_bytes, size_ - footer_bytes) || f[1] != end_magic)
+      if (!read_at(f, footer_bytes, size_ - footer_bytes) || f[1] != end_magic)
         throw format_error(path_, size_ - footer_bytes, "cache file has no footer (\"ferryCaE\"; the file is damaged)");
       footer_count_ = f[0];
+      in_.seek(header_bytes);
     } catch (const error&) {
-      close_read();
+      in_.close();
       if (quiet) return false;
       throw;
     }
-    chunk_off_ = header_bytes;
-    begin_ = end_ = 0;
     read_count_ = 0;
     return true;
-  }
-  bool pread_all(void* dst, std::size_t n, std::uint64_t at) {
-    auto* p = static_cast<char*>(dst);
-    while (n) {
-      const ssize_t r = ::pread(rfd_, p, n, static_cast<off_t>(at));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0) throw io_error(path_, at, {errno, std::generic_category()}, "cannot read the cache file");
-      if (r == 0) return false;
-      p += r;
-      n -= static_cast<std::size_t>(r);
-      at += static_cast<std::uint64_t>(r);
-    }
-    return true;
-  }
-  // Makes [begin_, begin_ + need) readable in the chunk: moves the unread tail to a chunk
-  // (a new one while records still view the old), then reads after it.
-  void fill(std::size_t need) {
-    if (chunk_ && end_ - begin_ >= need) return;
-    const std::size_t cap = need > read_chunk ? need : read_chunk;
-    const std::size_t tail = end_ - begin_;
-    if (!chunk_ || chunk_.use_count() > 1 || chunk_->cap < cap) {
-      auto c = std::make_shared<chunk>();
-      c->file = path_;
-      c->bytes = std::make_unique_for_overwrite<std::byte[]>(cap);
-      c->cap = cap;
-      if (tail) std::memcpy(c->bytes.get(), data() + begin_, tail);
-      chunk_ = std::move(c);
-    } else if (tail) {
-      std::memmove(chunk_->bytes.get(), data() + begin_, tail);
-    }
-    chunk_off_ += begin_;
-    begin_ = 0;
-    end_ = tail;
-    const std::uint64_t file_left = size_ - (chunk_off_ + end_);
-    const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(chunk_->cap - end_, file_left));
-    if (!pread_all(chunk_->bytes.get() + end_, want, chunk_off_ + end_))
-      throw format_error(path_, chunk_off_ + end_, "cache file shrank while being read");
-    end_ += want;
-    if (end_ < need) throw format_error(path_, chunk_off_ + end_, "cache file cut short");
-  }
-  void close_read() noexcept {
-    if (rfd_ >= 0) ::close(std::exchange(rfd_, -1));
   }
 
   std::string path_;
@@ -341,12 +296,9 @@ class file_cache_store {
   std::string out_;
   std::uint64_t written_ = 0, count_ = 0;
   bool complete_ = false;
-  // reading
-  int rfd_ = -1;
+  // reading: one file through from_files' reader (pooled chunks, read-ahead threads)
+  byte_stream in_;
   std::uint64_t size_ = 0;
-  std::shared_ptr<chunk> chunk_;
-  std::size_t begin_ = 0, end_ = 0;  // unread bytes of chunk_
-  std::uint64_t chunk_off_ = 0;      // file offset of chunk_'s first byte
   std::uint64_t read_count_ = 0, footer_count_ = 0;
 };
 

@@ -43,8 +43,9 @@
 // element type or key (on every next() until the pipeline changes); format_error (path,
 // offset) for a damaged cache file: found when opening it, the pass fills the cache anew;
 // found while replaying, the pass ends at that element and the next pass refills it from
-// the upstream. Runs on the calling thread; user code runs only in the upstream and in a
-// cache_codec.
+// the upstream. Runs on the calling thread, user code (the upstream's, a cache_codec)
+// included; cache(path) reads its file with read_threads I/O threads that run no user code
+// and are joined when the pass's reader closes or the pipeline is destroyed.
 #pragma once
 
 #include <concepts>
@@ -69,6 +70,10 @@ struct cache_options {
   // Stored in the file's header; a file written with another key is refused. Name what
   // the cached data depends on (a decode version, a dataset date).
   std::string key;
+  // Reading the file back: 1 MiB chunks filled ahead by I/O threads, as in
+  // from_files_options (read_ahead 0: every read(2) on the consumer's thread).
+  std::size_t read_ahead = 4;
+  std::size_t read_threads = 1;
 };
 
 namespace detail {
@@ -320,7 +325,8 @@ struct cache_t {
     if (std::filesystem::is_directory(path))
       throw config_error("ferry::cache: " + path.string() + " is a directory; give a file name in it");
     return detail::cache_source<std::remove_cvref_t<S>, detail::file_cache_store<T>>(
-        std::forward<S>(s), detail::file_cache_store<T>(path.string(), std::move(o.key)));
+        std::forward<S>(s),
+        detail::file_cache_store<T>(path.string(), std::move(o.key), o.read_ahead, o.read_threads));
   }
   auto operator()() const {
     return make_closure([]<class S>(S&& s) { return cache_t{}(std::forward<S>(s)); });
