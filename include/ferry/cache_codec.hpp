@@ -2,12 +2,13 @@
 //
 // ferry::cache_codec<T> is the customization point. ferry provides it for:
 //   - trivially copyable types (arithmetic types, enums, plain structs, std::array of
-//     them): their object bytes. A struct holding pointers caches the addresses, not what
-//     they point to: give such a type its own codec;
+//     them): their object bytes (a bool read back is checked to be 0 or 1; an enum or a
+//     struct's fields are not checked). A struct holding pointers caches the addresses,
+//     not what they point to: give such a type its own codec;
 //   - std::string, std::vector<T>, std::array<T, N>, std::pair and std::tuple of codable
 //     types (a vector of trivially copyable T is one length word and one copy);
 //   - ferry::record: its bytes. A record read back views the cache's read chunk (no copy)
-//     and its origin() names the cache file and the offset of the element there.
+//     and its origin() names the cache file and the offset of its length word there.
 // For another type, specialize it in namespace ferry:
 //
 //   template <> struct ferry::cache_codec<my_type> {
@@ -24,6 +25,7 @@
 // the file and offset). Runs on the consumer's thread, inside cache's next().
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -105,7 +107,15 @@ template <class T>
   requires std::is_trivially_copyable_v<T> && (!std::is_pointer_v<T>)
 struct cache_codec<T> {
   static void encode(const T& v, std::string& out) { detail::cache_put_bytes(out, &v, sizeof(T)); }
-  static T decode(cache_cursor& in) { return in.template get<T>(); }
+  static T decode(cache_cursor& in) {
+    if constexpr (std::is_same_v<T, bool>) {  // a byte other than 0 or 1 is not a bool
+      const auto b = in.take(1)[0];
+      if (b != std::byte{0} && b != std::byte{1}) throw cache_cursor::short_input{};
+      return b == std::byte{1};
+    } else {
+      return in.template get<T>();
+    }
+  }
 };
 
 template <class C, class Tr, class A>
@@ -144,7 +154,9 @@ struct cache_codec<std::vector<T, A>> {
       const auto b = in.take(n * sizeof(T));
       if (n) std::memcpy(v.data(), b.data(), n * sizeof(T));
     } else {
-      v.reserve(n);
+      // n is checked against the bytes left, not their size in memory: reserve no more
+      // than the element's bytes could make, and let a damaged count fail in decode.
+      v.reserve(std::min(n, in.left() / (sizeof(T) > 64 ? sizeof(T) : 64) + 1));
       for (std::size_t i = 0; i < n; ++i) v.push_back(cache_codec<T>::decode(in));
     }
     return v;
@@ -192,13 +204,14 @@ struct cache_codec<record> {
     detail::cache_put_length(out, v.size());
     detail::cache_put_bytes(out, v.data(), v.size());
   }
-  // A view of the cache's read chunk (kept alive by the record), origin in the cache file.
+  // A view of the cache's read chunk (kept alive by the record). Its origin is the cache
+  // file, at the record's own length word (its bytes follow it).
   static record decode(cache_cursor& in) {
     const std::size_t n = detail::cache_get_length(in, 1);
     const std::span<const std::byte> b = in.take(n);
     const auto& c = in.chunk();
-    return record(std::shared_ptr<const std::byte>(c.owner, b.data()), n, c.file, c.offset,
-                  static_cast<std::uint32_t>(b.data() - c.frame));
+    const std::uint64_t at = c.offset + static_cast<std::uint64_t>(b.data() - c.frame) - 8;
+    return record(std::shared_ptr<const std::byte>(c.owner, b.data()), n, c.file, at, 8);
   }
 };
 

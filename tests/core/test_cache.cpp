@@ -49,10 +49,19 @@ std::size_t partial_files(const std::string& dir) {
   return n;
 }
 
-// The file offset of element k's frame: the header, then per element its 12-byte frame
-// header and payload (a string encodes as an 8-byte length and its bytes).
-std::uint64_t string_frame_offset(const std::vector<std::string>& items, std::size_t k) {
-  std::uint64_t at = 32;
+// Where a cache file's elements start: its 32-byte header, then the word count at byte
+// 24 of upstream state words.
+std::uint64_t elements_start(const std::string& path) {
+  const std::string b = src_test::read_file(path);
+  std::uint64_t w = 0;
+  std::memcpy(&w, b.data() + 24, 8);
+  return 32 + 8 * w;
+}
+
+// The file offset of element k's frame: the elements' start, then per element its 12-byte
+// frame header and payload (a string encodes as an 8-byte length and its bytes).
+std::uint64_t string_frame_offset(const std::string& path, const std::vector<std::string>& items, std::size_t k) {
+  std::uint64_t at = elements_start(path);
   for (std::size_t i = 0; i < k; ++i) at += 12 + 8 + items[i].size();
   return at;
 }
@@ -112,7 +121,7 @@ TEST_CASE("cache(path): elements larger than a read chunk, read ahead or not") {
       const std::string path = dir / ("big-" + std::to_string(ahead) + "-" + std::to_string(threads));
       auto calls = std::make_shared<std::uint64_t>(0);
       auto p = ferry::from_generator(want.size(), [&, calls](std::uint64_t i) { return ++*calls, elem(i); }) |
-               ferry::cache(path, {.read_ahead = ahead, .read_threads = threads}) | ferry::repeat(3);
+               ferry::cache(path, {.key = "", .read_ahead = ahead, .read_threads = threads}) | ferry::repeat(3);
       const auto got = drain(p);
       REQUIRE(got.size() == 3 * want.size());
       for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[i % want.size()]);
@@ -233,11 +242,13 @@ TEST_CASE("cache(path): a later pipeline reads the file and never its upstream")
     auto got = drain(p);
     REQUIRE(got.size() == 2 * want.size());
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i].str() == want[i % want.size()]);
-    // A record read back names the cache file and where its element is.
+    // A record read back names the cache file and where its length word is.
+    const std::uint64_t start = elements_start(path);
+    CHECK(start > 32);  // the header holds from_generator's state words
     CHECK(got[0].origin().file == path);
-    CHECK(got[0].origin().offset == 32);
-    CHECK(got[0].origin().data_offset == 32 + 12 + 8);
-    CHECK(got[5].origin().offset == string_frame_offset(want, 5));
+    CHECK(got[0].origin().offset == start + 12);
+    CHECK(got[0].origin().data_offset == start + 12 + 8);
+    CHECK(got[5].origin().offset == string_frame_offset(path, want, 5) + 12);
   }
   // Another key, another element type, a file that is not a cache: refused, left alone.
   {
@@ -278,7 +289,7 @@ TEST_CASE("a damaged cache file: an error with the file and offset, then the ups
   SUBCASE("a flipped byte in element 50") {
     fill();
     std::string bytes = src_test::read_file(path);
-    const std::uint64_t at = string_frame_offset(want, 50);
+    const std::uint64_t at = string_frame_offset(path, want, 50);
     bytes[at + 12 + 8 + 3] ^= 0x20;
     src_test::write_file(path, bytes);
     auto p = make();
@@ -489,5 +500,269 @@ TEST_CASE("cache resumes exactly: mid-fill, mid-replay, with or without its file
       run([&] { return gen() | ferry::cache() | ferry::repeat(4); });
     else
       run([&] { return gen() | ferry::cache(path) | ferry::repeat(4); });
+  }
+}
+
+namespace {
+template <class P>
+void pull(P& p, int k, std::vector<std::uint64_t>& seen, std::vector<std::string>& errors) {
+  for (int i = 0; i < k; ++i) {
+    try {
+      if (auto e = p.next()) seen.push_back(*e);
+    } catch (const std::exception& e) {
+      errors.push_back(e.what());
+    }
+  }
+}
+
+// i + 100 * epoch for i < 5; in epoch 0, element 2 fails. Its epoch is in its state.
+class epoch_source : public ferry::source_interface<epoch_source> {
+ public:
+  using value_type = std::uint64_t;
+  std::optional<value_type> next() {
+    if (i_ >= 5) return std::nullopt;
+    if (epoch_ == 0 && i_ == 2) {
+      ++i_;
+      throw std::runtime_error("epoch 0 error");
+    }
+    return i_++ + 100 * epoch_;
+  }
+  void rewind() {
+    i_ = 0;
+    ++epoch_;
+  }
+  void save(ferry::state_writer& w) const {
+    w.tag("epoch_source");
+    w.put(i_);
+    w.put(epoch_);
+  }
+  void restore(ferry::state_reader& r) {
+    r.expect("epoch_source");
+    i_ = r.get();
+    epoch_ = r.get();
+  }
+
+ private:
+  std::uint64_t i_ = 0, epoch_ = 0;
+};
+
+// Re-frames element k of a cache file of fixed-size elements (`bytes` each) with `payload`
+// and a valid CRC, as a hostile or buggy writer could.
+void reframe(const std::string& path, std::size_t k, std::size_t bytes, const std::string& payload) {
+  namespace crc = ferry::detail::crc32c;
+  std::string b = src_test::read_file(path);
+  const std::size_t at = elements_start(path) + k * (12 + bytes);
+  std::uint64_t n = payload.size();
+  const std::uint32_t c = crc::extend(crc::value(&n, 8), payload.data(), n);
+  std::string frame(12, '\0');
+  std::memcpy(frame.data(), &n, 8);
+  std::memcpy(frame.data() + 8, &c, 4);
+  b.replace(at, 12 + bytes, frame + payload);
+  src_test::write_file(path, b);
+}
+}  // namespace
+
+TEST_CASE("cache: a state saved right after a restore is the restored one (memory and file)") {
+  src_test::temp_dir dir;
+  const std::string path = dir / "again";
+  auto run = [&](auto make) {
+    std::vector<std::uint64_t> seen;
+    std::vector<std::string> errors;
+    auto a = make();
+    pull(a, 4, seen, errors);
+    const auto st1 = ferry::save_state(a);
+    auto b = make();
+    ferry::restore_state(b, st1);
+    const auto st2 = ferry::save_state(b);
+    CHECK(st2 == st1);
+    auto c = make();
+    ferry::restore_state(c, st2);
+    auto rest = drain_through_errors(c, errors);
+    seen.insert(seen.end(), rest.begin(), rest.end());
+    CHECK(seen == std::vector<std::uint64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  };
+  run([] { return ferry_test::failing_source(10, {}) | ferry::cache(); });
+  run([&] { return ferry_test::failing_source(10, {}) | ferry::cache(path); });
+}
+
+TEST_CASE("cache: restoring twice through a refill does not repeat an upstream error") {
+  auto make = [] { return ferry_test::failing_source(10, {4}) | ferry::cache(); };
+  std::vector<std::uint64_t> seen;
+  std::vector<std::string> errors;
+  auto a = make();
+  pull(a, 5, seen, errors);  // 0 1 2 3, the error
+  auto b = make();
+  ferry::restore_state(b, ferry::save_state(a));
+  pull(b, 1, seen, errors);  // 5: the refill skipped 0-3 and the error
+  auto c = make();
+  ferry::restore_state(c, ferry::save_state(b));
+  auto rest = drain_through_errors(c, errors);
+  seen.insert(seen.end(), rest.begin(), rest.end());
+  CHECK(seen == std::vector<std::uint64_t>{0, 1, 2, 3, 5, 6, 7, 8, 9});
+  CHECK(errors == std::vector<std::string>{"failed at 4"});
+}
+
+TEST_CASE("cache: restored after damage ended a replay, the pass stays over; the next refills") {
+  src_test::temp_dir dir;
+  const std::string path = dir / "damaged";
+  auto make = [&] { return ferry_test::failing_source(10, {}) | ferry::cache(path) | ferry::repeat(2); };
+  {
+    auto p = ferry_test::failing_source(10, {}) | ferry::cache(path);
+    REQUIRE(drain(p).size() == 10);
+  }
+  std::string bytes = src_test::read_file(path);
+  bytes[elements_start(path) + 3 * 20 + 12] ^= 1;  // element 3's payload (a u64: 20-byte frames)
+  src_test::write_file(path, bytes);
+  std::vector<std::uint64_t> seen;
+  std::vector<std::string> errors;
+  auto a = make();
+  pull(a, 4, seen, errors);  // 0 1 2, then the CRC error
+  REQUIRE(errors.size() == 1);
+  auto b = make();
+  ferry::restore_state(b, ferry::save_state(a));
+  auto rest = drain_through_errors(b, errors);
+  CHECK(errors.size() == 1);  // not read again
+  seen.insert(seen.end(), rest.begin(), rest.end());
+  // The damaged pass ended at element 3; repeat's second pass refilled from the upstream.
+  CHECK(seen == std::vector<std::uint64_t>{0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+}
+
+TEST_CASE("cache: a restored pipeline never overwrites a file that is not its cache") {
+  src_test::temp_dir dir;
+  SUBCASE("not a ferry cache") {
+    const std::string path = dir / "notes.txt";
+    src_test::write_file(path, "my notes, not a cache");
+    auto make = [&] { return ferry_test::failing_source(10, {}) | ferry::cache(path); };
+    auto a = make();
+    CHECK_THROWS_AS(a.next(), ferry::config_error);
+    auto b = make();
+    ferry::restore_state(b, ferry::save_state(a));
+    CHECK_THROWS_AS(b.next(), ferry::config_error);
+    CHECK(src_test::read_file(path) == "my notes, not a cache");
+  }
+  SUBCASE("a cache of another key, restored mid-pass") {
+    const std::string path = dir / "c";
+    {
+      auto p = ferry_test::failing_source(10, {}, 100) | ferry::cache(path, {.key = "other"});
+      REQUIRE(drain(p).size() == 10);
+    }
+    const std::string before = src_test::read_file(path);
+    auto make = [&] { return ferry_test::failing_source(10, {}) | ferry::cache(path, {.key = "mine"}); };
+    fs::rename(path, path + ".aside");
+    auto a = make();
+    std::vector<std::uint64_t> seen;
+    std::vector<std::string> errors;
+    pull(a, 3, seen, errors);  // mid-fill, with no file there
+    const auto st = ferry::save_state(a);
+    fs::remove(path);  // (a's partial file is its own; a is still filling)
+    fs::rename(path + ".aside", path);
+    auto b = make();
+    ferry::restore_state(b, st);
+    CHECK_THROWS_WITH_AS(b.next(), doctest::Contains("another cache_options::key"), ferry::config_error);
+    CHECK(src_test::read_file(path) == before);
+  }
+  SUBCASE("a state saved before the first next() still reuses a file") {
+    const std::string path = dir / "reuse";
+    {
+      auto p = ferry_test::failing_source(10, {}) | ferry::cache(path);
+      REQUIRE(drain(p).size() == 10);
+    }
+    ferry_test::counting_source src(10);
+    auto calls = src.calls();
+    auto a = ferry_test::counting_source(10) | ferry::cache(path);
+    auto b = std::move(src) | ferry::cache(path);
+    ferry::restore_state(b, ferry::save_state(a));
+    CHECK(drain(b).size() == 10);
+    CHECK(*calls == 0);
+  }
+}
+
+TEST_CASE("cache: a file reused from an earlier run and then lost is refilled from where its pass began") {
+  src_test::temp_dir dir;
+  const std::string path = dir / "earlier";
+  {  // the earlier run: epoch 0 had an error (not kept); epoch 1's pass was kept
+    auto p = epoch_source{} | ferry::cache(path) | ferry::repeat(2);
+    std::vector<std::string> errors;
+    CHECK(drain_through_errors(p, errors).size() == 4 + 5);
+    REQUIRE(fs::exists(path));
+  }
+  std::vector<std::uint64_t> seen;
+  std::vector<std::string> errors;
+  auto a = epoch_source{} | ferry::cache(path);
+  pull(a, 2, seen, errors);
+  CHECK(seen == std::vector<std::uint64_t>{100, 101});  // read from the file
+  const auto st = ferry::save_state(a);
+  const auto want = drain(a);
+  CHECK(want == std::vector<std::uint64_t>{102, 103, 104});
+  fs::remove(path);
+  auto b = epoch_source{} | ferry::cache(path);
+  ferry::restore_state(b, st);
+  CHECK(drain_through_errors(b, errors) == want);
+  CHECK(errors.empty());
+}
+
+TEST_CASE("cache: a state of cache() is refused by cache(path), and the other way") {
+  src_test::temp_dir dir;
+  const std::string path = dir / "c";
+  auto m = ferry_test::failing_source(10, {}) | ferry::cache();
+  (void)m.next();
+  auto f = ferry_test::failing_source(10, {}) | ferry::cache(path);
+  CHECK_THROWS_AS(ferry::restore_state(f, ferry::save_state(m)), ferry::config_error);
+  auto m2 = ferry_test::failing_source(10, {}) | ferry::cache();
+  CHECK_THROWS_AS(ferry::restore_state(m2, ferry::save_state(f)), ferry::config_error);
+}
+
+TEST_CASE("cache(path): hostile contents with valid CRCs, and files cut inside the magic") {
+  src_test::temp_dir dir;
+  SUBCASE("a bool that is not 0 or 1") {
+    const std::string path = dir / "b";
+    {
+      auto p = ferry::from_generator(3, [](std::uint64_t i) { return i % 2 == 0; }) | ferry::cache(path);
+      REQUIRE(drain(p).size() == 3);
+    }
+    reframe(path, 1, 1, std::string(1, '\x02'));
+    auto p = ferry::from_generator(3, [](std::uint64_t) -> bool { throw std::logic_error("the upstream ran"); }) |
+             ferry::cache(path);
+    CHECK(*p.next() == true);
+    try {
+      (void)p.next();
+      FAIL("no error");
+    } catch (const ferry::format_error& e) {
+      CHECK(e.offset() == elements_start(path) + 13);
+      CHECK(std::string(e.what()).find("does not decode") != std::string::npos);
+    }
+  }
+  SUBCASE("a vector<string> whose count claims more than its bytes hold") {
+    const std::string path = dir / "vs";
+    using T = std::vector<std::string>;
+    {
+      auto p = ferry::from_generator(1, [](std::uint64_t) { return T{std::string(1 << 20, 'a')}; }) |
+               ferry::cache(path);
+      REQUIRE(drain(p).size() == 1);
+    }
+    std::string payload((1 << 20) + 16, 'a');
+    const std::uint64_t count = payload.size() - 8;  // one byte each: passes the first check
+    std::memcpy(payload.data(), &count, 8);
+    reframe(path, 0, payload.size(), payload);
+    auto p = ferry::from_generator(1, [](std::uint64_t) -> T { throw std::logic_error("the upstream ran"); }) |
+             ferry::cache(path);
+    CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("does not decode"), ferry::format_error);
+  }
+  SUBCASE("cut to 0 or 5 bytes: damaged, refilled") {
+    const std::string path = dir / "s";
+    for (std::size_t keep : {0, 5}) {
+      CAPTURE(keep);
+      fs::remove(path);
+      auto make = [] { return ferry::from_generator(3, [](std::uint64_t i) { return i; }); };
+      {
+        auto p = make() | ferry::cache(path);
+        REQUIRE(drain(p).size() == 3);
+      }
+      src_test::write_file(path, src_test::read_file(path).substr(0, keep));
+      auto p = make() | ferry::cache(path);
+      CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("cut short inside its header"), ferry::format_error);
+      CHECK(drain(p) == std::vector<std::uint64_t>{0, 1, 2});
+      CHECK(elements_start(path) > 32);  // rewritten whole
+    }
   }
 }

@@ -9,7 +9,8 @@
 // ahead by I/O threads (which run no user code and are joined when the reader closes).
 //
 // File layout (little-endian, as this machine writes it):
-//   header  "ferryCa1", type fingerprint (u64), key hash (u64), 0 (u64)       32 bytes
+//   header  "ferryCa1", type fingerprint (u64), key hash (u64), word count w (u64), then
+//           w words: the upstream's state where the pass began            32 + 8w bytes
 //   element payload length (u64), CRC-32C of the length word then payload (u32), payload
 //   footer  element count (u64), "ferryCaE"                                    16 bytes
 #pragma once
@@ -42,7 +43,9 @@ namespace ferry::detail {
 template <class T>
 class memory_cache_store {
  public:
-  void begin_fill() { items_.clear(); }
+  static constexpr const char* state_tag = "cache";
+  void check_destination() {}
+  void begin_fill(const std::vector<std::uint64_t>& /*start*/) { items_.clear(); }
   void append(const T& e) { items_.push_back(e); }
   void commit() { complete_ = true; }
   void discard() noexcept {
@@ -53,6 +56,7 @@ class memory_cache_store {
   bool complete() const noexcept { return complete_; }
   // The memory store never outlives its pipeline: nothing to reuse or to resume from.
   bool try_reuse() { return false; }
+  const std::vector<std::uint64_t>& start_words() const noexcept { return none_; }
   bool open_replay(std::uint64_t index, std::uint64_t /*offset*/) {
     if (!complete_ || index > items_.size()) return false;
     pos_ = static_cast<std::size_t>(index);
@@ -73,15 +77,18 @@ class memory_cache_store {
   std::vector<T> items_;
   std::size_t pos_ = 0;
   bool complete_ = false;
+  std::vector<std::uint64_t> none_;
 };
 
 template <class T>
 class file_cache_store {
  public:
+  static constexpr const char* state_tag = "cache_file";
   static constexpr std::uint64_t magic = 0x3161437972726566ull;      // "ferryCa1"
   static constexpr std::uint64_t end_magic = 0x4561437972726566ull;  // "ferryCaE"
-  static constexpr std::size_t header_bytes = 32, footer_bytes = 16, frame_bytes = 12;
+  static constexpr std::size_t fixed_header = 32, footer_bytes = 16, frame_bytes = 12;
   static constexpr std::size_t write_flush = 1 << 20, read_chunk = 1 << 20;
+  static constexpr std::uint64_t max_start_words = 1 << 16;  // a sane bound for a damaged header
 
   // Reads with `read_ahead` chunks filled ahead by `read_threads` I/O threads (0: every
   // read(2) on the consumer's thread), as from_files does.
@@ -93,15 +100,31 @@ class file_cache_store {
   file_cache_store(file_cache_store&& o) noexcept
       : path_(std::move(o.path_)), key_hash_(o.key_hash_), fingerprint_(o.fingerprint_),
         tmp_(std::move(o.tmp_)), wfd_(std::exchange(o.wfd_, -1)), out_(std::move(o.out_)),
-        written_(o.written_), count_(o.count_), complete_(o.complete_), in_(std::move(o.in_)),
-        size_(o.size_), read_count_(o.read_count_), footer_count_(o.footer_count_) {}
+        written_(o.written_), count_(o.count_), in_(std::move(o.in_)), size_(o.size_),
+        elements_at_(o.elements_at_), read_count_(o.read_count_), footer_count_(o.footer_count_),
+        start_words_(std::move(o.start_words_)) {}
   file_cache_store& operator=(file_cache_store&&) = delete;
   ~file_cache_store() { discard(); }
 
   const std::string& path() const noexcept { return path_; }
 
-  // Opens a new partial file and writes the header. Throws io_error.
-  void begin_fill() {
+  // Before a pass may end in a rename over path(): throws config_error when a file there
+  // is not a ferry cache, or is one of another element type or key (never overwritten).
+  // A damaged ferry cache, or no file, is fine.
+  void check_destination() {
+    if (!exists()) return;
+    try {
+      open_checked();
+    } catch (const format_error&) {
+    } catch (const io_error&) {
+    }
+    in_.close();
+  }
+
+  // Opens a new partial file and writes the header, with `start`: the upstream's state
+  // words where this pass began (what a restore without the file refills from). Throws
+  // io_error.
+  void begin_fill(const std::vector<std::uint64_t>& start) {
     discard();
     static std::atomic<std::uint64_t> serial{0};
     tmp_ = path_ + ".partial-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
@@ -114,8 +137,9 @@ class file_cache_store {
     written_ = 0;
     count_ = 0;
     out_.clear();
-    const std::uint64_t h[4] = {magic, fingerprint_, key_hash_, 0};
+    const std::uint64_t h[4] = {magic, fingerprint_, key_hash_, start.size()};
     cache_put_bytes(out_, h, sizeof h);
+    cache_put_bytes(out_, start.data(), start.size() * 8);
   }
   // Encodes and frames e; writes when a megabyte is buffered. Throws io_error.
   void append(const T& e) {
@@ -129,17 +153,18 @@ class file_cache_store {
     ++count_;
     if (out_.size() >= write_flush) flush();
   }
-  // Writes the footer and renames the partial file to path(). Throws io_error.
+  // Writes the footer, syncs, and renames the partial file to path(): after a crash the
+  // name holds a whole pass or the previous file. Throws io_error.
   void commit() {
     const std::uint64_t f[2] = {count_, end_magic};
     cache_put_bytes(out_, f, sizeof f);
     flush();
+    if (::fsync(wfd_) != 0) fail_write(errno, "cannot sync the cache's partial file");
     const int fd = std::exchange(wfd_, -1);
     if (::close(fd) != 0) fail_write(errno, "cannot close the cache's partial file");
     if (::rename(tmp_.c_str(), path_.c_str()) != 0)
       fail_write(errno, "cannot rename the cache's partial file to this name");
     tmp_.clear();
-    complete_ = true;
     in_.close();
   }
   // Drops a partial pass: closes and removes its file. Never throws.
@@ -150,24 +175,36 @@ class file_cache_store {
     out_.clear();
     out_.shrink_to_fit();
   }
-  bool complete() const noexcept { return complete_; }
 
   // A file left at path() by an earlier run (or pipeline): true when it is a whole ferry
-  // cache of this element type and key, ready to read. false when there is no file.
+  // cache of this element type and key, ready to read; false when there is no file.
   // Throws config_error when the file is not a ferry cache (it is never overwritten) or
   // is one of another element type or key; format_error when it is a damaged ferry
   // cache (the next fill replaces it); io_error when it cannot be read.
   bool try_reuse() {
-    if (!open_checked(false)) return false;
-    complete_ = true;
+    if (!exists()) return false;
+    open_checked();
     return true;
   }
+  // The upstream's state words where the file's pass began (after try_reuse or
+  // open_replay).
+  const std::vector<std::uint64_t>& start_words() const noexcept { return start_words_; }
   // Positions the reader at a saved place (index elements read, at byte offset), after
-  // checking the file as try_reuse() does. false when there is no usable file.
+  // checking the file as try_reuse() does. false when there is no file, or a damaged one,
+  // or the place is not in it (the caller refills). Throws config_error as try_reuse.
   bool open_replay(std::uint64_t index, std::uint64_t offset) {
-    if (!in_.is_open() && !open_checked(true)) return false;
-    if (offset == 0) offset = header_bytes;
-    if (offset < header_bytes || offset > size_ - footer_bytes || index > footer_count_) {
+    if (!in_.is_open()) {
+      if (!exists()) return false;
+      try {
+        open_checked();
+      } catch (const format_error&) {
+        return false;
+      } catch (const io_error&) {
+        return false;
+      }
+    }
+    if (offset == 0) offset = elements_at_;
+    if (offset < elements_at_ || offset > size_ - footer_bytes || index > footer_count_) {
       in_.close();
       return false;
     }
@@ -178,7 +215,7 @@ class file_cache_store {
   // After commit(): positioned after the last element. false when the file cannot be
   // opened any more.
   bool seek_end() {
-    if (!open_checked(true)) return false;
+    if (!open_replay(0, 0)) return false;
     in_.seek(size_ - footer_bytes);
     read_count_ = footer_count_;
     return true;
@@ -215,7 +252,8 @@ class file_cache_store {
     try {
       v.emplace(cache_codec<T>::decode(cur));
     } catch (const cache_cursor::short_input&) {
-      throw format_error(path_, at, "cache element decodes past its end (written as another type?)");
+      throw format_error(path_, at, "cache element does not decode as this element type (damaged, or "
+                                    "written by another build?)");
     }
     if (cur.left() != 0)
       throw format_error(path_, at, "cache element decodes to " + std::to_string(n - cur.left()) + " of its " +
@@ -228,6 +266,10 @@ class file_cache_store {
   std::uint64_t offset() const noexcept { return in_.is_open() ? in_.offset() : 0; }
 
  private:
+  bool exists() const {
+    struct stat st {};
+    return ::stat(path_.c_str(), &st) == 0 || errno != ENOENT;
+  }
   [[noreturn]] void fail_write(int e, const char* what) {
     const std::uint64_t at = written_;
     discard();
@@ -247,26 +289,32 @@ class file_cache_store {
     out_.clear();
   }
 
-  // Opens path() and checks its header and footer. false when there is no file (or, with
-  // `quiet`, when it is not a usable cache: restore then refills instead).
-  bool open_checked(bool quiet) {
+  // Opens path() and checks its header and footer; the reader is left at the first
+  // element. Throws config_error (not a ferry cache; another type or key), format_error
+  // (a damaged ferry cache), io_error; the reader is closed then.
+  void open_checked() {
     in_.close();
-    struct stat st {};
-    if (::stat(path_.c_str(), &st) != 0 && errno == ENOENT) return false;
     try {
       in_.open(path_, compression::none);
       size_ = in_.size().value_or(0);
-      std::uint64_t h[4] = {}, f[2] = {};
       auto read_at = [&](void* dst, std::size_t n, std::uint64_t at) {
         in_.seek(at);
         if (in_.ensure(n) < n) return false;
         std::memcpy(dst, in_.data(), n);
         return true;
       };
+      std::uint64_t h[4] = {}, f[2] = {};
+      if (size_ < 8) {  // a file cut inside the magic (or empty) is a damaged cache
+        char head[8] = {};
+        const std::size_t n = static_cast<std::size_t>(size_);
+        if (n) read_at(head, n, 0);
+        if (std::memcmp(head, &magic, n) == 0)
+          throw format_error(path_, 0, "cache file cut short inside its header (the file is damaged)");
+      }
       if (size_ < 8 || !read_at(h, 8, 0) || h[0] != magic)
         throw config_error("cache: " + path_ + " exists and is not a ferry cache file (no \"ferryCa1\" at "
                            "offset 0); it is left alone: remove it or choose another path");
-      if (size_ < header_bytes + footer_bytes || !read_at(h, header_bytes, 0))
+      if (size_ < fixed_header + footer_bytes || !read_at(h, fixed_header, 0))
         throw format_error(path_, 0, "cache file shorter than its header and footer (the file is damaged)");
       if (h[1] != fingerprint_)
         throw config_error("cache: " + path_ + " holds elements of another type (fingerprint " +
@@ -275,17 +323,22 @@ class file_cache_store {
       if (h[2] != key_hash_)
         throw config_error("cache: " + path_ + " was written with another cache_options::key; "
                            "remove it or choose another path");
+      if (h[3] > max_start_words || fixed_header + 8 * h[3] + footer_bytes > size_)
+        throw format_error(path_, 24, "cache header's state word count " + std::to_string(h[3]) +
+                                          " does not fit the file (the file is damaged)");
+      start_words_.assign(static_cast<std::size_t>(h[3]), 0);
+      if (h[3] && !read_at(start_words_.data(), static_cast<std::size_t>(8 * h[3]), fixed_header))
+        throw format_error(path_, fixed_header, "cache header cut short (the file is damaged)");
+      elements_at_ = fixed_header + 8 * h[3];
       if (!read_at(f, footer_bytes, size_ - footer_bytes) || f[1] != end_magic)
         throw format_error(path_, size_ - footer_bytes, "cache file has no footer (\"ferryCaE\"; the file is damaged)");
       footer_count_ = f[0];
-      in_.seek(header_bytes);
-    } catch (const error&) {
+      in_.seek(elements_at_);
+    } catch (...) {
       in_.close();
-      if (quiet) return false;
       throw;
     }
     read_count_ = 0;
-    return true;
   }
 
   std::string path_;
@@ -295,11 +348,11 @@ class file_cache_store {
   int wfd_ = -1;
   std::string out_;
   std::uint64_t written_ = 0, count_ = 0;
-  bool complete_ = false;
   // reading: one file through from_files' reader (pooled chunks, read-ahead threads)
   byte_stream in_;
-  std::uint64_t size_ = 0;
+  std::uint64_t size_ = 0, elements_at_ = fixed_header;
   std::uint64_t read_count_ = 0, footer_count_ = 0;
+  std::vector<std::uint64_t> start_words_;
 };
 
 }  // namespace ferry::detail

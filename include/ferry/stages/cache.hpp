@@ -11,41 +11,47 @@
 // error and no failed write. A pass cut short (rewind() before the end, a consumer that
 // stopped) or one in which the upstream threw is handed on as it comes and then dropped,
 // and the next pass fills the cache again, so a bad record never leaves a hole in every
-// later epoch. Put the stages whose order should
-// change each epoch (shuffle) after cache(): the kept pass is replayed in its order.
+// later epoch. Put the stages whose order should change each epoch (shuffle) after
+// cache(): the kept pass is replayed in its order.
 //
 // Memory: cache() keeps every element of the pass in memory: the whole dataset, after the
 // stages before it (records from from_files keep their read chunks; decode first, or
-// cache to a file). cache(path) streams the pass to a file and reads it back a megabyte
-// at a time: bounded memory, for datasets larger than memory (elements need a
-// cache_codec, see ferry/cache_codec.hpp).
+// cache to a file). cache(path) streams the pass to a file and reads it back through
+// from_files' reader (1 MiB chunks, read ahead): bounded memory, for datasets larger than
+// memory (elements need a cache_codec, see ferry/cache_codec.hpp).
 //
-// The file: written as "<path>.partial-<pid>-<n>" and renamed to <path> when the pass is
-// whole, so <path> always holds a whole pass. A later run (or another pipeline) that finds
-// <path> with the same element type and key reads it and never pulls its upstream. The
-// file is not tied to the upstream's contents: change `key` (or remove the file) when the
-// data or the stages before cache() change. One file per pipeline: ranks that shard give
-// each rank its own path. Files of other programs are never overwritten.
+// The file: written as "<path>.partial-<pid>-<n>", synced and renamed to <path> when the
+// pass is whole, so <path> always holds a whole pass. A later run (or another pipeline)
+// that finds <path> with the same element type and key reads it and never pulls its
+// upstream. The file is not tied to the upstream's contents: change `key` (or remove the
+// file) when the data or the stages before cache() change. One file per pipeline: ranks
+// that shard give each rank its own path. A file that is not a ferry cache, or is one of
+// another element type or key, is never overwritten (a config_error, restored or not).
 //
-// Iterator state: the upstream's position when this pass's fill began, the number of
-// elements and of upstream errors handed out this pass and, while replaying, the file
-// offset. Restoring a replay
-// position of cache(path) seeks in the file. Otherwise (in memory, mid-fill, or the file is
-// gone) the fresh pipeline refills from that upstream position and skips the elements
-// already handed out (and the upstream errors among them): the cache's content and the
-// order after the restore are exactly those of the run that saved, at the price of
-// re-reading up to one pass, the only stage whose restore re-reads more than a window.
+// Iterator state: the upstream's position when the pass's fill began (for a file from an
+// earlier run, the position its header recorded), the number of elements and of upstream
+// errors handed out this pass, the file offset while replaying, and whether the pass ended
+// at a damaged file. Restoring a replay position of cache(path) seeks in the file.
+// Otherwise (in memory, mid-fill, or the file is gone) the fresh pipeline refills from
+// that upstream position and skips the elements already handed out (and the upstream
+// errors among them): the content and the order after the restore are exactly those of
+// the run that saved, at the price of re-reading up to one pass, the only stage whose
+// restore re-reads more than a window. A state of cache() does not restore into
+// cache(path), nor the other way (config_error).
 //
 // Throws: upstream exceptions pass through unchanged (that pass is then not kept).
 // cache(path): io_error (path, offset, errno) when the partial file cannot be created or
 // written: that error comes after the element it was writing (nothing is lost) and the
-// pass goes on uncached; config_error when <path> is not a ferry cache, or one of another
-// element type or key (on every next() until the pipeline changes); format_error (path,
-// offset) for a damaged cache file: found when opening it, the pass fills the cache anew;
-// found while replaying, the pass ends at that element and the next pass refills it from
-// the upstream. Runs on the calling thread, user code (the upstream's, a cache_codec)
-// included; cache(path) reads its file with read_threads I/O threads that run no user code
-// and are joined when the pass's reader closes or the pipeline is destroyed.
+// pass goes on uncached; config_error as above (on every next() until the file or the
+// pipeline changes); format_error (path, offset) for a damaged cache file: found when
+// opening it, the same pass fills the cache anew from the upstream; found while
+// replaying, that pass ends at the damaged element (the error says where) and the next
+// pass refills the cache from the upstream. Ending the pass there loses the rest of that
+// epoch, which the error reports: getting it back would need the upstream moved back to
+// the pass's start, which only a fresh pipeline (a restore) can do. Runs on the calling
+// thread, user code (the upstream's, a cache_codec) included; cache(path) reads its file
+// with read_threads I/O threads that run no user code and are joined when the pass's
+// reader closes or the pipeline is destroyed.
 #pragma once
 
 #include <concepts>
@@ -108,28 +114,40 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
   void save(state_writer& w) const
     requires resumable_source<Up>
   {
+    if (resume_) {  // restored, no next() since: the restored position, unchanged
+      up_.save(w);
+      put_own(w, resume_replay_ ? 1 : 0, resume_index_, resume_offset_, resume_errors_);
+      return;
+    }
     // The upstream as it was when this pass's fill began (a fresh pipeline refills from
     // there when it has no kept pass), then how far the consumer is.
     if (fill_start_.words.empty())
-      up_.save(w);  // no fill began yet (or the file was reused): the upstream has not moved
+      up_.save(w);  // no fill began yet: the upstream has not moved
     else
       w.put_words(fill_start_.words);
-    w.tag("cache");
-    w.put(phase_ == phase::replay ? 1 : 0);
-    w.put(emitted_ + skip_);  // what a refill that is still skipping had to skip
-    w.put(phase_ == phase::replay ? store_.offset() : 0);
-    w.put(errors_ + swallow_);
+    const std::uint64_t ph = phase_ == phase::fill ? 0 : broken_ ? 2 : 1;
+    put_own(w, ph, emitted_ + skip_, ph == 1 ? store_.offset() : 0, errors_ + swallow_);
   }
   void restore(state_reader& r)
     requires resumable_source<Up>
   {
     up_.restore(r);
-    r.expect("cache");
-    const std::uint64_t ph = r.get(), index = r.get(), offset = r.get(), errors = r.get();
+    r.expect(Store::state_tag);
+    const std::uint64_t ph = r.get(), index = r.get(), offset = r.get(), errors = r.get(), flags = r.get();
+    if (ph > 2) throw config_error("restore_state: cache: phase word " + std::to_string(ph) + " is not 0, 1 or 2");
     reset_pass();
     phase_ = phase::fill;
     store_.discard();
     fill_start_.words.clear();
+    checked_file_ = (flags & 1) != 0;
+    if (ph == 2) {  // the pass had ended at a damaged kept pass: over until rewind()
+      phase_ = phase::replay;
+      broken_ = true;
+      started_ = true;
+      save_fill_start();
+      return;
+    }
+    if (ph == 0 && index == 0 && errors == 0 && !checked_file_) return;  // saved before any pass began
     resume_ = true;
     resume_replay_ = ph == 1;
     resume_index_ = index;
@@ -145,6 +163,12 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
  private:
   enum class phase { fill, replay };
 
+  void put_own(state_writer& w, std::uint64_t ph, std::uint64_t index, std::uint64_t offset,
+               std::uint64_t errors) const {
+    w.tag(Store::state_tag);
+    for (std::uint64_t x : {ph, index, offset, errors, std::uint64_t(checked_file_ ? 1 : 0)}) w.put(x);
+  }
+
   void reset_pass() {
     emitted_ = 0;
     skip_ = 0;
@@ -158,13 +182,13 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
     pending_ = nullptr;
   }
 
-  // The first next() of a pass: a restored replay position, a file left by an earlier
-  // run, or a new fill.
+  // The first next() of a pass: a restored position, a file left by an earlier run, or a
+  // new fill.
   void start_pass() {
-    started_ = true;
+    store_.check_destination();  // a config_error leaves everything as it was: it comes again
     if (resume_) {
       resume_ = false;
-      checked_file_ = true;  // mid-fill, a file at the path is not this pass: replace it
+      started_ = true;
       if (resume_replay_ && store_.open_replay(resume_index_, resume_offset_)) {
         phase_ = phase::replay;
         emitted_ = resume_index_;
@@ -175,29 +199,27 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
       skip_ = resume_index_;
       swallow_ = resume_errors_;
     } else if (!checked_file_) {
-      started_ = false;  // a config_error comes again on the next call
-      const bool reuse = reuse_file();
+      bool reuse = false;
+      try {
+        reuse = store_.try_reuse();
+      } catch (const format_error&) {
+        checked_file_ = true;  // damaged: said once; this pass fills it anew
+        throw;
+      }
       checked_file_ = true;
       started_ = true;
       if (reuse) {
         phase_ = phase::replay;
+        fill_start_.words = store_.start_words();  // where the file's pass began
         return;
       }
     }
+    started_ = true;
     save_fill_start();
     try {
-      store_.begin_fill();
+      store_.begin_fill(fill_start_.words);
     } catch (...) {
       keep_ = false;
-      throw;
-    }
-  }
-  bool reuse_file() {
-    try {
-      return store_.try_reuse();
-    } catch (const format_error&) {
-      checked_file_ = true;  // damaged: say so once, then fill it anew
-      started_ = false;
       throw;
     }
   }
@@ -231,6 +253,7 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
         drop();  // a pass with an upstream error is not kept
         if (swallow_ > 0) {  // the consumer had this error before the save
           --swallow_;
+          ++errors_;
           continue;
         }
         ++errors_;
