@@ -1,6 +1,7 @@
 // cache(): in memory and in a file.
 #include <doctest/doctest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/resource.h>
 
 #include <filesystem>
@@ -244,7 +245,7 @@ TEST_CASE("cache(path): a later pipeline reads the file and never its upstream")
     for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i].str() == want[i % want.size()]);
     // A record read back names the cache file and where its length word is.
     const std::uint64_t start = elements_start(path);
-    CHECK(start > 32);  // the header holds from_generator's state words
+    CHECK(start == 32);
     CHECK(got[0].origin().file == path);
     CHECK(got[0].origin().offset == start + 12);
     CHECK(got[0].origin().data_offset == start + 12 + 8);
@@ -441,45 +442,52 @@ class first_epoch_failure : public ferry::source_interface<first_epoch_failure> 
   std::uint64_t n_, at_, i_ = 0, epoch_ = 0;
 };
 
-// Pulls `k` times (elements and errors), saves, optionally removes the cache file, restores
-// into a fresh make() and drains it; returns what was seen and the errors.
+// Pulls hops[0] times (elements and errors), saves, optionally removes the cache file,
+// restores into a fresh make(); then the same for each further hop; then drains. Returns
+// what was seen and the errors, which must equal one uninterrupted run's.
 template <class Make>
-std::pair<std::vector<std::uint64_t>, std::vector<std::string>> resumed(Make make, std::size_t k,
+std::pair<std::vector<std::uint64_t>, std::vector<std::string>> resumed(Make make, std::vector<std::size_t> hops,
                                                                         const std::string& remove) {
   std::vector<std::uint64_t> seen;
   std::vector<std::string> errors;
-  ferry::pipeline_state st;
-  {
-    auto a = make();
+  auto pull_n = [&](auto& p, std::size_t k) {
     for (std::size_t i = 0; i < k; ++i) {
       try {
-        if (auto e = a.next()) seen.push_back(*e);
+        if (auto e = p.next()) seen.push_back(*e);
       } catch (const std::exception& e) {
         errors.push_back(e.what());
       }
     }
+  };
+  ferry::pipeline_state st;
+  {
+    auto a = make();
+    pull_n(a, hops[0]);
     st = ferry::save_state(a);
   }
-  if (!remove.empty()) fs::remove(remove);
-  auto b = make();
-  ferry::restore_state(b, st);
-  auto rest = drain_through_errors(b, errors);
-  seen.insert(seen.end(), rest.begin(), rest.end());
+  for (std::size_t h = 1; h <= hops.size(); ++h) {
+    if (!remove.empty()) fs::remove(remove);
+    auto b = make();
+    ferry::restore_state(b, st);
+    if (h == hops.size()) {
+      auto rest = drain_through_errors(b, errors);
+      seen.insert(seen.end(), rest.begin(), rest.end());
+    } else {
+      pull_n(b, hops[h]);
+      st = ferry::save_state(b);
+    }
+  }
   return {seen, errors};
 }
 }  // namespace
 
-TEST_CASE("cache resumes exactly: mid-fill, mid-replay, with or without its file") {
+TEST_CASE("cache resumes exactly: mid-fill, mid-replay, with or without its file, over one or two restores") {
   src_test::temp_dir dir;
   const std::size_t n = 40;
   const char* const names[] = {"memory", "file-kept", "file-removed"};
-  for (int mode = 0; mode < 3; ++mode) {  // memory; file kept; file removed before the restore
+  for (int mode = 0; mode < 3; ++mode) {  // memory; file kept; file removed before each restore
     CAPTURE(mode);
     const std::string path = dir / names[mode];
-    // A shuffle before the cache: the kept order depends on which upstream epoch filled
-    // it, so a restore that refilled from the wrong place would show. Element 13 of the
-    // first epoch fails, so the first pass is not kept and the second (epoch 1's order)
-    // is.
     auto run = [&](auto make_p) {
       fs::remove(path);
       auto ref = make_p();
@@ -487,19 +495,29 @@ TEST_CASE("cache resumes exactly: mid-fill, mid-replay, with or without its file
       const auto want = drain_through_errors(ref, ref_errors);
       REQUIRE(want.size() == 4 * n - 1);
       REQUIRE(ref_errors.size() == 1);
-      for (std::size_t k = 0; k <= want.size() + 2; k += (k < 50 ? 1 : 7)) {
-        CAPTURE(k);
-        fs::remove(path);
-        auto [seen, errors] = resumed(make_p, k, mode == 2 ? path : std::string());
-        CHECK(seen == want);
-        CHECK(errors == ref_errors);
-      }
+      for (std::size_t k = 0; k <= want.size() + 2; k += (k < 50 ? 1 : 7))
+        for (std::size_t j : {0, 1, 5}) {  // one restore; or a second after j more pulls
+          CAPTURE(k);
+          CAPTURE(j);
+          fs::remove(path);
+          auto [seen, errors] = resumed(make_p, j ? std::vector<std::size_t>{k, j} : std::vector<std::size_t>{k},
+                                        mode == 2 ? path : std::string());
+          CHECK(seen == want);
+          CHECK(errors == ref_errors);
+        }
     };
-    auto gen = [n] { return first_epoch_failure(n, 13) | ferry::shuffle(16, 5); };
-    if (mode == 0)
-      run([&] { return gen() | ferry::cache() | ferry::repeat(4); });
-    else
-      run([&] { return gen() | ferry::cache(path) | ferry::repeat(4); });
+    // Element 13 of the first epoch fails, so the first pass is not kept and the second is.
+    // A shuffle before the cache makes the kept order depend on which upstream epoch filled
+    // it, so a restore that refilled from the wrong place would show; one after it makes
+    // the replayed passes' orders depend on the epoch restored.
+    auto before = [n] { return first_epoch_failure(n, 13) | ferry::shuffle(16, 5); };
+    if (mode == 0) {
+      run([&] { return before() | ferry::cache() | ferry::repeat(4); });
+      run([&] { return first_epoch_failure(n, 13) | ferry::cache() | ferry::shuffle(7, 3) | ferry::repeat(4); });
+    } else {
+      run([&] { return before() | ferry::cache(path) | ferry::repeat(4); });
+      run([&] { return first_epoch_failure(n, 13) | ferry::cache(path) | ferry::shuffle(7, 3) | ferry::repeat(4); });
+    }
   }
 }
 
@@ -677,28 +695,71 @@ TEST_CASE("cache: a restored pipeline never overwrites a file that is not its ca
   }
 }
 
-TEST_CASE("cache: a file reused from an earlier run and then lost is refilled from where its pass began") {
+TEST_CASE("cache: a file from an earlier run, damaged or gone, is refilled from this pipeline's upstream") {
   src_test::temp_dir dir;
   const std::string path = dir / "earlier";
-  {  // the earlier run: epoch 0 had an error (not kept); epoch 1's pass was kept
+  auto earlier_run = [&] {  // epoch 0 had an error (not kept); epoch 1's pass was kept
+    fs::remove(path);
     auto p = epoch_source{} | ferry::cache(path) | ferry::repeat(2);
     std::vector<std::string> errors;
     CHECK(drain_through_errors(p, errors).size() == 4 + 5);
     REQUIRE(fs::exists(path));
+  };
+  SUBCASE("gone before the restore: the refill is this upstream's first pass, from the saved position") {
+    earlier_run();
+    std::vector<std::uint64_t> seen;
+    std::vector<std::string> errors;
+    auto a = epoch_source{} | ferry::cache(path);
+    pull(a, 2, seen, errors);
+    CHECK(seen == std::vector<std::uint64_t>{100, 101});  // read from the file
+    const auto st = ferry::save_state(a);
+    fs::remove(path);
+    auto b = epoch_source{} | ferry::cache(path);
+    ferry::restore_state(b, st);
+    CHECK(drain_through_errors(b, errors) == std::vector<std::uint64_t>{3, 4});
+    CHECK(errors == std::vector<std::string>{"epoch 0 error"});
   }
-  std::vector<std::uint64_t> seen;
-  std::vector<std::string> errors;
-  auto a = epoch_source{} | ferry::cache(path);
-  pull(a, 2, seen, errors);
-  CHECK(seen == std::vector<std::uint64_t>{100, 101});  // read from the file
-  const auto st = ferry::save_state(a);
-  const auto want = drain(a);
-  CHECK(want == std::vector<std::uint64_t>{102, 103, 104});
-  fs::remove(path);
-  auto b = epoch_source{} | ferry::cache(path);
-  ferry::restore_state(b, st);
-  CHECK(drain_through_errors(b, errors) == want);
-  CHECK(errors.empty());
+  SUBCASE("damaged while replaying, then restored: the next pass is the same as without the restore") {
+    earlier_run();
+    std::string bytes = src_test::read_file(path);
+    bytes[elements_start(path) + 3 * 20 + 12] ^= 1;  // element 3 (u64 elements: 20-byte frames)
+    src_test::write_file(path, bytes);
+    auto make = [&] { return epoch_source{} | ferry::cache(path) | ferry::repeat(2); };
+    std::vector<std::uint64_t> seen, ref_seen;
+    std::vector<std::string> errors, ref_errors;
+    {
+      auto r = make();
+      ref_seen = drain_through_errors(r, ref_errors);
+    }
+    earlier_run();
+    src_test::write_file(path, bytes);
+    auto a = make();
+    pull(a, 4, seen, errors);  // 100 101 102, the CRC error
+    auto b = make();
+    ferry::restore_state(b, ferry::save_state(a));
+    auto rest = drain_through_errors(b, errors);
+    seen.insert(seen.end(), rest.begin(), rest.end());
+    CHECK(seen == ref_seen);
+    CHECK(seen == std::vector<std::uint64_t>{100, 101, 102, 100, 101, 102, 103, 104});  // refilled: epoch 1
+    CHECK(errors == ref_errors);
+  }
+}
+
+TEST_CASE("cache(path): a FIFO or a directory at the path is refused, never opened or replaced") {
+  ferry_test::watchdog dog(std::chrono::seconds(30), "cache FIFO test");  // a FIFO open would block
+  src_test::temp_dir dir;
+  const std::string fifo = dir / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  auto p = ferry_test::failing_source(3, {}) | ferry::cache(fifo);
+  CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("not a regular file"), ferry::config_error);
+  CHECK_THROWS_AS(p.next(), ferry::config_error);  // again: the pipeline is misconfigured
+  CHECK(fs::is_fifo(fifo));
+  // A directory made at the path after the pipeline was built.
+  const std::string later = dir / "later";
+  auto q = ferry_test::failing_source(3, {}) | ferry::cache(later);
+  fs::create_directory(later);
+  CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("not a regular file"), ferry::config_error);
+  CHECK(fs::is_directory(later));
 }
 
 TEST_CASE("cache: a state of cache() is refused by cache(path), and the other way") {
@@ -762,7 +823,7 @@ TEST_CASE("cache(path): hostile contents with valid CRCs, and files cut inside t
       auto p = make() | ferry::cache(path);
       CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("cut short inside its header"), ferry::format_error);
       CHECK(drain(p) == std::vector<std::uint64_t>{0, 1, 2});
-      CHECK(elements_start(path) > 32);  // rewritten whole
+      CHECK(src_test::read_file(path).size() == 32 + 3 * 20 + 16);  // rewritten whole
     }
   }
 }

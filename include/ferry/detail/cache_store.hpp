@@ -9,8 +9,8 @@
 // ahead by I/O threads (which run no user code and are joined when the reader closes).
 //
 // File layout (little-endian, as this machine writes it):
-//   header  "ferryCa1", type fingerprint (u64), key hash (u64), word count w (u64), then
-//           w words: the upstream's state where the pass began            32 + 8w bytes
+//   header  "ferryCa1", type fingerprint (u64), key hash (u64), count w of extra header
+//           words (u64; 0 from this version, readers skip them), w words   32 + 8w bytes
 //   element payload length (u64), CRC-32C of the length word then payload (u32), payload
 //   footer  element count (u64), "ferryCaE"                                    16 bytes
 #pragma once
@@ -45,7 +45,7 @@ class memory_cache_store {
  public:
   static constexpr const char* state_tag = "cache";
   void check_destination() {}
-  void begin_fill(const std::vector<std::uint64_t>& /*start*/) { items_.clear(); }
+  void begin_fill() { items_.clear(); }
   void append(const T& e) { items_.push_back(e); }
   void commit() { complete_ = true; }
   void discard() noexcept {
@@ -56,7 +56,6 @@ class memory_cache_store {
   bool complete() const noexcept { return complete_; }
   // The memory store never outlives its pipeline: nothing to reuse or to resume from.
   bool try_reuse() { return false; }
-  const std::vector<std::uint64_t>& start_words() const noexcept { return none_; }
   bool open_replay(std::uint64_t index, std::uint64_t /*offset*/) {
     if (!complete_ || index > items_.size()) return false;
     pos_ = static_cast<std::size_t>(index);
@@ -77,7 +76,6 @@ class memory_cache_store {
   std::vector<T> items_;
   std::size_t pos_ = 0;
   bool complete_ = false;
-  std::vector<std::uint64_t> none_;
 };
 
 template <class T>
@@ -88,29 +86,30 @@ class file_cache_store {
   static constexpr std::uint64_t end_magic = 0x4561437972726566ull;  // "ferryCaE"
   static constexpr std::size_t fixed_header = 32, footer_bytes = 16, frame_bytes = 12;
   static constexpr std::size_t write_flush = 1 << 20, read_chunk = 1 << 20;
-  static constexpr std::uint64_t max_start_words = 1 << 16;  // a sane bound for a damaged header
+  static constexpr std::uint64_t max_extra_words = 1 << 16;  // a sane bound for a damaged header
 
   // Reads with `read_ahead` chunks filled ahead by `read_threads` I/O threads (0: every
   // read(2) on the consumer's thread), as from_files does.
   file_cache_store(std::string path, std::string key, std::size_t read_ahead, std::size_t read_threads)
-      : path_(std::move(path)), key_hash_(stage_tag(key)), fingerprint_(stage_tag(typeid(T).name())) {
+      : path_(std::move(path)), key_hash_(stage_tag(key)), fingerprint_(stage_tag(typeid(T).name())),
+        read_ahead_(read_ahead), read_threads_(read_threads) {
     in_.set_pool(std::make_shared<chunk_pool>(read_chunk));
-    in_.set_read_ahead(read_ahead, read_threads);
   }
   file_cache_store(file_cache_store&& o) noexcept
       : path_(std::move(o.path_)), key_hash_(o.key_hash_), fingerprint_(o.fingerprint_),
         tmp_(std::move(o.tmp_)), wfd_(std::exchange(o.wfd_, -1)), out_(std::move(o.out_)),
-        written_(o.written_), count_(o.count_), in_(std::move(o.in_)), size_(o.size_),
-        elements_at_(o.elements_at_), read_count_(o.read_count_), footer_count_(o.footer_count_),
-        start_words_(std::move(o.start_words_)) {}
+        written_(o.written_), count_(o.count_), read_ahead_(o.read_ahead_), read_threads_(o.read_threads_),
+        in_(std::move(o.in_)), size_(o.size_), elements_at_(o.elements_at_), read_count_(o.read_count_),
+        footer_count_(o.footer_count_) {}
   file_cache_store& operator=(file_cache_store&&) = delete;
   ~file_cache_store() { discard(); }
 
   const std::string& path() const noexcept { return path_; }
 
-  // Before a pass may end in a rename over path(): throws config_error when a file there
-  // is not a ferry cache, or is one of another element type or key (never overwritten).
-  // A damaged ferry cache, or no file, is fine.
+  // Before a pass may end in a rename over path(): throws config_error when something
+  // there is not a regular file, is not a ferry cache, or is one of another element type
+  // or key (never overwritten). A damaged ferry cache, one that cannot be read, or no file
+  // is fine.
   void check_destination() {
     if (!exists()) return;
     try {
@@ -121,10 +120,8 @@ class file_cache_store {
     in_.close();
   }
 
-  // Opens a new partial file and writes the header, with `start`: the upstream's state
-  // words where this pass began (what a restore without the file refills from). Throws
-  // io_error.
-  void begin_fill(const std::vector<std::uint64_t>& start) {
+  // Opens a new partial file and writes the header. Throws io_error.
+  void begin_fill() {
     discard();
     static std::atomic<std::uint64_t> serial{0};
     tmp_ = path_ + ".partial-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
@@ -137,9 +134,8 @@ class file_cache_store {
     written_ = 0;
     count_ = 0;
     out_.clear();
-    const std::uint64_t h[4] = {magic, fingerprint_, key_hash_, start.size()};
+    const std::uint64_t h[4] = {magic, fingerprint_, key_hash_, 0};  // no extra header words
     cache_put_bytes(out_, h, sizeof h);
-    cache_put_bytes(out_, start.data(), start.size() * 8);
   }
   // Encodes and frames e; writes when a megabyte is buffered. Throws io_error.
   void append(const T& e) {
@@ -186,9 +182,6 @@ class file_cache_store {
     open_checked();
     return true;
   }
-  // The upstream's state words where the file's pass began (after try_reuse or
-  // open_replay).
-  const std::vector<std::uint64_t>& start_words() const noexcept { return start_words_; }
   // Positions the reader at a saved place (index elements read, at byte offset), after
   // checking the file as try_reuse() does. false when there is no file, or a damaged one,
   // or the place is not in it (the caller refills). Throws config_error as try_reuse.
@@ -266,9 +259,15 @@ class file_cache_store {
   std::uint64_t offset() const noexcept { return in_.is_open() ? in_.offset() : 0; }
 
  private:
+  // Whether anything is at path(); throws config_error when it is not a regular file (a
+  // directory, a FIFO that would block the open, a device): never opened, never replaced.
   bool exists() const {
     struct stat st {};
-    return ::stat(path_.c_str(), &st) == 0 || errno != ENOENT;
+    if (::stat(path_.c_str(), &st) != 0) return errno != ENOENT;  // unreadable: open says why
+    if (!S_ISREG(st.st_mode))
+      throw config_error("cache: " + path_ + " exists and is not a regular file; it is left alone: "
+                         "choose another path");
+    return true;
   }
   [[noreturn]] void fail_write(int e, const char* what) {
     const std::uint64_t at = written_;
@@ -295,6 +294,7 @@ class file_cache_store {
   void open_checked() {
     in_.close();
     try {
+      in_.set_read_ahead(0);  // the header and footer: a few bytes each, no threads
       in_.open(path_, compression::none);
       size_ = in_.size().value_or(0);
       auto read_at = [&](void* dst, std::size_t n, std::uint64_t at) {
@@ -323,16 +323,15 @@ class file_cache_store {
       if (h[2] != key_hash_)
         throw config_error("cache: " + path_ + " was written with another cache_options::key; "
                            "remove it or choose another path");
-      if (h[3] > max_start_words || fixed_header + 8 * h[3] + footer_bytes > size_)
-        throw format_error(path_, 24, "cache header's state word count " + std::to_string(h[3]) +
+      // Word 3: extra header words before the elements (0 from this version; skipped).
+      if (h[3] > max_extra_words || fixed_header + 8 * h[3] + footer_bytes > size_)
+        throw format_error(path_, 24, "cache header's extra word count " + std::to_string(h[3]) +
                                           " does not fit the file (the file is damaged)");
-      start_words_.assign(static_cast<std::size_t>(h[3]), 0);
-      if (h[3] && !read_at(start_words_.data(), static_cast<std::size_t>(8 * h[3]), fixed_header))
-        throw format_error(path_, fixed_header, "cache header cut short (the file is damaged)");
       elements_at_ = fixed_header + 8 * h[3];
       if (!read_at(f, footer_bytes, size_ - footer_bytes) || f[1] != end_magic)
         throw format_error(path_, size_ - footer_bytes, "cache file has no footer (\"ferryCaE\"; the file is damaged)");
       footer_count_ = f[0];
+      in_.set_read_ahead(read_ahead_, read_threads_);
       in_.seek(elements_at_);
     } catch (...) {
       in_.close();
@@ -348,11 +347,11 @@ class file_cache_store {
   int wfd_ = -1;
   std::string out_;
   std::uint64_t written_ = 0, count_ = 0;
+  std::size_t read_ahead_, read_threads_;
   // reading: one file through from_files' reader (pooled chunks, read-ahead threads)
   byte_stream in_;
   std::uint64_t size_ = 0, elements_at_ = fixed_header;
   std::uint64_t read_count_ = 0, footer_count_ = 0;
-  std::vector<std::uint64_t> start_words_;
 };
 
 }  // namespace ferry::detail

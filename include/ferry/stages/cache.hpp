@@ -25,19 +25,22 @@
 // that finds <path> with the same element type and key reads it and never pulls its
 // upstream. The file is not tied to the upstream's contents: change `key` (or remove the
 // file) when the data or the stages before cache() change. One file per pipeline: ranks
-// that shard give each rank its own path. A file that is not a ferry cache, or is one of
-// another element type or key, is never overwritten (a config_error, restored or not).
+// that shard give each rank its own path. Anything at <path> that is not a regular file,
+// not a ferry cache, or one of another element type or key is never opened for reading
+// (when not a regular file) and never replaced: a config_error, restored or not.
 //
 // Iterator state: the upstream's position when the pass's fill began (for a file from an
-// earlier run, the position its header recorded), the number of elements and of upstream
-// errors handed out this pass, the file offset while replaying, and whether the pass ended
-// at a damaged file. Restoring a replay position of cache(path) seeks in the file.
-// Otherwise (in memory, mid-fill, or the file is gone) the fresh pipeline refills from
-// that upstream position and skips the elements already handed out (and the upstream
-// errors among them): the content and the order after the restore are exactly those of
-// the run that saved, at the price of re-reading up to one pass, the only stage whose
-// restore re-reads more than a window. A state of cache() does not restore into
-// cache(path), nor the other way (config_error).
+// earlier run, the upstream's own, untouched position), the number of elements and of
+// upstream errors handed out this pass, the file offset while replaying, and whether the
+// pass ended at a damaged file. Restoring a replay position of cache(path) seeks in the
+// file. Otherwise (in memory, mid-fill, or the file is gone) the fresh pipeline refills
+// from that upstream position and skips the elements already handed out (and the
+// upstream errors among them): the content and the order after the restore are exactly
+// those of the run that saved, at the price of re-reading up to one pass, the only stage
+// whose restore re-reads more than a window. The exception is a file from an earlier run
+// that is gone at the restore: what it held cannot be read again, and the refill is this
+// upstream's first pass. A state of cache() does not restore into cache(path), nor the
+// other way (config_error).
 //
 // Throws: upstream exceptions pass through unchanged (that pass is then not kept).
 // cache(path): io_error (path, offset, errno) when the partial file cannot be created or
@@ -202,22 +205,24 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
       bool reuse = false;
       try {
         reuse = store_.try_reuse();
-      } catch (const format_error&) {
-        checked_file_ = true;  // damaged: said once; this pass fills it anew
+      } catch (const config_error&) {
+        throw;  // comes again on the next call
+      } catch (const error&) {
+        checked_file_ = true;  // damaged or unreadable: said once; this pass fills it anew
         throw;
       }
       checked_file_ = true;
       started_ = true;
       if (reuse) {
         phase_ = phase::replay;
-        fill_start_.words = store_.start_words();  // where the file's pass began
+        fill_start_.words.clear();  // the upstream has not moved: its state is its own
         return;
       }
     }
     started_ = true;
     save_fill_start();
     try {
-      store_.begin_fill(fill_start_.words);
+      store_.begin_fill();
     } catch (...) {
       keep_ = false;
       throw;
