@@ -410,18 +410,19 @@ TEST_CASE("a write that fails is an io_error after its element: nothing is lost,
 }
 
 namespace {
-// 0..n-1 each epoch; in epoch 0 only, element `at` fails (consumed, as a corrupt record
-// is). Its epoch is in its state, so a restored pipeline fails exactly where the saved one
-// did: the first pass is not kept, the second is.
+// i + per_epoch * epoch for i < n; in epoch 0 only, element `at` fails (consumed, as a
+// corrupt record is). Its epoch is in its state, so a restored pipeline fails exactly where
+// the saved one did: the first pass is not kept, the second is.
 class first_epoch_failure : public ferry::source_interface<first_epoch_failure> {
  public:
   using value_type = std::uint64_t;
-  first_epoch_failure(std::uint64_t n, std::uint64_t at) : n_(n), at_(at) {}
+  first_epoch_failure(std::uint64_t n, std::uint64_t at, std::uint64_t per_epoch = 0)
+      : n_(n), at_(at), per_epoch_(per_epoch) {}
   std::optional<value_type> next() {
     if (i_ >= n_) return std::nullopt;
     const std::uint64_t i = i_++;
     if (epoch_ == 0 && i == at_) throw std::runtime_error("failed at " + std::to_string(i) + " in epoch 0");
-    return i;
+    return i + per_epoch_ * epoch_;
   }
   void rewind() {
     i_ = 0;
@@ -439,8 +440,19 @@ class first_epoch_failure : public ferry::source_interface<first_epoch_failure> 
   }
 
  private:
-  std::uint64_t n_, at_, i_ = 0, epoch_ = 0;
+  std::uint64_t n_, at_, per_epoch_, i_ = 0, epoch_ = 0;
 };
+
+template <class P>
+void pull(P& p, std::size_t k, std::vector<std::uint64_t>& seen, std::vector<std::string>& errors) {
+  for (std::size_t i = 0; i < k; ++i) {
+    try {
+      if (auto e = p.next()) seen.push_back(*e);
+    } catch (const std::exception& e) {
+      errors.push_back(e.what());
+    }
+  }
+}
 
 // Pulls hops[0] times (elements and errors), saves, optionally removes the cache file,
 // restores into a fresh make(); then the same for each further hop; then drains. Returns
@@ -450,19 +462,10 @@ std::pair<std::vector<std::uint64_t>, std::vector<std::string>> resumed(Make mak
                                                                         const std::string& remove) {
   std::vector<std::uint64_t> seen;
   std::vector<std::string> errors;
-  auto pull_n = [&](auto& p, std::size_t k) {
-    for (std::size_t i = 0; i < k; ++i) {
-      try {
-        if (auto e = p.next()) seen.push_back(*e);
-      } catch (const std::exception& e) {
-        errors.push_back(e.what());
-      }
-    }
-  };
   ferry::pipeline_state st;
   {
     auto a = make();
-    pull_n(a, hops[0]);
+    pull(a, hops[0], seen, errors);
     st = ferry::save_state(a);
   }
   for (std::size_t h = 1; h <= hops.size(); ++h) {
@@ -473,7 +476,7 @@ std::pair<std::vector<std::uint64_t>, std::vector<std::string>> resumed(Make mak
       auto rest = drain_through_errors(b, errors);
       seen.insert(seen.end(), rest.begin(), rest.end());
     } else {
-      pull_n(b, hops[h]);
+      pull(b, hops[h], seen, errors);
       st = ferry::save_state(b);
     }
   }
@@ -522,47 +525,8 @@ TEST_CASE("cache resumes exactly: mid-fill, mid-replay, with or without its file
 }
 
 namespace {
-template <class P>
-void pull(P& p, int k, std::vector<std::uint64_t>& seen, std::vector<std::string>& errors) {
-  for (int i = 0; i < k; ++i) {
-    try {
-      if (auto e = p.next()) seen.push_back(*e);
-    } catch (const std::exception& e) {
-      errors.push_back(e.what());
-    }
-  }
-}
-
-// i + 100 * epoch for i < 5; in epoch 0, element 2 fails. Its epoch is in its state.
-class epoch_source : public ferry::source_interface<epoch_source> {
- public:
-  using value_type = std::uint64_t;
-  std::optional<value_type> next() {
-    if (i_ >= 5) return std::nullopt;
-    if (epoch_ == 0 && i_ == 2) {
-      ++i_;
-      throw std::runtime_error("epoch 0 error");
-    }
-    return i_++ + 100 * epoch_;
-  }
-  void rewind() {
-    i_ = 0;
-    ++epoch_;
-  }
-  void save(ferry::state_writer& w) const {
-    w.tag("epoch_source");
-    w.put(i_);
-    w.put(epoch_);
-  }
-  void restore(ferry::state_reader& r) {
-    r.expect("epoch_source");
-    i_ = r.get();
-    epoch_ = r.get();
-  }
-
- private:
-  std::uint64_t i_ = 0, epoch_ = 0;
-};
+// 0..4 in epoch 0 (element 2 fails), 100..104 in epoch 1, and so on.
+first_epoch_failure epoch_source() { return first_epoch_failure(5, 2, 100); }
 
 // Re-frames element k of a cache file of fixed-size elements (`bytes` each) with `payload`
 // and a valid CRC, as a hostile or buggy writer could.
@@ -700,7 +664,7 @@ TEST_CASE("cache: a file from an earlier run, damaged or gone, is refilled from 
   const std::string path = dir / "earlier";
   auto earlier_run = [&] {  // epoch 0 had an error (not kept); epoch 1's pass was kept
     fs::remove(path);
-    auto p = epoch_source{} | ferry::cache(path) | ferry::repeat(2);
+    auto p = epoch_source() | ferry::cache(path) | ferry::repeat(2);
     std::vector<std::string> errors;
     CHECK(drain_through_errors(p, errors).size() == 4 + 5);
     REQUIRE(fs::exists(path));
@@ -709,22 +673,22 @@ TEST_CASE("cache: a file from an earlier run, damaged or gone, is refilled from 
     earlier_run();
     std::vector<std::uint64_t> seen;
     std::vector<std::string> errors;
-    auto a = epoch_source{} | ferry::cache(path);
+    auto a = epoch_source() | ferry::cache(path);
     pull(a, 2, seen, errors);
     CHECK(seen == std::vector<std::uint64_t>{100, 101});  // read from the file
     const auto st = ferry::save_state(a);
     fs::remove(path);
-    auto b = epoch_source{} | ferry::cache(path);
+    auto b = epoch_source() | ferry::cache(path);
     ferry::restore_state(b, st);
     CHECK(drain_through_errors(b, errors) == std::vector<std::uint64_t>{3, 4});
-    CHECK(errors == std::vector<std::string>{"epoch 0 error"});
+    CHECK(errors == std::vector<std::string>{"failed at 2 in epoch 0"});
   }
   SUBCASE("damaged while replaying, then restored: the next pass is the same as without the restore") {
     earlier_run();
     std::string bytes = src_test::read_file(path);
     bytes[elements_start(path) + 3 * 20 + 12] ^= 1;  // element 3 (u64 elements: 20-byte frames)
     src_test::write_file(path, bytes);
-    auto make = [&] { return epoch_source{} | ferry::cache(path) | ferry::repeat(2); };
+    auto make = [&] { return epoch_source() | ferry::cache(path) | ferry::repeat(2); };
     std::vector<std::uint64_t> seen, ref_seen;
     std::vector<std::string> errors, ref_errors;
     {
