@@ -2,7 +2,7 @@
 //
 // Both stores have one shape, which cache_source drives:
 //   begin_fill() / append(e) / commit() / discard()   the first complete pass, written
-//   open_replay(index, offset) / read() / position()   later passes, read back
+//   open_replay(index, offset) / read() / offset()     later passes, read back
 // The file store writes "<path>.partial-<pid>-<n>" and renames it to <path> on commit, so
 // a file at <path> is always a whole pass (a crash leaves only a .partial file behind).
 // It reads the file back through from_files' byte_stream: pooled 1 MiB chunks, filled
@@ -53,7 +53,6 @@ class memory_cache_store {
     items_.shrink_to_fit();  // a partial pass gives its memory back
     complete_ = false;
   }
-  bool complete() const noexcept { return complete_; }
   // The memory store never outlives its pipeline: nothing to reuse or to resume from.
   bool try_reuse() { return false; }
   bool open_replay(std::uint64_t index, std::uint64_t /*offset*/) {
@@ -70,7 +69,6 @@ class memory_cache_store {
     return items_[pos_++];
   }
   std::uint64_t offset() const noexcept { return 0; }
-  std::size_t size() const noexcept { return items_.size(); }
 
  private:
   std::vector<T> items_;
@@ -103,8 +101,6 @@ class file_cache_store {
         footer_count_(o.footer_count_) {}
   file_cache_store& operator=(file_cache_store&&) = delete;
   ~file_cache_store() { discard(); }
-
-  const std::string& path() const noexcept { return path_; }
 
   // Before a pass may end in a rename over path(): throws config_error when something
   // there is not a regular file, is not a ferry cache, or is one of another element type

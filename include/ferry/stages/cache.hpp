@@ -187,9 +187,12 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
 
   // The first next() of a pass: a restored position, a file left by an earlier run, or a
   // new fill.
+  // Before a fill that may end in a rename over the file, check_destination() refuses a
+  // file that is not this cache's (try_reuse() checks the same on the first pass). A
+  // config_error leaves everything as it was, so it comes again on the next call.
   void start_pass() {
-    store_.check_destination();  // a config_error leaves everything as it was: it comes again
     if (resume_) {
+      store_.check_destination();
       resume_ = false;
       started_ = true;
       if (resume_replay_ && store_.open_replay(resume_index_, resume_offset_)) {
@@ -218,6 +221,8 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
         fill_start_.words.clear();  // the upstream has not moved: its state is its own
         return;
       }
+    } else {
+      store_.check_destination();
     }
     started_ = true;
     save_fill_start();
