@@ -17,6 +17,7 @@
 #include "ferry/stages/repeat.hpp"
 #include "ferry/stages/shard.hpp"
 #include "ferry/stages/shuffle.hpp"
+#include "ferry/stages/skip.hpp"
 #include "ferry/stages/take.hpp"
 #include "ferry/stages/zip.hpp"
 #include "ferry/stats.hpp"
