@@ -36,7 +36,7 @@ TEST_CASE("ordered parallel map equals sequential map" * doctest::timeout(60)) {
   for (std::size_t n : {0, 1, 7, 100, 1000}) {
     std::vector<std::uint64_t> expect(n);
     for (std::size_t i = 0; i < n; ++i) expect[i] = work(i);
-    for (std::size_t workers : {1, 2, 3, 8})
+    for (std::size_t workers : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(8), ferry::autotune})
       for (std::size_t window : {0, 1, 5, 64}) {
         CAPTURE(n);
         CAPTURE(workers);
@@ -50,7 +50,7 @@ TEST_CASE("ordered parallel map equals sequential map" * doctest::timeout(60)) {
 
 TEST_CASE("unordered parallel map yields a permutation of the mapped elements" * doctest::timeout(60)) {
   watchdog w(60s);
-  for (std::size_t workers : {2, 4}) {
+  for (std::size_t workers : {std::size_t(2), std::size_t(4), ferry::autotune}) {
     auto p = ferry::from_generator(2000, [](std::uint64_t i) { return i; }) |
              ferry::map(work, {.workers = workers, .ordered = false});
     auto got = drain(p);
@@ -91,7 +91,7 @@ TEST_CASE("an exception in fn reaches the consumer at its element, original kept
   struct boom : std::runtime_error {
     using std::runtime_error::runtime_error;
   };
-  for (std::size_t workers : {1, 2, 4}) {
+  for (std::size_t workers : {std::size_t(1), std::size_t(2), std::size_t(4), ferry::autotune}) {
     for (std::uint64_t k : {0, 1, 17, 99}) {
       CAPTURE(workers);
       CAPTURE(k);
@@ -363,4 +363,227 @@ TEST_CASE("map: restore_state after the first next() is a config_error, inline o
     ferry::restore_state(b, st);  // a fresh pipeline takes it
     CHECK(b.next() == std::optional<std::uint64_t>(1));
   }
+}
+
+TEST_CASE("autotune decisions: climb while it pays, test a worker less now and then, shed when idle") {
+  using ferry::detail::autotune_sample;
+  using ferry::detail::autotune_state;
+  autotune_state st;
+  const autotune_sample starving{.rate = 100, .consumer_wait = 0.5, .worker_wait = 0};
+  const autotune_sample settling{.rate = 1e9, .consumer_wait = 1, .worker_wait = 1};  // never judged
+  CHECK(st.decide(starving, 1, 4) == 1);  // the first period settles
+  CHECK(st.decide(starving, 1, 4) == 2);  // the consumer waits: one more
+  CHECK(st.decide(settling, 2, 4) == 2);
+  // 1 -> 2 must add half of what a second worker can (50%): 49% is not enough.
+  CHECK(st.decide({.rate = 149, .consumer_wait = 0.3}, 2, 4) == 1);
+  CHECK(st.decide(settling, 1, 4) == 1);
+  CHECK(st.decide(starving, 1, 4) == 1);  // held for 2 periods (backoff 2)
+  CHECK(st.decide(starving, 1, 4) == 1);
+  CHECK(st.decide(starving, 1, 4) == 2);
+  CHECK(st.decide(settling, 2, 4) == 2);
+  // 50% pays: kept, and with the consumer still waiting the next is tried at once.
+  CHECK(st.decide({.rate = 150, .consumer_wait = 0.3}, 2, 4) == 3);
+  CHECK(st.decide(settling, 3, 4) == 3);
+  // 2 -> 3 needs 25%: 190 >= 187.5 keeps it. The consumer no longer waits: no more.
+  const autotune_sample quiet{.rate = 190, .consumer_wait = 0.02, .worker_wait = 0.1};
+  CHECK(st.decide(quiet, 3, 4) == 3);
+  // Every 16 steady periods, one worker less is tested.
+  for (int i = 0; i < 14; ++i) CHECK(st.decide(quiet, 3, 4) == 3);
+  CHECK(st.decide(quiet, 3, 4) == 2);
+  CHECK(st.decide(settling, 2, 4) == 2);
+  // Losing more than half of its share (1/3 of 190: 31.7 of 63.3) brings it back; the next
+  // test waits 32 periods.
+  CHECK(st.decide({.rate = 158, .consumer_wait = 0.3}, 2, 4) == 3);
+  CHECK(st.decide(settling, 3, 4) == 3);
+  CHECK(st.decide(quiet, 3, 4) == 3);  // hold (the up backoff, 1): no up-probe at once
+  for (int i = 0; i < 31; ++i) CHECK(st.decide(quiet, 3, 4) == 3);
+  CHECK(st.decide(quiet, 3, 4) == 2);
+  CHECK(st.decide(settling, 2, 4) == 2);
+  // Losing less than that keeps it parked: the third worker was not paying its way.
+  CHECK(st.decide({.rate = 160, .consumer_wait = 0.0, .worker_wait = 0.2}, 2, 4) == 2);
+  // Starving again: climbs, and stops at the ceiling.
+  CHECK(st.decide(starving, 2, 4) == 3);
+  CHECK(st.decide(settling, 3, 4) == 3);
+  CHECK(st.decide({.rate = 300, .consumer_wait = 0.5}, 3, 4) == 4);
+  CHECK(st.decide(settling, 4, 4) == 4);
+  CHECK(st.decide({.rate = 400, .consumer_wait = 0.5}, 4, 4) == 4);
+  CHECK(st.decide(starving, 4, 4) == 4);
+  // The consumer is the bottleneck and the workers mostly wait for room: shed one, settle.
+  const autotune_sample idle{.rate = 100, .consumer_wait = 0.0, .worker_wait = 0.8};
+  CHECK(st.decide(idle, 4, 4) == 3);
+  CHECK(st.decide(idle, 3, 4) == 3);  // settle
+  CHECK(st.decide(idle, 3, 4) == 3);  // hold
+  CHECK(st.decide(idle, 3, 4) == 2);
+  CHECK(st.decide({.rate = 100, .consumer_wait = 0.02, .worker_wait = 0.9}, 2, 4) == 2);  // it waits a bit
+  // A change not yet judged when the epoch ends is undone; the new epoch's first period settles.
+  autotune_state r;
+  CHECK(r.decide(starving, 1, 4) == 1);
+  CHECK(r.decide(starving, 1, 4) == 2);
+  CHECK(r.restart(2) == 1);
+  CHECK(r.decide(starving, 1, 4) == 1);
+  CHECK(r.decide(starving, 1, 4) == 2);
+  CHECK(r.decide(settling, 2, 4) == 2);
+  CHECK(r.decide({.rate = 200, .consumer_wait = 0}, 2, 4) == 2);
+  CHECK(r.restart(2) == 2);  // judged and kept
+  // Periods: 50 ms and 64 elements, or fewer elements over longer; never an empty one.
+  CHECK_FALSE(autotune_state::period_done(0.049, 100000));
+  CHECK_FALSE(autotune_state::period_done(0.5, 63));
+  CHECK(autotune_state::period_done(0.05, 64));
+  CHECK_FALSE(autotune_state::period_done(0.99, 8));
+  CHECK(autotune_state::period_done(1.0, 8));
+  CHECK_FALSE(autotune_state::period_done(9.9, 7));
+  CHECK(autotune_state::period_done(10, 1));
+  CHECK_FALSE(autotune_state::period_done(1000, 0));
+  // Property: any sample moves the count by at most one, within [1, max].
+  std::uint64_t x = 12345;
+  auto rnd = [&] {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return double(x >> 11) / double(1ull << 53);
+  };
+  for (std::size_t max : {1, 2, 3, 16}) {
+    autotune_state s;
+    std::size_t a = 1;
+    for (int i = 0; i < 20000; ++i) {
+      const autotune_sample m{.rate = 1000 * rnd(), .consumer_wait = rnd() < 0.5 ? rnd() * 0.1 : rnd(),
+                              .worker_wait = rnd()};
+      const std::size_t b = i % 997 == 0 ? s.restart(a) : s.decide(m, a, max);
+      REQUIRE(b >= 1);
+      REQUIRE(b <= max);
+      REQUIRE((b == a || b == a + 1 || b + 1 == a));
+      a = b;
+    }
+  }
+}
+
+TEST_CASE("autotune map equals sequential map for every ceiling, over epochs, errors included" *
+          doctest::timeout(120)) {
+  watchdog w(120s);
+  struct boom : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  for (std::size_t max : {1, 2, 3, 8})
+    for (std::size_t n : {0, 1, 100, 5000}) {
+      CAPTURE(max);
+      CAPTURE(n);
+      auto p = ferry::from_generator(n, [](std::uint64_t i) { return i; }) |
+               ferry::map(
+                   [](std::uint64_t x) {
+                     if (x % 997 == 3) throw boom("bad " + std::to_string(x));
+                     return work(x);
+                   },
+                   {.workers = ferry::autotune, .window = 64, .max_workers = max});
+      for (int epoch = 0; epoch < 3; ++epoch) {
+        std::vector<std::uint64_t> got, errors;
+        for (;;) {
+          try {
+            auto e = p.next();
+            if (!e) break;
+            got.push_back(*e);
+          } catch (const ferry::element_error& e) {
+            errors.push_back(e.element());
+          }
+        }
+        std::vector<std::uint64_t> expect, expect_errors;
+        for (std::uint64_t i = 0; i < n; ++i)
+          if (i % 997 == 3)
+            expect_errors.push_back(i);
+          else
+            expect.push_back(work(i));
+        CHECK(got == expect);
+        CHECK(errors == expect_errors);
+        p.rewind();
+      }
+    }
+}
+
+namespace {
+// Counts fn calls running at once, and the most seen.
+struct concurrency {
+  std::atomic<int> now{0}, most{0};
+  void enter() {
+    const int n = ++now;
+    int m = most.load();
+    while (n > m && !most.compare_exchange_weak(m, n)) {
+    }
+  }
+  void leave() { --now; }
+};
+template <class P>
+std::size_t map_threads(const P& p) {
+  for (const auto& st : ferry::report(p).stages)
+    if (st.kind == "map") return st.threads;
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("autotune: a map whose fn blocks gets more workers, keeps them next epoch; destroying it "
+          "mid-epoch joins them all" * doctest::timeout(60)) {
+  watchdog w(60s);
+  concurrency c;
+  auto p = std::make_optional(
+      ferry::from_generator(100'000, [](std::uint64_t i) { return i; }) |
+      ferry::map(
+          [&](std::uint64_t x) {
+            c.enter();
+            std::this_thread::sleep_for(200us);  // a blocking read: more workers help even on one core
+            c.leave();
+            return x;
+          },
+          {.workers = ferry::autotune, .max_workers = 4}));
+  std::uint64_t expect = 0;
+  // Four seconds at most: one worker does about 4,000 elements a second here, four 16,000.
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - t0 < 4s) {
+    auto e = p->next();
+    REQUIRE(e);
+    REQUIRE(*e == expect++);
+    if (expect % 256 == 0 && map_threads(*p) == 4) break;
+  }
+  const std::size_t threads = map_threads(*p);
+  CAPTURE(expect);
+  // The weakest claims that timing on a loaded machine cannot break: it chose more than one,
+  // and more than one really ran at once.
+  CHECK(threads >= 2);
+  CHECK(c.most >= 2);
+  MESSAGE("autotune reached " << threads << " of 4 workers after " << expect << " elements");
+  // The next epoch starts with the count learned (or one less: a test of one fewer may have
+  // been under way), not from one.
+  p->rewind();
+  CHECK(map_threads(*p) + 1 >= threads);
+  REQUIRE(p->next());
+  CHECK(map_threads(*p) + 1 >= threads);
+  const auto t1 = std::chrono::steady_clock::now();
+  p.reset();  // parked and working threads alike stop and join
+  CHECK(c.now == 0);
+  CHECK(std::chrono::steady_clock::now() - t1 < 2s);
+}
+
+TEST_CASE("autotune: a map that is not the bottleneck (a slow consumer) does not climb" * doctest::timeout(60)) {
+  watchdog w(60s);
+  concurrency c;
+  auto p = ferry::from_generator(3000, [](std::uint64_t i) { return i; }) |
+           ferry::map(
+               [&](std::uint64_t x) {
+                 c.enter();
+                 c.leave();
+                 return x + 1;
+               },
+               {.workers = ferry::autotune, .max_workers = 4});
+  std::uint64_t expect = 1;
+  while (auto e = p.next()) {
+    REQUIRE(*e == expect++);
+    std::this_thread::sleep_for(100us);  // the consumer's own work: the map is far ahead
+  }
+  CHECK(expect == 3001);
+  // One worker; two while it tests one more (a period in which the worker was descheduled,
+  // on a loaded machine, can start such a test). Three or four would mean it kept workers
+  // that cannot pay here: the consumer is the limit.
+  CHECK(c.most <= 2);
+  CHECK(map_threads(p) <= 2);
+  MESSAGE("not the bottleneck: " << map_threads(p) << " worker(s) at the end, " << c.most.load() << " at once at most");
+}
+
+TEST_CASE("autotune: max_workers without autotune is a config error") {
+  CHECK_THROWS_WITH(ferry::map([](int x) { return x; }, {.workers = 2, .max_workers = 4}),
+                    doctest::Contains("max_workers is autotune's ceiling"));
 }

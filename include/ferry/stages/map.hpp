@@ -3,11 +3,23 @@
 //   src | ferry::map([](record r) { return decode(r); })                      // inline
 //   src | ferry::map(decode, {.workers = 4})                                  // 4 threads, in order
 //   src | ferry::map(decode, {.workers = 4, .ordered = false})                // as they finish
+//   src | ferry::map(decode, {.workers = ferry::autotune})                    // it picks how many
 //
 // Threads: with workers == 1, fn runs on the thread that calls next(). With workers > 1,
 // fn runs on the stage's worker threads (started by the first next()), at most `window`
 // elements ahead of the consumer; the upstream's next() is called on those workers too,
 // one at a time, under a lock.
+// Autotune (workers = ferry::autotune, as tf.data's AUTOTUNE): the stage starts
+// max_workers threads (default: the hardware threads) and lets one work. On the consumer's
+// thread, inside next(), it measures periods of at least 50 ms (and 64 elements) and
+// hill-climbs on the rate the consumer takes elements: while the consumer waits, it adds
+// a worker and keeps it if the rate rose by half of what one more could add; now and then
+// it parks one and keeps it parked if the rate hardly fell; when the workers mostly wait
+// for room (the consumer is the bottleneck) it parks one, so a stage that is not the limit
+// does not hold cores. The count learned is kept for the next epoch (not in checkpoints:
+// a restored pipeline climbs again from one). Elements, order, errors and checkpoints are
+// those of a fixed worker count; only the speed depends on the count chosen. With a
+// ceiling of 1, fn runs inline.
 // Order: ordered (the default) hands elements out in upstream order, so a parallel map
 // gives the same sequence as a sequential one; ordered = false hands them out as they
 // finish (less waiting behind a slow element, order not reproducible).
@@ -28,7 +40,7 @@
 // of the current window of `window` elements plus an offset; restore() re-reads (but does
 // not re-map) at most `window` elements. An unordered parallel map cannot be resumed
 // exactly: save() throws config_error.
-// Throws config_error for workers == 0.
+// Throws config_error for workers == 0, and for max_workers set without autotune.
 #pragma once
 
 #include <algorithm>
@@ -43,6 +55,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -56,13 +69,103 @@
 
 namespace ferry {
 
+// map_options::workers value: the stage chooses how many threads run fn (see above).
+inline constexpr std::size_t autotune = static_cast<std::size_t>(-1);
+
 struct map_options {
   std::size_t workers = 1;   // threads running fn; 1 runs it inline on the consumer's thread
   bool ordered = true;       // hand out elements in upstream order
   std::size_t window = 0;    // elements read ahead of the consumer; 0: 16384, or 4 MiB of large elements
+  std::size_t max_workers = 0;  // autotune's ceiling; 0: std::thread::hardware_concurrency()
 };
 
 namespace detail {
+
+// The autotuner's decision, one call per period: a pure function of what the period
+// measured, so it is tested apart from the clock. Hill-climbing on the rate the consumer
+// sees, both ways:
+// - up: while the consumer waits for the map, add a worker; keep it if the rate rose by at
+//   least half of what one more worker could add (1/a at a workers); else park it again
+//   and wait twice as many periods (up to 64) before the next try;
+// - down: now and then park one; keep it parked if the rate fell by less than half of that
+//   worker's share, else bring it back and wait twice as long before the next such test;
+// - shed: the consumer hardly waits and the workers mostly wait for room: park one.
+// The period after every change (and the first of an epoch) settles and is not judged.
+struct autotune_sample {
+  double rate = 0;           // elements handed to the consumer per second
+  double consumer_wait = 0;  // fraction of the period the consumer waited for elements
+  double worker_wait = 0;    // fraction of the active workers' time spent waiting for room
+};
+struct autotune_state {
+  static constexpr unsigned max_backoff = 64, first_down = 16, max_down = 512;
+  enum class phase : unsigned char { steady, judge_up, judge_down };
+  phase ph = phase::steady;
+  unsigned settle = 1;         // periods still to discard
+  double base_rate = 0;        // the rate before the change being judged
+  std::size_t from = 0;        // the count before that change
+  unsigned backoff = 1, hold = 0;          // up: periods to wait after a useless worker
+  unsigned down_every = first_down, since_down = 0;  // down: periods between tests
+
+  // A period is long enough to judge at 50 ms with 64 elements, or with fewer over longer
+  // (a slow fn): rates from a handful of elements are mostly noise.
+  static bool period_done(double seconds, std::uint64_t elements) {
+    return seconds >= 0.05 && (elements >= 64 || (seconds >= 1 && elements >= 8) || (seconds >= 10 && elements >= 1));
+  }
+  // A new epoch: a change not yet judged is undone; the first period settles.
+  std::size_t restart(std::size_t active) {
+    const std::size_t a = ph == phase::steady ? active : from;
+    ph = phase::steady;
+    settle = 1;
+    return a;
+  }
+  std::size_t decide(const autotune_sample& m, std::size_t active, std::size_t max) {
+    if (settle > 0) {
+      --settle;
+      return active;
+    }
+    if (ph == phase::judge_up) {
+      ph = phase::steady;
+      if (m.rate < base_rate * (1 + 0.5 / double(from))) {
+        backoff = std::min(backoff * 2, max_backoff);
+        hold = backoff;
+        settle = 1;
+        return from;
+      }
+      backoff = 1;  // it paid: keep it (and go on below: one more if the consumer still waits)
+      down_every = first_down;
+    } else if (ph == phase::judge_down) {
+      ph = phase::steady;
+      if (m.rate < base_rate * (1 - 0.5 / double(from))) {
+        down_every = std::min(down_every * 2, max_down);
+        hold = backoff;  // no up-probe at once: that count was just tested
+        settle = 1;
+        return from;
+      }
+      down_every = first_down;
+      return active;
+    }
+    if (hold > 0) {
+      --hold;
+      return active;
+    }
+    auto change = [&](phase p, std::size_t to) {
+      ph = p;
+      base_rate = m.rate;
+      from = active;
+      settle = 1;
+      since_down = 0;
+      return to;
+    };
+    if (m.consumer_wait > 0.05 && active < max) return change(phase::judge_up, active + 1);
+    if (active > 1 && m.consumer_wait < 0.01 && m.worker_wait > 0.5) {  // plainly too many
+      hold = backoff;
+      settle = 1;
+      return active - 1;
+    }
+    if (active > 1 && ++since_down >= down_every) return change(phase::judge_down, active - 1);
+    return active;
+  }
+};
 
 template <source Up, class F>
 class map_source : public source_interface<map_source<Up, F>> {
@@ -74,6 +177,8 @@ class map_source : public source_interface<map_source<Up, F>> {
   static constexpr bool resumable = resumable_source<Up>;
   static constexpr std::uint64_t none = std::numeric_limits<std::uint64_t>::max();
   static constexpr int spin_rounds = 64;
+  using clock = std::chrono::steady_clock;
+  static constexpr std::chrono::milliseconds tune_poll{20};  // while the consumer waits
   // A run should take long enough to amortise a thread sleep and wake (tens of µs on a VM).
   static constexpr double target_run_seconds = 200e-6;
 
@@ -91,6 +196,9 @@ class map_source : public source_interface<map_source<Up, F>> {
     std::mutex pull_m;  // serialises upstream next(); taken before m
     std::mutex m;
     std::condition_variable space, ready;
+    std::condition_variable park;          // autotune: workers numbered >= active wait here
+    std::atomic<std::size_t> active{0};    // workers that may claim runs (changed under m)
+    std::atomic<std::uint64_t> room_wait_ns{0};  // workers' total wait for room (autotune)
     std::vector<slot> ring;                              // ordered: element seq at seq % window
     std::deque<std::pair<std::uint64_t, slot>> done;    // unordered: in finishing order
     std::deque<std::pair<std::uint64_t, pipeline_state>> anchors;  // upstream state before seq
@@ -114,6 +222,11 @@ class map_source : public source_interface<map_source<Up, F>> {
 
   map_source(Up up, F fn, map_options o)
       : c_(std::make_unique<core>(std::move(up), std::move(fn))), o_(o) {
+    if (o_.workers == autotune) {  // max_workers threads, of which the tuner lets some work
+      tuned_ = true;
+      o_.workers = o_.max_workers ? o_.max_workers : std::max(1u, std::thread::hardware_concurrency());
+    }
+    c_->active = tuned_ ? tu_.active : o_.workers;  // what report() shows (any thread)
     // Default: enough in flight for each worker to claim runs long enough (~200 µs) to
     // amortise a thread wake-up even for cheap fns: 16384 elements, or fewer when they are
     // large (4 MiB of Out at most; the ring's slots are allocated up front). A deep window matters when workers fill every core:
@@ -136,6 +249,8 @@ class map_source : public source_interface<map_source<Up, F>> {
       base_ = o.base_;
       scratch_ = std::move(o.scratch_);
       local_ = std::move(o.local_);
+      tuned_ = o.tuned_;
+      tu_ = o.tu_;
     }
     return *this;
   }
@@ -166,7 +281,8 @@ class map_source : public source_interface<map_source<Up, F>> {
     if (o_.workers == 1)
       v.add("map", c_->stats, observe::stage_mode::inline_stage, 1);
     else
-      v.add("map", c_->stats, observe::stage_mode::threaded_stage, o_.workers);
+      v.add("map", c_->stats, observe::stage_mode::threaded_stage,
+            c_->active.load());
   }
 
  private:
@@ -199,6 +315,11 @@ class map_source : public source_interface<map_source<Up, F>> {
       wake = free >= std::max<std::uint64_t>(1, o_.window / 4);
     }
     if (wake) c_->space.notify_all();
+    if (tuned_ && (tu_.countdown -= std::int64_t(n)) <= 0) {
+      tu_.countdown = tuner::poll_every;
+      std::lock_guard lk(c_->m);
+      tune(clock::now());
+    }
   }
 
   // next_bulk with workers: moves runs of ready elements straight into `out`, counting
@@ -233,6 +354,7 @@ class map_source : public source_interface<map_source<Up, F>> {
     if (c_->published.load(std::memory_order_acquire) == c_->next_out_seen) {
       waited = true;
       wt.start();
+      if (tuned_) tu_.begin_wait(clock::now());
       for (int i = 0; i < spin_rounds && c_->published.load(std::memory_order_acquire) == c_->next_out_seen; ++i) {
         if (i < spin_rounds / 2)
           for (int k = 0; k < 16; ++k) cpu_relax();
@@ -248,14 +370,23 @@ class map_source : public source_interface<map_source<Up, F>> {
       if (o_.ordered) return c_->ring[c_->next_out % o_.window].ready || (c_->ended && c_->next_out >= c_->end_seq);
       return !c_->done.empty() || (c_->ended && c_->next_out >= c_->end_seq);
     };
+    if (tuned_) {
+      if (!waited && !have()) tu_.begin_wait(clock::now());
+      tune(clock::now());
+    }
     if (!have()) {
       if (!waited) wt.start();
       waited = true;
       ++c_->consumer_waiting;
-      c_->ready.wait(lk, have);
+      if (!tuned_) {
+        c_->ready.wait(lk, have);
+      } else {  // the tuner also runs while the consumer starves: a slow fn ramps up
+        while (!c_->ready.wait_for(lk, tune_poll, have)) tune(clock::now());
+      }
       --c_->consumer_waiting;
     }
     if (waited) wt.stop(c_->stats.wait_up, "map: wait upstream");
+    if (tuned_ && tu_.waiting) tu_.end_wait(clock::now());
     {  // keep the newest anchor at or before `handed`, and later ones
       auto& a = c_->anchors;
       const std::uint64_t h = c_->handed.load();
@@ -281,6 +412,34 @@ class map_source : public source_interface<map_source<Up, F>> {
       std::rethrow_exception(std::exchange(c_->failure, nullptr));
     }
     return !local_.empty();
+  }
+
+  // Autotune, on the consumer's thread with c_->m held (park's waiters check `active`
+  // under it): once a period is long enough, measure it and let autotune_state decide.
+  // Called from take_ready (also every 20 ms while the consumer waits) and every 256
+  // elements handed out (a consumer that works through a deep local_ queue).
+  void tune(clock::time_point now) {
+    const double dt = std::chrono::duration<double>(now - tu_.period_start).count();
+    const std::uint64_t h = c_->handed.load();
+    if (!autotune_state::period_done(dt, h - tu_.handed0)) return;
+    if (tu_.waiting) tu_.end_wait(now), tu_.begin_wait(now);
+    const std::uint64_t room = c_->room_wait_ns.load();
+    const std::size_t a = c_->active.load();
+    autotune_sample m;
+    m.rate = double(h - tu_.handed0) / dt;
+    m.consumer_wait = std::min(1.0, tu_.waited_s / dt);
+    // A room wait is counted when it ends, so a long one can land in a later period.
+    m.worker_wait = std::min(1.0, double(room - tu_.room0) * 1e-9 / (dt * double(a)));
+    const std::size_t next = tu_.state.decide(m, a, o_.workers);
+    if (next != a) {
+      c_->active.store(next);
+      tu_.active = next;
+      if (next > a) c_->park.notify_all();
+    }
+    tu_.period_start = now;
+    tu_.handed0 = h;
+    tu_.room0 = room;
+    tu_.waited_s = 0;
   }
 
   std::size_t bulk_inline(std::span<Out> out) {
@@ -395,9 +554,19 @@ class map_source : public source_interface<map_source<Up, F>> {
   void start() {
     started_ = true;
     c_->ring.assign(o_.window, slot{});
+    if (tuned_) {  // a new period; the learned count and backoffs carry over from last epoch
+      tu_.active = tu_.state.restart(tu_.active);
+      c_->active = tu_.active;
+      tu_.countdown = tuner::poll_every;
+      tu_.period_start = clock::now();
+      tu_.handed0 = 0;
+      tu_.room0 = c_->room_wait_ns.load();
+      tu_.waited_s = 0;
+      tu_.waiting = false;
+    }
     threads_.reserve(o_.workers);
     for (std::size_t i = 0; i < o_.workers; ++i)
-      threads_.emplace_back([c = c_.get(), o = o_] { work(*c, o); });
+      threads_.emplace_back([c = c_.get(), o = o_, i] { work(*c, o, i); });
   }
 
   // A worker claims a run of consecutive elements (pulled under the upstream lock), maps
@@ -407,13 +576,13 @@ class map_source : public source_interface<map_source<Up, F>> {
   // and slow ones still spread across every worker.
   // No exception may leave a thread: one from outside fn and upstream (std::bad_alloc
   // from a buffer or from publishing) becomes the epoch's last error, for the consumer.
-  static void work(core& c, const map_options o) {
+  static void work(core& c, const map_options o, std::size_t index) {
     {
       std::lock_guard lk(c.m);
       ++c.workers_alive;
     }
     try {
-      work_loop(c, o);
+      work_loop(c, o, index);
     } catch (...) {
       std::lock_guard lk(c.m);
       if (!c.failure) c.failure = std::current_exception();
@@ -425,13 +594,12 @@ class map_source : public source_interface<map_source<Up, F>> {
     }
     c.ready.notify_all();
     c.space.notify_all();
+    c.park.notify_all();
   }
 
-  static void work_loop(core& c, const map_options o) {
+  static void work_loop(core& c, const map_options o, const std::size_t index) {
     observe::name_this_thread("ferry map worker");
     const std::uint64_t window = o.window;
-    // Half the window per worker: each can compute one run while another waits to be taken.
-    const std::uint64_t run_cap = std::max<std::uint64_t>(1, window / (2 * o.workers));
     std::uint64_t run = 1;
     std::vector<In> ins;
     std::vector<slot> outs;
@@ -439,18 +607,26 @@ class map_source : public source_interface<map_source<Up, F>> {
     for (;;) {
       {
         std::unique_lock lk(c.m);
+        // Autotune parks the workers numbered at or above `active` (never worker 0).
+        c.park.wait(lk, [&] { return c.stop || c.ended || index < c.active.load(); });
         // Room counts elements handed to the consumer, so at most `window` are read ahead.
         auto room = [&] { return c.stop || c.ended || c.next_pull < c.handed + window; };
         if (!room()) {
           observe::wait_timer wt;
           wt.start();
+          const auto r0 = clock::now();
           ++c.workers_waiting;  // before the re-check in wait(): see the consumer's comment
           c.space.wait(lk, room);
           --c.workers_waiting;
+          c.room_wait_ns.fetch_add(
+              std::uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(clock::now() - r0).count()));
           wt.stop(c.stats.wait_down, "map: wait downstream", /*shared=*/true);
         }
         if (c.stop || c.ended) return;
       }
+      // Half the window per working thread: each can compute one run while another waits
+      // to be taken.
+      const std::uint64_t run_cap = std::max<std::uint64_t>(1, window / (2 * std::max<std::size_t>(1, c.active.load())));
       std::unique_lock pl(c.pull_m);
       std::uint64_t first, want;
       {
@@ -552,6 +728,7 @@ class map_source : public source_interface<map_source<Up, F>> {
     }
     c_->space.notify_all();
     c_->ready.notify_all();
+    c_->park.notify_all();
     for (auto& t : threads_)
       if (t.joinable()) t.join();
     threads_.clear();
@@ -578,11 +755,30 @@ class map_source : public source_interface<map_source<Up, F>> {
   std::uint64_t base_ = 0;  // epoch index of element seq 0 (inline: of the next element)
   std::vector<In> scratch_;  // next_bulk's inputs, reused
   std::deque<std::pair<std::uint64_t, slot>> local_;  // taken from the workers, not yet handed out
+  bool tuned_ = false;  // workers = autotune
+  struct tuner {
+    autotune_state state;
+    std::size_t active = 1;  // learned count, kept across epochs
+    clock::time_point period_start{}, wait_start{};
+    bool waiting = false;
+    double waited_s = 0;  // the consumer's wait for elements in this period
+    std::uint64_t handed0 = 0, room0 = 0;
+    static constexpr std::int64_t poll_every = 256;  // elements handed out between clock reads
+    std::int64_t countdown = poll_every;
+    void begin_wait(clock::time_point t) { waiting = true, wait_start = t; }
+    void end_wait(clock::time_point t) {
+      waiting = false;
+      waited_s += std::chrono::duration<double>(t - wait_start).count();
+    }
+  } tu_;
 };
 
 inline void check_map_args(const map_options& o) {
   if (o.workers == 0)
     throw config_error("map: workers must be at least 1 (got 0); 1 runs the function inline");
+  if (o.max_workers != 0 && o.workers != autotune)
+    throw config_error("map: max_workers is autotune's ceiling; set workers = ferry::autotune to use it (got workers = " +
+                       std::to_string(o.workers) + ")");
 }
 
 }  // namespace detail
