@@ -1,18 +1,39 @@
-// ferry/stages/take.hpp: take(n) ends the epoch after n elements.
+// ferry/stages/take.hpp: take(n) hands on the first n elements of every epoch, then ends
+// it; skip(n)'s complement.
 //
-//   src | ferry::take(1000)
+//   src | ferry::take(1000)   // the validation split
+//   src | ferry::skip(1000)   // the training split: everything after it
 //
-// Pulls at most n elements from upstream (never one more). Runs on the calling thread;
-// throws nothing itself. An upstream exception reaches the consumer unchanged and does
-// not count toward n (no element was taken); the next call goes on.
+// Pulls at most n elements from upstream (never one more), and once n are taken it calls
+// the upstream no more until rewind(): take(0) never pulls at all (nor starts a parallel
+// map's workers upstream). Every epoch (every pass after rewind()) hands on its own first
+// n. Runs on the calling thread; throws nothing itself, but restore() refuses a state it
+// cannot resume (below).
+// Errors: an upstream exception reaches the consumer unchanged, at its position, and does
+// not count toward n (no element was taken); the next call goes on. next() takes element
+// by element, so this holds exactly: take(n) and skip(n) over the same (deterministic)
+// upstream hand on, between them, every element once. next_bulk() (batch() pulling a
+// run) takes in runs of at most what is left of n, into the caller's own buffer: if the
+// upstream throws inside a run, take cannot tell how many of that run's elements the
+// upstream used up before the error (they go with it, as any bulk run's do: batch() drops
+// the batch it was building), so it counts all it may have: the run less one, as the
+// error is no element (next_bulk stops at an error as next() calls would). It may then
+// hand on fewer than n, never more: an element after the first n is never handed on, so
+// take(n) never shares one with skip(n), which errs the other way. A run of one is exact.
+// Checkpoints: the upstream's state, then how many elements this epoch took so far (with
+// what a failed run counted); a restore hands on only the rest of the n. A state that took
+// more than this take's n (saved from a take of a larger n) is a config_error naming both.
 #pragma once
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
+#include <string>
 #include <utility>
 
+#include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
@@ -34,12 +55,21 @@ class take_source : public source_interface<take_source<Up>> {
       return e;
     });
   }
+  // Pulls one run of at most what is left of n, into `out` itself.
   std::size_t next_bulk(std::span<value_type> out)
     requires bulk_source<Up>
   {
-    return observe::observed_bulk(stats_, "take", out, [&] {
+    return observe::observed_bulk(stats_, "take", out, [&]() -> std::size_t {
+      if (out.empty() || taken_ >= n_) return 0;  // n taken: the upstream is not called
       const std::uint64_t left = n_ - taken_;
-      const std::size_t k = probe_.pull_bulk(up_, out.first(out.size() < left ? out.size() : left));
+      const std::size_t want = out.size() < left ? out.size() : static_cast<std::size_t>(left);
+      std::size_t k;
+      try {
+        k = probe_.pull_bulk(up_, out.first(want));
+      } catch (...) {
+        taken_ += want - 1;  // all the run may have used up, the error not (see the header)
+        throw;
+      }
       taken_ += k;
       return k;
     });
@@ -57,12 +87,18 @@ class take_source : public source_interface<take_source<Up>> {
     w.tag("take");
     w.put(taken_);
   }
+  // Throws config_error for a state that took more than n.
   void restore(state_reader& r)
     requires resumable_source<Up>
   {
     up_.restore(r);
     r.expect("take");
-    taken_ = r.get();
+    const std::uint64_t taken = r.get();
+    if (taken > n_)
+      throw config_error("restore_state: take: the state took " + std::to_string(taken) +
+                         " elements, more than this take(" + std::to_string(n_) +
+                         ") hands on (saved from a take of a larger n?)");
+    taken_ = taken;
   }
   // batch()'s size, passed on for distribute() (batches go through unchanged).
   std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
@@ -77,7 +113,7 @@ class take_source : public source_interface<take_source<Up>> {
  private:
   Up up_;
   std::uint64_t n_;
-  std::uint64_t taken_ = 0;
+  std::uint64_t taken_ = 0;  // elements handed on this epoch, or counted for a failed run (at most n_)
   observe::stage_counters stats_;
   [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
