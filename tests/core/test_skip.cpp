@@ -632,3 +632,19 @@ TEST_CASE("skip under prefetch and parallel map: other threads skip; order and e
     CHECK(flat(m) == want);
   }
 }
+
+TEST_CASE("a restored state that skipped more than n is refused, naming skip and both numbers") {
+  auto a = bulk_double(20) | ferry::skip(10);
+  std::vector<std::uint64_t> one(1);
+  REQUIRE(a.next_bulk(std::span<std::uint64_t>(one)) == 1);  // skipped all 10
+  const auto st = ferry::save_state(a);
+  auto b = bulk_double(20) | ferry::skip(5);
+  CHECK_THROWS_WITH_AS(ferry::restore_state(b, ferry::pipeline_state::from_bytes(st.to_bytes())),
+                       "restore_state: skip: the state skipped 10 elements, more than this skip(5) drops "
+                       "(saved from a skip of a larger n?)",
+                       ferry::config_error);
+  // At exactly n it restores, and hands on what follows.
+  auto c = bulk_double(20) | ferry::skip(10);
+  ferry::restore_state(c, st);
+  CHECK(c.next() == std::optional<std::uint64_t>(11));
+}

@@ -16,7 +16,8 @@
 // was building), so it counts none of them. It may then drop more than n, never fewer:
 // an element among the first n is never handed on.
 // Checkpoints: the upstream's state, then how many elements this epoch skipped so far;
-// a restore mid-skip drops only the rest of the n.
+// a restore mid-skip drops only the rest of the n. A state that skipped more than this
+// skip's n (saved from a skip of a larger n) is a config_error naming both.
 #pragma once
 
 #include <concepts>
@@ -24,8 +25,10 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <utility>
 
+#include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
@@ -77,12 +80,18 @@ class skip_source : public source_interface<skip_source<Up>> {
     w.tag("skip");
     w.put(skipped_);
   }
+  // Throws config_error for a state that skipped more than n.
   void restore(state_reader& r)
     requires resumable_source<Up>
   {
     up_.restore(r);
     r.expect("skip");
-    skipped_ = r.get();
+    const std::uint64_t skipped = r.get();
+    if (skipped > n_)
+      throw config_error("restore_state: skip: the state skipped " + std::to_string(skipped) +
+                         " elements, more than this skip(" + std::to_string(n_) +
+                         ") drops (saved from a skip of a larger n?)");
+    skipped_ = skipped;
   }
   // batch()'s size, passed on for distribute() (batches go through unchanged).
   std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
