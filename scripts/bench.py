@@ -248,6 +248,10 @@ def ratios(latest):
                 if (x["sweep"], x["workers"], x["batch"]) in {("workers", 1, 256), ("workers", 2, 256),
                                                                ("batch", 1, 1)}:
                     add(f"sweep: map workers={x['workers']} batch={x['batch']} vs threaded loop", x["ratio"], r)
+                elif x["sweep"] == "autotune":
+                    add("sweep: map autotune (learned) vs threaded loop", x["ratio"], r)
+                elif x["sweep"] == "autotune-io":
+                    add("sweep: map autotune, blocking fn, vs 8 threads", x["ratio"], r)
         elif name == "distribute_cpu":
             for t in r.get("tables", []):
                 for row in t["rows"]:

@@ -371,60 +371,73 @@ TEST_CASE("autotune decisions: climb while it pays, test a worker less now and t
   autotune_state st;
   const autotune_sample starving{.rate = 100, .consumer_wait = 0.5, .worker_wait = 0};
   const autotune_sample settling{.rate = 1e9, .consumer_wait = 1, .worker_wait = 1};  // never judged
+  auto at = [](double rate, double cw = 0.3, double ww = 0.1) {
+    return autotune_sample{.rate = rate, .consumer_wait = cw, .worker_wait = ww};
+  };
   CHECK(st.decide(starving, 1, 4) == 1);  // the first period settles
   CHECK(st.decide(starving, 1, 4) == 2);  // the consumer waits: one more
   CHECK(st.decide(settling, 2, 4) == 2);
-  // 1 -> 2 must add half of what a second worker can (50%): 49% is not enough.
-  CHECK(st.decide({.rate = 149, .consumer_wait = 0.3}, 2, 4) == 1);
+  // Judged on the mean of two periods: 1 -> 2 must add a quarter (25%); 24% does not pay.
+  CHECK(st.decide(at(124), 2, 4) == 2);
+  CHECK(st.decide(at(124), 2, 4) == 1);
   CHECK(st.decide(settling, 1, 4) == 1);
   CHECK(st.decide(starving, 1, 4) == 1);  // held for 2 periods (backoff 2)
   CHECK(st.decide(starving, 1, 4) == 1);
   CHECK(st.decide(starving, 1, 4) == 2);
   CHECK(st.decide(settling, 2, 4) == 2);
-  // 50% pays: kept, and with the consumer still waiting the next is tried at once.
-  CHECK(st.decide({.rate = 150, .consumer_wait = 0.3}, 2, 4) == 3);
+  CHECK(st.decide(at(130), 2, 4) == 2);
+  // A mean of 125 pays: kept, and with the consumer still waiting the next is tried at
+  // once, against the mean of the last two periods (122.5).
+  CHECK(st.decide(at(120), 2, 4) == 3);
   CHECK(st.decide(settling, 3, 4) == 3);
-  // 2 -> 3 needs 25%: 190 >= 187.5 keeps it. The consumer no longer waits: no more.
-  const autotune_sample quiet{.rate = 190, .consumer_wait = 0.02, .worker_wait = 0.1};
+  // 2 -> 3 needs 12.5% (137.8): 140 pays. The consumer no longer waits: no more.
+  const autotune_sample quiet = at(140, 0.02);
+  CHECK(st.decide(quiet, 3, 4) == 3);
   CHECK(st.decide(quiet, 3, 4) == 3);
   // Every 16 steady periods, one worker less is tested.
   for (int i = 0; i < 14; ++i) CHECK(st.decide(quiet, 3, 4) == 3);
   CHECK(st.decide(quiet, 3, 4) == 2);
   CHECK(st.decide(settling, 2, 4) == 2);
-  // Losing more than half of its share (1/3 of 190: 31.7 of 63.3) brings it back; the next
+  // At 110 the third worker had paid (140 >= 110 * 1.125): it comes back, and the next
   // test waits 32 periods.
-  CHECK(st.decide({.rate = 158, .consumer_wait = 0.3}, 2, 4) == 3);
+  CHECK(st.decide(at(110, 0.3), 2, 4) == 2);
+  CHECK(st.decide(at(110, 0.3), 2, 4) == 3);
   CHECK(st.decide(settling, 3, 4) == 3);
-  CHECK(st.decide(quiet, 3, 4) == 3);  // hold (the up backoff, 1): no up-probe at once
+  CHECK(st.decide(quiet, 3, 4) == 3);  // hold (the up backoff, 1)
   for (int i = 0; i < 31; ++i) CHECK(st.decide(quiet, 3, 4) == 3);
   CHECK(st.decide(quiet, 3, 4) == 2);
   CHECK(st.decide(settling, 2, 4) == 2);
-  // Losing less than that keeps it parked: the third worker was not paying its way.
-  CHECK(st.decide({.rate = 160, .consumer_wait = 0.0, .worker_wait = 0.2}, 2, 4) == 2);
-  // Starving again: climbs, and stops at the ceiling.
+  // At 130 it had not (140 < 146.25): it stays parked, and the next try to add one waits
+  // (backoff 2).
+  CHECK(st.decide(at(130, 0.3), 2, 4) == 2);
+  CHECK(st.decide(at(130, 0.3), 2, 4) == 2);
+  CHECK(st.decide(starving, 2, 4) == 2);
   CHECK(st.decide(starving, 2, 4) == 3);
   CHECK(st.decide(settling, 3, 4) == 3);
-  CHECK(st.decide({.rate = 300, .consumer_wait = 0.5}, 3, 4) == 4);
+  CHECK(st.decide(at(300, 0.5), 3, 4) == 3);
+  CHECK(st.decide(at(300, 0.5), 3, 4) == 4);  // paid; still starving: the ceiling next
   CHECK(st.decide(settling, 4, 4) == 4);
-  CHECK(st.decide({.rate = 400, .consumer_wait = 0.5}, 4, 4) == 4);
-  CHECK(st.decide(starving, 4, 4) == 4);
+  CHECK(st.decide(at(400, 0.5), 4, 4) == 4);
+  CHECK(st.decide(at(400, 0.5), 4, 4) == 4);
+  CHECK(st.decide(starving, 4, 4) == 4);  // the ceiling
   // The consumer is the bottleneck and the workers mostly wait for room: shed one, settle.
-  const autotune_sample idle{.rate = 100, .consumer_wait = 0.0, .worker_wait = 0.8};
+  const autotune_sample idle = at(100, 0.0, 0.8);
   CHECK(st.decide(idle, 4, 4) == 3);
   CHECK(st.decide(idle, 3, 4) == 3);  // settle
   CHECK(st.decide(idle, 3, 4) == 3);  // hold
   CHECK(st.decide(idle, 3, 4) == 2);
-  CHECK(st.decide({.rate = 100, .consumer_wait = 0.02, .worker_wait = 0.9}, 2, 4) == 2);  // it waits a bit
-  // A change not yet judged when the epoch ends is undone; the new epoch's first period settles.
+  CHECK(st.decide(at(100, 0.02, 0.9), 2, 4) == 2);  // the consumer waits a bit: not plainly too many
+  // A new epoch's first period settles; a change made in the last epoch is judged after it.
   autotune_state r;
   CHECK(r.decide(starving, 1, 4) == 1);
   CHECK(r.decide(starving, 1, 4) == 2);
-  CHECK(r.restart(2) == 1);
-  CHECK(r.decide(starving, 1, 4) == 1);
-  CHECK(r.decide(starving, 1, 4) == 2);
-  CHECK(r.decide(settling, 2, 4) == 2);
-  CHECK(r.decide({.rate = 200, .consumer_wait = 0}, 2, 4) == 2);
-  CHECK(r.restart(2) == 2);  // judged and kept
+  r.restart();
+  CHECK(r.decide(settling, 2, 4) == 2);  // one period settles (the change's and the epoch's)
+  CHECK(r.decide(at(120, 0), 2, 4) == 2);
+  CHECK(r.decide(at(120, 0), 2, 4) == 1);  // judged: no gain
+  r.restart();
+  CHECK(r.decide(settling, 1, 4) == 1);
+  CHECK(r.decide(starving, 1, 4) == 1);  // held
   // Periods: 50 ms and 64 elements, or fewer elements over longer; never an empty one.
   CHECK_FALSE(autotune_state::period_done(0.049, 100000));
   CHECK_FALSE(autotune_state::period_done(0.5, 63));
@@ -446,7 +459,8 @@ TEST_CASE("autotune decisions: climb while it pays, test a worker less now and t
     for (int i = 0; i < 20000; ++i) {
       const autotune_sample m{.rate = 1000 * rnd(), .consumer_wait = rnd() < 0.5 ? rnd() * 0.1 : rnd(),
                               .worker_wait = rnd()};
-      const std::size_t b = i % 997 == 0 ? s.restart(a) : s.decide(m, a, max);
+      if (i % 997 == 0) s.restart();
+      const std::size_t b = s.decide(m, a, max);
       REQUIRE(b >= 1);
       REQUIRE(b <= max);
       REQUIRE((b == a || b == a + 1 || b + 1 == a));

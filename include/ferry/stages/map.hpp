@@ -13,9 +13,9 @@
 // max_workers threads (default: the hardware threads) and lets one work. On the consumer's
 // thread, inside next(), it measures periods of at least 50 ms (and 64 elements) and
 // hill-climbs on the rate the consumer takes elements: while the consumer waits, it adds
-// a worker and keeps it if the rate rose by half of what one more could add; now and then
-// it parks one and keeps it parked if the rate hardly fell; when the workers mostly wait
-// for room (the consumer is the bottleneck) it parks one, so a stage that is not the limit
+// a worker and keeps it if it pays (adds a quarter of what one more worker could); now and
+// then it parks one and keeps it parked unless it paid; when the workers mostly wait for
+// room (the consumer is the bottleneck) it parks one, so a stage that is not the limit
 // does not hold cores. The count learned is kept for the next epoch (not in checkpoints:
 // a restored pipeline climbs again from one). Elements, order, errors and checkpoints are
 // those of a fixed worker count; only the speed depends on the count chosen. With a
@@ -83,27 +83,32 @@ namespace detail {
 
 // The autotuner's decision, one call per period: a pure function of what the period
 // measured, so it is tested apart from the clock. Hill-climbing on the rate the consumer
-// sees, both ways:
-// - up: while the consumer waits for the map, add a worker; keep it if the rate rose by at
-//   least half of what one more worker could add (1/a at a workers); else park it again
-//   and wait twice as many periods (up to 64) before the next try;
-// - down: now and then park one; keep it parked if the rate fell by less than half of that
-//   worker's share, else bring it back and wait twice as long before the next such test;
+// sees, both ways, where "pays" means a worker adds at least a quarter of what one more
+// worker could (1/a of the rate at a workers; a quarter, because a VM's rates swing):
+// - up: while the consumer waits for the map, add a worker; keep it if it pays; else
+//   park it again and wait twice as many periods (up to 64) before the next try;
+// - down: every 16 steady periods, park one; keep it parked unless it paid, else bring it
+//   back and wait twice as long (up to 512) before the next such test;
 // - shed: the consumer hardly waits and the workers mostly wait for room: park one.
 // The period after every change (and the first of an epoch) settles and is not judged.
+// Rates are compared as means: the two periods before a change against the two after.
 struct autotune_sample {
   double rate = 0;           // elements handed to the consumer per second
   double consumer_wait = 0;  // fraction of the period the consumer waited for elements
   double worker_wait = 0;    // fraction of the active workers' time spent waiting for room
 };
 struct autotune_state {
-  static constexpr unsigned max_backoff = 64, first_down = 16, max_down = 512;
+  static constexpr unsigned max_backoff = 64, first_down = 16, max_down = 512, judge_periods = 2;
+  static constexpr double share = 0.25;
   enum class phase : unsigned char { steady, judge_up, judge_down };
   phase ph = phase::steady;
   unsigned settle = 1;         // periods still to discard
-  double base_rate = 0;        // the rate before the change being judged
+  double last_rate = 0;        // the last steady period's rate at this count (0: none yet)
+  double base_rate = 0;        // the mean rate before the change being judged
+  double judged_sum = 0;       // rates of the periods judged so far
+  unsigned judged = 0;
   std::size_t from = 0;        // the count before that change
-  unsigned backoff = 1, hold = 0;          // up: periods to wait after a useless worker
+  unsigned backoff = 1, hold = 0;                    // up: periods to wait after a useless worker
   unsigned down_every = first_down, since_down = 0;  // down: periods between tests
 
   // A period is long enough to judge at 50 ms with 64 elements, or with fewer over longer
@@ -111,56 +116,70 @@ struct autotune_state {
   static bool period_done(double seconds, std::uint64_t elements) {
     return seconds >= 0.05 && (elements >= 64 || (seconds >= 1 && elements >= 8) || (seconds >= 10 && elements >= 1));
   }
-  // A new epoch: a change not yet judged is undone; the first period settles.
-  std::size_t restart(std::size_t active) {
-    const std::size_t a = ph == phase::steady ? active : from;
-    ph = phase::steady;
-    settle = 1;
-    return a;
+  // Does going from `fewer` workers at rate `low` to one more at rate `high` pay?
+  static bool pays(double low, double high, std::size_t fewer) {
+    return high >= low * (1 + share / double(fewer));
   }
+  // A new epoch: its first period (thread start-up) settles; a change not yet judged is
+  // judged on the periods after, so epochs of a few periods still learn.
+  void restart() { settle = 1; }
+
   std::size_t decide(const autotune_sample& m, std::size_t active, std::size_t max) {
     if (settle > 0) {
       --settle;
       return active;
     }
-    if (ph == phase::judge_up) {
+    auto settle_at = [&](std::size_t to) {
       ph = phase::steady;
-      if (m.rate < base_rate * (1 + 0.5 / double(from))) {
-        backoff = std::min(backoff * 2, max_backoff);
+      settle = 1;
+      last_rate = 0;
+      return to;
+    };
+    if (ph != phase::steady) {
+      judged_sum += m.rate;
+      if (++judged < judge_periods) return active;
+      const double after = judged_sum / judged;
+      if (ph == phase::judge_up) {
+        if (!pays(base_rate, after, from)) {
+          backoff = std::min(backoff * 2, max_backoff);
+          hold = backoff;
+          return settle_at(from);
+        }
+        backoff = 1;  // it paid: keep it (and go on below: one more if the consumer still waits)
+        down_every = first_down;
+      } else {
+        if (pays(after, base_rate, active)) {  // the parked worker paid: bring it back
+          down_every = std::min(down_every * 2, max_down);
+          hold = backoff;  // and no up-probe at once: that count was just tested
+          return settle_at(from);
+        }
+        down_every = first_down;  // it did not pay: it stays parked, and the next
+        backoff = std::min(backoff * 2, max_backoff);  // try to add one waits longer
         hold = backoff;
-        settle = 1;
-        return from;
       }
-      backoff = 1;  // it paid: keep it (and go on below: one more if the consumer still waits)
-      down_every = first_down;
-    } else if (ph == phase::judge_down) {
       ph = phase::steady;
-      if (m.rate < base_rate * (1 - 0.5 / double(from))) {
-        down_every = std::min(down_every * 2, max_down);
-        hold = backoff;  // no up-probe at once: that count was just tested
-        settle = 1;
-        return from;
-      }
-      down_every = first_down;
-      return active;
+      last_rate = after;
     }
+    const double base = last_rate > 0 ? (last_rate + m.rate) / 2 : m.rate;
+    last_rate = m.rate;
     if (hold > 0) {
       --hold;
       return active;
     }
     auto change = [&](phase p, std::size_t to) {
-      ph = p;
-      base_rate = m.rate;
+      base_rate = base;
       from = active;
-      settle = 1;
+      judged_sum = 0;
+      judged = 0;
       since_down = 0;
+      settle_at(to);
+      ph = p;
       return to;
     };
     if (m.consumer_wait > 0.05 && active < max) return change(phase::judge_up, active + 1);
     if (active > 1 && m.consumer_wait < 0.01 && m.worker_wait > 0.5) {  // plainly too many
       hold = backoff;
-      settle = 1;
-      return active - 1;
+      return settle_at(active - 1);
     }
     if (active > 1 && ++since_down >= down_every) return change(phase::judge_down, active - 1);
     return active;
@@ -555,7 +574,7 @@ class map_source : public source_interface<map_source<Up, F>> {
     started_ = true;
     c_->ring.assign(o_.window, slot{});
     if (tuned_) {  // a new period; the learned count and backoffs carry over from last epoch
-      tu_.active = tu_.state.restart(tu_.active);
+      tu_.state.restart();
       c_->active = tu_.active;
       tu_.countdown = tuner::poll_every;
       tu_.period_start = clock::now();
