@@ -12,12 +12,12 @@
 // Autotune (workers = ferry::autotune, as tf.data's AUTOTUNE): the stage starts
 // max_workers threads (default: the hardware threads) and lets one work. On the consumer's
 // thread, inside next(), it measures periods of at least 50 ms (and 64 elements) and
-// hill-climbs on the rate the consumer takes elements: while the consumer waits, it adds
-// a worker and keeps it if it pays (adds a quarter of what one more worker could); now and
-// then it parks one and keeps it parked unless it paid; when the workers mostly wait for
+// hill-climbs on the rate the workers produce: while the consumer waits, it adds a worker
+// and keeps it if it pays (adds a quarter of what one more worker could, and 3%); every 16
+// periods it parks one and keeps it parked unless it paid; when the workers mostly wait for
 // room (the consumer is the bottleneck) it parks one, so a stage that is not the limit
 // does not hold cores. The count learned is kept for the next epoch (not in checkpoints:
-// a restored pipeline climbs again from one). Elements, order, errors and checkpoints are
+// a new pipeline restored from one climbs again from one worker). Elements, order, errors and checkpoints are
 // those of a fixed worker count; only the speed depends on the count chosen. With a
 // ceiling of 1, fn runs inline.
 // Order: ordered (the default) hands elements out in upstream order, so a parallel map
@@ -82,34 +82,35 @@ struct map_options {
 namespace detail {
 
 // The autotuner's decision, one call per period: a pure function of what the period
-// measured, so it is tested apart from the clock. Hill-climbing on the rate the consumer
-// sees, both ways, where "pays" means a worker adds at least a quarter of what one more
-// worker could (1/a of the rate at a workers; a quarter, because a VM's rates swing):
-// - up: while the consumer waits for the map, add a worker; keep it if it pays; else
-//   park it again and wait twice as many periods (up to 64) before the next try;
-// - down: every 16 steady periods, park one; keep it parked unless it paid, else bring it
-//   back and wait twice as long (up to 512) before the next such test;
+// measured, so it is tested apart from the clock. Hill-climbing on the rate the workers
+// produce, both ways, where a worker "pays" if it adds a quarter of what one more worker
+// could (1/a of the rate at a workers; a quarter, because a VM's rates swing), and at
+// least 3% (so noise cannot keep adding workers when each adds little):
+// - down: every 16 steady periods, whatever else happens, park one; keep it parked unless
+//   it paid, else bring it back and wait twice as long (up to 512) before the next test;
+// - up: while the consumer waits for the map, add a worker; keep it if it pays; else park
+//   it again and wait twice as many periods (up to 64) before the next try;
 // - shed: the consumer hardly waits and the workers mostly wait for room: park one.
-// The period after every change (and the first of an epoch) settles and is not judged.
-// Rates are compared as means: the two periods before a change against the two after.
+// The period after every change settles and is not judged. Rates are compared as means
+// of two periods: the two before a change (one, for a new tuner) against the two after.
 struct autotune_sample {
-  double rate = 0;           // elements handed to the consumer per second
+  double rate = 0;           // elements the workers produced per second
   double consumer_wait = 0;  // fraction of the period the consumer waited for elements
   double worker_wait = 0;    // fraction of the active workers' time spent waiting for room
 };
 struct autotune_state {
   static constexpr unsigned max_backoff = 64, first_down = 16, max_down = 512, judge_periods = 2;
-  static constexpr double share = 0.25;
+  static constexpr double share = 0.25, floor = 0.03;
   enum class phase : unsigned char { steady, judge_up, judge_down };
   phase ph = phase::steady;
-  unsigned settle = 1;         // periods still to discard
+  unsigned settle = 1;         // periods still to discard (a new tuner: thread start-up)
   double last_rate = 0;        // the last steady period's rate at this count (0: none yet)
   double base_rate = 0;        // the mean rate before the change being judged
   double judged_sum = 0;       // rates of the periods judged so far
   unsigned judged = 0;
   std::size_t from = 0;        // the count before that change
   unsigned backoff = 1, hold = 0;                    // up: periods to wait after a useless worker
-  unsigned down_every = first_down, since_down = 0;  // down: periods between tests
+  unsigned down_every = first_down, since_down = 0;  // down: steady periods between tests
 
   // A period is long enough to judge at 50 ms with 64 elements, or with fewer over longer
   // (a slow fn): rates from a handful of elements are mostly noise.
@@ -118,11 +119,8 @@ struct autotune_state {
   }
   // Does going from `fewer` workers at rate `low` to one more at rate `high` pay?
   static bool pays(double low, double high, std::size_t fewer) {
-    return high >= low * (1 + share / double(fewer));
+    return high >= low * (1 + std::max(share / double(fewer), floor));
   }
-  // A new epoch: its first period (thread start-up) settles; a change not yet judged is
-  // judged on the periods after, so epochs of a few periods still learn.
-  void restart() { settle = 1; }
 
   std::size_t decide(const autotune_sample& m, std::size_t active, std::size_t max) {
     if (settle > 0) {
@@ -135,6 +133,7 @@ struct autotune_state {
       last_rate = 0;
       return to;
     };
+    double base;  // the mean of the last two periods at this count
     if (ph != phase::steady) {
       judged_sum += m.rate;
       if (++judged < judge_periods) return active;
@@ -146,7 +145,6 @@ struct autotune_state {
           return settle_at(from);
         }
         backoff = 1;  // it paid: keep it (and go on below: one more if the consumer still waits)
-        down_every = first_down;
       } else {
         if (pays(after, base_rate, active)) {  // the parked worker paid: bring it back
           down_every = std::min(down_every * 2, max_down);
@@ -158,14 +156,11 @@ struct autotune_state {
         hold = backoff;
       }
       ph = phase::steady;
-      last_rate = after;
+      base = after;
+    } else {
+      base = last_rate > 0 ? (last_rate + m.rate) / 2 : m.rate;
     }
-    const double base = last_rate > 0 ? (last_rate + m.rate) / 2 : m.rate;
     last_rate = m.rate;
-    if (hold > 0) {
-      --hold;
-      return active;
-    }
     auto change = [&](phase p, std::size_t to) {
       base_rate = base;
       from = active;
@@ -176,12 +171,17 @@ struct autotune_state {
       ph = p;
       return to;
     };
+    if (active > 1 && ++since_down >= down_every) return change(phase::judge_down, active - 1);
+    if (hold > 0) {
+      --hold;
+      return active;
+    }
     if (m.consumer_wait > 0.05 && active < max) return change(phase::judge_up, active + 1);
     if (active > 1 && m.consumer_wait < 0.01 && m.worker_wait > 0.5) {  // plainly too many
       hold = backoff;
+      since_down = 0;
       return settle_at(active - 1);
     }
-    if (active > 1 && ++since_down >= down_every) return change(phase::judge_down, active - 1);
     return active;
   }
 };
@@ -438,14 +438,19 @@ class map_source : public source_interface<map_source<Up, F>> {
   // Called from take_ready (also every 20 ms while the consumer waits) and every 256
   // elements handed out (a consumer that works through a deep local_ queue).
   void tune(clock::time_point now) {
-    const double dt = std::chrono::duration<double>(now - tu_.period_start).count();
-    const std::uint64_t h = c_->handed.load();
-    if (!autotune_state::period_done(dt, h - tu_.handed0)) return;
+    // A period runs on across epochs (their gaps left out), so short epochs still add up.
+    const double dt = tu_.carry_s + std::chrono::duration<double>(now - tu_.period_start).count();
+    const std::uint64_t made = tu_.carry_n + (c_->next_pull - tu_.pulled0);
+    tu_.last_seen = now;
+    tu_.last_pulled = c_->next_pull;
+    if (!autotune_state::period_done(dt, made)) return;
     if (tu_.waiting) tu_.end_wait(now), tu_.begin_wait(now);
     const std::uint64_t room = c_->room_wait_ns.load();
     const std::size_t a = c_->active.load();
     autotune_sample m;
-    m.rate = double(h - tu_.handed0) / dt;
+    // Production (elements the workers pulled to map), not what the consumer took: a
+    // consumer draining a full window would make a period look faster than the workers.
+    m.rate = double(made) / dt;
     m.consumer_wait = std::min(1.0, tu_.waited_s / dt);
     // A room wait is counted when it ends, so a long one can land in a later period.
     m.worker_wait = std::min(1.0, double(room - tu_.room0) * 1e-9 / (dt * double(a)));
@@ -456,7 +461,9 @@ class map_source : public source_interface<map_source<Up, F>> {
       if (next > a) c_->park.notify_all();
     }
     tu_.period_start = now;
-    tu_.handed0 = h;
+    tu_.pulled0 = c_->next_pull;
+    tu_.carry_s = 0;
+    tu_.carry_n = 0;
     tu_.room0 = room;
     tu_.waited_s = 0;
   }
@@ -574,13 +581,16 @@ class map_source : public source_interface<map_source<Up, F>> {
     started_ = true;
     c_->ring.assign(o_.window, slot{});
     if (tuned_) {  // a new period; the learned count and backoffs carry over from last epoch
-      tu_.state.restart();
+      // The open period goes on: what the last epoch added to it until its last look
+      // (pulled0..last_pulled over period_start..last_seen) is carried, the gap is not.
+      if (tu_.last_seen > tu_.period_start) {
+        tu_.carry_s += std::chrono::duration<double>(tu_.last_seen - tu_.period_start).count();
+        tu_.carry_n += tu_.last_pulled - tu_.pulled0;
+      }
       c_->active = tu_.active;
       tu_.countdown = tuner::poll_every;
-      tu_.period_start = clock::now();
-      tu_.handed0 = 0;
-      tu_.room0 = c_->room_wait_ns.load();
-      tu_.waited_s = 0;
+      tu_.period_start = tu_.last_seen = clock::now();
+      tu_.pulled0 = tu_.last_pulled = 0;  // next_pull starts again from 0
       tu_.waiting = false;
     }
     threads_.reserve(o_.workers);
@@ -626,11 +636,12 @@ class map_source : public source_interface<map_source<Up, F>> {
     for (;;) {
       {
         std::unique_lock lk(c.m);
-        // Autotune parks the workers numbered at or above `active` (never worker 0).
-        c.park.wait(lk, [&] { return c.stop || c.ended || index < c.active.load(); });
         // Room counts elements handed to the consumer, so at most `window` are read ahead.
         auto room = [&] { return c.stop || c.ended || c.next_pull < c.handed + window; };
-        if (!room()) {
+        auto working = [&] { return c.stop || c.ended || index < c.active.load(); };
+        // Autotune parks the workers numbered at or above `active` (never worker 0), also
+        // one parked while it waited for room.
+        while (c.park.wait(lk, working), !room()) {
           observe::wait_timer wt;
           wt.start();
           const auto r0 = clock::now();
@@ -709,7 +720,7 @@ class map_source : public source_interface<map_source<Up, F>> {
         }
         outs[i].ready = true;
       }
-      if (got) {  // adapt the run length toward ~20 µs of fn time
+      if (got) {  // adapt the run length toward ~200 µs of fn time
         const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() / got;
         const double ideal = per > 0 ? target_run_seconds / per : double(run_cap);
         run = std::clamp<std::uint64_t>(ideal >= double(run_cap) ? run_cap : std::uint64_t(ideal), 1, run_cap);
@@ -781,7 +792,11 @@ class map_source : public source_interface<map_source<Up, F>> {
     clock::time_point period_start{}, wait_start{};
     bool waiting = false;
     double waited_s = 0;  // the consumer's wait for elements in this period
-    std::uint64_t handed0 = 0, room0 = 0;
+    std::uint64_t pulled0 = 0, room0 = 0;
+    // The open period's share from earlier epochs, and where this epoch's last look was.
+    double carry_s = 0;
+    std::uint64_t carry_n = 0, last_pulled = 0;
+    clock::time_point last_seen{};
     static constexpr std::int64_t poll_every = 256;  // elements handed out between clock reads
     std::int64_t countdown = poll_every;
     void begin_wait(clock::time_point t) { waiting = true, wait_start = t; }
