@@ -54,35 +54,13 @@ inline std::uint64_t checksum(const std::uint32_t* p, std::size_t n) {
   return s;
 }
 
-// The baseline: w threads, thread t handles slice t, in groups of b into its own buffer.
-std::uint64_t hand_loop(std::span<const std::uint64_t> data, std::size_t w, std::size_t b, unsigned rounds) {
-  std::vector<std::uint64_t> sums(w, 0);
-  auto body = [&](std::size_t t) {
-    const std::size_t lo = data.size() * t / w, hi = data.size() * (t + 1) / w;
-    std::vector<std::uint32_t> buf(b);
-    std::uint64_t s = 0;
-    for (std::size_t i = lo; i < hi; i += b) {
-      const std::size_t m = std::min(b, hi - i);
-      for (std::size_t j = 0; j < m; ++j) buf[j] = work(data[i + j], rounds);
-      s += checksum(buf.data(), m);
-    }
-    sums[t] = s;
-  };
-  std::vector<std::thread> threads;
-  for (std::size_t t = 1; t < w; ++t) threads.emplace_back(body, t);
-  body(0);
-  for (auto& t : threads) t.join();
-  std::uint64_t s = 0;
-  for (auto v : sums) s += v;
-  return s;
-}
-
 // Blocking work: the mixing rounds plus a sleep (the stand-in for waiting on storage).
 inline std::uint32_t io_work(std::uint64_t x, unsigned rounds) {
   std::this_thread::sleep_for(std::chrono::microseconds(100));
   return work(x, rounds);
 }
 
+// The baseline: w threads, thread t handles slice t, in groups of b into its own buffer.
 template <class Fn>
 std::uint64_t hand_loop_fn(std::span<const std::uint64_t> data, std::size_t w, std::size_t b, Fn fn) {
   std::vector<std::uint64_t> sums(w, 0);
@@ -104,6 +82,10 @@ std::uint64_t hand_loop_fn(std::span<const std::uint64_t> data, std::size_t w, s
   std::uint64_t s = 0;
   for (auto v : sums) s += v;
   return s;
+}
+
+std::uint64_t hand_loop(std::span<const std::uint64_t> data, std::size_t w, std::size_t b, unsigned rounds) {
+  return hand_loop_fn(data, w, b, [rounds](std::uint64_t x) { return work(x, rounds); });
 }
 
 template <class Fn>

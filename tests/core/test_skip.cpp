@@ -504,42 +504,37 @@ TEST_CASE("resume is exact at every position: errors in and after the skipped pa
   }
 }
 
+// Saves after every event of make()'s run, restores into a fresh make(), and checks the
+// events then equal the uninterrupted run's.
+template <class Make>
+void resumes_everywhere(Make make) {
+  auto ref = make();
+  const auto whole = events(ref);
+  for (std::size_t k = 0; k <= whole.size(); ++k) {
+    CAPTURE(k);
+    auto p = make();
+    std::vector<std::string> got;
+    for (std::size_t i = 0; i < k; ++i) got.push_back(*event(p));
+    auto q = make();
+    ferry::restore_state(q, ferry::save_state(p));
+    auto rest = events(q);
+    got.insert(got.end(), rest.begin(), rest.end());
+    CHECK(got == whole);
+  }
+}
+
 TEST_CASE("resume is exact at every batch: shuffle | skip | batch | repeat, and bulk errors while skipping") {
   for (std::uint64_t n : {0, 1, 15, 16, 37, 99, 100, 150}) {
     CAPTURE(n);
     auto make = [n] { return gen(100) | ferry::shuffle(16, 2) | ferry::skip(n) | ferry::batch(8) | ferry::repeat(2); };
-    auto ref = make();
-    const auto whole = events(ref);
-    for (std::size_t k = 0; k <= whole.size(); ++k) {
-      CAPTURE(k);
-      auto p = make();
-      std::vector<std::string> got;
-      for (std::size_t i = 0; i < k; ++i) got.push_back(*event(p));
-      auto q = make();
-      ferry::restore_state(q, ferry::save_state(p));
-      auto rest = events(q);
-      got.insert(got.end(), rest.begin(), rest.end());
-      CHECK(got == whole);
-    }
+    resumes_everywhere(make);
   }
   // An error thrown from a run being skipped leaves skip mid-skip; a checkpoint then still
   // resumes to exactly what the uninterrupted run hands on.
   for (std::uint64_t n : {5, 12, 30}) {
     CAPTURE(n);
     auto make = [n] { return bulk_double(40, {2, 9, 20, 33}) | ferry::skip(n) | ferry::batch(4) | ferry::repeat(2); };
-    auto ref = make();
-    const auto whole = events(ref);
-    for (std::size_t k = 0; k <= whole.size(); ++k) {
-      CAPTURE(k);
-      auto p = make();
-      std::vector<std::string> got;
-      for (std::size_t i = 0; i < k; ++i) got.push_back(*event(p));
-      auto q = make();
-      ferry::restore_state(q, ferry::save_state(p));
-      auto rest = events(q);
-      got.insert(got.end(), rest.begin(), rest.end());
-      CHECK(got == whole);
-    }
+    resumes_everywhere(make);
   }
 }
 
