@@ -123,7 +123,7 @@ inline pipeline_report make_report(const std::vector<raw_stage>& raw) {
     st.kind = s.kind;
     st.name = s.kind;
     if (std::count_if(raw.begin(), raw.end(), [&](const raw_stage& o) { return std::string(o.kind) == s.kind; }) > 1)
-      st.name += "#" + std::to_string(i);
+      st.name += '#' + std::to_string(i);  // not "#" + ...: GCC 12 warns falsely (-Wrestrict)
     st.threads = s.threads;
     st.elements = s.elements;
     st.bytes = s.bytes;

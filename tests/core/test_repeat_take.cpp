@@ -17,13 +17,17 @@
 #include <vector>
 
 #include "common/doubles.hpp"
-#include "bulk_double.hpp"
 #include "failing_source.hpp"
+#include "take_skip.hpp"
 #include "ferry/ferry.hpp"
 
 using ferry_test::bulk_double;
 using ferry_test::drop;
+using ferry_test::event;
+using ferry_test::events;
 using ferry_test::first;
+using ferry_test::naive;
+using ferry_test::resumes_everywhere;
 
 using ferry_test::drain;
 
@@ -65,31 +69,6 @@ TEST_CASE("take never pulls more than it hands out") {
   CHECK(*calls == 7);
 }
 
-namespace {
-// What a consumer that goes on after errors sees: elements, and "!<what>" for each error.
-template <class S>
-std::vector<std::string> events(S& s) {
-  std::vector<std::string> out;
-  for (std::size_t guard = 0; guard < 100000; ++guard) {
-    try {
-      auto e = s.next();
-      if (!e) break;
-      out.push_back(std::to_string(*e));
-    } catch (const std::exception& e) {
-      out.push_back(std::string("!") + e.what());
-    }
-  }
-  return out;
-}
-// The naive oracle: elements 0..n-1 with each failing one replaced by its error.
-std::vector<std::string> naive(std::uint64_t n, const std::vector<std::uint64_t>& fails) {
-  std::vector<std::string> out;
-  for (std::uint64_t i = 0; i < n; ++i)
-    out.push_back(std::find(fails.begin(), fails.end(), i) != fails.end() ? "!failed at " + std::to_string(i)
-                                                                          : std::to_string(i));
-  return out;
-}
-}  // namespace
 
 TEST_CASE("repeat: upstream errors reach the consumer in every epoch; nothing lost") {
   for (std::uint64_t n : {1, 2, 9})
@@ -127,23 +106,7 @@ TEST_CASE("repeat and take resume exactly around an upstream error") {
   auto ref = make();
   const auto all = events(ref);
   REQUIRE(all.size() == 17);  // 14 elements, 3 errors (the third epoch ends at the take)
-  for (std::size_t k = 0; k <= all.size(); ++k) {
-    CAPTURE(k);
-    auto p = make();
-    std::vector<std::string> got;
-    while (got.size() < k) {
-      try {
-        got.push_back(std::to_string(*p.next()));
-      } catch (const std::exception& e) {
-        got.push_back(std::string("!") + e.what());
-      }
-    }
-    auto q = make();
-    ferry::restore_state(q, ferry::save_state(p));
-    auto rest = events(q);
-    got.insert(got.end(), rest.begin(), rest.end());
-    CHECK(got == all);
-  }
+  resumes_everywhere(make);
 }
 
 namespace {
@@ -480,29 +443,6 @@ TEST_CASE("resume is exact at every batch through take's bulk path, bulk errors 
   for (std::uint64_t n : {0, 5, 12, 30, 36, 45}) {
     CAPTURE(n);
     auto make = [n] { return bulk_double(40, {2, 9, 20, 33}) | ferry::take(n) | ferry::batch(4) | ferry::repeat(2); };
-    auto ref = make();
-    std::vector<std::string> whole;
-    auto event = [](auto& p) -> std::optional<std::string> {
-      try {
-        auto b = p.next();
-        if (!b) return std::nullopt;
-        std::string s = "[";
-        for (auto x : b->field()) s += std::to_string(x) + ",";
-        return s + "]";
-      } catch (const std::exception& e) {
-        return std::string("!") + e.what();
-      }
-    };
-    while (auto e = event(ref)) whole.push_back(*e);
-    for (std::size_t k = 0; k <= whole.size(); ++k) {
-      CAPTURE(k);
-      auto p = make();
-      std::vector<std::string> got;
-      for (std::size_t i = 0; i < k; ++i) got.push_back(*event(p));
-      auto q = make();
-      ferry::restore_state(q, ferry::pipeline_state::from_bytes(ferry::save_state(p).to_bytes()));
-      while (auto e = event(q)) got.push_back(*e);
-      CHECK(got == whole);
-    }
+    resumes_everywhere(make);
   }
 }

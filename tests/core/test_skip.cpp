@@ -17,13 +17,17 @@
 #include <vector>
 
 #include "common/doubles.hpp"
-#include "bulk_double.hpp"
 #include "failing_source.hpp"
+#include "take_skip.hpp"
 #include "ferry/ferry.hpp"
 
 using ferry_test::bulk_double;
 using ferry_test::drop;
+using ferry_test::event;
+using ferry_test::events;
 using ferry_test::first;
+using ferry_test::naive;
+using ferry_test::resumes_everywhere;
 
 using namespace std::chrono_literals;
 using ferry_test::drain;
@@ -97,44 +101,6 @@ std::vector<std::uint64_t> flat(S& s) {
   return out;
 }
 
-// What a consumer that goes on after errors sees: values, and "!<what>" for each error.
-std::string show(std::uint64_t x) { return std::to_string(x); }
-template <class B>
-  requires requires(const B& b) { b.field(); }
-std::string show(const B& b) {
-  std::string s = "[";
-  for (auto x : b.field()) s += std::to_string(x) + ",";
-  return s + "]";
-}
-template <class S>
-std::optional<std::string> event(S& s) {
-  try {
-    auto e = s.next();
-    if (!e) return std::nullopt;
-    return show(*e);
-  } catch (const std::exception& e) {
-    return std::string("!") + e.what();
-  }
-}
-template <class S>
-std::vector<std::string> events(S& s) {
-  std::vector<std::string> out;
-  for (std::size_t guard = 0; guard < 100000; ++guard) {
-    auto e = event(s);
-    if (!e) break;
-    out.push_back(*e);
-  }
-  return out;
-}
-
-// The upstream's events: elements 0..size-1, each failing one replaced by its error.
-std::vector<std::string> naive(std::uint64_t size, const std::vector<std::uint64_t>& fails) {
-  std::vector<std::string> out;
-  for (std::uint64_t i = 0; i < size; ++i)
-    out.push_back(std::find(fails.begin(), fails.end(), i) != fails.end() ? "!failed at " + std::to_string(i)
-                                                                          : std::to_string(i));
-  return out;
-}
 // The oracle of skip(n) over events: errors stay where they are and do not count; the
 // first n elements are dropped.
 std::vector<std::string> skip_events(const std::vector<std::string>& ev, std::uint64_t n) {
@@ -489,37 +455,7 @@ TEST_CASE("resume is exact at every position: errors in and after the skipped pa
       want.insert(want.end(), one.begin(), one.end());
     }
     REQUIRE(whole == want);
-    for (std::size_t k = 0; k <= whole.size(); ++k) {
-      CAPTURE(k);
-      auto p = make();
-      std::vector<std::string> got;
-      for (std::size_t i = 0; i < k; ++i) got.push_back(*event(p));
-      // Through bytes, as a checkpoint file would.
-      auto q = make();
-      ferry::restore_state(q, ferry::pipeline_state::from_bytes(ferry::save_state(p).to_bytes()));
-      auto rest = events(q);
-      got.insert(got.end(), rest.begin(), rest.end());
-      CHECK(got == whole);
-    }
-  }
-}
-
-// Saves after every event of make()'s run, restores into a fresh make(), and checks the
-// events then equal the uninterrupted run's.
-template <class Make>
-void resumes_everywhere(Make make) {
-  auto ref = make();
-  const auto whole = events(ref);
-  for (std::size_t k = 0; k <= whole.size(); ++k) {
-    CAPTURE(k);
-    auto p = make();
-    std::vector<std::string> got;
-    for (std::size_t i = 0; i < k; ++i) got.push_back(*event(p));
-    auto q = make();
-    ferry::restore_state(q, ferry::save_state(p));
-    auto rest = events(q);
-    got.insert(got.end(), rest.begin(), rest.end());
-    CHECK(got == whole);
+    resumes_everywhere(make);
   }
 }
 

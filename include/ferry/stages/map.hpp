@@ -245,7 +245,7 @@ class map_source : public source_interface<map_source<Up, F>> {
       tuned_ = true;
       o_.workers = o_.max_workers ? o_.max_workers : std::max(1u, std::thread::hardware_concurrency());
     }
-    c_->active = tuned_ ? tu_.active : o_.workers;  // what report() shows (any thread)
+    c_->active = tuned_ ? 1 : o_.workers;  // kept across epochs; what report() shows (any thread)
     // Default: enough in flight for each worker to claim runs long enough (~200 µs) to
     // amortise a thread wake-up even for cheap fns: 16384 elements, or fewer when they are
     // large (4 MiB of Out at most; the ring's slots are allocated up front). A deep window matters when workers fill every core:
@@ -390,8 +390,9 @@ class map_source : public source_interface<map_source<Up, F>> {
       return !c_->done.empty() || (c_->ended && c_->next_out >= c_->end_seq);
     };
     if (tuned_) {
-      if (!waited && !have()) tu_.begin_wait(clock::now());
-      tune(clock::now());
+      const auto now = clock::now();
+      if (!waited && !have()) tu_.begin_wait(now);
+      tune(now);
     }
     if (!have()) {
       if (!waited) wt.start();
@@ -457,7 +458,6 @@ class map_source : public source_interface<map_source<Up, F>> {
     const std::size_t next = tu_.state.decide(m, a, o_.workers);
     if (next != a) {
       c_->active.store(next);
-      tu_.active = next;
       if (next > a) c_->park.notify_all();
     }
     tu_.period_start = now;
@@ -587,7 +587,6 @@ class map_source : public source_interface<map_source<Up, F>> {
         tu_.carry_s += std::chrono::duration<double>(tu_.last_seen - tu_.period_start).count();
         tu_.carry_n += tu_.last_pulled - tu_.pulled0;
       }
-      c_->active = tu_.active;
       tu_.countdown = tuner::poll_every;
       tu_.period_start = tu_.last_seen = clock::now();
       tu_.pulled0 = tu_.last_pulled = 0;  // next_pull starts again from 0
@@ -788,7 +787,6 @@ class map_source : public source_interface<map_source<Up, F>> {
   bool tuned_ = false;  // workers = autotune
   struct tuner {
     autotune_state state;
-    std::size_t active = 1;  // learned count, kept across epochs
     clock::time_point period_start{}, wait_start{};
     bool waiting = false;
     double waited_s = 0;  // the consumer's wait for elements in this period
