@@ -117,6 +117,33 @@ TEST_CASE("a state from another pipeline shape is refused") {
   CHECK_THROWS_AS(ferry::pipeline_state::from_bytes("abc"), ferry::config_error);
 }
 
+TEST_CASE("a state past the end of a shorter range or generator is refused, not read out of bounds") {
+  std::vector<std::uint32_t> longer(100), shorter(10);
+  auto a = ferry::from_range(longer);
+  for (int i = 0; i < 50; ++i) REQUIRE(a.next());
+  const auto st = ferry::save_state(a);
+  auto b = ferry::from_range(shorter);
+  CHECK_THROWS_WITH_AS(ferry::restore_state(b, st),
+                       "restore_state: from_range: the state is at element 50, past the end of this range of 10 "
+                       "(saved from a longer one?)",
+                       ferry::config_error);
+  auto same = ferry::from_range(std::vector<std::uint32_t>(50));  // at its end: allowed, and empty
+  ferry::restore_state(same, st);
+  CHECK_FALSE(same.next());
+
+  auto g = ferry::from_generator(100, [](std::uint64_t i) { return i; });
+  for (int i = 0; i < 50; ++i) REQUIRE(g.next());
+  const auto gs = ferry::save_state(g);
+  auto h = ferry::from_generator(10, [](std::uint64_t i) { return i; });
+  CHECK_THROWS_WITH_AS(ferry::restore_state(h, gs),
+                       "restore_state: from_generator: the state is at index 50, past this generator's count of 10 "
+                       "(saved from a longer one?)",
+                       ferry::config_error);
+  auto k = ferry::from_generator(60, [](std::uint64_t i) { return i; });
+  ferry::restore_state(k, gs);
+  CHECK(k.next() == std::optional<std::uint64_t>(50));
+}
+
 TEST_CASE("checkpoint bytes cut short, damaged or foreign are refused, every cut and every bit") {
   auto p = ferry::from_generator(1000, [](std::uint64_t i) { return i; }) | ferry::shuffle(64, 5) |
            ferry::batch(8);

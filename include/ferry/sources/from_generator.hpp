@@ -19,6 +19,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -94,9 +95,15 @@ class generator_source : public source_interface<generator_source<F>> {
     w.put(i_);
     w.put(done_);
   }
+  // Throws config_error for a state past this generator's count (saved from a longer one).
   void restore(state_reader& r) {
     r.expect("from_generator");
-    i_ = r.get();
+    const std::uint64_t i = r.get();
+    if (i > count_)
+      throw config_error("restore_state: from_generator: the state is at index " + std::to_string(i) +
+                         ", past this generator's count of " + std::to_string(count_) +
+                         " (saved from a longer one?)");
+    i_ = i;
     done_ = r.get() != 0;
   }
 

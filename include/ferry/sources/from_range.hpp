@@ -5,15 +5,18 @@
 //   auto src = ferry::from_range(std::span(big_array));        // views it: keep it alive
 //
 // Each next() yields a copy of the next element; rewind() starts again from the first.
-// Runs on the thread that calls next(). Throws nothing itself.
+// Runs on the thread that calls next(). Throws nothing itself, but restore() throws
+// config_error for a state past the range's end.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <ranges>
+#include <string>
 #include <utility>
 
+#include "ferry/error.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -51,9 +54,15 @@ class range_source : public source_interface<range_source<R>> {
     w.tag("from_range");
     w.put(i_);
   }
+  // Throws config_error for a state past this range's end (saved from a longer range).
   void restore(state_reader& r) {
     r.expect("from_range");
-    i_ = r.get();
+    const std::uint64_t i = r.get();
+    if (i > size())
+      throw config_error("restore_state: from_range: the state is at element " + std::to_string(i) +
+                         ", past the end of this range of " + std::to_string(size()) +
+                         " (saved from a longer one?)");
+    i_ = i;
   }
   std::uint64_t size() const { return std::ranges::size(r_); }
 
