@@ -15,6 +15,7 @@
 #include "ferry/stages/map.hpp"
 #include "ferry/stages/prefetch.hpp"
 #include "ferry/stages/repeat.hpp"
+#include "ferry/stages/sample_from.hpp"
 #include "ferry/stages/shard.hpp"
 #include "ferry/stages/shuffle.hpp"
 #include "ferry/stages/skip.hpp"

@@ -130,7 +130,9 @@ inline pipeline_report make_report(const std::vector<raw_stage>& raw) {
     double self = 0;
     switch (s.mode) {
       case stage_mode::source_stage: self = double(s.incl); break;
-      case stage_mode::inline_stage: self = double(s.incl) - (i > 0 ? double(raw[i - 1].incl) : 0.0); break;
+      case stage_mode::inline_stage:
+        self = double(s.incl) - (s.joined ? double(s.upstreams_incl) : i > 0 ? double(raw[i - 1].incl) : 0.0);
+        break;
       case stage_mode::threaded_stage: self = double(s.incl) - double(s.wait_up) + double(s.work); break;
     }
     st.busy_s = std::max(self, 0.0) * k;

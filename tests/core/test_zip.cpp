@@ -1,6 +1,8 @@
 // zip: pairs equal the naive pairing; unequal lengths are an error; resume is exact.
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "common/doubles.hpp"
@@ -130,4 +132,40 @@ TEST_CASE("zip rewinds both sources and resumes exactly") {
     for (auto& e : drain(r)) got.push_back(e);
     CHECK(got == first);
   }
+}
+
+TEST_CASE("zip in report(): both sources' stages, then zip, whose own time excludes both") {
+  using namespace std::chrono_literals;
+  ferry::enable_stats(true);
+  struct off {
+    ~off() { ferry::enable_stats(false); }
+  } guard;
+  // The first source is slow: its time must not count as zip's, though the stage just
+  // before zip in the report is the second source's.
+  auto slow = ferry::from_generator(100, [](std::uint64_t i) {
+    std::this_thread::sleep_for(200us);
+    return i;
+  });
+  auto p = ferry::zip(std::move(slow), ferry::from_generator(100, [](std::uint64_t i) { return 2 * i; }) |
+                                           ferry::skip(0));
+  std::size_t n = 0;
+  while (auto e = p.next()) {
+    CHECK(e->second == 2 * e->first);
+    ++n;
+  }
+  CHECK(n == 100);
+  const auto rep = ferry::report(p);
+  REQUIRE(rep.stages.size() == 4);
+  CHECK(rep.stages[0].kind == "source");
+  CHECK(rep.stages[1].kind == "source");
+  CHECK(rep.stages[2].kind == "skip");
+  CHECK(rep.stages[3].kind == "zip");
+  CHECK(rep.stages[0].elements == 100);
+  CHECK(rep.stages[3].elements == 100);
+  CHECK(rep.stages[0].busy_s >= 100 * 150e-6);
+  CHECK(rep.stages[3].busy_s < 0.25 * rep.stages[0].busy_s);
+  CHECK(rep.bottleneck == "source#0");
+  ferry::reset_stats(p);  // reaches every stage, zip's own counters included
+  const auto after = ferry::report(p);
+  for (const auto& s : after.stages) CHECK(s.elements == 0);
 }

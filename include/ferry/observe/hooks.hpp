@@ -146,6 +146,8 @@ struct stage_counters {
 
 // How a stage relates to its upstream, for working out its own ("self") time:
 //   inline_stage   calls upstream inside its next(), on the same thread: self = incl - upstream's incl
+//                  (with several upstreams, zip or sample_from: minus all of theirs, see
+//                  stage_visitor::add)
 //   threaded_stage runs upstream (or its work) on its own threads: self = incl - wait_up + work
 //   source_stage   has no observed upstream: self = incl
 enum class stage_mode { inline_stage, threaded_stage, source_stage };
@@ -156,6 +158,8 @@ struct raw_stage {
   stage_mode mode = stage_mode::inline_stage;
   std::size_t threads = 1;
   std::uint64_t elements = 0, bytes = 0, incl = 0, work = 0, wait_up = 0, wait_down = 0, first = 0, last = 0;
+  std::uint64_t upstreams_incl = 0;  // with joined: the upstreams' incl summed
+  bool joined = false;               // several upstreams: self = incl - upstreams_incl
 };
 
 // Passed up the pipeline by visit_stages(v): each stage first forwards it to its upstream,
@@ -170,6 +174,20 @@ class stage_visitor {
     }
     stages_.push_back(raw_stage{kind, m, threads ? threads : 1, c.elements.get(), c.bytes.get(), c.incl.get(),
                                 c.work.get(), c.wait_up.get(), c.wait_down.get(), c.first.get(), c.last.get()});
+  }
+  // An inline stage with several upstreams (zip, sample_from) visits each, summing
+  // upstream_incl(n) with n = stages().size() taken before that visit, then adds itself
+  // here: its own time is its time minus all its upstreams' (not only the last one's).
+  void add_joined(const char* kind, const stage_counters& c, std::uint64_t upstreams_incl) {
+    add(kind, c, stage_mode::inline_stage, 1);
+    if (!reset_) {
+      stages_.back().upstreams_incl = upstreams_incl;
+      stages_.back().joined = true;
+    }
+  }
+  // The inclusive time of the upstream visited since stages().size() was n: its last stage's.
+  std::uint64_t upstream_incl(std::size_t n) const noexcept {
+    return stages_.size() > n ? stages_.back().incl : 0;
   }
   const std::vector<raw_stage>& stages() const noexcept { return stages_; }
 

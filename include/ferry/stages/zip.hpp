@@ -8,7 +8,8 @@
 // and labels), and a missing tail means they do not match. next() then throws
 // ferry::error naming the element at which one source ended.
 // Runs both sources on the thread that calls next(); their errors propagate unchanged.
-// rewind(), save() and restore() apply to both sources.
+// rewind(), save() and restore() apply to both sources. In report(): the first source's
+// stages, the second's, then zip.
 //
 // Errors: once either source throws (or the lengths differ), zip cannot know how to pair
 // what follows: a failing source may have skipped any number of its elements (a whole
@@ -26,6 +27,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 
 namespace ferry {
@@ -38,32 +40,7 @@ class zip_source : public source_interface<zip_source<A, B>> {
   zip_source(A a, B b) : a_(std::move(a)), b_(std::move(b)) {}
 
   std::optional<value_type> next() {
-    if (out_of_step_) throw_out_of_step();
-    std::optional<value_t<A>> x;
-    std::optional<value_t<B>> y;
-    try {
-      x = a_.next();
-    } catch (...) {
-      break_off("first");
-      throw;
-    }
-    try {
-      y = b_.next();
-    } catch (...) {
-      break_off("second");  // a's element is already taken: the sides no longer line up
-      throw;
-    }
-    if (!x && !y) return std::nullopt;
-    if (!x || !y) {
-      error e("zip: the sources have different lengths: the " + std::string(x ? "second" : "first") +
-              " ended after " + std::to_string(n_) + " elements");
-      out_of_step_ = true;
-      why_ = std::string("zip: the sources are out of step since an earlier error: ") + e.what() +
-             "; rewind() or restore_state() starts them again";
-      throw e;
-    }
-    ++n_;
-    return value_type(std::move(*x), std::move(*y));
+    return observe::observed_next(stats_, "zip", [&] { return next_impl(); });
   }
   void rewind()
     requires rewindable_source<A> && rewindable_source<B>
@@ -98,8 +75,48 @@ class zip_source : public source_interface<zip_source<A, B>> {
     const bool tb = forward_buffer_resource(b_, r);
     return ta || tb;
   }
+  // Both sources' stages (the first's, then the second's), then zip, whose own time
+  // excludes both.
+  void visit_stages(observe::stage_visitor& v) const {
+    std::size_t n = v.stages().size();
+    pa_.visit(a_, v);
+    std::uint64_t up = v.upstream_incl(n);
+    n = v.stages().size();
+    pb_.visit(b_, v);
+    up += v.upstream_incl(n);
+    v.add_joined("zip", stats_, up);
+  }
 
  private:
+  std::optional<value_type> next_impl() {
+    if (out_of_step_) throw_out_of_step();
+    std::optional<value_t<A>> x;
+    std::optional<value_t<B>> y;
+    try {
+      x = pa_.pull(a_);
+    } catch (...) {
+      break_off("first");
+      throw;
+    }
+    try {
+      y = pb_.pull(b_);
+    } catch (...) {
+      break_off("second");  // a's element is already taken: the sides no longer line up
+      throw;
+    }
+    if (!x && !y) return std::nullopt;
+    if (!x || !y) {
+      error e("zip: the sources have different lengths: the " + std::string(x ? "second" : "first") +
+              " ended after " + std::to_string(n_) + " elements");
+      out_of_step_ = true;
+      why_ = std::string("zip: the sources are out of step since an earlier error: ") + e.what() +
+             "; rewind() or restore_state() starts them again";
+      throw e;
+    }
+    ++n_;
+    return value_type(std::move(*x), std::move(*y));
+  }
+
   // Called inside a catch block: remembers why the sides are out of step. Never throws,
   // so the caller re-throws the original (a bad_alloc here keeps the generic message).
   void break_off(const char* side) noexcept {
@@ -131,6 +148,9 @@ class zip_source : public source_interface<zip_source<A, B>> {
   std::uint64_t n_ = 0;  // pairs handed out this epoch
   bool out_of_step_ = false;  // after an error: every next() throws why_
   std::string why_;
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<A> pa_;
+  [[no_unique_address]] observe::upstream_probe<B> pb_;
 };
 
 }  // namespace detail
