@@ -33,7 +33,9 @@
 // An exception from upstream reaches the consumer unchanged at its position, and the next
 // call goes on after it (the workers go on pulling), as prefetch does. A std::bad_alloc on
 // a worker outside fn and upstream (its buffers) ends the epoch instead, after the elements
-// the other workers published; the elements in flight are lost.
+// the other workers published; the elements in flight are lost. (An ordered map moves fn's
+// result straight into its place in the ring, so a move of the result that throws counts
+// as fn's error for that element.)
 // Shutdown: the destructor and rewind() stop the workers and join them, waiting only for
 // fn calls already running.
 // Checkpoints: exact for ordered maps: save() records the upstream position at the start
@@ -201,12 +203,12 @@ class map_source : public source_interface<map_source<Up, F>> {
   // A run should take long enough to amortise a thread sleep and wake (tens of µs on a VM).
   static constexpr double target_run_seconds = 200e-6;
 
-  struct slot {
+  struct slot {  // unordered: a finished element, queued in `done`
     std::optional<Out> value;
     std::exception_ptr error;
     bool from_upstream = false;
-    bool ready = false;
   };
+  enum : std::uint8_t { ok, fn_threw, upstream_threw };  // ordered: what a ring place holds
   // Heap-allocated so the pipeline object can move while workers run.
   struct core {
     core(Up u, F f) : up(std::move(u)), fn(std::move(f)) {}
@@ -218,10 +220,18 @@ class map_source : public source_interface<map_source<Up, F>> {
     std::condition_variable park;          // autotune: workers numbered >= active wait here
     std::atomic<std::size_t> active{0};    // workers that may claim runs (changed under m)
     std::atomic<std::uint64_t> room_wait_ns{0};  // workers' total wait for room (autotune)
-    std::vector<slot> ring;                              // ordered: element seq at seq % window
+    // Ordered: element seq lives at seq % window. A worker writes its run's values (or
+    // errors) straight into the ring without the lock, as no one else touches those
+    // places until it publishes the run (run_end under m); the consumer moves them out
+    // from there. So an element is moved once on each side, with one lock per run.
+    std::vector<std::optional<Out>> vals;
+    std::vector<std::exception_ptr> errs;
+    std::vector<std::uint8_t> kind;       // what seq % window holds: a value, or an error (which)
+    std::vector<std::uint64_t> run_end;   // at a published run's first place: the seq past it
     std::deque<std::pair<std::uint64_t, slot>> done;    // unordered: in finishing order
     std::deque<std::pair<std::uint64_t, pipeline_state>> anchors;  // upstream state before seq
-    // next_out: elements the consumer has taken from ring/done into its local queue;
+    // next_out: elements the consumer has taken from the ring (published runs) or from done
+    // (into its local queue);
     // handed: elements it has handed out (what bounds the read-ahead).
     std::uint64_t next_pull = 0, next_out = 0, end_seq = none;
     std::atomic<std::uint64_t> handed{0};  // written by the consumer without the lock
@@ -268,6 +278,7 @@ class map_source : public source_interface<map_source<Up, F>> {
       base_ = o.base_;
       scratch_ = std::move(o.scratch_);
       local_ = std::move(o.local_);
+      cons_ = o.cons_;
       tuned_ = o.tuned_;
       tu_ = o.tu_;
     }
@@ -309,6 +320,24 @@ class map_source : public source_interface<map_source<Up, F>> {
     skip_pending();
     if (o_.workers == 1) return next_inline();
     if (!started_) start();
+    if (o_.ordered) {
+      if (cons_ == c_->next_out && !take_ready()) return std::nullopt;
+      const std::uint64_t seq = cons_++;
+      const std::size_t i = static_cast<std::size_t>(seq % o_.window);
+      const std::uint8_t kind = c_->kind[i];
+      std::exception_ptr err;
+      std::optional<Out> v;
+      if (kind == ok) {
+        v.emplace(std::move(*c_->vals[i]));
+        c_->vals[i].reset();
+      } else {
+        err = std::exchange(c_->errs[i], nullptr);  // no reference stays in the ring
+      }
+      hand_out(1);  // only after the place is read: a worker may refill it after this
+      if (kind == upstream_threw) std::rethrow_exception(err);
+      if (kind == fn_threw) rethrow_element(err, "map", base_ + seq);
+      return v;
+    }
     if (local_.empty() && !take_ready()) return std::nullopt;
     auto [seq, s] = std::move(local_.front());
     local_.pop_front();
@@ -348,6 +377,24 @@ class map_source : public source_interface<map_source<Up, F>> {
     skip_pending();
     if (!started_) start();
     std::size_t k = 0;
+    if (o_.ordered) {
+      while (k < out.size()) {
+        if (cons_ == c_->next_out && !take_ready()) break;
+        const std::uint64_t end = std::min<std::uint64_t>(c_->next_out, cons_ + (out.size() - k));
+        std::uint64_t seq = cons_;
+        std::size_t i = static_cast<std::size_t>(seq % o_.window);
+        for (; seq < end && c_->kind[i] == ok; ++seq) {
+          out[k++] = std::move(*c_->vals[i]);
+          c_->vals[i].reset();  // what the value held goes now, not a lap later
+          if (++i == o_.window) i = 0;
+        }
+        const std::uint64_t took = seq - cons_;
+        cons_ = seq;
+        if (took) hand_out(took);  // after the moves: workers may refill those places
+        if (k < out.size() && cons_ < c_->next_out) next_impl();  // an error at the front: throws
+      }
+      return k;
+    }
     while (k < out.size()) {
       if (local_.empty() && !take_ready()) break;
       std::size_t took = 0;
@@ -386,7 +433,7 @@ class map_source : public source_interface<map_source<Up, F>> {
     auto failed = [&] { return c_->failure && c_->workers_alive == 0; };
     auto have = [&] {
       if (failed()) return true;
-      if (o_.ordered) return c_->ring[c_->next_out % o_.window].ready || (c_->ended && c_->next_out >= c_->end_seq);
+      if (o_.ordered) return run_ready() || (c_->ended && c_->next_out >= c_->end_seq);
       return !c_->done.empty() || (c_->ended && c_->next_out >= c_->end_seq);
     };
     if (tuned_) {
@@ -414,12 +461,7 @@ class map_source : public source_interface<map_source<Up, F>> {
     }
     c_->next_out_seen = c_->published.load(std::memory_order_relaxed);
     if (o_.ordered) {
-      for (;;) {
-        slot& head = c_->ring[c_->next_out % o_.window];
-        if (!head.ready) break;
-        local_.emplace_back(c_->next_out++, std::move(head));
-        head = slot{};
-      }
+      while (run_ready()) c_->next_out = c_->run_end[c_->next_out % o_.window];
     } else {
       while (!c_->done.empty()) {
         local_.push_back(std::move(c_->done.front()));
@@ -427,12 +469,18 @@ class map_source : public source_interface<map_source<Up, F>> {
         ++c_->next_out;
       }
     }
-    if (local_.empty() && failed()) {
+    const bool none = o_.ordered ? cons_ == c_->next_out : local_.empty();
+    if (none && failed()) {
       c_->end_seq = c_->next_out;  // `ended` is set: later calls see the end of the epoch
       std::rethrow_exception(std::exchange(c_->failure, nullptr));
     }
-    return !local_.empty();
+    return !none;
   }
+
+  // Ordered, with c_->m held: the run starting at next_out is published. A stale entry
+  // from an earlier lap of the ring ends at or before next_out (a run is at most window
+  // long), so it does not count.
+  bool run_ready() const { return c_->run_end[c_->next_out % o_.window] > c_->next_out; }
 
   // Autotune, on the consumer's thread with c_->m held (park's waiters check `active`
   // under it): once a period is long enough, measure it and let autotune_state decide.
@@ -579,7 +627,12 @@ class map_source : public source_interface<map_source<Up, F>> {
 
   void start() {
     started_ = true;
-    c_->ring.assign(o_.window, slot{});
+    if (o_.ordered) {
+      c_->vals.assign(o_.window, std::nullopt);
+      c_->errs.assign(o_.window, nullptr);
+      c_->kind.assign(o_.window, ok);
+      c_->run_end.assign(o_.window, 0);
+    }
     if (tuned_) {  // a new period; the learned count and backoffs carry over from last epoch
       // The open period goes on: what the last epoch added to it until its last look
       // (pulled0..last_pulled over period_start..last_seen) is carried, the gap is not.
@@ -701,42 +754,61 @@ class map_source : public source_interface<map_source<Up, F>> {
       }
       pl.unlock();
 
-      outs.clear();
-      outs.resize(got + (uerr ? 1 : 0));
       const bool timed = observe::on();
       const auto w0 = std::chrono::steady_clock::now();
+      if (!o.ordered) {
+        outs.clear();
+        outs.resize(got + (uerr ? 1 : 0));
+      }
+      // Ordered: places first .. first+got (+1 for an upstream error) are this worker's
+      // until it publishes: their last elements were handed out before it claimed them.
+      std::size_t at = static_cast<std::size_t>(first % window);
       for (std::uint64_t i = 0; i < got; ++i) {
         const observe::ticks t0 = timed ? observe::now() : 0;
-        try {
-          outs[i].value.emplace(std::invoke(c.fn, std::move(ins[i])));
-        } catch (...) {
-          outs[i].error = std::current_exception();
+        if (o.ordered) {
+          try {
+            c.vals[at].emplace(std::invoke(c.fn, std::move(ins[i])));
+            c.kind[at] = ok;
+          } catch (...) {
+            c.errs[at] = std::current_exception();
+            c.kind[at] = fn_threw;
+          }
+          if (++at == window) at = 0;
+        } else {
+          try {
+            outs[i].value.emplace(std::invoke(c.fn, std::move(ins[i])));
+          } catch (...) {
+            outs[i].error = std::current_exception();
+          }
         }
         if (timed) {
           const observe::ticks t1 = observe::now();
           c.stats.work.add_shared(t1 - t0);
           if (observe::tracing()) observe::record("map: fn", t0, t1);
         }
-        outs[i].ready = true;
       }
       if (got) {  // adapt the run length toward ~200 µs of fn time
         const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() / got;
         const double ideal = per > 0 ? target_run_seconds / per : double(run_cap);
         run = std::clamp<std::uint64_t>(ideal >= double(run_cap) ? run_cap : std::uint64_t(ideal), 1, run_cap);
       }
-      if (uerr) {
-        outs[got].error = std::move(uerr);  // no reference stays here: the consumer drops the last
-        outs[got].from_upstream = true;
-        outs[got].ready = true;
+      const std::uint64_t made = got + (uerr ? 1 : 0);  // an upstream error holds a place
+      if (uerr) {  // no reference stays here: the consumer takes the last
+        if (o.ordered) {
+          c.errs[at] = std::move(uerr);
+          c.kind[at] = upstream_threw;
+        } else {
+          outs[got].error = std::move(uerr);
+          outs[got].from_upstream = true;
+        }
       }
       bool wake_consumer;
       {
         std::lock_guard lk(c.m);
-        for (std::uint64_t i = 0; i < outs.size(); ++i) {
-          if (o.ordered)
-            c.ring[(first + i) % window] = std::move(outs[i]);
-          else
-            c.done.emplace_back(first + i, std::move(outs[i]));
+        if (o.ordered) {
+          if (made) c.run_end[first % window] = first + made;
+        } else {
+          for (std::uint64_t i = 0; i < made; ++i) c.done.emplace_back(first + i, std::move(outs[i]));
         }
         wake_consumer = c.consumer_waiting > 0 || c.ended;
         c.published.fetch_add(1, std::memory_order_release);
@@ -764,7 +836,10 @@ class map_source : public source_interface<map_source<Up, F>> {
   }
 
   void reset() {
-    c_->ring.clear();
+    c_->vals.clear();
+    c_->errs.clear();
+    c_->kind.clear();
+    c_->run_end.clear();
     c_->done.clear();
     c_->anchors.clear();
     c_->next_pull = c_->next_out = 0;
@@ -772,6 +847,7 @@ class map_source : public source_interface<map_source<Up, F>> {
     c_->end_seq = none;
     c_->failure = nullptr;
     local_.clear();
+    cons_ = 0;
     c_->ended = c_->stop = false;
     started_ = false;
   }
@@ -783,7 +859,8 @@ class map_source : public source_interface<map_source<Up, F>> {
   std::uint64_t skip_ = 0;  // upstream elements to re-read after restore
   std::uint64_t base_ = 0;  // epoch index of element seq 0 (inline: of the next element)
   std::vector<In> scratch_;  // next_bulk's inputs, reused
-  std::deque<std::pair<std::uint64_t, slot>> local_;  // taken from the workers, not yet handed out
+  std::deque<std::pair<std::uint64_t, slot>> local_;  // unordered: taken from done, not yet handed out
+  std::uint64_t cons_ = 0;  // ordered: the next seq to hand out; [cons_, next_out) are taken
   bool tuned_ = false;  // workers = autotune
   struct tuner {
     autotune_state state;
