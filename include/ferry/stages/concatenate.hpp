@@ -1,0 +1,153 @@
+// ferry/stages/concatenate.hpp: concatenate(a, b) hands out every element of a, then
+// every element of b (tf.data's Dataset.concatenate).
+//
+//   auto all = ferry::concatenate(from_files(train_paths, fmt), from_files(extra_paths, fmt));
+//   auto p = ferry::concatenate(std::move(a), std::move(b)) | ferry::shuffle(4096, seed);
+//
+// Both sources must have the same value_type (a static_assert says so otherwise: map one
+// to the other's type first). Only the call form: a pipe closure would have to carry b,
+// a single-pass source, inside what is otherwise a reusable, copyable value (closure |
+// closure chains are applied more than once), so concatenate(b) is refused with a message.
+// Nested calls concatenate more: concatenate(concatenate(a, b), c).
+// Runs both sources on the thread that calls next(); b is not pulled (nor are its threads
+// started) until a has ended. Throws nothing itself.
+// Errors: an exception from either source reaches the consumer unchanged, at its position;
+// the next call goes on with the same source (a's errors do not end a). next_bulk (both
+// sources bulk_source; batch() pulling a run) fills from a, then, when a ends inside the
+// run, goes on from b in the same call: fewer than out.size() only at the end of b. An
+// error inside a run drops the elements of the run written before it, as any bulk run's
+// (batch() drops the batch it was building), a's included when it came from b.
+// rewind() (both rewindable): rewinds both, so epoch e plays a's epoch e, then b's (a
+// shuffle on either side draws its order of that epoch), whether or not b was reached.
+// Checkpoints (both resumable): a's state, b's state, then which one is being read; a
+// restore goes on exactly there, at the boundary too. A state of another shape is a
+// config_error.
+// Stats: report() lists a's stages, then b's, then concatenate, whose own time excludes
+// both sides' (stage_visitor::add_joined).
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
+#include "ferry/source.hpp"
+
+namespace ferry {
+namespace detail {
+
+template <source A, source B>
+class concatenate_source : public source_interface<concatenate_source<A, B>> {
+ public:
+  using value_type = value_t<A>;
+  concatenate_source(A a, B b) : a_(std::move(a)), b_(std::move(b)) {}
+
+  std::optional<value_type> next() {
+    return observe::observed_next(stats_, "concatenate", [&]() -> std::optional<value_type> {
+      if (!in_b_) {
+        if (std::optional<value_type> e = probe_a_.pull(a_)) return e;
+        in_b_ = true;
+      }
+      return probe_b_.pull(b_);
+    });
+  }
+  std::size_t next_bulk(std::span<value_type> out)
+    requires bulk_source<A> && bulk_source<B>
+  {
+    return observe::observed_bulk(stats_, "concatenate", out, [&]() -> std::size_t {
+      std::size_t k = 0;
+      if (!in_b_) {
+        k = probe_a_.pull_bulk(a_, out);
+        if (k == out.size()) return k;  // a full run (an empty request too): a goes on
+        in_b_ = true;                   // a short run: a has ended
+      }
+      return k + probe_b_.pull_bulk(b_, out.subspan(k));
+    });
+  }
+  // True once a has ended this epoch (what is handed out now comes from b).
+  bool in_second() const { return in_b_; }
+
+  void rewind()
+    requires rewindable_source<A> && rewindable_source<B>
+  {
+    a_.rewind();
+    b_.rewind();
+    in_b_ = false;
+  }
+  void save(state_writer& w) const
+    requires resumable_source<A> && resumable_source<B>
+  {
+    a_.save(w);
+    b_.save(w);
+    w.tag("concatenate");
+    w.put(in_b_ ? 1 : 0);
+  }
+  // Throws config_error for a state of another shape.
+  void restore(state_reader& r)
+    requires resumable_source<A> && resumable_source<B>
+  {
+    a_.restore(r);
+    b_.restore(r);
+    r.expect("concatenate");
+    const std::uint64_t which = r.get();
+    if (which > 1)
+      throw config_error("restore_state: concatenate: a damaged state (source " + std::to_string(which) +
+                         " of 2)");
+    in_b_ = which == 1;
+  }
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    const bool ta = forward_buffer_resource(a_, r);
+    const bool tb = forward_buffer_resource(b_, r);
+    return ta || tb;
+  }
+  void visit_stages(observe::stage_visitor& v) const {
+    std::size_t n = v.stages().size();
+    probe_a_.visit(a_, v);
+    std::uint64_t up = v.upstream_incl(n);
+    n = v.stages().size();
+    probe_b_.visit(b_, v);
+    up += v.upstream_incl(n);
+    v.add_joined("concatenate", stats_, up);  // its own time net of both sides
+  }
+
+ private:
+  A a_;
+  B b_;
+  bool in_b_ = false;  // a has ended this epoch
+  observe::stage_counters stats_;
+  [[no_unique_address]] observe::upstream_probe<A> probe_a_;
+  [[no_unique_address]] observe::upstream_probe<B> probe_b_;
+};
+
+}  // namespace detail
+
+struct concatenate_t {
+  template <source A, source B>
+  auto operator()(A&& a, B&& b) const {
+    detail::require_rvalue_source<A>();
+    detail::require_rvalue_source<B>();
+    if constexpr (!std::same_as<value_t<A>, value_t<B>>)
+      static_assert(detail::always_false<A>,
+                    "ferry::concatenate: both sources must have the same value_type; map one to the "
+                    "other's type first (b | ferry::map(...))");
+    else
+      return detail::concatenate_source<std::remove_cvref_t<A>, std::remove_cvref_t<B>>(std::forward<A>(a),
+                                                                                       std::forward<B>(b));
+  }
+  template <source B>
+  void operator()(B&&) const {
+    static_assert(detail::always_false<B>,
+                  "ferry::concatenate takes both sources: ferry::concatenate(std::move(a), std::move(b)) "
+                  "(there is no a | concatenate(b) form)");
+  }
+};
+inline constexpr concatenate_t concatenate{};
+
+}  // namespace ferry
