@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <numeric>
 #include <optional>
 #include <set>
@@ -46,6 +47,33 @@ TEST_CASE("ordered parallel map equals sequential map" * doctest::timeout(60)) {
         CHECK(drain(p) == expect);
       }
   }
+}
+
+TEST_CASE("move-only results (unique_ptr, a batch), inline and with workers, ordered or not, through batch" *
+          doctest::timeout(60)) {
+  watchdog w(60s);
+  for (std::size_t workers : {std::size_t(1), std::size_t(2), std::size_t(3), ferry::autotune})
+    for (bool ordered : {true, false}) {
+      CAPTURE(workers);
+      CAPTURE(ordered);
+      auto p = ferry::from_generator(500, [](std::uint64_t i) { return i; }) |
+               ferry::map([](std::uint64_t i) { return std::make_unique<std::uint64_t>(work(i)); },
+                          {.workers = workers, .ordered = ordered}) |
+               ferry::map([](std::unique_ptr<std::uint64_t> q) { return *q; });
+      auto got = drain(p);
+      std::vector<std::uint64_t> expect(500);
+      for (std::size_t i = 0; i < 500; ++i) expect[i] = work(i);
+      if (!ordered) std::sort(got.begin(), got.end()), std::sort(expect.begin(), expect.end());
+      CHECK(got == expect);
+      // A batch is move-only too: a map over batches hands them on.
+      auto b = ferry::from_generator(100, [](std::uint64_t i) { return i; }) | ferry::batch(10) |
+               ferry::map([](ferry::batch_of<std::uint64_t> x) { return x; }, {.workers = workers, .ordered = ordered});
+      std::uint64_t sum = 0, rows = 0;
+      while (auto x = b.next())
+        for (auto v : x->field()) sum += v, ++rows;
+      CHECK(rows == 100);
+      CHECK(sum == 99 * 100 / 2);
+    }
 }
 
 TEST_CASE("unordered parallel map yields a permutation of the mapped elements" * doctest::timeout(60)) {

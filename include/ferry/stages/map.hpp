@@ -628,7 +628,8 @@ class map_source : public source_interface<map_source<Up, F>> {
   void start() {
     started_ = true;
     if (o_.ordered) {
-      c_->vals.assign(o_.window, std::nullopt);
+      c_->vals.clear();  // not assign(n, nullopt): that copies, and results may be move-only
+      c_->vals.resize(o_.window);
       c_->errs.assign(o_.window, nullptr);
       c_->kind.assign(o_.window, ok);
       c_->run_end.assign(o_.window, 0);
