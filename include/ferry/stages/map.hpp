@@ -287,6 +287,13 @@ class map_source : public source_interface<map_source<Up, F>> {
   ~map_source() { halt(); }
 
   std::optional<Out> next() {
+    // The inline path apart: merged into next_impl, its result went through the parallel
+    // path's locals (a store-forwarding stall: 14 ns instead of 2 per element).
+    if (o_.workers == 1)
+      return observe::observed_next(c_->stats, "map", [&] {
+        skip_pending();
+        return next_inline();
+      });
     return observe::observed_next(c_->stats, "map", [&] { return next_impl(); });
   }
 
