@@ -3,6 +3,7 @@
 // each stage throws and which thread runs user code is at the top of its own header.
 #pragma once
 
+#include "ferry/any_source.hpp"
 #include "ferry/config.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"

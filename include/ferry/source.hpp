@@ -81,7 +81,17 @@ concept borrowing_source =
 
 // A batch stage (or stages passing its batches on unchanged: prefetch, take, repeat,
 // filter, shard) that says the batch size it makes, so distribute() need not infer the
-// global batch size from a possibly short first batch.
+// global batch size from a possibly short first batch. 0 means not known (an any_source
+// whose pipeline holds no batch()): distribute() then infers it as for an unsized one.
+template <class T>
+class batch_of;  // ferry/stages/batch.hpp
+namespace detail {
+template <class B>
+struct is_batch_of : std::false_type {};
+template <class T>
+struct is_batch_of<batch_of<T>> : std::true_type {};
+}  // namespace detail
+
 template <class S>
 concept sized_batches = requires(const std::remove_cvref_t<S>& s) {
   { s.batch_size() } -> std::convertible_to<std::size_t>;

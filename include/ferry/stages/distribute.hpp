@@ -115,11 +115,6 @@ struct step_lease {
   virtual ~step_lease() = default;
   virtual void release() noexcept = 0;
 };
-
-template <class B>
-struct is_batch_of : std::false_type {};
-template <class T>
-struct is_batch_of<batch_of<T>> : std::true_type {};
 }  // namespace detail
 
 // One replica's part of a step: `size()` rows of each field in that replica's memory.
@@ -480,9 +475,9 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     hooked_ = forward_buffer_resource(up_, res_);
     global_ = o_.global_batch;
     if constexpr (sized_batches<Up>) {
-      if (global_ == 0) {
-        check_global(up_.batch_size());
-        global_ = up_.batch_size();
+      if (const std::size_t b = up_.batch_size(); global_ == 0 && b != 0) {  // 0: unknown (any_source)
+        check_global(b);
+        global_ = b;
       }
     }
   }
