@@ -19,4 +19,19 @@ ln -s libopenblas.so.0 "$ob/lib/libopenblas.so"
 cp /usr/include/x86_64-linux-gnu/openblas-pthread/{cblas.h,openblas_config.h} "$ob/include/"
 tar -C "$ob" -cJf .carry/openblas.tar.xz lib include
 rm -rf "$ob"
+# --bin: the GPU programs built here (./build, or $FERRY_BUILD), in the build tree's layout,
+# and the libraries they link that the GPU image lacks, for scripts/gpu_check.sh.
+if [ "${1:-}" = --bin ]; then
+  build=${FERRY_BUILD:-build}
+  rm -rf .carry/build
+  for t in tests/cuda/test_distribute_gpu tests/collective/test_nccl_communicator tests/train/test_train_gpu \
+           benchmarks/distribute/bench_distribute_gpu benchmarks/collective/bench_nccl_allreduce \
+           benchmarks/train/bench_train_fed_gpu benchmarks/train/bench_train_fashion_mnist \
+           examples/04_train_fashion_mnist/train_fashion_mnist; do
+    [ -x "$build/$t" ] || { echo "gpu_carry.sh: $build/$t is not built" >&2; exit 1; }
+    mkdir -p ".carry/build/$(dirname "$t")" && cp "$build/$t" ".carry/build/$t"
+  done
+  cp -L /lib/x86_64-linux-gnu/libz.so.1 /usr/local/cuda/lib64/libcudart.so.13 .carry/lib/
+  [ -e /lib/x86_64-linux-gnu/libisal.so.2 ] && cp -L /lib/x86_64-linux-gnu/libisal.so.2 .carry/lib/
+fi
 du -sh .carry
