@@ -7,7 +7,12 @@
 //   bench_nccl_allreduce [--max-bytes 268435456] [--json FILE]
 //
 // Prints nccl-tests' columns for both (time, algbw, busbw with 2(n-1)/n, which is 0 for
-// n = 1, so algbw is the figure here) and the ratio. Exits 77 without a usable GPU.
+// n = 1, so algbw is the figure here) and the ratio. With one rank an in-place all-reduce
+// moves no data, so both times are the cost of a call (NCCL enqueues nothing): the ratio
+// is large and means little, and the figure to read is ferry's added time per call,
+// printed last as `nccl_call_overhead_us` (median over sizes), against what a real
+// all-reduce of the trainer's gradients costs (docs/multi_node.md). Exits 77 without a
+// usable GPU.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -62,6 +67,7 @@ int main(int argc, char** argv) try {
   std::printf("# %10s %10s | %10s %8s %8s | %10s %8s %8s | %6s %6s\n", "size", "count", "time(us)",
               "algbw", "busbw", "raw(us)", "algbw", "busbw", "ratio", "#wrong");
   bool first = true;
+  std::vector<double> overhead_us;
   for (std::size_t bytes = 8; bytes <= max_bytes; bytes *= 4) {
     const std::size_t count = bytes / sizeof(float);
     const int iters = int(std::clamp<std::size_t>((std::size_t(1) << 30) / bytes, 20, 1000));
@@ -92,6 +98,7 @@ int main(int argc, char** argv) try {
     long long bad = 0;
     for (std::size_t i = 0; i < count; ++i) bad += back[i] != h[i];
     const double af = double(bytes) / tf / 1e9, ar = double(bytes) / tr / 1e9;
+    overhead_us.push_back((tf - tr) * 1e6);
     std::printf("  %10zu %10zu | %10.2f %8.2f %8.2f | %10.2f %8.2f %8.2f | %6.3f %6lld\n", bytes,
                 count, tf * 1e6, af, af * busf, tr * 1e6, ar, ar * busf, tf / tr, bad);
     if (jf)
@@ -106,6 +113,8 @@ int main(int argc, char** argv) try {
   }
   cudaFree(buf);
   ncclCommDestroy(raw);
+  std::sort(overhead_us.begin(), overhead_us.end());
+  std::printf("nccl_call_overhead_us: %.3f\n", overhead_us[overhead_us.size() / 2]);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "bench_nccl_allreduce: %s\n", e.what());

@@ -11,7 +11,8 @@ namespace ferry_test {
 cudaError_t launch_spin(void* stream, long long cycles, const void* in, float* out);
 // *out += sum of ids[0..n).
 cudaError_t launch_sum_ids(void* stream, const std::uint32_t* ids, std::size_t n, unsigned long long* out);
-// Reads x[0..n) `passes` times: a bandwidth-bound stand-in for a training step.
-cudaError_t launch_consume(void* stream, const float* x, std::size_t n, int passes, float* out);
+// A stand-in for a training step: reads x[0..n) once, then computes until `cycles` GPU
+// clocks have passed (each block on its own clock).
+cudaError_t launch_consume(void* stream, const float* x, std::size_t n, long long cycles, float* out);
 long long cycles_for_ms(double ms);
 }  // namespace ferry_test

@@ -4,6 +4,7 @@
 // in virtual time (a 1 GHz clock for the spin; 3 TB/s of device memory for the others).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -33,13 +34,13 @@ cudaError_t launch_sum_ids(void* stream, const std::uint32_t* ids, std::size_t n
   return cudaGetLastError();
 }
 
-// One pass whatever `passes` says (the result is the same), timed as `passes`.
-cudaError_t launch_consume(void* stream, const float* x, std::size_t n, int passes, float* out) {
+// One read of x, timed as the longer of that read and `cycles`.
+cudaError_t launch_consume(void* stream, const float* x, std::size_t n, long long cycles, float* out) {
   sim::launch(static_cast<cudaStream_t>(stream), "consume kernel", {{x, n * sizeof(float)}}, {}, [x, n, out] {
     float acc = 0.f;
     for (std::size_t i = 0; i < n; ++i) acc += x[i] * 1.0001f;
     if (acc == 12345.678f) *out = acc;
-  }, passes * static_cast<double>(n * sizeof(float)) / memory_bytes_per_s);
+  }, std::max(static_cast<double>(n * sizeof(float)) / memory_bytes_per_s, static_cast<double>(cycles) / clock_hz));
   return cudaGetLastError();
 }
 
