@@ -35,7 +35,7 @@ ninja -C build-asan && run_suite build-asan --suite cpu || status=1
 echo "== TSan (threaded tests)"
 if [ ! -f build-tsan/build.ninja ]; then
   meson setup build-tsan -Dcuda=disabled -Dbenchmarks=false -Dexamples=false \
-    -Db_sanitize=thread -Dbuildtype=debugoptimized -Dareas=core,memory,sources,collective,train,observe >/dev/null || status=1
+    -Db_sanitize=thread -Dbuildtype=debugoptimized -Dareas=core,memory,sources,collective,train,observe,cuda >/dev/null || status=1
 fi
 # libgomp is not instrumented: one OpenMP thread under TSan (see docs/architecture.md).
 ninja -C build-tsan && OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan --suite cpu || status=1

@@ -8,7 +8,8 @@
 //   | shuffle(buffer, seed)                                  new order every epoch
 //   | map(bytes -> normalised floats, {.workers})            on worker threads
 //   | batch(global batch) | prefetch(2)                      a thread ahead of training
-//   | distribute(tag)                                        host_replicas{R} or cuda::devices
+//   | distribute(tag, {.staging_thread})                     host_replicas{R} or cuda::devices
+//                                                            (GPUs: copies on its own thread)
 //
 // The test split is not shuffled and its last batch is padded (every image counts once);
 // the training split drops its short last batch. Throws what from_files throws (io_error,
@@ -71,6 +72,7 @@ struct pipeline_options {
   std::uint64_t seed = 1;
   std::size_t workers = 1;      // map worker threads
   std::uint64_t limit = ~std::uint64_t(0);  // the first `limit` samples only
+  bool staging = true;          // GPUs: distribute's staging thread (false: on the consumer's)
 };
 
 // The whole pipeline, ending in distribute(tag): tag is ferry::host_replicas{R} or
@@ -89,7 +91,12 @@ auto pipeline(const pipeline_options& o, const Tag& tag) {
          ferry::shuffle(o.train ? o.shuffle_buffer : 1, o.seed) |
          ferry::map(fn, {.workers = o.workers}) | ferry::batch(o.batch) | ferry::prefetch(2) |
          ferry::distribute(tag, {.remainder = o.train ? ferry::remainder_policy::drop
-                                                      : ferry::remainder_policy::pad});
+                                                      : ferry::remainder_policy::pad,
+                                 // GPUs: the copies are made on distribute's own thread, so the
+                                 // training loop's thread (launch-bound for this small MLP)
+                                 // only takes ready steps. Host replicas ignore both.
+                                 .steps_ahead = o.staging ? 8u : 1u,
+                                 .staging_thread = o.staging});
 }
 
 }  // namespace fmnist

@@ -29,6 +29,14 @@
 
 namespace {
 
+// How steps are made: on the consumer's thread when asked (0) or one ahead (1), or on
+// distribute's staging thread, 1 or 3 ahead.
+struct making {
+  std::size_t ahead;
+  bool staging;
+};
+constexpr making makings[] = {{0, false}, {1, false}, {1, true}, {3, true}};
+
 enum class consumer {
   range_for,    // for (auto& step : steps): step k lives while step k+1 is asked for
   drop_first,   // while (auto step = steps.next()): step k is gone before
@@ -44,6 +52,7 @@ struct scenario {
   int progress = 4;
   bool prefetch = false;
   std::size_t steps_ahead = 1;
+  bool staging = false;  // distribute_options::staging_thread
   std::size_t max_pending = 4;
   std::uint64_t seed = 1;
   std::size_t stop_after = 0;  // 0: the whole epoch; else leave after this many steps
@@ -145,7 +154,8 @@ trace run(const scenario& sc) {
     auto pool = ferry::make_pinned_pool();
     ferry::cuda::devices dev(sc.devices);
     dev.max_pending = sc.max_pending;
-    const ferry::distribute_options o{.remainder = sc.policy, .host_resource = pool, .steps_ahead = sc.steps_ahead};
+    const ferry::distribute_options o{.remainder = sc.policy, .host_resource = pool, .steps_ahead = sc.steps_ahead,
+                                      .staging_thread = sc.staging};
     const std::size_t G = sc.devices.size() * sc.per;
     auto body = [&](auto steps) {
       consume(steps, sc, t, m);
@@ -186,13 +196,15 @@ TEST_CASE("sim: every replica's device data equals the oracle's rows, and no acc
     for (auto pol : {ferry::remainder_policy::drop, ferry::remainder_policy::pad, ferry::remainder_policy::partial})
       for (auto how : {consumer::range_for, consumer::drop_first, consumer::host_waits})
         for (int progress : {0, 1, 6})
-          for (std::size_t ahead : {0, 1}) {
+          for (const making mk : makings) {
+            const std::size_t ahead = mk.ahead;
             scenario sc{.devices = devs, .per = 3 + seed % 5, .policy = pol, .how = how, .progress = progress,
-                        .prefetch = seed % 2 == 0, .steps_ahead = ahead, .seed = seed};
+                        .prefetch = seed % 2 == 0, .steps_ahead = ahead, .staging = mk.staging, .seed = seed};
             sc.rows = sc.per * devs.size() * (6 + seed % 4) + seed % 7;
             ++seed;
             INFO("devices " << devs.size() << ", policy " << int(pol) << ", consumer " << int(how) << ", progress "
-                            << progress << ", ahead " << ahead << ", prefetch " << sc.prefetch << ", rows " << sc.rows
+                            << progress << ", ahead " << ahead << ", staging " << sc.staging << ", prefetch "
+                            << sc.prefetch << ", rows " << sc.rows
                             << ", per " << sc.per);
             const trace t = run(sc);
             CHECK(t.steps == expected_steps(sc));
@@ -209,14 +221,26 @@ TEST_CASE("sim: every replica's device data equals the oracle's rows, and no acc
 
 TEST_CASE("sim: the copies of step k+1 and the kernel of step k are not ordered either way") {
   for (auto how : {consumer::range_for, consumer::drop_first, consumer::host_waits})
-    for (std::size_t ahead : {0, 1}) {
+    for (const making mk : makings) {
+      const std::size_t ahead = mk.ahead;
       // Without a step made ahead, a consumer that waits on the host, or drops step k before
       // asking for step k+1, leaves nothing to overlap (documented in devices.hpp).
       if (ahead == 0 && how != consumer::range_for) continue;
+      // The staging thread enqueues step k+1's copies when it gets to them: a consumer that
+      // waits on the host for kernel k may do so first, and the simulator's one host clock
+      // then orders the copies after it. On a GPU they run beside kernel k whenever the
+      // stager is ahead, which it is when the consumer is the slower side.
+      if (mk.staging && how == consumer::host_waits) continue;
       for (int progress : {0, 3}) {
+        // Likewise, with a GPU that runs on its own (progress > 0) kernel k may have finished
+        // when the stager gets to step k+1; its block is then free, and reusing it orders
+        // nothing that could have overlapped. Without progress, kernel k is still queued, and
+        // copy k+1 must not wait for it (the pool grows instead: grow_below).
+        if (mk.staging && progress > 0) continue;
         scenario sc{.devices = {0, 1}, .per = 16, .rows = 16 * 2 * 12, .how = how, .progress = progress,
-                    .steps_ahead = ahead, .seed = 7};
-        INFO("consumer " << int(how) << ", ahead " << ahead << ", progress " << progress);
+                    .steps_ahead = ahead, .staging = mk.staging, .seed = 7};
+        INFO("consumer " << int(how) << ", ahead " << ahead << ", staging " << mk.staging << ", progress "
+                         << progress);
         const trace t = run(sc);
         REQUIRE(t.steps == 12);
         for (std::size_t k = 0; k + 1 < t.steps; ++k) {
@@ -225,7 +249,7 @@ TEST_CASE("sim: the copies of step k+1 and the kernel of step k are not ordered 
           CHECK_FALSE(sim::happens_before(t.copy[k + 1], t.kernel[k]));  // nor kernel k for copy k+1
           CHECK(sim::happens_before(t.copy[k], t.kernel[k]));  // and the data is there first
         }
-        if (ahead == 1)  // step k+1's copies (2 fields x 2 replicas) were enqueued when step k came
+        if (ahead == 1 && !mk.staging)  // step k+1's copies (2 fields x 2 replicas) were enqueued when step k came
           for (std::size_t k = 0; k + 1 < t.steps; ++k) CHECK(t.copies_when_handed_out[k] == 4 * (k + 2));
         check_clean(t);
       }
@@ -254,44 +278,77 @@ TEST_CASE("sim: steady state allocates nothing and never waits on the host" * do
     }
 }
 
+TEST_CASE("sim: with the staging thread, steady state allocates nothing and the blocks stay bounded" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  for (auto how : {consumer::range_for, consumer::drop_first, consumer::host_waits})
+    for (std::size_t ahead : {1, 3})
+      for (bool prefetch : {false, true}) {
+        scenario sc{.devices = {0, 1}, .per = 32, .rows = 32 * 2 * 40, .how = how, .progress = 12,
+                    .prefetch = prefetch, .steps_ahead = ahead, .staging = true, .seed = 3};
+        INFO("consumer " << int(how) << ", ahead " << ahead << ", prefetch " << prefetch);
+        const trace t = run(sc);
+        REQUIRE(t.steps == 40);
+        // Bounded, whatever the threads' timing (which sets how many are held at once, so
+        // a new high may come late in the epoch). Per replica: the step handed out, `ahead`
+        // queued, one being made, one released whose reuse waits on the GPU.
+        CHECK(t.end.device_allocs <= 2 * (ahead + 3));
+        // Pinned batches, two fields each: those above, max_pending released with copies in
+        // flight, prefetch's queue and the one it collates.
+        CHECK(t.end.host_allocs <= 2 * (ahead + 3 + 4 + 3));
+        check_clean(t);
+      }
+}
+
 TEST_CASE("sim: a GPU that lags behind meets bounded memory, not a growing queue") {
-  for (std::size_t max_pending : {1, 4}) {
-    scenario sc{.devices = {0, 1}, .per = 8, .rows = 8 * 2 * 60, .progress = 0, .max_pending = max_pending, .seed = 5};
-    INFO("max_pending " << max_pending);
-    const trace t = run(sc);
-    REQUIRE(t.steps == 60);
-    CHECK(t.backpressure_waits > 0);
-    // Pinned batches: the pending ones, the step handed out, the one made ahead, the one
-    // being collated - two fields each - however long the epoch.
-    CHECK(t.end.host_allocs <= 2 * (max_pending + 4));
-    CHECK(t.host_allocs_at[30] == t.end.host_allocs);  // stopped growing
-    CHECK(t.end.device_allocs <= 2 * 2);
-    check_clean(t);
-  }
+  for (std::size_t max_pending : {1, 4})
+    for (const making mk : makings) {
+      if (mk.ahead == 0) continue;
+      scenario sc{.devices = {0, 1}, .per = 8, .rows = 8 * 2 * 60, .progress = 0, .steps_ahead = mk.ahead,
+                  .staging = mk.staging, .max_pending = max_pending, .seed = 5};
+      INFO("max_pending " << max_pending << ", ahead " << mk.ahead << ", staging " << mk.staging);
+      const trace t = run(sc);
+      REQUIRE(t.steps == 60);
+      CHECK(t.backpressure_waits > 0);
+      // Pinned batches: the pending ones, the step handed out, the ones made ahead, the one
+      // being made, the one being collated - two fields each - however long the epoch.
+      CHECK(t.end.host_allocs <= 2 * (max_pending + mk.ahead + 3));
+      if (!mk.staging)  // one thread: stopped growing (with the stager, a late new high may come, bounded)
+        CHECK(t.host_allocs_at[30] == t.end.host_allocs);
+      CHECK(t.end.device_allocs <= 2 * (mk.staging ? mk.ahead + 3 : 2));
+      check_clean(t);
+    }
 }
 
 TEST_CASE("sim: leaving mid-epoch, with or without the last step kept, frees everything" * doctest::timeout(60)) {
   ferry_test::watchdog wd(std::chrono::seconds(60));  // prefetch threads: never hang
   for (auto how : {consumer::range_for, consumer::drop_first})
     for (std::size_t stop : {1, 2, 5})
-      for (int progress : {0, 5}) {
+      for (int progress : {0, 5})
+        for (bool staging : {false, true}) {
         scenario sc{.devices = {1, 0}, .per = 4, .rows = 4 * 2 * 10, .how = how, .progress = progress,
-                    .prefetch = true, .seed = 11 + stop, .stop_after = stop};
-        INFO("consumer " << int(how) << ", stop after " << stop << ", progress " << progress);
+                    .prefetch = true, .steps_ahead = staging ? 3u : 1u, .staging = staging, .seed = 11 + stop,
+                    .stop_after = stop};
+        INFO("consumer " << int(how) << ", stop after " << stop << ", progress " << progress << ", staging "
+                         << staging);
         const trace t = run(sc);
         CHECK(t.steps == stop);
         check_clean(t);
       }
 }
 
-TEST_CASE("sim: a failing copy is a cuda_error naming the call and the device; nothing leaks") {
-  for (int nth : {1, 2, 7}) {
+TEST_CASE("sim: a failing copy is a cuda_error naming the call and the device; nothing leaks" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // the staging thread: never hang
+  for (int nth : {1, 2, 7})
+    for (bool staging : {false, true}) {
+    INFO("copy " << nth << ", staging " << staging);
     sim::reset(21, 2);
     const auto data = make_data(8 * 2 * 10);
     {
       auto pool = ferry::make_pinned_pool();
       auto steps = ferry::from_range(data) | ferry::batch(16) |
-                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+                   ferry::distribute(ferry::cuda::devices{0, 1},
+                                     {.host_resource = pool, .steps_ahead = staging ? 2u : 1u, .staging_thread = staging});
       sim::fail_copy(nth, cudaErrorIllegalAddress);
       bool threw = false;
       try {
@@ -313,22 +370,23 @@ TEST_CASE("sim: a failing copy is a cuda_error naming the call and the device; n
   }
 }
 
-TEST_CASE("sim: save with a step made ahead resumes at the next undelivered step") {
+TEST_CASE("sim: save with a step made ahead resumes at the next undelivered step" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // the staging thread: never hang
   const auto data = make_data(8 * 2 * 10);
   auto pool = ferry::make_pinned_pool();
-  for (std::size_t stop : {1, 4, 9}) {
+  for (std::size_t stop : {1, 4, 9})
+    for (bool staging : {false, true}) {
+    INFO("stop " << stop << ", staging " << staging);
+    const ferry::distribute_options o{.host_resource = pool, .steps_ahead = staging ? 3u : 1u, .staging_thread = staging};
     sim::reset(31, 3);
     ferry::pipeline_state saved;
-    std::vector<std::uint32_t> first_ids;  // the host batch's ids, step by step
     {
-      auto steps = ferry::from_range(data) | ferry::batch(16) |
-                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+      auto steps = ferry::from_range(data) | ferry::batch(16) | ferry::distribute(ferry::cuda::devices{0, 1}, o);
       for (std::size_t k = 0; k < stop; ++k) REQUIRE(steps.next());
       saved = ferry::save_state(steps);
     }
     {
-      auto steps = ferry::from_range(data) | ferry::batch(16) |
-                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+      auto steps = ferry::from_range(data) | ferry::batch(16) | ferry::distribute(ferry::cuda::devices{0, 1}, o);
       ferry::restore_state(steps, saved);
       auto st = steps.next();
       REQUIRE(st);
@@ -340,21 +398,28 @@ TEST_CASE("sim: save with a step made ahead resumes at the next undelivered step
   }
 }
 
-TEST_CASE("sim: steps_ahead other than 0 or 1 is a config error") {
+TEST_CASE("sim: steps_ahead other than 0 or 1, or 1 to 64 with the staging thread, is a config error") {
   const auto data = make_data(64);
   CHECK_THROWS_WITH_AS(ferry::from_range(data) | ferry::batch(16) |
                            ferry::distribute(ferry::cuda::devices{0}, {.steps_ahead = 2}),
-                       doctest::Contains("steps_ahead"), ferry::config_error);
+                       doctest::Contains("staging_thread"), ferry::config_error);
+  for (std::size_t bad : {0, 65})
+    CHECK_THROWS_WITH_AS(ferry::from_range(data) | ferry::batch(16) |
+                             ferry::distribute(ferry::cuda::devices{0}, {.steps_ahead = bad, .staging_thread = true}),
+                         doctest::Contains("steps_ahead"), ferry::config_error);
 }
 
-TEST_CASE("sim: the end of the epoch releases the last step, as asking for another step does") {
-  for (std::size_t ahead : {0, 1}) {
+TEST_CASE("sim: the end of the epoch releases the last step, as asking for another step does" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // the staging thread: never hang
+  for (const making mk : makings) {
+    INFO("ahead " << mk.ahead << ", staging " << mk.staging);
     sim::reset(41, 2);
     const auto data = make_data(16 * 5);
     {
       auto pool = ferry::make_pinned_pool();
       auto steps = ferry::from_range(data) | ferry::batch(16) |
-                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool, .steps_ahead = ahead});
+                   ferry::distribute(ferry::cuda::devices{0, 1},
+                                     {.host_resource = pool, .steps_ahead = mk.ahead, .staging_thread = mk.staging});
       std::optional<ferry::step<elem>> held;  // the last step stays alive past the end
       std::size_t n = 0;
       for (auto s = steps.next(); s; s = steps.next(), ++n) held = std::move(s);
@@ -372,12 +437,16 @@ TEST_CASE("sim: the end of the epoch releases the last step, as asking for anoth
 
 TEST_CASE("sim: an upstream that cannot be checkpointed still runs; only save_state fails" * doctest::timeout(60)) {
   ferry_test::watchdog wd(std::chrono::seconds(60));  // map workers: never hang
+  for (bool staging : {false, true}) {
+  INFO("staging " << staging);
   sim::reset(51, 3);
   const auto data = make_data(16 * 10);
   {
     auto pool = ferry::make_pinned_pool();
     auto steps = ferry::from_range(data) | ferry::map([](elem e) { return e; }, {.workers = 2, .ordered = false}) |
-                 ferry::batch(16) | ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+                 ferry::batch(16) |
+                 ferry::distribute(ferry::cuda::devices{0, 1},
+                                   {.host_resource = pool, .steps_ahead = staging ? 2u : 1u, .staging_thread = staging});
     std::size_t n = 0;
     for (auto& st : steps) {
       (void)st;
@@ -387,15 +456,21 @@ TEST_CASE("sim: an upstream that cannot be checkpointed still runs; only save_st
   }
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  }
 }
 
-TEST_CASE("sim: restore after some steps drops the step made ahead and resumes where saved") {
+TEST_CASE("sim: restore after some steps drops the steps made ahead and resumes where saved" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  for (const making mk : makings) {
+  INFO("ahead " << mk.ahead << ", staging " << mk.staging);
   sim::reset(61, 2);
   const auto data = make_data(16 * 8);
   {
     auto pool = ferry::make_pinned_pool();
     auto steps = ferry::from_range(data) | ferry::batch(16) |
-                 ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool});
+                 ferry::distribute(ferry::cuda::devices{0, 1},
+                                   {.host_resource = pool, .steps_ahead = mk.ahead, .staging_thread = mk.staging});
     REQUIRE(steps.next());
     REQUIRE(steps.next());
     const ferry::pipeline_state saved = ferry::save_state(steps);  // after steps 0 and 1
@@ -412,9 +487,13 @@ TEST_CASE("sim: restore after some steps drops the step made ahead and resumes w
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
   CHECK(sim::stats().live_device_blocks == 0);
+  }
 }
 
-TEST_CASE("sim: the user's own compute streams are used, waited on, and left alive") {
+TEST_CASE("sim: the user's own compute streams are used, waited on, and left alive" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // the staging thread: never hang
+  for (bool staging : {false, true}) {
+  INFO("staging " << staging);
   sim::reset(71, 3);
   cudaStream_t mine[2] = {};
   for (int d = 0; d < 2; ++d) {
@@ -427,7 +506,7 @@ TEST_CASE("sim: the user's own compute streams are used, waited on, and left ali
     auto pool = ferry::make_pinned_pool();
     auto steps = ferry::from_range(data) | ferry::batch(16) |
                  ferry::distribute(ferry::cuda::devices({0, 1}, {static_cast<void*>(mine[0]), static_cast<void*>(mine[1])}),
-                                   {.host_resource = pool});
+                                   {.host_resource = pool, .steps_ahead = staging ? 2u : 1u, .staging_thread = staging});
     std::size_t n = 0;
     for (auto& st : steps) {
       for (int r = 0; r < 2; ++r) {
@@ -447,6 +526,7 @@ TEST_CASE("sim: the user's own compute streams are used, waited on, and left ali
   CHECK(sim::stats().live_device_blocks == 0);
   for (auto s : mine) CHECK(cudaStreamDestroy(s) == cudaSuccess);
   CHECK(sim::stats().live_streams == 0);
+  }
 }
 
 TEST_CASE("sim: a block whose reuse wait failed keeps its event: the next user still waits for the last") {

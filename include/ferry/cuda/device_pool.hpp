@@ -8,6 +8,13 @@
 // oldest released step, not for the step being computed (which is what lets it overlap
 // that step). One pool per replica (its device is made current inside).
 //
+// grow_below: a stage that makes steps ahead on a thread of its own (distribute's staging
+// thread) may ask for a block just after the consumer released one; that block's last user
+// (the step just computed) may still be queued, and a copy into it would wait for it,
+// serialising copy and compute. With grow_below = n, a block whose last user has not
+// finished is passed over for a new one while this pool holds fewer than n blocks of that
+// size: the pool grows to the depth the pipeline keeps in flight, then reuses.
+//
 // Thread-safe. acquire/take_event throw ferry::cuda_error; release/give_event and the
 // destructor never throw (the destructor waits for pending release events, then frees).
 #pragma once
@@ -64,12 +71,14 @@ class device_buffer_pool {
   }
 
   // A block of `bytes`, ready for work enqueued on `s` after this call.
-  void* acquire(std::size_t bytes, cudaStream_t s) {
+  void* acquire(std::size_t bytes, cudaStream_t s, std::size_t grow_below = 0) {
     block b{};
     {
       std::lock_guard lk(m_);
       auto it = free_.find(bytes);
-      if (it != free_.end() && !it->second.empty()) {
+      const bool busy = it != free_.end() && !it->second.empty() && grow_below > 0 && it->second.front().after &&
+                        count_[bytes] < grow_below && cudaEventQuery(it->second.front().after) == cudaErrorNotReady;
+      if (it != free_.end() && !it->second.empty() && !busy) {
         b = it->second.front();  // least recently released: its last user is likeliest done
         it->second.pop_front();
         ++st_.reuses;
@@ -95,6 +104,7 @@ class device_buffer_pool {
     std::lock_guard lk(m_);
     ++st_.allocations;
     ++st_.outstanding;
+    ++count_[bytes];
     return p;
   }
 
@@ -148,6 +158,7 @@ class device_buffer_pool {
   int device_;
   mutable std::mutex m_;
   std::map<std::size_t, std::deque<block>> free_;
+  std::map<std::size_t, std::size_t> count_;  // blocks of each size, free or handed out
   std::vector<cudaEvent_t> events_;
   stats st_;
 };

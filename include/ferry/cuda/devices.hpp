@@ -62,6 +62,7 @@
 #include <cuda_runtime_api.h>
 
 #include <array>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -162,11 +163,11 @@ class devices_state {
     }
   }  // `done` frees the batches here, outside the lock
 
+  // Parks a released step's host batch until its copies are done; poll() (on the thread
+  // that makes steps) returns it. No CUDA call here: release() runs on the consumer's
+  // thread, whose every microsecond a launch-bound training loop feels.
   void defer(deferred d) noexcept {
-    if (copies_done(d)) {
-      for (auto [r, e] : d.copies) r_[r].pool->give_event(e);
-      return;
-    }
+    if (d.copies.empty()) return;
     std::lock_guard lk(m_);
     try {
       pending_.push_back(std::move(d));
@@ -237,10 +238,14 @@ class devices_lease final : public ::ferry::detail::step_lease {
     d.host = std::move(host_);
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    int cur = prev;
     for (std::size_t r = 0; r < held_.size(); ++r) {
       auto& h = held_[r];
       auto& rep = st_->at(r);
-      FERRY_CUDA_LOG(cudaSetDevice(rep.device));
+      if (cur != rep.device) {
+        FERRY_CUDA_LOG(cudaSetDevice(rep.device));
+        cur = rep.device;
+      }
       if (h.copied) {
         try {
           d.copies.emplace_back(r, h.copied);
@@ -260,7 +265,7 @@ class devices_lease final : public ::ferry::detail::step_lease {
       }
       h.p = nullptr;
     }
-    if (prev >= 0) FERRY_CUDA_LOG(cudaSetDevice(prev));
+    if (prev >= 0 && cur != prev) FERRY_CUDA_LOG(cudaSetDevice(prev));
     st_->defer(std::move(d));
   }
 
@@ -291,6 +296,10 @@ class devices_backend {
                          std::to_string(ord_.size()) + "), or none");
   }
 
+  devices_backend(devices_backend&& o) noexcept
+      : ord_(std::move(o.ord_)), streams_(std::move(o.streams_)), max_pending_(o.max_pending_), grow_below_(o.grow_below_),
+        backpressure_waits_(o.backpressure_waits_.load(std::memory_order_relaxed)), st_(std::move(o.st_)) {}
+
   std::size_t replicas() const noexcept { return ord_.size(); }
   std::shared_ptr<std::pmr::memory_resource> default_host_resource() const { return pinned_pool(); }
 
@@ -302,7 +311,7 @@ class devices_backend {
     constexpr std::size_t nf = batch_of<T>::field_count;
     if (!st_) st_ = std::make_shared<devices_state>(ord_, streams_);
     st_->poll();
-    backpressure_waits_ += st_->wait_while_more_than(max_pending_);
+    backpressure_waits_.fetch_add(st_->wait_while_more_than(max_pending_), std::memory_order_relaxed);
 
     // One block per replica, each field's full per-replica rows at an aligned offset:
     // every step asks for the same size, so the pool always reuses.
@@ -319,7 +328,7 @@ class devices_backend {
       auto& rep = st_->at(r);
       device_guard g(rep.device);
       auto& h = lease->at(r);
-      h.p = rep.pool->acquire(total, rep.copy.get());
+      h.p = rep.pool->acquire(total, rep.copy.get(), grow_below_);
       h.bytes = total;
       auto* base = static_cast<std::byte*>(h.p);
       std::array<const std::byte*, nf> data{};
@@ -352,6 +361,11 @@ class devices_backend {
     }
   }
 
+  // distribute's staging thread keeps `n` steps ahead: let each replica's pool grow to the
+  // blocks that keeps in flight (handed out, queued, being made, released and still read)
+  // rather than make a copy wait for the step just released (device_buffer_pool::acquire).
+  void set_staging_depth(std::size_t n) noexcept { grow_below_ = n == 0 ? 0 : n + 3; }
+
   // For tests and benchmarks.
   cudaStream_t copy_stream(std::size_t r) const { return st_ ? st_->at(r).copy.get() : nullptr; }
   cudaStream_t compute_stream(std::size_t r) const { return st_ ? st_->at(r).compute.get() : nullptr; }
@@ -360,13 +374,14 @@ class devices_backend {
   }
   std::size_t pending_host_batches() const { return st_ ? st_->pending_host_batches() : 0; }
   // Times next() waited on the host because the GPU was max_pending steps behind.
-  std::uint64_t backpressure_waits() const noexcept { return backpressure_waits_; }
+  std::uint64_t backpressure_waits() const noexcept { return backpressure_waits_.load(std::memory_order_relaxed); }
 
  private:
   std::vector<int> ord_;
   std::vector<void*> streams_;
   std::size_t max_pending_;
-  std::uint64_t backpressure_waits_ = 0;
+  std::size_t grow_below_ = 0;
+  std::atomic<std::uint64_t> backpressure_waits_{0};  // counted on the thread making steps
   std::shared_ptr<devices_state> st_;  // created by the first step (nothing runs before)
 };
 

@@ -49,26 +49,41 @@
 // made ahead (steps_ahead) is not part of the saved position: a restore makes it again.
 // Errors: an upstream error met while making a step ahead is thrown by the next() that
 // would have returned that step, so errors come in the same place in the sequence.
-// Runs on the thread calling next(). Throws config_error as above, cuda_error from the
-// CUDA backend; upstream errors propagate unchanged.
+// Threads: runs on the thread calling next(), and so does everything upstream that has no
+// thread of its own, unless distribute_options::staging_thread is set for a backend that
+// copies (CUDA): then one thread of distribute's own, started by the first next(), pulls
+// the upstream (user functions of stages without threads run on it), makes the steps and
+// enqueues their copies, up to steps_ahead ready; the consumer's next() takes a ready step,
+// releases the one before and orders its streams after the copies. The destructor,
+// rewind() and restore() stop that thread and join it at once (waiting only for a step
+// being made); errors met there come out of next() at their place, as above; save() gives
+// the position after the last step handed out.
+// Throws config_error as above, cuda_error from the CUDA backend; upstream errors propagate
+// unchanged.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <exception>
 #include <memory>
 #include <memory_resource>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "ferry/cuda/nvtx.hpp"
+#include "ferry/detail/spin.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
 #include "ferry/observe/hooks.hpp"
@@ -91,6 +106,14 @@ struct distribute_options {
   // each step's result on the host (a trainer reading its loss); 0 makes each step when
   // asked for. Host replicas copy nothing and ignore it. Anything else is a config_error.
   std::size_t steps_ahead = 1;
+  // Backends that copy (CUDA): make steps on a thread of distribute's own (tf.data's
+  // prefetch_to_device), up to steps_ahead (1 to 64; 4 is a good start) ready ahead, so
+  // the consumer's next() does no copy work: it releases the step before, orders its
+  // streams after the copies and takes the next step. For a consumer thread that is the
+  // bottleneck (a small model's launches): its next() fell from 16 to a few microseconds
+  // on an H200 (docs/distribute.md). Everything upstream then runs on that thread. Host
+  // replicas copy nothing and ignore it.
+  bool staging_thread = false;
 };
 
 // The host backend's tag: n replicas whose batches stay in host memory.
@@ -288,22 +311,67 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   static_assert(batch_collator<T>::all_fixed,
                 "ferry::distribute: only fixed-size fields can be split across replicas; map "
                 "ragged fields (vectors, strings) to fixed-size std::arrays before batch()");
+  static constexpr bool backend_copies = requires { Backend::copies_to_devices; };
+  static constexpr bool resumable = resumable_source<Up>;
+  static constexpr int spin_iterations = 2000;  // a few microseconds of pause
 
  public:
   using value_type = step<T>;
 
+ private:
+  // A step made by the staging thread, with the upstream position after it.
+  struct staged {
+    std::optional<value_type> step;  // nullopt and no error: the end of the epoch
+    std::exception_ptr error;
+    pipeline_state state;
+    bool has_state = false;
+  };
+  // What making a step touches. On the heap, so the stage can move while the staging
+  // thread (which holds a pointer to it) runs.
+  struct core {
+    core(Up u, Backend b, distribute_options opt) : up(std::move(u)), be(std::move(b)), o(std::move(opt)) {}
+    Up up;
+    Backend be;
+    distribute_options o;
+    std::shared_ptr<std::pmr::memory_resource> res;
+    std::vector<replica_slice> slices;
+    std::atomic<std::size_t> global{0};
+    std::atomic<std::uint64_t> dropped{0};
+    std::uint64_t index = 0;  // steps made this epoch
+    bool inferred = false;    // G came from the first batch (for the error messages)
+    [[no_unique_address]] observe::upstream_probe<Up> probe;
+    // The staging thread's queue (staging_thread only).
+    std::mutex m;
+    std::condition_variable not_empty, not_full;
+    std::deque<staged> q;
+    std::atomic<std::size_t> queued{0};  // q.size(), readable without the lock
+    bool stop = false;
+    bool stager_sleeps = false;  // under m: the consumer wakes it once the queue is half empty
+    std::string save_error;      // why the upstream cannot be saved (written once, under m)
+    observe::stage_counters stager_stats;
+  };
+
+ public:
   distribute_source(Up up, Backend be, distribute_options o)
-      : up_(std::move(up)), be_(std::move(be)), o_(std::move(o)) {
-    if (o_.remainder == remainder_policy::pad && !std::is_default_constructible_v<T>)
+      : c_(std::make_unique<core>(std::move(up), std::move(be), std::move(o))) {
+    const distribute_options& opt = c_->o;
+    if (opt.remainder == remainder_policy::pad && !std::is_default_constructible_v<T>)
       throw config_error("distribute: remainder_policy::pad fills with value-initialised "
                          "elements, and this element type is not default-constructible; "
                          "use drop or partial");
-    if (o_.global_batch != 0) check_global(o_.global_batch);
-    if (o_.steps_ahead > 1)
-      throw config_error("distribute: steps_ahead must be 0 or 1 (got " + std::to_string(o_.steps_ahead) + ")");
+    if (opt.global_batch != 0) check_global(*c_, opt.global_batch);
+    if (opt.staging_thread && (opt.steps_ahead == 0 || opt.steps_ahead > 64))
+      throw config_error("distribute: with staging_thread, steps_ahead is the number of steps made ahead: "
+                         "1 to 64 (got " + std::to_string(opt.steps_ahead) + ")");
+    if (!opt.staging_thread && opt.steps_ahead > 1)
+      throw config_error("distribute: steps_ahead must be 0 or 1 (got " + std::to_string(opt.steps_ahead) +
+                         "); more steps ahead need staging_thread = true");
   }
-  distribute_source(distribute_source&&) = default;
+  distribute_source(distribute_source&&) noexcept = default;
   ~distribute_source() {
+    if (!c_) return;  // moved from
+    halt();
+    c_->q.clear();
     ahead_.reset();
     release_previous();
   }
@@ -312,19 +380,23 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     return observe::observed_next(stats_, "distribute", [&] { return next_impl(); });
   }
   void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("distribute", stats_, observe::stage_mode::inline_stage, 1);
+    c_->probe.visit(c_->up, v);
+    if (staging())
+      v.add("distribute", c_->stager_stats, observe::stage_mode::threaded_stage, 1);
+    else
+      v.add("distribute", stats_, observe::stage_mode::inline_stage, 1);
   }
 
  private:
-  static constexpr bool backend_copies = requires { Backend::copies_to_devices; };
+  bool staging() const noexcept { return backend_copies && c_->o.staging_thread; }
 
   std::optional<value_type> next_impl() {
     if (!started_) start();
-    if (!backend_copies || o_.steps_ahead == 0) {
+    if (staging()) return next_staged();
+    if (!backend_copies || c_->o.steps_ahead == 0) {
       // Made before the previous step is released, so the new step's blocks are not the
       // ones the consumer's work on the previous step still reads.
-      std::optional<value_type> s = make_next();
+      std::optional<value_type> s = make_next(*c_);
       release_previous();
       if (s) hand_out(*s);
       return s;
@@ -335,19 +407,19 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     }
     if (!have_ahead_) {  // the first step, or the first after an error or a rewind
       release_previous();
-      ahead_ = make_next();
+      ahead_ = make_next(*c_);
     }
     have_ahead_ = false;
     if (!ahead_) {  // the end: the last step handed out is released here, as without ahead
       release_previous();
       return std::nullopt;
     }
-    if constexpr (resumable_source<Up>) {  // the position after the step handed out, for save()
+    if constexpr (resumable) {  // the position after the step handed out, for save()
       delivered_.words.clear();
       delivered_error_ = nullptr;
       try {
         state_writer w(delivered_);
-        up_.save(w);
+        c_->up.save(w);
       } catch (...) {  // e.g. an unordered map upstream: only save() fails, as without ahead
         delivered_error_ = std::current_exception();
       }
@@ -357,12 +429,98 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     release_previous();  // the consumer has enqueued its work on the step before
     hand_out(out);
     try {
-      ahead_ = make_next();
+      ahead_ = make_next(*c_);
       have_ahead_ = true;
     } catch (...) {
       ahead_error_ = std::current_exception();
     }
     return out;
+  }
+
+  // staging_thread: steps come made from the queue; the consumer only releases the step
+  // before, orders its streams after the copies (hand_out) and wakes a sleeping stager.
+  std::optional<value_type> next_staged() {
+    if (finished_) return std::nullopt;
+    core& c = *c_;
+    release_previous();  // the consumer has enqueued its work on the step before
+    staged it;
+    {
+      observe::wait_timer wt;  // an empty queue: upstream (or the copies' backpressure) is slower
+      if (c.queued.load(std::memory_order_acquire) == 0) wt.start();
+      for (int i = 0; i < spin_iterations && c.queued.load(std::memory_order_acquire) == 0; ++i)
+        detail::cpu_relax();
+      bool wake = false;
+      {
+        std::unique_lock lk(c.m);
+        c.not_empty.wait(lk, [&] { return !c.q.empty(); });
+        it = std::move(c.q.front());
+        c.q.pop_front();
+        c.queued.store(c.q.size(), std::memory_order_release);
+        // A full queue's stager sleeps until half of it is free: woken per step, a stager
+        // that keeps ahead would cost the consumer a futex wake-up every step.
+        if (c.stager_sleeps && c.q.size() <= c.o.steps_ahead / 2) {
+          c.stager_sleeps = false;
+          wake = true;
+        }
+      }
+      if (wake) c.not_full.notify_one();
+      wt.stop(stats_.wait_up, "distribute: wait staging thread");
+    }
+    if constexpr (resumable)
+      if (it.has_state) delivered_ = std::move(it.state);  // else the position before stands
+    if (it.error) std::rethrow_exception(it.error);  // in place; the stager goes on after it
+    if (!it.step) {
+      finished_ = true;
+      halt();
+      return std::nullopt;
+    }
+    handed_ = it.step->index() + 1;
+    hand_out(*it.step);
+    return std::move(it.step);
+  }
+
+  static void stage(core& c) {
+    observe::name_this_thread("ferry distribute");
+    for (;;) {
+      staged it;
+      try {
+        it.step = observe::observed_next(c.stager_stats, "distribute", [&] { return make_next(c); });
+      } catch (...) {
+        it.error = std::current_exception();
+      }
+      if constexpr (resumable) {
+        if (c.save_error.empty()) {
+          try {
+            state_writer w(it.state);
+            c.up.save(w);
+            it.has_state = true;
+          } catch (const config_error& e) {  // e.g. an unordered parallel map: the data
+            std::lock_guard lk(c.m);         // still flows; only save() will fail
+            c.save_error = e.what();
+          } catch (...) {  // an upstream that cannot say where it is after its error (zip):
+            it.state.words.clear();  // the position before the error stands
+            if (!it.error) it.error = std::current_exception();
+          }
+        }
+      }
+      const bool last = !it.error && !it.step;  // the end; after an error upstream goes on
+      {
+        std::unique_lock lk(c.m);
+        if (!c.stop && c.q.size() >= c.o.steps_ahead) {  // full: the consumer is slower
+          observe::wait_timer wt;
+          wt.start();
+          c.stager_sleeps = true;
+          c.not_full.wait(lk, [&] { return c.stop || !c.stager_sleeps; });
+          c.stager_sleeps = false;
+          wt.stop(c.stager_stats.wait_down, "distribute: wait consumer");
+        }
+        if (c.stop) return;  // `it` (a made step) is released here: its blocks go back
+        c.q.push_back(std::move(it));
+        c.queued.store(c.q.size(), std::memory_order_release);
+      }
+      c.not_empty.notify_one();
+      if (last) return;
+    }
   }
 
   // The step becomes the consumer's: it is released at the next request. A backend that
@@ -371,53 +529,56 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   // before, and serialise copy and compute).
   void hand_out(value_type& s) {
     last_ = step_access::lease(s);
-    if constexpr (requires { be_.hand_out(s); }) be_.hand_out(s);
+    if constexpr (requires { c_->be.hand_out(s); }) c_->be.hand_out(s);
   }
 
-  // Pulls the next batch (skipping dropped ones) and has the backend make its step.
-  std::optional<value_type> make_next() {
-    const std::size_t R = be_.replicas();
+  // Pulls the next batch (skipping dropped ones) and has the backend make its step. Runs on
+  // the consumer's thread, or on the staging thread.
+  static std::optional<value_type> make_next(core& c) {
+    const std::size_t R = c.be.replicas();
     for (;;) {
-      std::optional<in_t> b = probe_.pull(up_);
+      std::optional<in_t> b = c.probe.pull(c.up);
       if (!b) return std::nullopt;
       const std::size_t m = b->size();
       if (m == 0) continue;
-      if (global_ == 0) {
-        inferred_ = true;
-        check_global(m);
-        global_ = m;
+      std::size_t global = c.global.load(std::memory_order_relaxed);
+      if (global == 0) {
+        c.inferred = true;
+        check_global(c, m);
+        global = m;
+        c.global.store(m, std::memory_order_relaxed);
       }
-      if (m > global_ && inferred_)  // the first batch was short, so G was inferred wrong
+      if (m > global && c.inferred)  // the first batch was short, so G was inferred wrong
         throw config_error("distribute: got a batch of " + std::to_string(m) + " rows after a first batch of " +
-                           std::to_string(global_) + ", from which the global batch size had been inferred (no "
+                           std::to_string(global) + ", from which the global batch size had been inferred (no "
                            "batch() visible upstream); that first batch was short: pass "
                            "distribute_options::global_batch");
-      if (m > global_)
+      if (m > global)
         throw config_error("distribute: got a batch of " + std::to_string(m) +
-                           " rows, larger than the global batch size " + std::to_string(global_));
-      const std::size_t per = global_ / R;
-      slices_.resize(R);
-      if (m == global_) {
-        for (std::size_t r = 0; r < R; ++r) slices_[r] = {r * per, per, per};
-      } else if (o_.remainder == remainder_policy::drop) {
-        ++dropped_;
+                           " rows, larger than the global batch size " + std::to_string(global));
+      const std::size_t per = global / R;
+      c.slices.resize(R);
+      if (m == global) {
+        for (std::size_t r = 0; r < R; ++r) c.slices[r] = {r * per, per, per};
+      } else if (c.o.remainder == remainder_policy::drop) {
+        c.dropped.fetch_add(1, std::memory_order_relaxed);
         continue;
-      } else if (o_.remainder == remainder_policy::pad) {
-        b = pad(*b);
+      } else if (c.o.remainder == remainder_policy::pad) {
+        b = pad(c, *b);
         for (std::size_t r = 0; r < R; ++r)
-          slices_[r] = {r * per, per, std::min(per, m > r * per ? m - r * per : 0)};
+          c.slices[r] = {r * per, per, std::min(per, m > r * per ? m - r * per : 0)};
       } else {  // partial
         std::size_t first = 0;
         for (std::size_t r = 0; r < R; ++r) {
           const std::size_t rows = m / R + (r < m % R ? 1 : 0);
-          slices_[r] = {first, rows, rows};
+          c.slices[r] = {first, rows, rows};
           first += rows;
         }
       }
       auto host = std::make_shared<const in_t>(std::move(*b));
       cuda::nvtx_range range("ferry distribute: copy to replicas");
-      value_type s = be_.template make_step<T>(std::move(host), slices_, per, index_);
-      ++index_;  // counts steps made, not attempts
+      value_type s = c.be.template make_step<T>(std::move(host), c.slices, per, c.index);
+      ++c.index;  // counts steps made, not attempts
       return s;
     }
   }
@@ -426,81 +587,126 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   void rewind()
     requires rewindable_source<Up>
   {
+    halt();
+    c_->q.clear();
+    c_->queued = 0;
+    c_->stop = false;
     ahead_.reset();
     have_ahead_ = false;
     ahead_error_ = nullptr;
     release_previous();
-    up_.rewind();
-    index_ = 0;
+    c_->up.rewind();
+    c_->index = 0;
+    handed_ = 0;
+    started_ = finished_ = false;
   }
   void save(state_writer& w) const
-    requires resumable_source<Up>
+    requires resumable
   {
+    if (staging() && started_) {
+      {
+        std::lock_guard lk(c_->m);
+        if (!c_->save_error.empty()) throw config_error(c_->save_error);
+      }
+      w.put_words(delivered_.words);  // the upstream position after the last step handed out
+      w.tag("distribute");
+      w.put(handed_);
+      return;
+    }
     const bool ahead = have_ahead_ || ahead_error_;
     if (ahead && delivered_error_) std::rethrow_exception(delivered_error_);
     if (ahead)
       w.put_words(delivered_.words);  // upstream has been pulled one batch further
     else
-      up_.save(w);
+      c_->up.save(w);
     w.tag("distribute");
-    w.put(ahead && ahead_ ? index_ - 1 : index_);
+    w.put(ahead && ahead_ ? c_->index - 1 : c_->index);
   }
   void restore(state_reader& r)
-    requires resumable_source<Up>
+    requires resumable
   {
-    ahead_.reset();  // made from the position being left
+    halt();  // steps made from the position being left go
+    c_->q.clear();
+    c_->queued = 0;
+    c_->stop = false;
+    ahead_.reset();
     have_ahead_ = false;
     ahead_error_ = nullptr;
     release_previous();
-    up_.restore(r);
+    c_->up.restore(r);
     r.expect("distribute");
-    index_ = r.get();
+    c_->index = handed_ = r.get();
+    started_ = finished_ = false;
   }
 
-  std::size_t replicas() const noexcept { return be_.replicas(); }
+  std::size_t replicas() const noexcept { return c_->be.replicas(); }
   // The global batch size, once known (0 before the first batch when it has to be inferred).
-  std::size_t global_batch() const noexcept { return global_; }
+  std::size_t global_batch() const noexcept { return c_->global.load(std::memory_order_relaxed); }
   // Whether an upstream batch stage took distribute's memory (false: batches come from
   // wherever upstream puts them; for CUDA that may be pageable memory, copied slower).
   bool collates_into_distribute_memory() const noexcept { return hooked_; }
   // Short batches skipped under remainder_policy::drop, over this stage's life.
-  std::uint64_t dropped() const noexcept { return dropped_; }
-  const std::shared_ptr<std::pmr::memory_resource>& host_resource() const noexcept { return res_; }
-  Backend& backend() noexcept { return be_; }
+  std::uint64_t dropped() const noexcept { return c_->dropped.load(std::memory_order_relaxed); }
+  const std::shared_ptr<std::pmr::memory_resource>& host_resource() const noexcept { return c_->res; }
+  Backend& backend() noexcept { return c_->be; }
 
  private:
   void start() {
+    core& c = *c_;
     started_ = true;
-    res_ = o_.host_resource ? o_.host_resource : be_.default_host_resource();
-    hooked_ = forward_buffer_resource(up_, res_);
-    global_ = o_.global_batch;
+    if (!c.res) {  // once: batch() keeps the resource it was given across epochs
+      c.res = c.o.host_resource ? c.o.host_resource : c.be.default_host_resource();
+      hooked_ = forward_buffer_resource(c.up, c.res);
+    }
+    if (c.global.load(std::memory_order_relaxed) == 0) c.global.store(c.o.global_batch, std::memory_order_relaxed);
     if constexpr (sized_batches<Up>) {
-      if (const std::size_t b = up_.batch_size(); global_ == 0 && b != 0) {  // 0: unknown (any_source)
-        check_global(b);
-        global_ = b;
+      if (const std::size_t b = c.up.batch_size(); c.global.load(std::memory_order_relaxed) == 0 && b != 0) {
+        check_global(c, b);  // 0: unknown (any_source)
+        c.global.store(b, std::memory_order_relaxed);
       }
     }
+    if (!staging()) return;
+    if constexpr (requires { c.be.set_staging_depth(std::size_t{1}); }) c.be.set_staging_depth(c.o.steps_ahead);
+    if constexpr (resumable) {  // the position before the first step, for a save() then
+      delivered_.words.clear();
+      state_writer w(delivered_);
+      c.up.save(w);
+    }
+    c.stop = false;
+    th_ = std::thread([p = c_.get()] { stage(*p); });
   }
 
-  void check_global(std::size_t g) const {
-    const std::size_t R = be_.replicas();
+  // Stops the staging thread and joins it; it waits only for a step being made.
+  void halt() noexcept {
+    if (!c_ || !th_.joinable()) return;
+    {
+      std::lock_guard lk(c_->m);
+      c_->stop = true;
+    }
+    c_->not_full.notify_all();
+    th_.join();
+  }
+
+  static void check_global(const core& c, std::size_t g) {
+    const std::size_t R = c.be.replicas();
     if (g % R != 0)
       throw config_error("distribute: the global batch size " + std::to_string(g) +
-                         (inferred_ ? " (inferred from the first batch: no batch() visible upstream)" : "") +
+                         (c.inferred ? " (inferred from the first batch: no batch() visible upstream)" : "") +
                          " does not divide among " + std::to_string(R) +
                          " replicas; use a batch size that is a multiple of " + std::to_string(R) +
-                         (inferred_ ? ", and if that first batch was short (fewer rows than one batch), "
-                                      "pass distribute_options::global_batch"
-                                    : ""));
+                         (c.inferred ? ", and if that first batch was short (fewer rows than one batch), "
+                                       "pass distribute_options::global_batch"
+                                     : ""));
   }
 
   // The short batch copied into a full-size one whose tail rows are value-initialised T.
-  in_t pad(const in_t& b) {
+  static in_t pad(core& c, const in_t& b) {
     if constexpr (std::is_default_constructible_v<T>) {
-      batch_collator<T> c;
-      in_t p = c.start(res_, global_);
+      const std::size_t global = c.global.load(std::memory_order_relaxed);
+      batch_collator<T> col;
+      in_t p = col.start(c.res, global);
       T zero{};
-      for (std::size_t i = 0; i < global_; ++i) c.put(p, zero);
+      for (std::size_t i = 0; i < global; ++i) col.put(p, zero);
       [&]<std::size_t... I>(std::index_sequence<I...>) {
         ((std::memcpy(p.template field<I>().data(), b.template field<I>().data(),
                       b.size() * sizeof(typename in_t::template field_t<I>))),
@@ -517,25 +723,19 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     last_.reset();
   }
 
-  Up up_;
-  Backend be_;
-  distribute_options o_;
-  std::shared_ptr<std::pmr::memory_resource> res_;
-  std::vector<replica_slice> slices_;
+  std::unique_ptr<core> c_;
+  std::thread th_;  // the staging thread (staging_thread only)
   std::weak_ptr<step_lease> last_;
   std::optional<value_type> ahead_;  // the step made ahead (or the end, nullopt)
   bool have_ahead_ = false;
   std::exception_ptr ahead_error_;
   pipeline_state delivered_;  // upstream position after the last step handed out
   std::exception_ptr delivered_error_;  // why that position could not be saved
-  std::size_t global_ = 0;
-  std::uint64_t index_ = 0;
-  std::uint64_t dropped_ = 0;
+  std::uint64_t handed_ = 0;  // steps handed out this epoch (staging_thread)
   bool started_ = false;
+  bool finished_ = false;  // staging_thread: the end was handed out
   bool hooked_ = false;
-  bool inferred_ = false;  // G came from the first batch (for the error messages)
   observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail
