@@ -49,7 +49,7 @@ KEY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s+(-?[0-9.]+(?:[eE][-+]?[0-9]
 NUM = re.compile(r"^-?[0-9.]+(?:[eE][-+]?[0-9]+)?$")
 GPU_ROW = re.compile(r"^(raw cudaMemcpyAsync, pinned|raw cudaMemcpyAsync, pageable|distribute\(devices\{0\}\)|"
                      r"kernel on device-resident data|kernel fed by distribute)\s+(\d+)\s+(\d+)\s+([0-9.]+)\s+(\S+)$")
-FED_ROW = re.compile(r"^(on-device|fed)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)$")
+FED_ROW = re.compile(r"^(on-device|fed|fed-epoch1)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)$")
 
 
 # ----------------------------------------------------------------------------- running
@@ -278,6 +278,8 @@ def ratios(latest):
                         invert=True)
         elif name == "train_fed_gpu":
             add("train GPU: step time, on-device vs fed", m.get("train_fed_ratio"), r, invert=True)
+            add("train GPU: step time, on-device vs fed, epoch 1 (gzip)", m.get("train_fed_ratio_epoch1"), r,
+                invert=True)
     return out
 
 
@@ -375,7 +377,10 @@ def draw(latest, plt):
             if "on-device" in fr and "fed" in fr:
                 vals += [fr["on-device"]["time_per_step_us"], fr["fed"]["time_per_step_us"]]
                 labels += ["MLP step,\non device", "MLP step,\nfed"]
-        a2.bar(range(len(vals)), vals, color=["#888", "#2a9d8f"] * 2)
+            if "fed-epoch1" in fr:
+                vals.append(fr["fed-epoch1"]["time_per_step_us"])
+                labels.append("MLP step, fed,\nepoch 1 (gzip)")
+        a2.bar(range(len(vals)), vals, color=(["#888", "#2a9d8f"] * 2 + ["#e9c46a"])[:len(vals)])
         a2.set_xticks(range(len(vals)), labels[:len(vals)], fontsize=8)
         a2.set_ylabel("µs per step")
         a2.set_title("Copy hidden behind compute (equal bars = fully hidden)", fontsize=10)
