@@ -31,6 +31,49 @@
 
 using namespace std::chrono_literals;
 
+namespace {
+template <std::size_t N>
+struct row_of {
+  float v[N];
+};
+// n rows, row i filled with float(i).
+template <std::size_t N>
+std::vector<row_of<N>> numbered_rows(std::size_t n) {
+  std::vector<row_of<N>> data(n);
+  for (std::size_t i = 0; i < n; ++i) std::fill(std::begin(data[i].v), std::end(data[i].v), float(i));
+  return data;
+}
+// For every step of replica 0: before(k), then a 20 ms spin kernel reading the step's data
+// on its stream, between the timing events start[k] and end[k]. Returns the step count and
+// leaves both of ferry's streams drained (elapsed_ms needs complete events).
+template <class Steps, class F>
+int spin_each_step(Steps& steps, std::vector<ferry::cuda::event>& start, std::vector<ferry::cuda::event>& end,
+                   F&& before) {
+  float* d_out = nullptr;
+  FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_out), sizeof(float)));
+  const long long cycles = ferry_test::cycles_for_ms(20);
+  int k = 0;
+  for (auto& st : steps) {
+    REQUIRE(std::size_t(k) < start.size());
+    before(k);
+    auto s = static_cast<cudaStream_t>(st[0].stream());
+    start[k].record(s);  // passed once the stream's wait for this step's copies is met
+    FERRY_CUDA_TRY(ferry_test::launch_spin(s, cycles, st[0].template field<0>().data(), d_out));
+    end[k].record(s);
+    ++k;
+  }
+  FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().compute_stream(0)));
+  FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().copy_stream(0)));
+  FERRY_CUDA_TRY(cudaFree(d_out));
+  return k;
+}
+std::vector<ferry::cuda::event> timing_events(int n) {
+  std::vector<ferry::cuda::event> v;
+  for (int i = 0; i < n; ++i) v.push_back(ferry::cuda::event::create(true));
+  return v;
+}
+}  // namespace
+
 TEST_CASE("device contents equal the host batch, byte for byte, for every policy" *
           doctest::timeout(60)) {
   ferry_test::watchdog wd(120s, "bytes test");
@@ -152,37 +195,15 @@ TEST_CASE("the hot path never waits on the host, and device memory stops growing
 TEST_CASE("copies of step k+1 overlap the kernel of step k (measured with events)" *
           doctest::timeout(60)) {
   ferry_test::watchdog wd(120s, "overlap test");
-  struct big {  // 1 KiB rows: 8 MiB per step
-    float v[256];
-  };
-  std::vector<big> data(8192 * 8);
-  for (std::size_t i = 0; i < data.size(); ++i) std::fill(std::begin(data[i].v), std::end(data[i].v), float(i));
-  float* d_out = nullptr;
-  FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_out), sizeof(float)));
-  const long long cycles = ferry_test::cycles_for_ms(20);
+  const auto data = numbered_rows<256>(8192 * 8);  // 1 KiB rows: 8 MiB per step
   auto steps = ferry::from_range(data) | ferry::batch(8192) | ferry::prefetch(3) |
                ferry::distribute(ferry::cuda::devices{0});
-  std::vector<ferry::cuda::event> kernel_start, kernel_end, copy_end;
-  for (int i = 0; i < 8; ++i) {
-    kernel_start.push_back(ferry::cuda::event::create(true));
-    kernel_end.push_back(ferry::cuda::event::create(true));
-    copy_end.push_back(ferry::cuda::event::create(true));
-  }
-  int k = 0;
-  for (auto& st : steps) {
-    // next() enqueued the copy for step k+1 (steps_ahead = 1): mark its end on the copy stream.
-    copy_end[k].record(steps.backend().copy_stream(0));
-    auto s = static_cast<cudaStream_t>(st[0].stream());
-    kernel_start[k].record(s);
-    FERRY_CUDA_TRY(ferry_test::launch_spin(s, cycles, st[0].field<0>().data(), d_out));
-    kernel_end[k].record(s);
-    ++k;
-  }
+  auto kernel_start = timing_events(8), kernel_end = timing_events(8), copy_end = timing_events(8);
+  // next() enqueued the copy for step k+1 (steps_ahead = 1): mark its end on the copy
+  // stream. No kernel waits for copy_end[k] (it comes after the event kernel k+1 waits for).
+  const int k = spin_each_step(steps, kernel_start, kernel_end,
+                               [&](int i) { copy_end[i].record(steps.backend().copy_stream(0)); });
   REQUIRE(k == 8);
-  // Both streams: elapsed_ms needs complete events, and no kernel waits for copy_end[k]
-  // (it is recorded after the event that kernel k+1 waits for).
-  FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().compute_stream(0)));
-  FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().copy_stream(0)));
   int overlapped = 0;
   for (int i = 0; i + 1 < k; ++i) {
     // Copy k+1 ended while kernel k ran: after it started (kernel k did not wait for the
@@ -194,38 +215,16 @@ TEST_CASE("copies of step k+1 overlap the kernel of step k (measured with events
     if (after_start > 0 && before_end > 0) ++overlapped;
   }
   CHECK(overlapped >= k - 2);  // the host may fall behind once while prefetch warms up
-  FERRY_CUDA_TRY(cudaFree(d_out));
 }
 
 TEST_CASE("staging thread: copies overlap the kernels, which run back to back" * doctest::timeout(60)) {
   ferry_test::watchdog wd(120s, "staging overlap test");
-  struct big {  // 8 KiB rows: 64 MiB per step, about 1.2 ms to copy at 55 GB/s
-    float v[2048];
-  };
-  std::vector<big> data(8192 * 8);
-  for (std::size_t i = 0; i < data.size(); ++i) std::fill(std::begin(data[i].v), std::end(data[i].v), float(i));
-  float* d_out = nullptr;
-  FERRY_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d_out), sizeof(float)));
-  const long long cycles = ferry_test::cycles_for_ms(20);
+  const auto data = numbered_rows<2048>(8192 * 8);  // 8 KiB rows: 64 MiB per step, 1.2 ms to copy at 55 GB/s
   auto steps = ferry::from_range(data) | ferry::batch(8192) | ferry::prefetch(3) |
                ferry::distribute(ferry::cuda::devices{0}, {.steps_ahead = 2, .staging_thread = true});
-  std::vector<ferry::cuda::event> kernel_start, kernel_end;
-  for (int i = 0; i < 8; ++i) {
-    kernel_start.push_back(ferry::cuda::event::create(true));
-    kernel_end.push_back(ferry::cuda::event::create(true));
-  }
-  int k = 0;
-  for (auto& st : steps) {
-    auto s = static_cast<cudaStream_t>(st[0].stream());
-    // kernel_start is passed once the stream's wait for this step's copies is met
-    kernel_start[k].record(s);
-    FERRY_CUDA_TRY(ferry_test::launch_spin(s, cycles, st[0].field<0>().data(), d_out));
-    kernel_end[k].record(s);
-    ++k;
-  }
+  auto kernel_start = timing_events(8), kernel_end = timing_events(8);
+  const int k = spin_each_step(steps, kernel_start, kernel_end, [](int) {});
   REQUIRE(k == 8);
-  FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().compute_stream(0)));
-  FERRY_CUDA_TRY(cudaStreamSynchronize(steps.backend().copy_stream(0)));
   int hidden = 0;
   for (int i = 0; i + 1 < k; ++i) {
     // A copy not hidden would open a gap of about its own time (1.2 ms) between kernels.
@@ -240,7 +239,6 @@ TEST_CASE("staging thread: copies overlap the kernels, which run back to back" *
 #else
   CHECK(hidden >= k - 2);  // the host may fall behind once while prefetch warms up
 #endif
-  FERRY_CUDA_TRY(cudaFree(d_out));
 }
 
 TEST_CASE("abandoning mid-epoch synchronises and frees every block" * doctest::timeout(60)) {

@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "ferry/cuda/nvtx.hpp"
+#include "ferry/detail/producer_state.hpp"
 #include "ferry/detail/spin.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
@@ -488,21 +489,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       } catch (...) {
         it.error = std::current_exception();
       }
-      if constexpr (resumable) {
-        if (c.save_error.empty()) {
-          try {
-            state_writer w(it.state);
-            c.up.save(w);
-            it.has_state = true;
-          } catch (const config_error& e) {  // e.g. an unordered parallel map: the data
-            std::lock_guard lk(c.m);         // still flows; only save() will fail
-            c.save_error = e.what();
-          } catch (...) {  // an upstream that cannot say where it is after its error (zip):
-            it.state.words.clear();  // the position before the error stands
-            if (!it.error) it.error = std::current_exception();
-          }
-        }
-      }
+      if constexpr (resumable) save_after_pull(c.up, it.state, it.has_state, it.error, c.save_error, c.m);
       const bool last = !it.error && !it.step;  // the end; after an error upstream goes on
       {
         std::unique_lock lk(c.m);

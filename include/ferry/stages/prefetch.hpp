@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/producer_state.hpp"
 #include "ferry/detail/spin.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
@@ -200,21 +201,7 @@ class prefetch_source : public source_interface<prefetch_source<Up>> {
       } catch (...) {
         it.error = std::current_exception();
       }
-      if constexpr (resumable) {
-        if (c.save_error.empty()) {
-          try {
-            state_writer w(it.state);
-            c.up.save(w);
-            it.has_state = true;
-          } catch (const config_error& e) {  // e.g. an unordered parallel map: the data
-            std::lock_guard lk(c.m);         // still flows; only save() will fail
-            c.save_error = e.what();
-          } catch (...) {  // an upstream that cannot say where it is after its error (zip):
-            it.state.words.clear();  // the position before the error stands
-            if (!it.error) it.error = std::current_exception();
-          }
-        }
-      }
+      if constexpr (resumable) save_after_pull(c.up, it.state, it.has_state, it.error, c.save_error, c.m);
       bool last = !it.error && !it.value;  // the end; after an error upstream goes on
       {
         std::unique_lock lk(c.m);
