@@ -640,7 +640,6 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
  private:
   void start() {
     core& c = *c_;
-    started_ = true;
     if (!c.res) {  // once: batch() keeps the resource it was given across epochs
       c.res = c.o.host_resource ? c.o.host_resource : c.be.default_host_resource();
       hooked_ = forward_buffer_resource(c.up, c.res);
@@ -652,7 +651,10 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
         c.global.store(b, std::memory_order_relaxed);
       }
     }
-    if (!staging()) return;
+    if (!staging()) {
+      started_ = true;
+      return;
+    }
     if constexpr (requires { c.be.set_staging_depth(std::size_t{1}); }) c.be.set_staging_depth(c.o.steps_ahead);
     if constexpr (resumable) {  // the position before the first step, for a save() then
       delivered_.words.clear();
@@ -660,7 +662,10 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       c.up.save(w);
     }
     c.stop = false;
+    // Started only once the thread runs: a thread that could not be made is thrown by this
+    // next(), and the next one tries again instead of waiting on an empty queue.
     th_ = std::thread([p = c_.get()] { stage(*p); });
+    started_ = true;
   }
 
   // Stops the staging thread and joins it; it waits only for a step being made.
