@@ -1,8 +1,9 @@
-// benchmarks/common/timing.hpp: the host timers the CPU benchmarks share.
+// benchmarks/common/timing.hpp: the host timers and the median the benchmarks share.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 #include <vector>
 
 namespace bench {
@@ -10,6 +11,12 @@ namespace bench {
 // Seconds on the steady clock (differences only).
 inline double now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// The median of v (the upper one of an even count); v must not be empty.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 // The median of `reps` timed calls of f, in seconds.
@@ -21,8 +28,7 @@ double median_seconds(int reps, F&& f) {
     f();
     t.push_back(now() - a);
   }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
+  return median(std::move(t));
 }
 
 }  // namespace bench

@@ -8,7 +8,6 @@
 //   h2d_ratio: <distribute GB/s / raw pinned cudaMemcpyAsync GB/s>
 //   hidden_copy_ratio: <step time fed by ferry / step time on device-resident data>
 // Exits 77 without a usable device.
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -24,6 +23,7 @@
 #include "ferry/memory/pinned.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "common/timing.hpp"
 #include "gpu_kernels.hpp"
 
 namespace {
@@ -82,11 +82,6 @@ std::vector<ferry::batch_of<row>> build(std::size_t count, std::size_t rows) {
 }
 
 constexpr int rounds = 5;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 double seconds_since(clk::time_point t0) {
   return std::chrono::duration<double>(clk::now() - t0).count();
@@ -165,8 +160,8 @@ int main() {
     const timed h2d = run_ferry(false, 0, nullptr);
     ferry_v.push_back(double(bytes) * double(h2d.copies) / h2d.seconds / 1e9);
   }
-  const double raw_pinned = median(raw_pinned_v), raw_pageable = median(raw_pageable_v);
-  const double ferry_gbs = median(ferry_v);
+  const double raw_pinned = bench::median(raw_pinned_v), raw_pageable = bench::median(raw_pageable_v);
+  const double ferry_gbs = bench::median(ferry_v);
 
   // Training-like loop: a kernel reads each batch once and computes for about twice the
   // copy's time (the copy can then be hidden), the same work on device-resident data.
@@ -190,7 +185,7 @@ int main() {
     const timed fed = run_ferry(true, cycles, out);
     fed_v.push_back(fed.seconds / double(fed.kernels));
   }
-  const double t_dev = median(dev_v), t_fed = median(fed_v);
+  const double t_dev = bench::median(dev_v), t_fed = bench::median(fed_v);
   // No block pinned or unpinned while timing: what was timed is distribute's steady state.
   const auto pool_after = batch_pool(bytes)->statistics();
   const auto pinned_new = pool_after.upstream_allocations - pool_before.upstream_allocations;

@@ -40,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/timing.hpp"
 #include "fashion_mnist.hpp"
 #include "ferry/cuda/devices.hpp"
 #include "ferry/cuda/runtime.hpp"
@@ -49,11 +50,6 @@
 namespace {
 using clk = std::chrono::steady_clock;
 namespace tr = ferry::train;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -229,7 +225,7 @@ int main(int argc, char** argv) try {
     fed_t.push_back(f.steady);
     first_t.push_back(f.first);
   }
-  const double td = median(dev_t), tf = median(fed_t), t1 = median(first_t), ratio = tf / td;
+  const double td = bench::median(dev_t), tf = bench::median(fed_t), t1 = bench::median(first_t), ratio = tf / td;
   std::printf("# %zu GPU(s), %s; batch %zu (%d per replica), MLP 784-256-128-10, Adam; "
               "%zu map workers; distribute staging thread %s; median of %zu rounds of %zu steps\n",
               R, fmnist::gpu_name(devs[0]).c_str(), batch, per, workers, staging ? "on" : "off", rounds, steps);
