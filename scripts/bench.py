@@ -49,7 +49,7 @@ KEY_LINE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*):\s+(-?[0-9.]+(?:[eE][-+]?[0-9]
 NUM = re.compile(r"^-?[0-9.]+(?:[eE][-+]?[0-9]+)?$")
 GPU_ROW = re.compile(r"^(raw cudaMemcpyAsync, pinned|raw cudaMemcpyAsync, pageable|distribute\(devices\{0\}\)|"
                      r"kernel on device-resident data|kernel fed by distribute)\s+(\d+)\s+(\d+)\s+([0-9.]+)\s+(\S+)$")
-FED_ROW = re.compile(r"^(on-device|fed|fed-epoch1)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)$")
+FED_ROW = re.compile(r"^(on-device|on-device-nograph|fed|fed-epoch1)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)$")
 
 
 # ----------------------------------------------------------------------------- running
@@ -284,10 +284,13 @@ def ratios(latest):
                     dev = "GPU" if "gpu" in name else "CPU"
                     add(f"train ({dev}): time to {x.get('target')} accuracy vs PyTorch", x.get("ratio"), r,
                         invert=True)
-        elif name == "train_fed_gpu":
-            add("train GPU: step time, on-device vs fed", m.get("train_fed_ratio"), r, invert=True)
-            add("train GPU: step time, on-device vs fed, epoch 1 (gzip)", m.get("train_fed_ratio_epoch1"), r,
+        elif name in ("train_fed_gpu", "train_fed_gpu_graphs"):
+            g = " (CUDA graphs)" if name.endswith("graphs") else ""
+            add(f"train GPU{g}: step time, on-device vs fed", m.get("train_fed_ratio"), r, invert=True)
+            add(f"train GPU{g}: step time, on-device vs fed, epoch 1 (gzip)", m.get("train_fed_ratio_epoch1"), r,
                 invert=True)
+            if m.get("graph_step_speedup"):
+                add("train GPU: on-device step, CUDA graphs vs launches", m.get("graph_step_speedup"), r)
     return out
 
 

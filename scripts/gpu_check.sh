@@ -7,7 +7,8 @@
 # the benchmark results (bench.py's JSON) come back under $OUT; a short table is printed last.
 #
 #   device run, carry [".carry"]:  bash scripts/gpu_check.sh [step ...]
-#   steps: tests example bench_distribute bench_fed bench_nccl main bench_torch memcheck racecheck
+#   steps: tests example bench_distribute bench_fed bench_fed_graphs bench_nccl main main_graphs
+#          bench_torch memcheck racecheck
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -17,7 +18,8 @@ start_marker=$(mktemp) # results newer than this are this run's
 B=$root/.carry/build
 deadline=${FERRY_GPU_DEADLINE:-380}
 steps=("$@")
-((${#steps[@]})) || steps=(tests example bench_distribute bench_fed bench_nccl main bench_torch memcheck racecheck)
+((${#steps[@]})) || steps=(tests example bench_distribute bench_fed bench_fed_graphs bench_nccl main main_graphs bench_torch
+                            memcheck racecheck)
 summary=$out/summary.txt
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
@@ -69,7 +71,7 @@ step() {
   ((rc == 124 || rc == 137)) && verdict="TIMEOUT(${limit}s)"
   ((rc != 0 && rc != 77 && rc != 124 && rc != 137)) && verdict="FAIL(rc=$rc)"
   [ "$verdict" = ok ] || status=1
-  say "$(printf '%-26s %-14s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$(grep -E '^\[doctest\] (test cases|assertions)|_ratio:|^test_accuracy|ferry / pytorch' "$out/logs/$name.log" | tr '\n' ' ' | cut -c1-150)")"
+  say "$(printf '%-26s %-14s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$(grep -E '^\[doctest\] (test cases|assertions)|_ratio:|_speedup:|^test_accuracy|ferry / pytorch|^graphs:' "$out/logs/$name.log" | tr '\n' ' ' | cut -c1-150)")"
 }
 # bench NAME LIMIT CMD...: through bench.py's runner, so the result is kept as its JSON.
 bench() {
@@ -97,8 +99,11 @@ for s in "${steps[@]}"; do
                "$B/examples/04_train_fashion_mnist/train_fashion_mnist" gpu ;;
     bench_distribute) bench distribute_gpu 90 "$B/benchmarks/distribute/bench_distribute_gpu" ;;
     bench_fed) bench train_fed_gpu 120 "$B/benchmarks/train/bench_train_fed_gpu" ;;
+    bench_fed_graphs) bench train_fed_gpu_graphs 150 "$B/benchmarks/train/bench_train_fed_gpu" --graphs 1 ;;
     bench_nccl) bench collective_nccl 90 "$B/benchmarks/collective/bench_nccl_allreduce" ;;
     main) step main_job_gpu 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu ;;
+    main_graphs) step main_job_gpu_graphs 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu \
+                   --graphs 1 ;;
     bench_torch) bench train_fashion_mnist_gpu_vs_pytorch 200 python3 "$root/benchmarks/train/time_to_accuracy.py" \
                    "$B/benchmarks/train/bench_train_fashion_mnist" --device gpu ;;
     memcheck|racecheck) step "distribute_gpu_$s" 80 sh tests/cuda/sanitize.sh "$s" \

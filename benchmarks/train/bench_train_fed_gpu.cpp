@@ -22,11 +22,15 @@
 //
 // usage: bench_train_fed_gpu [--data DIR] [--batch 128] [--steps 400] [--warmup 30]
 //                            [--rounds 3] [--workers W] [--gpus N] [--limit SAMPLES] [--json FILE]
-//                            [--report 1] [--staging 0|1]
+//                            [--report 1] [--staging 0|1] [--graphs 0|1]
 //   --limit: train on the first SAMPLES images only (short epochs, for the simulator's smoke run)
 //   --report 1: print each fed round's pipeline report (ferry/stats.hpp; set FERRY_STATS=1)
 //   --staging 0: distribute makes its copies on the training loop's thread (the example's
 //                pipeline, and the default, use its staging thread)
+//   --graphs 1: the trainer runs each step as a CUDA graph (trainer_options::graphs), in both
+//               modes; a third mode, on-device steps of a trainer without graphs, is timed in
+//               the same rounds, and graph_step_speedup (its step time / the graphs' on-device
+//               step time) says what the graphs gained
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -35,6 +39,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -62,7 +67,7 @@ void cuda_ok(cudaError_t e, const char* what) {
 
 int main(int argc, char** argv) try {
   std::string dir = "/usr/share/datasets/fashion-mnist", json;
-  bool report = false, staging = true;
+  bool report = false, staging = true, graphs = false;
   if (const char* d = std::getenv("FERRY_FASHION_MNIST")) dir = d;
   std::size_t batch = 128, steps = 400, warmup = 30, rounds = 3, gpus = 0, limit = fmnist::train_images;
   const unsigned hc = std::max(1u, std::thread::hardware_concurrency());
@@ -73,6 +78,7 @@ int main(int argc, char** argv) try {
     else if (a == "--json") json = v;
     else if (a == "--report") report = v == "1";
     else if (a == "--staging") staging = v == "1";
+    else if (a == "--graphs") graphs = v == "1";
     else if (a == "--batch") batch = std::stoul(v);
     else if (a == "--steps") steps = std::stoul(v);
     else if (a == "--warmup") warmup = std::stoul(v);
@@ -111,9 +117,16 @@ int main(int argc, char** argv) try {
   }
   const int per = int(batch / R);
   const tr::mlp_config cfg{{fmnist::pixels, 256, 128, fmnist::classes}, {}};
-  auto m = fmnist::make_gpu_model(cfg, {.opt = {.kind = tr::optimizer_kind::adam, .lr = 1e-3f},
-                                        .seed = 1, .max_rows = per},
-                                  devs);
+  const tr::trainer_options topts{.opt = {.kind = tr::optimizer_kind::adam, .lr = 1e-3f}, .seed = 1,
+                                  .max_rows = per, .graphs = graphs};
+  auto m = fmnist::make_gpu_model(cfg, topts, devs);
+  // With --graphs 1: the same model without graphs, for graph_step_speedup.
+  std::unique_ptr<fmnist::model> direct;
+  if (graphs) {
+    tr::trainer_options o = topts;
+    o.graphs = false;
+    direct = fmnist::make_gpu_model(cfg, o, devs);
+  }
   const std::vector<void*> streams = m->streams();
 
   // On-device data: K distinct synthetic batches per replica, uploaded once.
@@ -140,26 +153,26 @@ int main(int argc, char** argv) try {
   }
   // Host time per timed step on the consumer's thread, to say which side limits a step:
   // the trainer's launches (train_step_async, train_async) and the pipeline's next().
-  double host_launch_dev = 0, host_launch_fed = 0, host_next_fed = 0;
+  double host_launch_dev = 0, host_launch_direct = 0, host_launch_fed = 0, host_next_fed = 0;
   auto secs = [](clk::time_point a, clk::time_point b) { return std::chrono::duration<double>(b - a).count(); };
-  auto on_device_round = [&] {
+  auto on_device_round = [&](fmnist::model& mm, double& host_launch) {
     std::vector<tr::replica_input> in(R);
     clk::time_point t0;
     double launch = 0;
     for (std::size_t s = 0; s < warmup + steps; ++s) {
       if (s == warmup) {
-        (void)m->take_stats();  // the warm-up has run
+        (void)mm.take_stats();  // the warm-up has run
         t0 = clk::now();
       }
       const std::size_t k = s % K;
       for (std::size_t r = 0; r < R; ++r)
         in[r] = {dx[r] + k * per * fmnist::pixels, dy[r] + k * per, per, per};
       const auto ta = clk::now();
-      m->train_step_async(in);
+      mm.train_step_async(in);
       if (s >= warmup) launch += secs(ta, clk::now());
     }
-    host_launch_dev = launch / double(steps);
-    (void)m->take_stats();  // one wait: every timed step has run
+    host_launch = launch / double(steps);
+    (void)mm.take_stats();  // one wait: every timed step has run
     return std::chrono::duration<double>(clk::now() - t0).count() / double(steps);
   };
   // A fed round runs a fresh pipeline for two epochs. Epoch 1 inflates the gzip files (one
@@ -218,35 +231,44 @@ int main(int argc, char** argv) try {
     return t;
   };
 
-  std::vector<double> dev_t, fed_t, first_t;
+  std::vector<double> dev_t, fed_t, first_t, direct_t;
   for (std::size_t i = 0; i < rounds; ++i) {
-    dev_t.push_back(on_device_round());
+    dev_t.push_back(on_device_round(*m, host_launch_dev));
+    if (direct) direct_t.push_back(on_device_round(*direct, host_launch_direct));
     const fed_times f = fed_round();
     fed_t.push_back(f.steady);
     first_t.push_back(f.first);
   }
   const double td = bench::median(dev_t), tf = bench::median(fed_t), t1 = bench::median(first_t), ratio = tf / td;
   std::printf("# %zu GPU(s), %s; batch %zu (%d per replica), MLP 784-256-128-10, Adam; "
-              "%zu map workers; distribute staging thread %s; median of %zu rounds of %zu steps\n",
-              R, fmnist::gpu_name(devs[0]).c_str(), batch, per, workers, staging ? "on" : "off", rounds, steps);
+              "%zu map workers; distribute staging thread %s; CUDA graphs %s; median of %zu rounds of %zu steps\n",
+              R, fmnist::gpu_name(devs[0]).c_str(), batch, per, workers, staging ? "on" : "off", graphs ? "on" : "off",
+              rounds, steps);
   std::printf("# fed: epoch 2 (cache() replay, every later epoch); fed-epoch1: the first epoch, "
               "inflating the gzip files, all its steps past the warm-up\n");
   std::printf("%-10s %8s %10s %12s\n", "mode", "steps", "step_us", "samples/s");
   std::printf("%-10s %8zu %10.1f %12.0f\n", "on-device", steps, td * 1e6, double(batch) / td);
   std::printf("%-10s %8zu %10.1f %12.0f\n", "fed", steps, tf * 1e6, double(batch) / tf);
+  const double tdirect = direct ? bench::median(direct_t) : 0;
+  if (direct) std::printf("%-10s %8zu %10.1f %12.0f\n", "on-device-nograph", steps, tdirect * 1e6, double(batch) / tdirect);
   std::printf("%-10s %8zu %10.1f %12.0f\n", "fed-epoch1", limit / batch - warmup, t1 * 1e6,
               double(batch) / t1);
   std::printf("# host per step, last round: on-device train_step_async %.1f us; fed train_async %.1f us, "
               "pipeline next() %.1f us\n", host_launch_dev * 1e6, host_launch_fed * 1e6, host_next_fed * 1e6);
+  if (direct) {
+    std::printf("# host per step, last round, on-device without graphs: train_step_async %.1f us\n",
+                host_launch_direct * 1e6);
+    std::printf("graph_step_speedup: %.3f\n", tdirect / td);
+  }
   std::printf("train_fed_ratio_epoch1: %.3f\n", t1 / td);
   std::printf("train_fed_ratio: %.3f (target <= 1.05)\n", ratio);
   if (!json.empty()) {
     if (FILE* f = std::fopen(json.c_str(), "w")) {
       std::fprintf(f,
                    "{\"benchmark\": \"train_fed_gpu\", \"gpus\": %zu, \"batch\": %zu, \"workers\": %zu, "
-                   "\"on_device_step_s\": %.9f, \"fed_step_s\": %.9f, \"fed_epoch1_step_s\": %.9f, "
-                   "\"train_fed_ratio\": %.4f}\n",
-                   R, batch, workers, td, tf, t1, ratio);
+                   "\"graphs\": %s, \"on_device_step_s\": %.9f, \"fed_step_s\": %.9f, \"fed_epoch1_step_s\": %.9f, "
+                   "\"on_device_nograph_step_s\": %.9f, \"train_fed_ratio\": %.4f}\n",
+                   R, batch, workers, graphs ? "true" : "false", td, tf, t1, tdirect, ratio);
       std::fclose(f);
     }
   }

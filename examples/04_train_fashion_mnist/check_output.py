@@ -6,24 +6,28 @@ GPU the nvcc-built program must fall back to host replicas; with `gpu` it must r
 GPU: its stderr must name the GPU backend, and a host-replica line fails the check. Exits 1
 with the reason on any mismatch.
 
-usage: check_output.py TRAIN_FASHION_MNIST [gpu [--no-skip]]
+usage: check_output.py TRAIN_FASHION_MNIST [gpu [--no-skip]] [-- ARG ...]
     gpu:       force --device gpu (suite gpu): exit 77 when there is no usable device
     --no-skip: with gpu, no usable device is a failure, not a skip (the simulator's build,
                whose two simulated GPUs are always there)
+    -- ARG...: more arguments for the program (e.g. -- --graphs 1)
 """
 import re
 import subprocess
 import sys
 
-USAGE = "usage: check_output.py TRAIN_FASHION_MNIST [gpu [--no-skip]]"
-if len(sys.argv) < 2 or sys.argv[2:] not in ([], ["gpu"], ["gpu", "--no-skip"]):
+USAGE = "usage: check_output.py TRAIN_FASHION_MNIST [gpu [--no-skip]] [-- ARG ...]"
+argv, extra = sys.argv, []
+if "--" in argv:
+    argv, extra = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+if len(argv) < 2 or argv[2:] not in ([], ["gpu"], ["gpu", "--no-skip"]):
     print(USAGE)
     sys.exit(2)
-exe = sys.argv[1]
-want_gpu = sys.argv[2:3] == ["gpu"]
-no_skip = sys.argv[3:4] == ["--no-skip"]
+exe = argv[1]
+want_gpu = argv[2:3] == ["gpu"]
+no_skip = argv[3:4] == ["--no-skip"]
 p = subprocess.run([exe, "--epochs", "2", "--limit", "2048", "--batch", "128", "--replicas", "2",
-                    "--quiet", "--device", "gpu" if want_gpu else "auto"],
+                    "--quiet", "--device", "gpu" if want_gpu else "auto"] + extra,
                    capture_output=True, text=True, timeout=110)
 if want_gpu and not no_skip and p.returncode != 0 and ("no usable CUDA device" in p.stderr
                                                        or "has no GPU path" in p.stderr):
@@ -52,7 +56,7 @@ else:
         fail.append("the final accuracy differs from the last epoch's")
     elif float(m[1]) < 0.6:  # 2 x 2048 images of a 10-class problem: chance is 0.1
         fail.append(f"test accuracy {m[1]} after 2 short epochs: not learning")
-gpu_line = re.search(r"^train_fashion_mnist: \d+ GPU replica\(s\) on .*\(cuBLAS, NCCL\)", err, re.M)
+gpu_line = re.search(r"^train_fashion_mnist: \d+ GPU replica\(s\) on .*\(cuBLAS, NCCL(, CUDA graphs)?\)", err, re.M)
 host_line = re.search(r"^train_fashion_mnist: 2 host replica\(s\)", err, re.M)
 if want_gpu:
     if not gpu_line:
@@ -60,6 +64,8 @@ if want_gpu:
                     "('train_fashion_mnist: <n> GPU replica(s) on ... (cuBLAS, NCCL)')")
     if re.search(r"host replica\(s\)", err):
         fail.append("--device gpu ran on host replicas")
+    if gpu_line and bool(gpu_line[1]) != (extra[-2:] == ["--graphs", "1"]):
+        fail.append("stderr says CUDA graphs " + ("on" if gpu_line[1] else "off") + ", the arguments the other")
 elif bool(gpu_line) == bool(host_line):
     fail.append("stderr does not say which one backend ran" if not gpu_line
                 else "stderr names both backends")

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -142,8 +143,9 @@ int main() {
   }
   // 3. The real pipeline: distribute(cuda::devices{all}, onto the GPU trainer's streams)
   //    against distribute(host_replicas{1}) into a host trainer, the same rows; the last
-  //    batch is short and padded, so valid() < size() reaches the GPU too.
-  {
+  //    batch is short and padded, so valid() < size() reaches the GPU too. With and
+  //    without CUDA graphs (the graphs read the step's blocks through their own copies).
+  for (const bool graphs : {false, true}) {
     constexpr int D = 32;
     static_assert(D == dim);
     using row = std::tuple<std::array<float, D>, std::int32_t>;
@@ -161,7 +163,7 @@ int main() {
     }
     const int per = B / count;
     tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> gt(
-        cfg, {.seed = 11, .max_rows = per}, ferry::nccl_communicator::local(devs), ctx);
+        cfg, {.seed = 11, .max_rows = per, .graphs = graphs}, ferry::nccl_communicator::local(devs), ctx);
     tr::host_trainer ht(cfg, {.seed = 11, .max_rows = B}, 1);
     std::vector<void*> streams;
     for (int r = 0; r < count; ++r) streams.push_back(gt.replica_at(r).backend().stream());
@@ -195,8 +197,8 @@ int main() {
     EXPECT(steps_done == 2 * 20, "%d steps, expected 40", steps_done);
     EXPECT(last_rows == double(B - 20), "the padded last step counted %g rows", last_rows);
     EXPECT(worst_loss < 1e-3, "pipeline-fed GPU loss differs from host: %g", worst_loss);
-    std::printf("pipeline -> %d GPU replica(s): %d steps, loss curve max rel diff vs host %g\n",
-                count, steps_done, worst_loss);
+    std::printf("pipeline -> %d GPU replica(s)%s: %d steps, loss curve max rel diff vs host %g\n",
+                count, graphs ? " with CUDA graphs" : "", steps_done, worst_loss);
   }
   // 4. train_step_async: train_step's weights bit for bit, take_stats the statistics of the
   //    same steps' train_step combined by hand; no host wait in the steps, one in the take.
@@ -239,6 +241,74 @@ int main() {
     EXPECT(async.parameters() == sync.parameters(), "async and sync steps left different weights");
     std::printf("async: %d steps, %ld host waits, take_stats loss %.6f (by hand %.6f)\n", steps,
                 (s1.stream - s0.stream) + (s1.event - s0.event) + (s1.device - s0.device), got.loss, want);
+  }
+  // 5. CUDA graphs (trainer_options::graphs), NCCL over every GPU: the weights of direct
+  //    steps over new data every step and three slice shapes (full, padded, short), one
+  //    capture per shape and replica, no host wait in the asynchronous steps. The host
+  //    time to enqueue a step, both ways, is printed (benchmarks/train measures the rest).
+  {
+    std::vector<int> devs;
+    std::vector<tr::replica_context> ctx;
+    for (int i = 0; i < count; ++i) {
+      devs.push_back(i);
+      ctx.push_back({i, nullptr});
+    }
+    const int per = B / count;
+    using nccl_trainer = tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator>;
+    tr::trainer_options opts{.seed = 17, .max_rows = per};
+    nccl_trainer direct(cfg, opts, ferry::nccl_communicator::local(devs), ctx);
+    opts.graphs = true;
+    nccl_trainer graphed(cfg, opts, ferry::nccl_communicator::local(devs), ctx);
+    std::vector<float*> rx(count);
+    std::vector<std::int32_t*> ry(count);
+    for (int r = 0; r < count; ++r) {
+      EXPECT_CUDA(cudaSetDevice(r));
+      rx[r] = to_device(d.x);
+      ry[r] = to_device(d.y);
+    }
+    EXPECT_CUDA(cudaSetDevice(0));
+    auto slices = [&](int s) {
+      const int rows = s % 7 == 6 ? per - 1 : per, valid = s % 5 == 4 ? rows - 2 : rows;
+      std::vector<tr::replica_input> in;
+      const std::size_t o = std::size_t(s) * B;
+      for (int r = 0; r < count; ++r)
+        in.push_back({rx[r] + (o + std::size_t(r) * per) * dim, ry[r] + o + std::size_t(r) * per, rows, valid});
+      return in;
+    };
+    double host_us[2] = {0, 0};
+    ferry_test::host_syncs waited{};
+    for (int k = 0; k < 2; ++k) {
+      nccl_trainer& t = k ? graphed : direct;
+      const auto s0 = ferry_test::count_host_syncs();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int s = 0; s < steps; ++s) t.train_step_async(slices(s));
+      host_us[k] = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / steps;
+      const auto s1 = ferry_test::count_host_syncs();
+      if (k) waited = {.device = s1.device - s0.device, .stream = s1.stream - s0.stream, .event = s1.event - s0.event};
+      t.take_stats();
+    }
+    EXPECT(waited.stream == 0 && waited.event == 0 && waited.device == 0,
+           "%d graph steps waited on the host: %ld stream, %ld event, %ld device syncs", steps, waited.stream,
+           waited.event, waited.device);
+    const auto pd = direct.parameters(), pg = graphed.parameters();
+    const double diff = ferry_test::max_abs_diff(pd, pg), scale = ferry_test::max_abs(pd);
+    EXPECT(scale > 0 && diff <= 1e-6 * scale, "graph steps' weights differ from direct steps': %g (scale %g)", diff,
+           scale);
+    for (int r = 0; r < count; ++r) {
+      EXPECT(graphed.replica_at(r).graphs_captured() == 4, "replica %d captured %llu graphs, expected 4 shapes", r,
+             static_cast<unsigned long long>(graphed.replica_at(r).graphs_captured()));
+      if (r) EXPECT(graphed.replica_at(r).download_params() == pg, "graph replica %d diverged", r);
+    }
+    std::printf("graphs: %d steps, weights %s direct steps' (max diff %g), %llu captures per replica, "
+                "host enqueue %.1f us/step direct, %.1f us/step graphs (warm-up and captures included)\n",
+                steps, diff == 0 ? "bit for bit" : "close to", diff,
+                static_cast<unsigned long long>(graphed.replica_at(0).graphs_captured()), host_us[0], host_us[1]);
+    for (int r = 0; r < count; ++r) {
+      EXPECT_CUDA(cudaSetDevice(r));
+      EXPECT_CUDA(cudaFree(rx[r]));
+      EXPECT_CUDA(cudaFree(ry[r]));
+    }
+    EXPECT_CUDA(cudaSetDevice(0));
   }
   std::printf("%s\n", failures ? "FAILED" : "OK");
   return failures ? 1 : 0;

@@ -18,6 +18,7 @@
 #include <cublas_v2.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -99,6 +100,7 @@ void all_freed(const sim::counters& before) {
   CHECK(now.live_events == before.live_events);
   CHECK(sim::live_blas_handles() == 0);
   CHECK(sim::live_nccl_comms() == 0);
+  CHECK(now.live_graph_execs == before.live_graph_execs);
 }
 
 // One run on a fresh simulator: `body` (which frees what it made), then no race,
@@ -623,4 +625,185 @@ TEST_CASE("train_step and train_step_async refuse a distribute() step whose slic
     CHECK(t.steps() == 0);
     CHECK(t.take_stats().rows == 0);
   });
+}
+
+// ---- CUDA graphs (trainer_options::graphs) -------------------------------------------------
+
+namespace {
+
+// Step k's slices of two replicas: `rows` rows each (the first `valid` real), replica r's
+// from row k * B + r * per of its device's copy, so every step reads other data.
+std::vector<tr::replica_input> shaped(float* const (&dx)[2], std::int32_t* const (&dy)[2], int k, int rows,
+                                      int valid) {
+  std::vector<tr::replica_input> in;
+  for (int r = 0; r < 2; ++r) {
+    const std::size_t off = std::size_t(k) * B + std::size_t(r) * std::size_t(B / 2);
+    in.push_back({dx[r] + off * dim, dy[r] + off, rows, valid});
+  }
+  return in;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA graph steps on two simulated GPUs: the weights of direct steps, bit for bit, with new data "
+          "every step; one capture per slice shape, the oldest of max_graphs dropped" * doctest::timeout(120)) {
+  const int per = B / 2;
+  // (rows, valid) per step: repeats (replays), a padded shape, and six shapes in all, so the
+  // cache of max_graphs drops some and captures them again.
+  const std::vector<std::pair<int, int>> shapes = {
+      {per, per}, {per, per}, {per, per - 3}, {per, per}, {per - 5, per - 5}, {per - 1, per - 1},
+      {per - 2, per - 2}, {per, per}, {per - 3, per - 4}, {per, per}, {per - 5, per - 5}, {per, per - 3},
+      {per, per}, {per, per}, {1, 1}, {per, per}};
+  const int steps = static_cast<int>(shapes.size());
+  // The oracle of the cache: the oldest captured shape goes when a fifth comes.
+  std::uint64_t want_captures = 0;
+  {
+    std::vector<std::pair<int, int>> cache;
+    for (const auto& sh : shapes)
+      if (std::find(cache.begin(), cache.end(), sh) == cache.end()) {
+        if (cache.size() == tr::replica<tr::gpu_backend>::max_graphs) cache.erase(cache.begin());
+        cache.push_back(sh);
+        ++want_captures;
+      }
+  }
+  REQUIRE(want_captures > 6);  // some shapes were dropped and met again
+  const auto d = sim_ref::make_blobs(B * (steps + 1), classes, 12);
+  for (const auto kind : {tr::optimizer_kind::adam, tr::optimizer_kind::sgd})
+    for (const int progress : {0, 3}) {
+      sim_run(51, progress, [&] {
+        CAPTURE(int(kind));
+        device_copies dc;
+        float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
+        std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
+        tr::trainer_options o{.opt = {.kind = kind, .lr = kind == tr::optimizer_kind::sgd ? 0.05f : 1e-3f},
+                              .seed = 21, .max_rows = per};
+        nccl_trainer direct(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+        o.graphs = true;
+        nccl_trainer graphed(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+        std::vector<tr::step_stats> want, got;
+        const auto launches0 = sim::stats().graph_launches;
+        for (int k = 0; k < steps; ++k) {
+          const auto in = shaped(dx, dy, k, shapes[k].first, shapes[k].second);
+          if (k % 4 == 3) {  // train_step among async steps
+            want.push_back(direct.train_step(in));
+            got.push_back(graphed.train_step(in));
+          } else {
+            direct.train_step_async(in);
+            graphed.train_step_async(in);
+          }
+        }
+        CHECK(sim::stats().graph_launches - launches0 == std::uint64_t(2 * steps));
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          CHECK(got[i].loss == want[i].loss);
+          CHECK(got[i].rows == want[i].rows);
+          CHECK(got[i].accuracy == want[i].accuracy);
+        }
+        const auto a = direct.take_stats(), b = graphed.take_stats();
+        CHECK(b.loss == a.loss);
+        CHECK(b.rows == a.rows);
+        CHECK(b.weight == a.weight);
+        const auto p = graphed.parameters();
+        CHECK(p == direct.parameters());  // bit for bit: the same kernels on the same data
+        CHECK(graphed.replica_at(1).download_params() == p);
+        CHECK(p != tr::init_params(tr::mlp_layout(cfg), 21));  // it trained
+        for (int r = 0; r < 2; ++r) {
+          CHECK(graphed.replica_at(r).graphs_captured() == want_captures);
+          CHECK(direct.replica_at(r).graphs_captured() == 0);
+        }
+        // evaluate and set_parameters between graph steps: the graphs read the same buffers.
+        const auto ev = shaped(dx, dy, steps, per, per);
+        CHECK(graphed.evaluate(ev).loss == direct.evaluate(ev).loss);
+        graphed.set_parameters(tr::init_params(tr::mlp_layout(cfg), 5));
+        direct.set_parameters(tr::init_params(tr::mlp_layout(cfg), 5));
+        for (int k = 0; k < 3; ++k) {
+          const auto in = shaped(dx, dy, k, per, per);
+          CHECK(graphed.train_step(in).loss == direct.train_step(in).loss);
+        }
+        CHECK(graphed.parameters() == direct.parameters());
+      });
+    }
+}
+
+TEST_CASE("CUDA graph steps fed by distribute's staging thread onto the trainer's streams: the epochs of "
+          "direct steps, a capture per slice shape (full, padded)" * doctest::timeout(120)) {
+  const auto d = sim_ref::make_blobs(B * 12, classes, 5);
+  const auto rows = sim_ref::rows_of(d, std::size_t(B) * 12 - 20);  // the last batch is short: padded
+  const tr::trainer_options o{.seed = 11, .max_rows = B / 2};
+  const auto ref = sim_ref::train_pipeline(cfg, o, rows, B, 2);
+  const std::size_t per_epoch = ref.loss.size() / 2;
+  for (const int progress : {0, 4}) {
+    sim_run(53, progress, [&] {
+      auto run = [&](bool graphs, std::vector<tr::step_stats>& epochs) {
+        tr::trainer_options go = o;
+        go.graphs = graphs;
+        nccl_trainer t(cfg, go, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+        std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+        auto p = ferry::from_range(rows) | ferry::batch(std::size_t(B)) |
+                 ferry::distribute(ferry::cuda::devices({0, 1}, streams),
+                                   {.remainder = ferry::remainder_policy::pad, .steps_ahead = 3, .staging_thread = true});
+        for (int e = 0; e < 2; ++e) {
+          std::size_t k = 0;
+          for (auto& step : p) {
+            t.train_step_async(step);
+            ++k;
+          }
+          CHECK(k == per_epoch);
+          epochs.push_back(t.take_stats());
+          p.rewind();
+        }
+        // The padded batch's 44 rows: replica 0's 32 all valid (its one shape), replica 1's 12.
+        CHECK(t.replica_at(0).graphs_captured() == (graphs ? 1u : 0u));
+        CHECK(t.replica_at(1).graphs_captured() == (graphs ? 2u : 0u));
+        return t.parameters();
+      };
+      std::vector<tr::step_stats> direct, graphed;
+      const auto pd = run(false, direct);
+      const auto pg = run(true, graphed);
+      CHECK(pg == pd);
+      for (std::size_t e = 0; e < 2; ++e) {
+        CHECK(graphed[e].loss == direct[e].loss);
+        CHECK(graphed[e].rows == direct[e].rows);
+        check_close(graphed[e], combine(ref, e * per_epoch, (e + 1) * per_epoch));
+      }
+      CHECK(max_abs_diff(pg, ref.params) < 1e-3);
+    });
+  }
+}
+
+TEST_CASE("a CUDA graph step whose capture fails: the error, no stream left capturing, a spent trainer that "
+          "shuts down without a hang" * doctest::timeout(120)) {
+  const auto d = sim_ref::make_blobs(B * 8, classes, 6);
+  for (const int progress : {0, 3}) {
+    sim_run(57, progress, [&] {
+      device_copies dc;
+      float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
+      std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
+      const int per = B / 2;
+      nccl_trainer t(cfg, {.seed = 3, .max_rows = per, .graphs = true}, ferry::nccl_communicator::local({0, 1}),
+                     {{0, nullptr}, {1, nullptr}});
+      t.train_step(shaped(dx, dy, 0, per, per));
+      // A new shape: replica 1's capture meets a failing GEMM (cuBLAS checks its arguments
+      // when called, so a capture sees such errors); replica 0 has captured and launched
+      // its graph, whose all-reduce waits for replica 1.
+      sim::fail_blas(1, 2, CUBLAS_STATUS_INVALID_VALUE);
+      std::string what;
+      try {
+        t.train_step(shaped(dx, dy, 1, per - 1, per - 1));
+      } catch (const ferry::error& e) {
+        what = e.what();
+      }
+      CHECK(what.find("cublasSgemm") != std::string::npos);
+      CHECK(what.find("device 1") != std::string::npos);
+      for (int r = 0; r < 2; ++r) {
+        cudaStreamCaptureStatus cs = cudaStreamCaptureStatusActive;
+        REQUIRE(cudaStreamIsCapturing(static_cast<cudaStream_t>(t.replica_at(r).backend().stream()), &cs) ==
+                cudaSuccess);
+        CHECK(cs == cudaStreamCaptureStatusNone);
+      }
+      CHECK(t.replica_at(0).graphs_captured() == 2);
+      CHECK(t.replica_at(1).graphs_captured() == 1);
+      CHECK_THROWS_WITH_AS(t.train_step(shaped(dx, dy, 2, per, per)), doctest::Contains("build a new trainer"),
+                           ferry::error);
+    });
+  }
 }

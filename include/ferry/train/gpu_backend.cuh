@@ -13,6 +13,12 @@
 // stream: per step, train_step's 16-byte statistics read back, none in train_step_async
 // (take_stats reads 32 bytes of totals). No stream given: the backend creates one and owns it.
 //
+// CUDA graphs (trainer_options::graphs): capture(f) records what f enqueues on the stream
+// into a graph (stream capture, mode ThreadLocal, so other threads' CUDA calls, e.g.
+// distribute's staging thread, are unaffected) and instantiates it; launch(g) replays it
+// with one call. Before the first capture cuBLAS gets a workspace of its own
+// (workspace_bytes, allocated then), so no GEMM allocates during capture.
+//
 // Throws ferry::cuda_error (call, device, status) for a failed CUDA call and ferry::error
 // naming the cuBLAS call, device and status for cuBLAS. One backend per replica, used by
 // that replica's thread; it makes its device current on entry to each operation, since
@@ -24,6 +30,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <thrust/for_each.h>
@@ -129,6 +136,83 @@ class gpu_backend {
     for_each(rows * cols, detail::flat_2d<F>{f, cols});
   }
   void fill(float* p, std::size_t n, float v) { for_each(n, detail::fill_fn{p, v}); }
+  // Device-to-device copy on the stream (no wait).
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    make_current();
+    FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+
+  // An instantiated CUDA graph of this backend's device (move-only). Destroying it while a
+  // launch is in flight is safe: CUDA frees it once that launch completes.
+  class graph {
+   public:
+    graph() = default;
+    graph(graph&& o) noexcept : g_(std::exchange(o.g_, nullptr)), dev_(o.dev_) {}
+    graph& operator=(graph&& o) noexcept {
+      if (this != &o) {
+        reset();
+        g_ = std::exchange(o.g_, nullptr);
+        dev_ = o.dev_;
+      }
+      return *this;
+    }
+    graph(const graph&) = delete;
+    graph& operator=(const graph&) = delete;
+    ~graph() { reset(); }
+
+   private:
+    friend class gpu_backend;
+    graph(cudaGraphExec_t g, int dev) : g_(g), dev_(dev) {}
+    void reset() noexcept {
+      if (!g_) return;
+      int prev = -1;
+      if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+      FERRY_CUDA_LOG(cudaSetDevice(dev_));
+      FERRY_CUDA_LOG(cudaGraphExecDestroy(g_));
+      g_ = nullptr;
+      if (prev >= 0 && prev != dev_) FERRY_CUDA_LOG(cudaSetDevice(prev));
+    }
+    cudaGraphExec_t g_ = nullptr;
+    int dev_ = 0;
+  };
+  // cuBLAS's workspace for captured GEMMs: NVIDIA's recommended size for Hopper (and
+  // ample for earlier GPUs).
+  static constexpr std::size_t workspace_bytes = std::size_t(32) << 20;
+
+  // Captures what enqueue() puts on the stream into a graph and instantiates it; nothing
+  // runs until launch(). enqueue() must only enqueue (no host waits, no allocation: those
+  // fail the capture with a cuda_error). If it throws, the capture is ended and dropped,
+  // and the exception propagates.
+  template <class F>
+  graph capture(F&& enqueue) {
+    make_current();
+    if (!workspace_) {
+      workspace_ = alloc(workspace_bytes / sizeof(float));
+      detail::blas_check(cublasSetWorkspace(blas_, workspace_, workspace_bytes), "cublasSetWorkspace", dev_);
+    }
+    FERRY_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t g = nullptr;
+    try {
+      enqueue();
+    } catch (...) {
+      make_current();
+      if (cudaStreamEndCapture(stream_, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+      cudaGetLastError();  // the failed capture's status is not the error being thrown
+      throw;
+    }
+    make_current();
+    FERRY_CUDA_TRY(cudaStreamEndCapture(stream_, &g));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
+    FERRY_CUDA_LOG(cudaGraphDestroy(g));
+    FERRY_CUDA_TRY(made);
+    return graph(exec, dev_);
+  }
+  // Enqueues one run of g on the stream (no wait).
+  void launch(const graph& g) {
+    make_current();
+    FERRY_CUDA_TRY(cudaGraphLaunch(g.g_, stream_));
+  }
   void upload(void* dst, const void* src, std::size_t bytes) {
     make_current();
     FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
@@ -173,6 +257,7 @@ class gpu_backend {
   bool own_stream_ = false;
   cublasHandle_t blas_ = nullptr;
   std::vector<float*> blocks_;
+  float* workspace_ = nullptr;     // cuBLAS's, set before the first capture (one of blocks_)
   cudaEvent_t marks_[marks] = {};  // see mark()
 };
 

@@ -7,6 +7,13 @@
 // collectives take this replica's buffers, so they must live where the communicator
 // expects them (host for threads/MPI, device for NCCL).
 //
+// CUDA graphs (step(..., graphs = true), backends with capture(): gpu_backend): the step's
+// work (forward, backward, all-reduce, update) is captured once per slice shape (rows,
+// valid) into a graph whose inputs are two buffers of the replica's own; each step copies
+// the slice into them (two device-to-device copies) and launches the graph: 3 calls
+// instead of about 25 launches. Up to max_graphs shapes are kept (the oldest is dropped
+// for a new one); a training run has one or two (full batches, and a last partial one).
+//
 // Throws config_error when a slice has more rows than max_rows; backend errors propagate.
 // Used by one thread at a time (the replica's thread in mirrored_trainer).
 #pragma once
@@ -16,6 +23,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -137,6 +145,26 @@ class replica {
     }
   }
 
+  // A training step: forward_backward, then reduce_and_update. With `graphs`, on a backend
+  // with CUDA graphs and a slice of at least one row, through the slice shape's graph
+  // (captured on its first use; see the top of this file); the same work and the same
+  // weights either way. Elsewhere `graphs` is ignored.
+  static constexpr bool has_graphs = requires { typename Backend::graph; };
+  static constexpr std::size_t max_graphs = 4;
+  template <communicator Comm>
+  void step(const replica_input& in, Comm& comm, bool graphs) {
+    if constexpr (has_graphs) {
+      if (graphs && in.rows > 0) {
+        graph_step(in, comm);
+        return;
+      }
+    }
+    forward_backward(in);
+    reduce_and_update(comm);
+  }
+  // Graphs captured so far (each a new slice shape, or one dropped and met again).
+  std::uint64_t graphs_captured() const { return captured_; }
+
   // All-reduce (sum) the packed buffer, one call, then update the parameters.
   template <communicator Comm>
   void reduce_and_update(Comm& comm) {
@@ -226,6 +254,41 @@ class replica {
       a = acts_[l];
     }
   }
+  template <communicator Comm>
+  void graph_step(const replica_input& in, Comm& comm) {
+    if constexpr (has_graphs) {
+      check(in);
+      const std::size_t I = lay_.inputs();
+      if (!xin_) {  // on the first graph step, outside any capture
+        xin_ = be_.alloc(std::size_t(max_rows_) * I);
+        yin_ = be_.alloc(std::size_t(max_rows_));  // int32 labels, float-sized slots
+      }
+      std::size_t k = 0;
+      while (k < graphs_.size() && (graphs_[k].rows != in.rows || graphs_[k].valid != in.valid)) ++k;
+      if (k == graphs_.size()) {
+        const replica_input staged{xin_, reinterpret_cast<const std::int32_t*>(yin_), in.rows, in.valid};
+        typename Backend::graph g = be_.capture([&] {
+          forward_backward(staged);
+          reduce_and_update(comm);
+        });
+        if (graphs_.size() == max_graphs) graphs_.erase(graphs_.begin());
+        graphs_.push_back({in.rows, in.valid, std::move(g)});
+        ++captured_;
+        k = graphs_.size() - 1;
+      }
+      be_.copy(xin_, in.x, std::size_t(in.rows) * I * sizeof(float));
+      be_.copy(yin_, in.y, std::size_t(in.rows) * sizeof(std::int32_t));
+      be_.launch(graphs_[k].g);
+    }
+  }
+  struct no_graphs {
+    struct graph {};
+  };
+  struct shape_graph {
+    int rows = 0, valid = 0;
+    typename std::conditional_t<has_graphs, Backend, no_graphs>::graph g;
+  };
+
   step_stats to_stats(const float* ex) {
     float h[mlp_layout::extras];
     be_.download(h, ex, sizeof h);
@@ -250,6 +313,10 @@ class replica {
   float* totals_ = nullptr;  // running sums of the step statistics and their compensations (add_stats)
   float* sched_ = nullptr;  // Adam's step count and step sizes (adam_schedule), backend memory
   std::vector<float*> acts_;
+  // CUDA graphs (graph_step): declared after be_, so destroyed before it.
+  std::vector<shape_graph> graphs_;
+  std::uint64_t captured_ = 0;
+  float *xin_ = nullptr, *yin_ = nullptr;  // the graphs' inputs: a slice's rows and labels
 };
 
 }  // namespace ferry::train

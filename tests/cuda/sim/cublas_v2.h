@@ -28,6 +28,10 @@ using cublasHandle_t = cublasContext*;
 cublasStatus_t cublasCreate(cublasHandle_t* h);
 cublasStatus_t cublasDestroy(cublasHandle_t h);
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s);
+// The workspace cuBLAS uses instead of its own; `p` device memory of the handle's device.
+// ferry's rule, which the sim checks: a GEMM captured into a graph runs on a workspace set
+// here (cuBLAS's own would be allocated during capture), else a violation is reported.
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void* p, std::size_t bytes);
 const char* cublasGetStatusName(cublasStatus_t s);
 const char* cublasGetStatusString(cublasStatus_t s);
 cublasStatus_t cublasSgemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,

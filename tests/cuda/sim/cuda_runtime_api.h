@@ -46,6 +46,10 @@ enum cudaError_t {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureIsolation = 904,
+  cudaErrorStreamCaptureWrongThread = 908,
 };
 enum cudaMemcpyKind {
   cudaMemcpyHostToHost = 0,
@@ -56,8 +60,22 @@ enum cudaMemcpyKind {
 
 struct CUstream_st;
 struct CUevent_st;
+struct CUgraph_st;
+struct CUgraphExec_st;
 using cudaStream_t = CUstream_st*;
 using cudaEvent_t = CUevent_st*;
+using cudaGraph_t = CUgraph_st*;
+using cudaGraphExec_t = CUgraphExec_st*;
+enum cudaStreamCaptureMode {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+enum cudaStreamCaptureStatus {
+  cudaStreamCaptureStatusNone = 0,
+  cudaStreamCaptureStatusActive = 1,
+  cudaStreamCaptureStatusInvalidated = 2,
+};
 
 // Tests that time the host against the GPU check only on a real device: the simulator has
 // no host time (its GPU runs in virtual time whenever the host calls in).
@@ -110,6 +128,24 @@ cudaError_t cudaFree(void* p);
 cudaError_t cudaHostAlloc(void** p, std::size_t n, unsigned flags);
 cudaError_t cudaFreeHost(void* p);
 
+// Stream capture and graphs. While a stream captures, the work enqueued on it (copies,
+// memsets, kernels, collectives, event records and waits on events recorded in the same
+// capture) is recorded, not run; cudaGraphLaunch enqueues the recorded work again, in
+// order, on the launch stream, with the arguments it was captured with (a copy's pointers,
+// a kernel's functor), as a graph replays. As on a GPU, these are errors that invalidate
+// the capture (reported as violations too): synchronising or querying the capturing
+// stream, waiting on an event recorded outside the capture, and, from the capturing thread
+// (modes Global and ThreadLocal), the calls that are unsafe during capture: cudaMalloc,
+// cudaFree, cudaHostAlloc, cudaFreeHost, cudaMemcpy, cudaMemset, cudaDeviceSynchronize,
+// cudaStreamSynchronize and cudaEventSynchronize.
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* graph);
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, cudaStreamCaptureStatus* status);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+
 // ---- the simulator's controls, for tests -----------------------------------------------
 namespace sim {
 
@@ -128,6 +164,9 @@ struct counters {
   std::uint64_t live_streams = 0;
   std::uint64_t live_events = 0;
   std::uint64_t pending_ops = 0;       // enqueued, not yet run
+  std::uint64_t captures = 0;          // cudaStreamEndCapture that made a graph
+  std::uint64_t graph_launches = 0;    // cudaGraphLaunch
+  std::uint64_t live_graph_execs = 0;  // instantiated, not destroyed
 };
 
 inline constexpr int device_count = 2;  // the simulated machine's GPUs
@@ -158,6 +197,14 @@ struct range {
 };
 op_id launch(cudaStream_t s, std::string label, std::vector<range> reads, std::vector<range> writes,
              std::function<void()> run, double seconds = 0);
+// For the simulated libraries beside the runtime: when `s` is capturing, records `node`
+// (called at each cudaGraphLaunch with the launch stream, the launching thread's current
+// device that of the stream) and returns true; false (nothing recorded) otherwise. A
+// library whose calls carry state that must be fresh at each replay (NCCL's collective
+// sequence) records a node that makes the call again.
+bool capture_node(cudaStream_t s, std::function<void(cudaStream_t)> node);
+// Whether the calling thread is capturing a stream (mode Global or ThreadLocal).
+bool thread_capturing();
 // The last copy enqueued that writes the byte at p (0 when none).
 op_id last_copy_into(const void* p);
 // Whether a is ordered before b by streams, events and what the host observed.

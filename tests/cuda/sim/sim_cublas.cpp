@@ -11,6 +11,7 @@
 struct cublasContext {
   int device = 0;
   cudaStream_t stream = nullptr;  // null: the legacy default stream, which the sim has not
+  void* workspace = nullptr;      // cublasSetWorkspace's
 };
 
 namespace {
@@ -26,6 +27,11 @@ cublasStatus_t enter(cublasHandle_t h, const char* call) {
   if (cur != h->device)
     sim::report(std::string(call) + ": a cuBLAS handle of device " + std::to_string(h->device) + " used while device " +
               std::to_string(cur) + " is current");
+  cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+  if (h->stream && cudaStreamIsCapturing(h->stream, &cap) == cudaSuccess && cap != cudaStreamCaptureStatusNone &&
+      !h->workspace)
+    sim::report(std::string(call) + ": captured into a graph with no cublasSetWorkspace (cuBLAS would allocate "
+                "its workspace during capture)");
   std::lock_guard lk(m);
   auto it = fail_in.find(h->device);
   if (it != fail_in.end() && --it->second.first == 0) {
@@ -60,6 +66,15 @@ cublasStatus_t cublasDestroy(cublasHandle_t h) {
 cublasStatus_t cublasSetStream(cublasHandle_t h, cudaStream_t s) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   h->stream = s;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace(cublasHandle_t h, void* p, std::size_t bytes) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (bytes && sim::device_of(p) != h->device) {
+    sim::report("cublasSetWorkspace: a workspace that is not device " + std::to_string(h->device) + " memory");
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  h->workspace = bytes ? p : nullptr;
   return CUBLAS_STATUS_SUCCESS;
 }
 const char* cublasGetStatusName(cublasStatus_t s) {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -59,6 +60,16 @@ struct device_block {
 
 }  // namespace
 
+// A captured graph: the calls recorded while its stream captured, each made again on the
+// launch stream at every cudaGraphLaunch.
+struct CUgraph_st {
+  int device = 0;
+  std::vector<std::function<void(cudaStream_t)>> nodes;
+};
+struct CUgraphExec_st {
+  int device = 0;
+  std::vector<std::function<void(cudaStream_t)>> nodes;
+};
 struct CUstream_st {
   std::size_t idx;
   int device;
@@ -67,6 +78,12 @@ struct CUstream_st {
   clock_t_ clock;
   double vtail = 0;  // virtual time at which its last op ends
   bool alive = true;
+  // Capture: the graph being recorded (null when not capturing), whether an error has
+  // invalidated it, and the capturing thread and mode.
+  CUgraph_st* capture = nullptr;
+  bool capture_invalid = false;
+  std::thread::id capture_thread;
+  cudaStreamCaptureMode capture_mode = cudaStreamCaptureModeGlobal;
 };
 struct CUevent_st {
   int device;
@@ -75,6 +92,7 @@ struct CUevent_st {
   double vtime = 0;  // virtual time of the last record
   bool timing = true;
   bool alive = true;
+  const CUgraph_st* captured_in = nullptr;  // its last record was captured into this graph
 };
 
 namespace {
@@ -120,6 +138,7 @@ void changed() {
 
 thread_local int current_device = 0;
 thread_local cudaError_t last_error = cudaSuccess;
+thread_local std::vector<CUstream_st*> my_captures;  // streams this thread captures (not Relaxed)
 
 cudaError_t fail(cudaError_t e) {
   last_error = e;
@@ -345,6 +364,30 @@ bool valid(CUevent_st* e) {
   return false;
 }
 
+// Capture. An error during capture invalidates it: later calls are swallowed and
+// cudaStreamEndCapture fails, as on a GPU; the sim reports it too.
+cudaError_t invalidate(CUstream_st* st, std::string why, cudaError_t e) {
+  S().violations.push_back("stream capture: " + why);
+  st->capture_invalid = true;
+  return fail(e);
+}
+// When `st` is capturing: records `node` (nothing runs now) and returns true.
+bool record_node(CUstream_st* st, std::function<void(cudaStream_t)> node) {
+  if (!st || !st->capture) return false;
+  if (!st->capture_invalid) st->capture->nodes.push_back(std::move(node));
+  return true;
+}
+// A call that is unsafe during capture, made by a capturing thread (modes Global and
+// ThreadLocal): an error that invalidates that thread's captures.
+bool unsafe_in_capture(const char* call) {
+  if (my_captures.empty()) return false;
+  for (CUstream_st* st : my_captures)
+    invalidate(st, std::string(call) + " from a thread that is capturing stream " + std::to_string(st->idx) +
+                       " (unsafe during capture)",
+               cudaErrorStreamCaptureUnsupported);
+  return true;
+}
+
 }  // namespace
 
 // ---- the runtime API ---------------------------------------------------------------------
@@ -388,6 +431,10 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
   }
   return "cudaErrorUnknown";
 }
@@ -395,6 +442,7 @@ const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no er
 
 cudaError_t cudaDeviceSynchronize() {
   std::lock_guard lk(S().m);
+  if (unsafe_in_capture("cudaDeviceSynchronize")) return cudaErrorStreamCaptureUnsupported;
   ++S().c.host_waits;
   ++S().c.device_syncs;
   drain_device(current_device);
@@ -426,6 +474,10 @@ cudaError_t cudaStreamSynchronize(cudaStream_t st) {
   auto& s = S();
   std::lock_guard lk(s.m);
   if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  if (st->capture)
+    return invalidate(st, "cudaStreamSynchronize of the capturing stream " + std::to_string(st->idx),
+                      cudaErrorStreamCaptureUnsupported);
+  if (unsafe_in_capture("cudaStreamSynchronize")) return cudaErrorStreamCaptureUnsupported;
   ++s.c.host_waits;
   ++s.c.stream_syncs;
   if (!st->q.empty()) run_until_done(st->q.back()->id);
@@ -436,6 +488,9 @@ cudaError_t cudaStreamQuery(cudaStream_t st) {
   auto& s = S();
   std::lock_guard lk(s.m);
   if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  if (st->capture)
+    return invalidate(st, "cudaStreamQuery of the capturing stream " + std::to_string(st->idx),
+                      cudaErrorStreamCaptureUnsupported);
   step_one();  // a host that polls still sees the GPU move, even a lagging one
   tick();
   if (!st->q.empty()) return cudaErrorNotReady;
@@ -447,6 +502,18 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t st, cudaEvent_t e, unsigned) {
   std::lock_guard lk(s.m);
   if (!valid(st) || !valid(e)) return fail(cudaErrorInvalidResourceHandle);
   if (s.wait_fail_in > 0 && --s.wait_fail_in == 0) return fail(s.wait_fail_status);
+  if (st->capture) {
+    if (e->captured_in != st->capture)
+      return invalidate(st, "stream " + std::to_string(st->idx) + " waits on an event recorded outside its capture",
+                        cudaErrorStreamCaptureIsolation);
+    record_node(st, [e](cudaStream_t to) { cudaStreamWaitEvent(to, e); });
+    return cudaSuccess;
+  }
+  if (e->captured_in) {
+    s.violations.push_back("cudaStreamWaitEvent: stream " + std::to_string(st->idx) +
+                           " (not capturing) waits on an event last recorded into a capture");
+    return fail(cudaErrorStreamCaptureIsolation);
+  }
   tick();
   if (e->recorded == 0) return cudaSuccess;  // never recorded: nothing to wait for
   join(st->clock, e->clock);
@@ -483,6 +550,12 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t st) {
                            " recorded on a stream of device " + std::to_string(st->device));
     return fail(cudaErrorInvalidResourceHandle);
   }
+  if (st->capture) {
+    if (!st->capture_invalid) e->captured_in = st->capture;
+    record_node(st, [e](cudaStream_t to) { cudaEventRecord(e, to); });
+    return cudaSuccess;
+  }
+  e->captured_in = nullptr;
   tick();
   op& o = enqueue(st, kind::record, "event record");
   e->recorded = o.id;
@@ -504,6 +577,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   auto& s = S();
   std::lock_guard lk(s.m);
   if (!valid(e)) return fail(cudaErrorInvalidResourceHandle);
+  if (unsafe_in_capture("cudaEventSynchronize")) return cudaErrorStreamCaptureUnsupported;
   ++s.c.host_waits;
   ++s.c.event_syncs;
   if (e->recorded != 0) run_until_done(e->recorded);
@@ -525,6 +599,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
   auto& s = S();
   std::lock_guard lk(s.m);
   if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  if (record_node(st, [=](cudaStream_t to) { cudaMemcpyAsync(dst, src, n, k, to); })) return cudaSuccess;
   if (s.fail_in > 0 && --s.fail_in == 0) return fail(s.fail_status);
   if (k == cudaMemcpyHostToHost) return fail(cudaErrorInvalidValue);  // ferry never does
   const bool dev_src = k == cudaMemcpyDeviceToHost || k == cudaMemcpyDeviceToDevice;
@@ -568,6 +643,7 @@ template <class F>
 cudaError_t on_legacy_stream(const char* what, F async) {
   auto& s = S();
   std::lock_guard lk(s.m);
+  if (unsafe_in_capture(what)) return cudaErrorStreamCaptureUnsupported;
   CUstream_st* ls = legacy_stream();
   ++s.c.host_waits;
   const int dev = current_device;
@@ -609,6 +685,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t st) 
   std::lock_guard lk(s.m);
   if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
   check_current(st, "cudaMemsetAsync");
+  if (record_node(st, [=](cudaStream_t to) { cudaMemsetAsync(p, value, n, to); })) return cudaSuccess;
   tick();
   op& o = enqueue(st, kind::kernel, "memset of " + std::to_string(n) + " bytes",
                   static_cast<double>(n) / sim::d2d_bytes_per_s);
@@ -619,6 +696,7 @@ cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t st) 
 cudaError_t cudaMalloc(void** p, std::size_t n) {
   auto& s = S();
   std::lock_guard lk(s.m);
+  if (unsafe_in_capture("cudaMalloc")) return cudaErrorStreamCaptureUnsupported;
   if (auto f = s.malloc_fail_in.find(current_device); f != s.malloc_fail_in.end() && --f->second == 0) {
     s.malloc_fail_in.erase(f);
     return fail(cudaErrorMemoryAllocation);
@@ -635,6 +713,7 @@ cudaError_t cudaFree(void* p) {
   auto& s = S();
   std::lock_guard lk(s.m);
   if (!p) return cudaSuccess;
+  if (unsafe_in_capture("cudaFree")) return cudaErrorStreamCaptureUnsupported;
   auto it = s.blocks.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == s.blocks.end()) return fail(cudaErrorInvalidValue);
   // A real cudaFree waits for the device when work may still use the block.
@@ -654,6 +733,7 @@ cudaError_t cudaFree(void* p) {
 cudaError_t cudaHostAlloc(void** p, std::size_t n, unsigned) {
   auto& s = S();
   std::lock_guard lk(s.m);
+  if (unsafe_in_capture("cudaHostAlloc")) return cudaErrorStreamCaptureUnsupported;
   *p = std::aligned_alloc(4096, (std::max<std::size_t>(n, 1) + 4095) / 4096 * 4096);
   if (!*p) return fail(cudaErrorMemoryAllocation);
   s.host_blocks[*p] = n;
@@ -663,6 +743,7 @@ cudaError_t cudaHostAlloc(void** p, std::size_t n, unsigned) {
 cudaError_t cudaFreeHost(void* p) {
   auto& s = S();
   std::lock_guard lk(s.m);
+  if (unsafe_in_capture("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
   auto it = s.host_blocks.find(p);
   if (it == s.host_blocks.end()) return fail(cudaErrorInvalidValue);
   const std::size_t bytes = it->second;
@@ -684,6 +765,80 @@ cudaError_t cudaFreeHost(void* p) {
   return cudaSuccess;
 }
 
+cudaError_t cudaStreamBeginCapture(cudaStream_t st, cudaStreamCaptureMode mode) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  if (st->capture) return fail(cudaErrorInvalidValue);  // already capturing
+  check_current(st, "cudaStreamBeginCapture");
+  st->capture = new CUgraph_st{st->device, {}};
+  st->capture_invalid = false;
+  st->capture_thread = std::this_thread::get_id();
+  st->capture_mode = mode;
+  if (mode != cudaStreamCaptureModeRelaxed) my_captures.push_back(st);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t st, cudaGraph_t* graph) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  *graph = nullptr;
+  if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  if (!st->capture) return fail(cudaErrorInvalidValue);  // not capturing
+  if (st->capture_mode != cudaStreamCaptureModeRelaxed && st->capture_thread != std::this_thread::get_id())
+    return fail(cudaErrorStreamCaptureWrongThread);
+  std::erase(my_captures, st);
+  CUgraph_st* g = std::exchange(st->capture, nullptr);
+  if (std::exchange(st->capture_invalid, false)) {
+    delete g;
+    return fail(cudaErrorStreamCaptureInvalidated);
+  }
+  ++s.c.captures;
+  *graph = g;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t st, cudaStreamCaptureStatus* status) {
+  std::lock_guard lk(S().m);
+  if (!valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  *status = !st->capture         ? cudaStreamCaptureStatusNone
+            : st->capture_invalid ? cudaStreamCaptureStatusInvalidated
+                                  : cudaStreamCaptureStatusActive;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!graph) return fail(cudaErrorInvalidValue);
+  *exec = new CUgraphExec_st{graph->device, graph->nodes};
+  ++s.c.live_graph_execs;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st) {
+  auto& s = S();
+  std::lock_guard lk(s.m);
+  if (!exec || !valid(st)) return fail(cudaErrorInvalidResourceHandle);
+  if (st->device != exec->device) {
+    s.violations.push_back("cudaGraphLaunch: a graph of device " + std::to_string(exec->device) +
+                           " launched on a stream of device " + std::to_string(st->device));
+    return fail(cudaErrorInvalidValue);
+  }
+  check_current(st, "cudaGraphLaunch");
+  ++s.c.graph_launches;
+  for (auto& node : exec->nodes) node(st);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  std::lock_guard lk(S().m);
+  if (!exec) return fail(cudaErrorInvalidValue);
+  delete exec;
+  --S().c.live_graph_execs;
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  if (!graph) return fail(cudaErrorInvalidValue);
+  delete graph;
+  return cudaSuccess;
+}
+
 // ---- the controls ----------------------------------------------------------------------
 
 namespace sim {
@@ -697,7 +852,12 @@ void reset(std::uint64_t seed, int progress) {
   s.instances.clear();
   s.ops.clear();
   // Streams and events are kept (ferry may still hold dead ones' handles): only emptied.
-  for (auto& st : s.streams) st->q.clear();
+  for (auto& st : s.streams) {
+    st->q.clear();
+    delete std::exchange(st->capture, nullptr);
+    st->capture_invalid = false;
+  }
+  my_captures.clear();
   s.host_clock.clear();
   s.host_vt = 0;
   for (auto& st : s.streams) {
@@ -705,6 +865,7 @@ void reset(std::uint64_t seed, int progress) {
     st->vtail = 0;
   }
   for (auto& e : s.events) {
+    e->captured_in = nullptr;
     e->recorded = 0;
     e->clock.clear();
     e->vtime = 0;
@@ -712,9 +873,11 @@ void reset(std::uint64_t seed, int progress) {
   s.rng.seed(seed);
   s.progress = progress;
   const auto live_streams = s.c.live_streams, live_events = s.c.live_events;
+  const auto live_graph_execs = s.c.live_graph_execs;
   s.c = counters{};
   s.c.live_streams = live_streams;
   s.c.live_events = live_events;
+  s.c.live_graph_execs = live_graph_execs;
   s.violations.clear();
   s.fail_in = 0;
   s.wait_fail_in = 0;
@@ -744,6 +907,7 @@ op_id launch(cudaStream_t st, std::string label, std::vector<range> reads, std::
     return 0;
   }
   check_current(st, "launch of " + label);
+  if (record_node(st, [=](cudaStream_t to) { launch(to, label, reads, writes, run, seconds); })) return 0;
   tick();
   op& o = enqueue(st, kind::kernel, std::move(label), seconds);
   o.run = std::move(run);
@@ -807,6 +971,8 @@ op_id join_collective(cudaStream_t st, const void* group, std::uint64_t seq, int
     return 0;
   }
   check_current(st, label);
+  if (record_node(st, [=](cudaStream_t to) { join_collective(to, group, seq, rank, nranks, label, reads, writes, run); }))
+    return 0;
   auto& members = s.instances[{group, seq}];
   members.resize(static_cast<std::size_t>(nranks), nullptr);
   if (rank < 0 || rank >= nranks || members[rank]) {
@@ -854,6 +1020,13 @@ void wait_collectives(const void* group, int rank) {
       "a communicator's teardown waiting for its collectives");
   observe(until);
 }
+
+bool capture_node(cudaStream_t st, std::function<void(cudaStream_t)> node) {
+  std::lock_guard lk(S().m);
+  return valid(st) && record_node(st, std::move(node));
+}
+
+bool thread_capturing() { return !my_captures.empty(); }
 
 int device_of(const void* p) {
   std::lock_guard lk(S().m);

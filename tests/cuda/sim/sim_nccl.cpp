@@ -56,6 +56,10 @@ ncclResult_t collective(const char* call, ncclComm_t comm, cudaStream_t stream, 
                         std::size_t count, void (*combine)(std::vector<clique::buffers>&, std::size_t, int),
                         int arg) {
   if (!comm) return ncclInvalidArgument;
+  // Captured: each launch of the graph joins the next instance, as NCCL's captured
+  // collectives do, so the call is made again at every replay (a fresh sequence number).
+  if (sim::capture_node(stream, [=](cudaStream_t to) { collective(call, comm, to, send, recv, count, combine, arg); }))
+    return ncclSuccess;
   std::uint64_t seq;
   {
     std::lock_guard lk(m);
