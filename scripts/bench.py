@@ -242,6 +242,12 @@ def ratios(latest):
                 if x.get("ratio_interleave_cat") is not None:
                     add("read: tfrecord interleave(4) vs cat", x.get("ratio_interleave_cat"), r)
                 add("read: vs PyTorch DataLoader", x.get("ratio_torch"), r)
+        elif name == "gzip":
+            for x in rec(r, "gzip")[:1]:
+                if x.get("isal"):
+                    add("gzip read (ISA-L) vs gzip -dc", x.get("ratio_isal_gzip"), r)
+                    add("gzip read (ISA-L) vs Python's gzip", x.get("ratio_isal_python"), r)
+                add("gzip read (zlib) vs gzip -dc", x.get("ratio_zlib_gzip"), r)
         elif name == "cache":
             for x in rec(r, "cache")[:1]:
                 add("cache(): replay vs hand copy loop", x.get("ratio_memory_loop"), r)

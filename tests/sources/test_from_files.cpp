@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -872,6 +873,133 @@ TEST_CASE("gzip: concatenated members are one stream; zero padding after the las
       CHECK_MESSAGE(l.what.find(what) != std::string::npos, l.what);
     }
   }
+}
+
+TEST_CASE("gzip with ISA-L: any file, whole or damaged, reads exactly as with zlib (the oracle); whole ones "
+          "stay with ISA-L, damaged ones go to zlib") {
+  if (!ferry::detail::have_isal) {
+    MESSAGE("this build has no ISA-L: nothing to compare");
+    return;
+  }
+  temp_dir t;
+  std::mt19937_64 g(31);
+  // A member of `bytes`: gzip (write_gzip) or zlib (compress2), at a random level.
+  bool zlib_member = false;
+  auto member = [&](const std::string& bytes) {
+    if (g() % 3) return gzip_bytes(bytes);
+    zlib_member = true;
+    uLongf n = compressBound(static_cast<uLong>(bytes.size()));
+    std::string z(n, '\0');
+    REQUIRE(compress2(reinterpret_cast<Bytef*>(z.data()), &n, reinterpret_cast<const Bytef*>(bytes.data()),
+                      static_cast<uLong>(bytes.size()), static_cast<int>(g() % 10)) == Z_OK);
+    z.resize(n);
+    return z;
+  };
+  int damaged = 0, whole = 0;
+  std::size_t extra = 0;  // records past the damage, over every 64-byte-chunk read
+  for (int it = 0; it < 240; ++it) {
+    INFO("iteration " << it);
+    // Lines of a few letters (compressible, with long matches) and some random bytes.
+    std::string text;
+    const std::size_t len = g() % 6000;
+    while (text.size() < len) {
+      if (g() % 4 == 0) text += random_bytes(g, g() % 40);
+      else text += std::string(g() % 30, static_cast<char>('a' + g() % 4));
+      text += g() % 5 ? "\n" : "\r\n";
+    }
+    // 1 to 4 members, zero padding after some.
+    std::string file;
+    zlib_member = false;
+    std::size_t from = 0;
+    const int members = 1 + static_cast<int>(g() % 4);
+    for (int m = 0; m < members; ++m) {
+      const std::size_t to = m + 1 == members ? text.size() : from + g() % (text.size() - from + 1);
+      file += member(text.substr(from, to - from));
+      if (g() % 4 == 0) file += std::string(g() % 20, '\0');
+      from = to;
+    }
+    const int kind = it % 5;  // whole; cut short; a byte changed; garbage after; the last trailer byte changed
+    if (kind == 1) file.resize(g() % file.size());
+    if (kind == 2) file[g() % file.size()] ^= static_cast<char>(1 + g() % 255);
+    if (kind == 3) file += random_bytes(g, 1 + g() % 8);
+    if (kind == 4) file.back() ^= 0x10;
+    const std::string path = t / "p.txt.gz";
+    write_file(path, file);
+    for (std::size_t chunk : {std::size_t(64), std::size_t(1) << 20}) {
+      const read_result z = read_until_error({path}, ferry::text_lines{},
+                                             {.chunk_bytes = chunk, .inflater = ferry::inflate_engine::zlib});
+      const read_result i = read_until_error({path}, ferry::text_lines{},
+                                             {.chunk_bytes = chunk, .inflater = ferry::inflate_engine::isal});
+      REQUIRE_MESSAGE(bool(i.err) == bool(z.err), i.what << " / " << z.what);
+      if (kind == 2 && chunk == 64) {
+        // ISA-L's bytes past damage inside the deflate data may have reached an earlier
+        // (64-byte) chunk: then records past the damage arrive before zlib's error.
+        REQUIRE(i.recs.size() >= z.recs.size());
+        CHECK(std::equal(z.recs.begin(), z.recs.end(), i.recs.begin()));
+        if (z.err) {
+          CHECK(i.err->offset >= z.err->offset);
+          CHECK(i.err->reason == z.err->reason);
+        }
+        extra += i.recs.size() - z.recs.size();
+        continue;
+      }
+      CHECK(i.recs == z.recs);
+      if (z.err) {
+        CHECK(i.err->offset == z.err->offset);
+        CHECK(i.what == z.what);
+      }
+      if (kind == 0) {
+        CHECK_MESSAGE(!z.err, z.what);
+        CHECK(z.recs == split_lines(text));
+      }
+    }
+    // Which library inflated it, read straight from the byte stream.
+    ferry::detail::byte_stream bs;
+    bs.set_pool(std::make_shared<ferry::detail::chunk_pool>(4096));
+    bs.set_inflater(ferry::inflate_engine::isal);
+    bs.open(path, ferry::compression::gzip);
+    std::string out;
+    bool failed = false;
+    try {
+      while (const std::size_t n = bs.ensure(1000)) {
+        out.append(reinterpret_cast<const char*>(bs.data()), n);
+        bs.consume(n);
+      }
+    } catch (const ferry::format_error&) {
+      failed = true;
+    }
+    if (!failed) {
+      CHECK(bs.inflating_with_isal() == !zlib_member);  // read to its end by ISA-L, unless zlib-wrapped
+      ++whole;
+    } else {
+      CHECK(!bs.inflating_with_isal());  // handed to zlib, which threw
+      ++damaged;
+    }
+    if (kind == 0) CHECK(out == text);
+  }
+  CHECK(whole >= 48);  // every whole file, and any damage that changed nothing
+  CHECK(damaged >= 100);
+  MESSAGE(extra << " records past the damage, over the files changed inside read in 64-byte chunks");
+}
+
+TEST_CASE("gzip: FERRY_INFLATE picks the library; another value is a config_error") {
+  temp_dir t;
+  write_gzip(t / "a.txt.gz", "x\ny\n");
+  const char* old = std::getenv("FERRY_INFLATE");
+  const std::string keep = old ? old : "";
+  ::setenv("FERRY_INFLATE", "zlib", 1);
+  CHECK(read_all({t / "a.txt.gz"}, ferry::text_lines{}) == std::vector<std::string>{"x", "y"});
+  ::setenv("FERRY_INFLATE", "igzip", 1);
+  CHECK_THROWS_WITH_AS(ferry::from_files({t / "a.txt.gz"}, ferry::text_lines{}),
+                       doctest::Contains("FERRY_INFLATE must be zlib or isal, not 'igzip'"), ferry::config_error);
+  if (old) ::setenv("FERRY_INFLATE", keep.c_str(), 1);
+  else ::unsetenv("FERRY_INFLATE");
+  ferry::detail::byte_stream bs;
+  bs.set_inflater(ferry::inflate_engine::zlib);
+  bs.set_pool(std::make_shared<ferry::detail::chunk_pool>(4096));
+  bs.open(t / "a.txt.gz", ferry::compression::automatic);
+  CHECK(bs.ensure(4) == 4);
+  CHECK(!bs.inflating_with_isal());
 }
 
 TEST_CASE("gzip: truncated and corrupt streams of text lines, fixed-length records and npy rows") {

@@ -53,6 +53,10 @@ struct from_files_options {
   std::uint64_t max_record_bytes = 1ull << 30;     // largest record of a compressed stream,
                                                    // and of any fixed_length record + footer
   compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib
+  // Which library inflates them: ISA-L when ferry was built with it, else zlib, unless
+  // the environment's FERRY_INFLATE says zlib or isal (byte_stream.hpp). from_files
+  // throws config_error for isal without ISA-L, and for another FERRY_INFLATE.
+  inflate_engine inflater = inflate_engine::automatic;
   // A new order of the files every epoch (tf.data's list_files(shuffle=True)): a
   // permutation seeded from (shuffle_seed, epoch), where rewind() starts the next epoch.
   // After shard(n, i), this shard's files are permuted: a rank keeps its files. Records
@@ -139,6 +143,7 @@ class file_reader {
       : fr_(make_framer(f, o.max_record_bytes)), compress_(o.compress) {
     s_.set_pool(std::move(pool));
     s_.set_read_ahead(o.read_ahead, o.read_threads);
+    s_.set_inflater(o.inflater);
   }
 
   // Opens `path` and reads its header; with `first` set, checks its rows match (npy/idx).
