@@ -29,6 +29,10 @@ class model {
   virtual void train_step_async(std::span<const tr::replica_input> in) = 0;
   virtual tr::step_stats take_stats() = 0;
   virtual tr::step_stats evaluate(std::span<const tr::replica_input> in) = 0;
+  // The evaluation without reading back (no host wait on a GPU); take_eval() returns those
+  // of every evaluation since the last take, with one wait.
+  virtual void evaluate_async(std::span<const tr::replica_input> in) = 0;
+  virtual tr::step_stats take_eval() = 0;
   virtual void save(const std::string& path) = 0;
   virtual void load(const std::string& path) = 0;
   // One compute stream per replica (cudaStream_t; nullptr for host replicas): give these to
@@ -54,6 +58,12 @@ class model {
     tr::step_inputs(s, std::size_t(replicas()), inputs(), in_);
     return evaluate(in_);
   }
+  // Needs the step on this model's streams(), as train_async does.
+  template <class Step>
+  void eval_async(Step& s) {
+    tr::step_inputs(s, std::size_t(replicas()), inputs(), in_);
+    evaluate_async(in_);
+  }
 
  private:
   std::vector<tr::replica_input> in_;
@@ -70,6 +80,8 @@ class trainer_model final : public model {
   void train_step_async(std::span<const tr::replica_input> in) override { t_.train_step_async(in); }
   tr::step_stats take_stats() override { return t_.take_stats(); }
   tr::step_stats evaluate(std::span<const tr::replica_input> in) override { return t_.evaluate(in); }
+  void evaluate_async(std::span<const tr::replica_input> in) override { t_.evaluate_async(in); }
+  tr::step_stats take_eval() override { return t_.take_eval(); }
   void save(const std::string& p) override { t_.save(p); }
   void load(const std::string& p) override { t_.load(p); }
   std::vector<void*> streams() override {

@@ -303,6 +303,35 @@ int main() {
                 "host enqueue %.1f us/step direct, %.1f us/step graphs (warm-up and captures included)\n",
                 steps, diff == 0 ? "bit for bit" : "close to", diff,
                 static_cast<unsigned long long>(graphed.replica_at(0).graphs_captured()), host_us[0], host_us[1]);
+    // 6. evaluate_async: no host wait per batch, take_eval the weighted mean of the same
+    //    batches' evaluate().
+    {
+      double loss_sum = 0, weight = 0, correct = 0, rows = 0;
+      for (int s = 0; s < 20; ++s) {
+        const auto e = direct.evaluate(slices(s));
+        loss_sum += e.loss * e.weight;
+        weight += e.weight;
+        correct += e.accuracy * e.rows;
+        rows += e.rows;
+      }
+      (void)direct.take_eval();
+      const auto e0 = ferry_test::count_host_syncs();
+      for (int s = 0; s < 20; ++s) direct.evaluate_async(slices(s));
+      const auto e1 = ferry_test::count_host_syncs();
+      const auto got = direct.take_eval();
+      EXPECT(e1.stream == e0.stream && e1.event == e0.event && e1.device == e0.device,
+             "20 async evaluations waited on the host: %ld stream, %ld event, %ld device syncs",
+             e1.stream - e0.stream, e1.event - e0.event, e1.device - e0.device);
+      EXPECT(got.rows == rows && got.weight == weight, "take_eval: %g rows, weight %g; by hand %g, %g", got.rows,
+             got.weight, rows, weight);
+      EXPECT(rel_diff(got.loss, loss_sum / weight) <= 1e-6, "take_eval loss %.9g, by hand %.9g", got.loss,
+             loss_sum / weight);
+      EXPECT(rel_diff(got.accuracy, correct / rows) <= 1e-12, "take_eval accuracy %.9g, by hand %.9g", got.accuracy,
+             correct / rows);
+      std::printf("evaluate_async: 20 batches, %ld host waits, take_eval loss %.6f (by hand %.6f)\n",
+                  (e1.stream - e0.stream) + (e1.event - e0.event) + (e1.device - e0.device), got.loss,
+                  loss_sum / weight);
+    }
     for (int r = 0; r < count; ++r) {
       EXPECT_CUDA(cudaSetDevice(r));
       EXPECT_CUDA(cudaFree(rx[r]));

@@ -511,6 +511,54 @@ TEST_CASE("train_step_async: train_step's weights bit for bit, and take_stats th
   }
 }
 
+TEST_CASE("evaluate_async: take_eval is the weighted mean of the same batches' evaluate(); evaluate "
+          "feeds the totals too; training and evaluation totals stay apart (1, 2, 4 replicas)" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s, "async evaluations");
+  constexpr int B = 24, N = 9;
+  const dataset d = blobs(B * N, 6, 3, 14);
+  const tr::mlp_config cfg{{6, 10, 3}, {0.5f, 2.0f, 1.0f}};
+  for (int reps : {1, 2, 4}) {
+    INFO(reps << " replica(s)");
+    const tr::trainer_options o{.opt = {.lr = 0.02f}, .seed = 9, .max_rows = B / reps};
+    tr::host_trainer sync(cfg, o, reps), async(cfg, o, reps);
+    for (int i = 0; i < 3; ++i) {  // trained a little, so the batches score differently
+      sync.train_step(padded_step(d, i, B, reps));
+      async.train_step(padded_step(d, i, B, reps));
+    }
+    const auto trained = async.take_stats();
+    combined all;
+    double unweighted = 0;
+    for (int i = 0; i < N; ++i) {
+      const auto s = sync.evaluate(padded_step(d, i, B, reps));
+      all.add(s);
+      unweighted += s.loss / N;
+    }
+    CHECK(ferry_test::rel_diff(unweighted, all.loss()) > 1e-5);  // the oracle tells the weighting (check_stats: 1e-6)
+    for (int i = 0; i < N; ++i) async.evaluate_async(padded_step(d, i, B, reps));
+    check_stats(async.take_eval(), all);
+    check_stats(sync.take_eval(), all);  // evaluate fed the totals as well
+    const auto none = async.take_eval();
+    CHECK(none.rows == 0);
+    CHECK(none.weight == 0);
+    CHECK(none.loss == 0);
+    // Evaluations are not steps: no update, no training statistics; and training steps
+    // leave the evaluation totals alone.
+    CHECK(async.parameters() == sync.parameters());
+    CHECK(async.steps() == 3);
+    CHECK(async.take_stats().rows == 0);
+    CHECK(trained.rows > 0);
+    async.train_step(padded_step(d, 0, B, reps));
+    CHECK(async.take_eval().rows == 0);
+    // A bad slice: a config_error, nothing added.
+    auto bad = padded_step(d, 0, B, reps);
+    bad[0].rows = B;  // more than max_rows = B / reps (or padding beyond it)
+    bad[0].valid = B + 1;
+    CHECK_THROWS_AS(async.evaluate_async(bad), ferry::config_error);
+    CHECK(async.take_eval().rows == 0);
+  }
+}
+
 TEST_CASE("take_stats over thousands of steps: as exact as a double sum of the steps' float "
           "statistics (compensated)" * doctest::timeout(60)) {
   ferry_test::watchdog wd(60s, "compensated totals");

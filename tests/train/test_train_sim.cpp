@@ -609,6 +609,62 @@ TEST_CASE("asynchronous steps fed by distribute(cuda::devices) onto the trainer'
   }
 }
 
+TEST_CASE("asynchronous evaluations on two simulated GPUs: no host wait per batch, one per take_eval; the "
+          "statistics of evaluate(), also fed by distribute(cuda::devices) onto the trainer's streams" *
+          doctest::timeout(120)) {
+  constexpr int batches = 12;
+  const int per = B / 2;
+  const auto d = sim_ref::make_blobs(B * batches, classes, 13);
+  const tr::trainer_options o{.seed = 23, .max_rows = per};
+  for (const int progress : {0, 3}) {
+    sim_run(59, progress, [&] {
+      device_copies dc;
+      float* dx[2] = {dc.put(0, d.x), dc.put(1, d.x)};
+      std::int32_t* dy[2] = {dc.put(0, d.y), dc.put(1, d.y)};
+      auto slices = [&](int s) {  // padding in some slices: the batches weigh differently
+        auto in = two_slices(dx, dy, s, per);
+        in[s % 2].valid = per - s % 5;
+        return in;
+      };
+      nccl_trainer t(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+      for (int s = 0; s < 4; ++s) t.train_step_async(slices(s));  // trained a little first
+      (void)t.take_stats();
+      std::vector<tr::step_stats> sync;
+      for (int s = 0; s < batches; ++s) sync.push_back(t.evaluate(slices(s)));
+      (void)t.take_eval();  // evaluate() fed the totals: start afresh
+      const waits w0 = now_waits();
+      for (int s = 0; s < batches; ++s) t.evaluate_async(slices(s));
+      const waits w1 = now_waits();
+      check_waits(w0, w1, 0, 0, 0);
+      const auto got = t.take_eval();
+      check_waits(w1, now_waits(), 1, 0, 1);
+      check_same(got, combine(sync, 0, batches));
+      CHECK(t.take_stats().rows == 0);  // evaluations are not steps
+      CHECK(t.steps() == 4);
+
+      // The example's test pass: distribute onto the trainer's streams, each step released
+      // at the next next() while its evaluation may still be queued on the GPU.
+      const auto rows = sim_ref::rows_of(d, std::size_t(B) * batches - 20);  // a padded last batch
+      std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+      auto p = ferry::from_range(rows) | ferry::batch(std::size_t(B)) |
+               ferry::distribute(ferry::cuda::devices({0, 1}, streams), {.remainder = ferry::remainder_policy::pad});
+      std::vector<tr::step_stats> by_step;
+      for (auto& step : p) by_step.push_back(t.evaluate(step));
+      (void)t.take_eval();
+      p.rewind();
+      std::size_t k = 0;
+      for (auto& step : p) {
+        t.evaluate_async(step);
+        ++k;
+      }
+      CHECK(k == by_step.size());
+      const auto pass = t.take_eval();
+      check_same(pass, combine(by_step, 0, by_step.size()));
+      CHECK(pass.rows == double(B * batches - 20));
+    });
+  }
+}
+
 TEST_CASE("train_step and train_step_async refuse a distribute() step whose slices are ready on other streams" *
           doctest::timeout(60)) {
   const auto d = sim_ref::make_blobs(B * 2, classes, 7);

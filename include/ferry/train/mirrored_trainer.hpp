@@ -11,6 +11,8 @@
 //   // no wait per step (GPUs: the host enqueues step k+1 while the GPU runs step k):
 //   for (auto& step : steps) t.train_step_async(step);
 //   auto e = t.take_stats();               // one wait: the steps since the last take
+//   for (auto& step : test) t.evaluate_async(step);
+//   auto v = t.take_eval();                // one wait: the test pass
 //
 //   // any communicator (NCCL for GPUs, MPI across processes, your own thread_group's
 //   // thread_communicators): one replica per local communicator
@@ -34,6 +36,8 @@
 // that adds the step's statistics into running totals (compensated float sums, allocated
 // with the trainer); take_stats() reads them with one wait and starts afresh. Both kinds
 // of step add to the totals, so they mix, and both leave the same weights, bit for bit.
+// Evaluations likewise: evaluate reads back, evaluate_async does not, and both add to
+// evaluation totals of their own that take_eval() reads with one wait.
 //
 // Threads: replicas 1..N-1 run on worker threads that live as long as the trainer and are
 // joined by its destructor; a 1-replica trainer starts none. The trainer itself is used
@@ -247,7 +251,7 @@ class mirrored_trainer {
     throttle();
     run_all([&](int r) { reps_[r]->step(in[r], comms_[r], opts_.graphs); });
     reps_[0]->add_to_totals();  // after run_all: a step that throws adds nothing
-    if constexpr (polls_async) reps_[0]->backend().mark(steps_);
+    mark();
     ++steps_;
   }
 
@@ -261,12 +265,7 @@ class mirrored_trainer {
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
   void train_step_async(Step& step) {
     auto& in = slices(step);
-    if constexpr (requires { step[0].stream(); reps_[0]->backend().stream(); })
-      for (std::size_t r = 0; r < reps_.size(); ++r)
-        if (static_cast<void*>(step[r].stream()) != static_cast<void*>(reps_[r]->backend().stream()))
-          throw config_error("mirrored_trainer: replica " + std::to_string(r) +
-                             "'s slice is ready on another stream than the replica computes on; "
-                             "distribute onto the trainer's streams (cuda::devices(ordinals, streams))");
+    check_streams(step);
     train_step_async(std::span<const replica_input>(in));
   }
 
@@ -283,10 +282,13 @@ class mirrored_trainer {
     return reps_[0]->take_totals();
   }
 
-  // Loss and accuracy on a held-out batch, reduced across replicas; no update.
+  // Loss and accuracy on a held-out batch, reduced across replicas; no update. Waits for
+  // replica 0's backend to read them; also adds them to the evaluation totals that
+  // take_eval() reads, so evaluate and evaluate_async mix.
   step_stats evaluate(std::span<const replica_input> in) {
     check(in);
     run_all([&](int r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
+    reps_[0]->add_eval_to_totals();
     settle();
     return reps_[0]->read_eval();
   }
@@ -294,6 +296,37 @@ class mirrored_trainer {
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
   step_stats evaluate(Step& step) {
     return evaluate(std::span<const replica_input>(slices(step)));
+  }
+
+  // evaluate() without reading back: on a GPU it returns once every replica has enqueued
+  // the forward pass and the reduction (no blocking wait; throttled as train_step_async
+  // is), and the batch's reduced statistics are added, on replica 0's backend, to
+  // evaluation totals that take_eval() reads: a test pass of N batches waits once, not N
+  // times. The inputs must stay valid as for train_step_async (a distribute() step on the
+  // trainer's streams does; a step on other streams is a config_error). Throws as
+  // evaluate does, with device faults reported by the next call that waits.
+  void evaluate_async(std::span<const replica_input> in) {
+    check(in);
+    throttle();
+    run_all([&](int r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
+    reps_[0]->add_eval_to_totals();  // after run_all: an evaluation that throws adds nothing
+    mark();
+  }
+  template <class Step>
+    requires requires(Step& s) { s.replicas(); s[0].valid(); }
+  void evaluate_async(Step& step) {
+    auto& in = slices(step);
+    check_streams(step);
+    evaluate_async(std::span<const replica_input>(in));
+  }
+  // The statistics of every evaluation (evaluate or evaluate_async) since the last take
+  // (loss = total loss / total weight, accuracy = correct / valid rows), then starts
+  // afresh. One wait for replica 0's backend, as take_stats. Training steps leave these
+  // totals alone, and evaluations the training totals.
+  step_stats take_eval() {
+    if (spent_) throw error(spent_why_);
+    settle();
+    return reps_[0]->take_eval_totals();
   }
 
   // Replica 0's parameters (every replica holds the same).
@@ -365,7 +398,23 @@ class mirrored_trainer {
   // communicators' async errors.
   void throttle() {
     if constexpr (polls_async)
-      if (steps_ >= Backend::marks) poll_until([&] { return reps_[0]->backend().marked(steps_ - Backend::marks); });
+      if (issued_ >= Backend::marks) poll_until([&] { return reps_[0]->backend().marked(issued_ - Backend::marks); });
+  }
+  // After enqueuing a step or an asynchronous evaluation: the mark throttle() polls.
+  void mark() {
+    if constexpr (polls_async) reps_[0]->backend().mark(issued_);
+    ++issued_;
+  }
+  // A distribute() step's slices must be ready on the replicas' own streams (see
+  // train_step_async(Step&)).
+  template <class Step>
+  void check_streams(Step& step) {
+    if constexpr (requires { step[0].stream(); reps_[0]->backend().stream(); })
+      for (std::size_t r = 0; r < reps_.size(); ++r)
+        if (static_cast<void*>(step[r].stream()) != static_cast<void*>(reps_[r]->backend().stream()))
+          throw config_error("mirrored_trainer: replica " + std::to_string(r) +
+                             "'s slice is ready on another stream than the replica computes on; "
+                             "distribute onto the trainer's streams (cuda::devices(ordinals, streams))");
   }
   static constexpr bool polls_async = requires(Comm& c, Backend& b, std::uint64_t i) {
     c.check_async();
@@ -539,6 +588,7 @@ class mirrored_trainer {
   std::vector<std::unique_ptr<replica<Backend>>> reps_;
   std::vector<replica_input> slices_;
   std::uint64_t steps_ = 0;
+  std::uint64_t issued_ = 0;  // steps and asynchronous evaluations enqueued (mark, throttle)
 
   std::vector<std::thread> workers_;
   std::mutex m_;

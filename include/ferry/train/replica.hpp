@@ -99,6 +99,7 @@ class replica {
     ones_ = be_.alloc(max_rows);
     eval_ = be_.alloc(mlp_layout::extras);
     totals_ = be_.alloc(2 * mlp_layout::extras);  // zeroed: no steps yet
+    eval_totals_ = be_.alloc(2 * mlp_layout::extras);
     if (opt_.kind == optimizer_kind::adam) sched_ = be_.alloc(adam_schedule::floats);
     be_.fill(ones_, max_rows, 1.0f);
     be_.upload(params_, init.data(), P * sizeof(float));
@@ -194,16 +195,23 @@ class replica {
   void add_to_totals() { be_.for_each(mlp_layout::extras, add_stats{grads_ + lay_.params, totals_}); }
   // The running totals since the last take, read back (one wait for the backend), then
   // zeroed on the backend, ordered before any later add_to_totals().
-  step_stats take_totals() {
+  step_stats take_totals() { return take(totals_); }
+  // The same for evaluations: the (reduced) eval buffer added into totals of their own.
+  void add_eval_to_totals() { be_.for_each(mlp_layout::extras, add_stats{eval_, eval_totals_}); }
+  step_stats take_eval_totals() { return take(eval_totals_); }
+
+ private:
+  step_stats take(float* totals) {
     float h[2 * mlp_layout::extras];
-    be_.download(h, totals_, sizeof h);
-    be_.fill(totals_, 2 * mlp_layout::extras, 0.0f);
+    be_.download(h, totals, sizeof h);
+    be_.fill(totals, 2 * mlp_layout::extras, 0.0f);
     double t[mlp_layout::extras];
     for (std::size_t k = 0; k < mlp_layout::extras; ++k)
       t[k] = double(h[k]) + double(h[mlp_layout::extras + k]);
     return stats_of(t);
   }
 
+ public:
   // Forward and loss only; returns the summed stats of this slice (not reduced) in the
   // backend's 4-float eval buffer, which the caller all-reduces.
   std::span<float> evaluate_local(const replica_input& in) {
@@ -311,6 +319,7 @@ class replica {
   float *params_ = nullptr, *grads_ = nullptr, *state_ = nullptr, *cw_ = nullptr;
   float *d0_ = nullptr, *d1_ = nullptr, *stats_ = nullptr, *ones_ = nullptr, *eval_ = nullptr;
   float* totals_ = nullptr;  // running sums of the step statistics and their compensations (add_stats)
+  float* eval_totals_ = nullptr;  // the same for evaluations (add_eval_to_totals)
   float* sched_ = nullptr;  // Adam's step count and step sizes (adam_schedule), backend memory
   std::vector<float*> acts_;
   // CUDA graphs (graph_step): declared after be_, so destroyed before it.
