@@ -59,6 +59,18 @@ static T* to_device(const std::vector<T>& v) {
 using ferry_test::rel_diff;
 using ferry_test::worst;
 
+// Every local GPU, one replica each on a stream of its own backend's.
+struct all_gpus {
+  std::vector<int> devs;
+  std::vector<tr::replica_context> ctx;
+  explicit all_gpus(int count) {
+    for (int i = 0; i < count; ++i) {
+      devs.push_back(i);
+      ctx.push_back({i, nullptr});
+    }
+  }
+};
+
 int main() {
   if (!ferry::cuda::available()) {
     std::printf("SKIP: no usable CUDA device: %s\n", ferry::cuda::unavailable_reason().c_str());
@@ -108,10 +120,9 @@ int main() {
 
   // 2. NCCL, one rank per local GPU, against one host replica with the same global batch.
   {
-    std::vector<int> devs;
-    for (int i = 0; i < count; ++i) devs.push_back(i);
-    std::vector<tr::replica_context> ctx;
-    for (int i : devs) ctx.push_back({i, nullptr});
+    const all_gpus g(count);
+    const auto& devs = g.devs;
+    const auto& ctx = g.ctx;
     const int per = B / count;  // B is a multiple of 1, 2, 4, 8
     tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> gt(
         cfg, {.seed = 9, .max_rows = per}, ferry::nccl_communicator::local(devs), ctx);
@@ -155,12 +166,9 @@ int main() {
       for (int k = 0; k < D; ++k) std::get<0>(rows[i])[k] = d.x[i * D + k];
       std::get<1>(rows[i]) = d.y[i];
     }
-    std::vector<int> devs;
-    std::vector<tr::replica_context> ctx;
-    for (int i = 0; i < count; ++i) {
-      devs.push_back(i);
-      ctx.push_back({i, nullptr});
-    }
+    const all_gpus g(count);
+    const auto& devs = g.devs;
+    const auto& ctx = g.ctx;
     const int per = B / count;
     tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> gt(
         cfg, {.seed = 11, .max_rows = per, .graphs = graphs}, ferry::nccl_communicator::local(devs), ctx);
@@ -247,12 +255,9 @@ int main() {
   //    capture per shape and replica, no host wait in the asynchronous steps. The host
   //    time to enqueue a step, both ways, is printed (benchmarks/train measures the rest).
   {
-    std::vector<int> devs;
-    std::vector<tr::replica_context> ctx;
-    for (int i = 0; i < count; ++i) {
-      devs.push_back(i);
-      ctx.push_back({i, nullptr});
-    }
+    const all_gpus g(count);
+    const auto& devs = g.devs;
+    const auto& ctx = g.ctx;
     const int per = B / count;
     using nccl_trainer = tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator>;
     tr::trainer_options opts{.seed = 17, .max_rows = per};

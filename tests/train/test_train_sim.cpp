@@ -119,6 +119,16 @@ void sim_run(std::uint64_t seed, int progress, F body) {
   all_freed(before);
 }
 
+// Twelve batches of B rows, the last short (padded by distribute), for 2 replicas, and the
+// host backend's two epochs over them (the oracle of the pipeline-fed tests).
+struct padded_epochs {
+  sim_ref::blobs d = sim_ref::make_blobs(B * 12, classes, 5);
+  std::vector<sim_ref::row> rows = sim_ref::rows_of(d, std::size_t(B) * 12 - 20);
+  tr::trainer_options o{.seed = 11, .max_rows = B / 2};
+  sim_ref::curve ref = sim_ref::train_pipeline(cfg, o, rows, B, 2);
+  std::size_t per_epoch = ref.loss.size() / 2;
+};
+
 }  // namespace
 
 TEST_CASE("gpu_backend on a simulated GPU: the gradients and the loss curve of the host backend" *
@@ -214,10 +224,8 @@ TEST_CASE("NCCL, one rank per simulated GPU: the weights of one host replica wit
 
 TEST_CASE("the pipeline feeds two simulated GPUs' trainer: distribute(cuda::devices) onto its streams" *
           doctest::timeout(120)) {
-  const auto d = sim_ref::make_blobs(B * 12, classes, 5);
-  const auto rows = sim_ref::rows_of(d, std::size_t(B) * 12 - 20);  // the last batch is short: padded
-  const tr::trainer_options o{.seed = 11, .max_rows = B / 2};
-  const auto ref = sim_ref::train_pipeline(cfg, o, rows, B, 2);
+  const padded_epochs pe;
+  const auto& [d, rows, o, ref, per_epoch] = pe;
   for (const int progress : {0, 4}) {
     sim_run(17, progress, [&] {
       tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
@@ -574,11 +582,8 @@ TEST_CASE("asynchronous steps on two simulated GPUs: no host wait per step, one 
 
 TEST_CASE("asynchronous steps fed by distribute(cuda::devices) onto the trainer's streams: the "
           "host backend's epochs, no host wait but distribute's backpressure" * doctest::timeout(120)) {
-  const auto d = sim_ref::make_blobs(B * 12, classes, 5);
-  const auto rows = sim_ref::rows_of(d, std::size_t(B) * 12 - 20);  // the last batch is short: padded
-  const tr::trainer_options o{.seed = 11, .max_rows = B / 2};
-  const auto ref = sim_ref::train_pipeline(cfg, o, rows, B, 2);
-  const std::size_t per_epoch = ref.loss.size() / 2;
+  const padded_epochs pe;
+  const auto& [d, rows, o, ref, per_epoch] = pe;
   for (const int progress : {0, 4}) {
     sim_run(43, progress, [&] {
       nccl_trainer t(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
@@ -782,11 +787,8 @@ TEST_CASE("CUDA graph steps on two simulated GPUs: the weights of direct steps, 
 
 TEST_CASE("CUDA graph steps fed by distribute's staging thread onto the trainer's streams: the epochs of "
           "direct steps, a capture per slice shape (full, padded)" * doctest::timeout(120)) {
-  const auto d = sim_ref::make_blobs(B * 12, classes, 5);
-  const auto rows = sim_ref::rows_of(d, std::size_t(B) * 12 - 20);  // the last batch is short: padded
-  const tr::trainer_options o{.seed = 11, .max_rows = B / 2};
-  const auto ref = sim_ref::train_pipeline(cfg, o, rows, B, 2);
-  const std::size_t per_epoch = ref.loss.size() / 2;
+  const padded_epochs pe;
+  const auto& [d, rows, o, ref, per_epoch] = pe;
   for (const int progress : {0, 4}) {
     sim_run(53, progress, [&] {
       auto run = [&](bool graphs, std::vector<tr::step_stats>& epochs) {

@@ -558,6 +558,15 @@ class byte_stream {
     }
   }
 
+  // Steps over zero bytes (padding after a member: no member starts with one).
+  template <class Ptr, class Count>
+  static void skip_zeros(Ptr& next, Count& avail) {
+    while (avail > 0 && *next == 0) {
+      ++next;
+      --avail;
+    }
+  }
+
   // Inflates into dst; 0 only at the clean end of the stream. Concatenated gzip members
   // (what `cat a.gz b.gz` makes) are read as one stream, as gzip(1) does.
   std::size_t inflate_into(std::byte* dst, std::size_t room) {
@@ -587,10 +596,7 @@ class byte_stream {
         zs_.avail_in = static_cast<uInt>(got);
       }
       if (z_end_) {
-        while (zs_.avail_in > 0 && *zs_.next_in == 0) {  // zero padding after a member
-          ++zs_.next_in;
-          --zs_.avail_in;
-        }
+        skip_zeros(zs_.next_in, zs_.avail_in);  // padding after a member
         if (zs_.avail_in == 0 && z_eof_in_) return 0;  // clean end
         if (zs_.avail_in == 0) continue;
         inflateReset(&zs_);  // another member follows
@@ -646,10 +652,7 @@ class byte_stream {
     while (s.avail_out == start) {
       if (s.avail_in == 0 && !z_eof_in_) isal_read(0);
       if (z_end_) {
-        while (s.avail_in > 0 && *s.next_in == 0) {  // zero padding after a member
-          ++s.next_in;
-          --s.avail_in;
-        }
+        skip_zeros(s.next_in, s.avail_in);  // padding after a member
         if (s.avail_in == 0 && z_eof_in_) return 0;  // clean end
         if (s.avail_in == 0) continue;
         z_end_ = false;
