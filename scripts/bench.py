@@ -242,6 +242,13 @@ def ratios(latest):
                 if x.get("ratio_interleave_cat") is not None:
                     add("read: tfrecord interleave(4) vs cat", x.get("ratio_interleave_cat"), r)
                 add("read: vs PyTorch DataLoader", x.get("ratio_torch"), r)
+        elif name == "fmnist_pipeline":
+            for x in rec(r, "fmnist_pipeline")[:1]:
+                for f in x.get("ferry", []):
+                    add(f"example pipeline, {f['workers']} map worker(s), steady epochs vs hand loop",
+                        f.get("ratio_steady"), r)
+                    add(f"example pipeline, {f['workers']} map worker(s), epoch 1 (gzip) vs hand loop",
+                        f.get("ratio_epoch1"), r)
         elif name == "gzip":
             for x in rec(r, "gzip")[:1]:
                 if x.get("isal"):

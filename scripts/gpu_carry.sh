@@ -27,6 +27,7 @@ if [ "${1:-}" = --bin ]; then
   for t in tests/cuda/test_distribute_gpu tests/collective/test_nccl_communicator tests/train/test_train_gpu \
            benchmarks/distribute/bench_distribute_gpu benchmarks/collective/bench_nccl_allreduce \
            benchmarks/train/bench_train_fed_gpu benchmarks/train/bench_train_fashion_mnist \
+           benchmarks/train/bench_fmnist_pipeline \
            examples/04_train_fashion_mnist/train_fashion_mnist; do
     [ -x "$build/$t" ] || { echo "gpu_carry.sh: $build/$t is not built" >&2; exit 1; }
     mkdir -p ".carry/build/$(dirname "$t")" && cp "$build/$t" ".carry/build/$t"

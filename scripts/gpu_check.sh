@@ -7,8 +7,8 @@
 # the benchmark results (bench.py's JSON) come back under $OUT; a short table is printed last.
 #
 #   device run, carry [".carry"]:  bash scripts/gpu_check.sh [step ...]
-#   steps: tests example bench_distribute bench_fed bench_fed_graphs bench_nccl main main_graphs
-#          bench_torch memcheck racecheck
+#   steps: tests example bench_distribute bench_fed bench_fed_graphs bench_pipeline bench_nccl main
+#          main_graphs bench_torch memcheck racecheck
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -18,8 +18,8 @@ start_marker=$(mktemp) # results newer than this are this run's
 B=$root/.carry/build
 deadline=${FERRY_GPU_DEADLINE:-380}
 steps=("$@")
-((${#steps[@]})) || steps=(tests example bench_distribute bench_fed bench_fed_graphs bench_nccl main main_graphs bench_torch
-                            memcheck racecheck)
+((${#steps[@]})) || steps=(tests example bench_distribute bench_fed bench_fed_graphs bench_pipeline bench_nccl main
+                            main_graphs bench_torch memcheck racecheck)
 summary=$out/summary.txt
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
@@ -71,7 +71,7 @@ step() {
   ((rc == 124 || rc == 137)) && verdict="TIMEOUT(${limit}s)"
   ((rc != 0 && rc != 77 && rc != 124 && rc != 137)) && verdict="FAIL(rc=$rc)"
   [ "$verdict" = ok ] || status=1
-  say "$(printf '%-26s %-14s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$(grep -E '^\[doctest\] (test cases|assertions)|_ratio:|_speedup:|^test_accuracy|ferry / pytorch|^graphs:' "$out/logs/$name.log" | tr '\n' ' ' | cut -c1-150)")"
+  say "$(printf '%-26s %-14s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$(grep -E '^\[doctest\] (test cases|assertions)|_ratio:|_ratio_steady_w[0-9]*:|_speedup:|^test_accuracy|ferry / pytorch|^graphs:' "$out/logs/$name.log" | tr '\n' ' ' | cut -c1-150)")"
 }
 # bench NAME LIMIT CMD...: through bench.py's runner, so the result is kept as its JSON.
 bench() {
@@ -100,6 +100,7 @@ for s in "${steps[@]}"; do
     bench_distribute) bench distribute_gpu 90 "$B/benchmarks/distribute/bench_distribute_gpu" ;;
     bench_fed) bench train_fed_gpu 120 "$B/benchmarks/train/bench_train_fed_gpu" ;;
     bench_fed_graphs) bench train_fed_gpu_graphs 150 "$B/benchmarks/train/bench_train_fed_gpu" --graphs 1 ;;
+    bench_pipeline) bench fmnist_pipeline 60 "$B/benchmarks/train/bench_fmnist_pipeline" ;;  # the host's feed rate
     bench_nccl) bench collective_nccl 90 "$B/benchmarks/collective/bench_nccl_allreduce" ;;
     main) step main_job_gpu 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu ;;
     main_graphs) step main_job_gpu_graphs 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu \
