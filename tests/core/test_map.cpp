@@ -3,14 +3,17 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -683,4 +686,110 @@ TEST_CASE("autotune: a map that is not the bottleneck (a slow consumer) does not
 TEST_CASE("autotune: max_workers without autotune is a config error") {
   CHECK_THROWS_WITH(ferry::map([](int x) { return x; }, {.workers = 2, .max_workers = 4}),
                     doctest::Contains("max_workers is autotune's ceiling"));
+}
+
+TEST_CASE("map's next_into, and batch over a map through it: the batches and errors of next() (the path "
+          "with stats on is the oracle); a sink that throws takes its element" * doctest::timeout(120)) {
+  watchdog w(120s);
+  using elem = std::tuple<std::array<float, 48>, std::int32_t>;  // fixed-size: batch collates in place
+  const bool stats_were = ferry::stats_enabled();
+  std::mt19937_64 g(77);
+  struct boom : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  for (int it = 0; it < 60; ++it) {
+    const std::size_t workers = std::vector<std::size_t>{1, 2, 3, ferry::autotune}[it % 4];
+    const bool ordered = it % 8 < 6;
+    const std::uint64_t n = g() % 400;
+    const std::uint64_t bad = g() % 3 == 0 ? g() % (n + 1) : ~std::uint64_t(0);  // fn throws there
+    const std::size_t bsize = std::vector<std::size_t>{1, 7, 32}[g() % 3];
+    const bool drop = g() % 2;
+    CAPTURE(it);
+    CAPTURE(workers);
+    CAPTURE(n);
+    CAPTURE(bad);
+    auto make = [&] {
+      return ferry::from_generator(n, [](std::uint64_t i) { return i; }) |
+             ferry::map(
+                 [bad](std::uint64_t x) {
+                   if (x == bad) throw boom("bad " + std::to_string(x));
+                   elem e;
+                   for (std::size_t j = 0; j < 48; ++j) std::get<0>(e)[j] = float(x * 48 + j);
+                   std::get<1>(e) = std::int32_t(x);
+                   return e;
+                 },
+                 {.workers = workers, .ordered = ordered}) |
+             ferry::batch(bsize, {.drop_remainder = drop});
+    };
+    struct epoch {
+      std::vector<std::vector<std::int32_t>> labels;  // per batch
+      std::vector<float> pixels;                       // every batch's floats, in order
+      std::optional<std::uint64_t> err;
+    };
+    auto drain = [&](bool stats) {
+      ferry::enable_stats(stats);
+      auto p = make();
+      std::vector<epoch> out;
+      for (int e = 0; e < 2; ++e) {  // two epochs: the ring's places come back
+        epoch ep;
+        try {
+          while (auto b = p.next()) {
+            auto x = b->template field<0>();
+            auto y = b->template field<1>();
+            ep.labels.emplace_back(y.begin(), y.end());
+            for (const auto& a : x) ep.pixels.insert(ep.pixels.end(), a.begin(), a.end());
+          }
+        } catch (const ferry::element_error& err) {
+          ep.err = err.element();
+        }
+        out.push_back(std::move(ep));
+        p.rewind();
+      }
+      return out;
+    };
+    const auto want = drain(true), got = drain(false);
+    for (int e = 0; e < 2; ++e) {
+      CAPTURE(e);
+      CHECK(got[e].err == want[e].err);
+      if (ordered) {
+        CHECK(got[e].labels == want[e].labels);
+        CHECK(got[e].pixels == want[e].pixels);
+      } else {  // the same elements, in some order
+        auto flat = [](const epoch& ep) {
+          std::vector<std::int32_t> v;
+          for (const auto& l : ep.labels) v.insert(v.end(), l.begin(), l.end());
+          std::sort(v.begin(), v.end());
+          return v;
+        };
+        if (!want[e].err) CHECK(flat(got[e]) == flat(want[e]));
+      }
+      if (!want[e].err && ordered) {  // and what a plain loop would give
+        std::size_t total = 0;
+        for (const auto& l : got[e].labels) total += l.size();
+        CHECK(total == (drop ? n / bsize * bsize : n));
+      }
+    }
+  }
+  // next_into itself: a sink that throws takes its element; the next call goes on after it.
+  for (std::size_t workers : {std::size_t(1), std::size_t(3)}) {
+    ferry::enable_stats(false);
+    auto m = ferry::from_generator(50, [](std::uint64_t i) { return i; }) |
+             ferry::map([](std::uint64_t x) { return x * 10; }, {.workers = workers});
+    std::vector<std::uint64_t> seen;
+    for (;;) {
+      try {
+        if (!m.next_into([&](std::uint64_t& v) {
+              if (v == 70) throw boom("sink");
+              seen.push_back(v);
+            }))
+          break;
+      } catch (const boom&) {
+        seen.push_back(~std::uint64_t(0));
+      }
+    }
+    std::vector<std::uint64_t> want;
+    for (std::uint64_t i = 0; i < 50; ++i) want.push_back(i == 7 ? ~std::uint64_t(0) : i * 10);
+    CHECK(seen == want);
+  }
+  ferry::enable_stats(stats_were);
 }

@@ -376,6 +376,16 @@ class batch_source : public source_interface<batch_source<Up>> {
       return b;
     } else if constexpr (batch_collator<T>::all_fixed) {
       value_type b = collator_.start(res_, n_);
+      // An upstream that can hand an element where it lies (map's next_into) is copied
+      // from there; with stats on, through the probe, which times the pull.
+      if constexpr (requires { up_.next_into([](T&) {}); }) {
+        if (!observe::on()) {
+          while (b.size() < n_ && up_.next_into([&](T& e) { collator_.put(b, e); })) {
+          }
+          if (b.empty() || (drop_ && b.size() < n_)) return std::nullopt;
+          return b;
+        }
+      }
       while (b.size() < n_) {
         std::optional<T> e = probe_.pull(up_);
         if (!e) break;

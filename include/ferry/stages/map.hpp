@@ -297,6 +297,56 @@ class map_source : public source_interface<map_source<Up, F>> {
     return observe::observed_next(c_->stats, "map", [&] { return next_impl(); });
   }
 
+  // The next element handed to sink(Out&) where it lies, not moved out first; false at the
+  // end of the epoch. Throws as next() does (sink's own exceptions propagate, the element
+  // counted as taken). For a consumer that copies each element somewhere anyway (batch's
+  // collation), with stats off: an inline map hands fn's result as made, an ordered
+  // parallel map the element in its ring, each saving a move (a copy of the whole element
+  // for arrays); other maps go through next(). Runs on the caller's thread; so does sink.
+  template <class Sink>
+  bool next_into(Sink&& sink) {
+    if (o_.workers == 1 && !observe::on()) {  // inline: fn's result made where sink sees it
+      skip_pending();
+      std::optional<In> e = c_->probe.pull(c_->up);
+      if (!e) return false;
+      const std::uint64_t k = base_++;
+      Out v = [&]() -> Out {
+        try {
+          return std::invoke(c_->fn, std::move(*e));
+        } catch (...) {
+          rethrow_element(std::current_exception(), "map", k);
+        }
+      }();
+      sink(v);
+      return true;
+    }
+    if (o_.workers == 1 || !o_.ordered || observe::on()) {
+      std::optional<Out> e = next();
+      if (!e) return false;
+      sink(*e);
+      return true;
+    }
+    skip_pending();
+    if (!started_) start();
+    if (cons_ == c_->next_out && !take_ready()) return false;
+    const std::size_t i = static_cast<std::size_t>(cons_ % o_.window);
+    if (c_->kind[i] != ok) {
+      next_impl();  // an error at the front: throws as next() would
+      return false;
+    }
+    ++cons_;
+    struct give_back {  // after sink, even if it throws: the place is free for a worker
+      map_source& m;
+      std::size_t i;
+      ~give_back() {
+        m.c_->vals[i].reset();
+        m.hand_out(1);
+      }
+    } g{*this, i};
+    sink(*c_->vals[i]);
+    return true;
+  }
+
   // Parallel maps: take runs of mapped elements at once. Inline maps over a bulk upstream:
   // pull a run of inputs, map them in one loop. Otherwise element by element.
   std::size_t next_bulk(std::span<Out> out) {
