@@ -9,7 +9,8 @@
 // a field that is a contiguous range of trivially-copyable values (std::vector<float>,
 // std::string, std::span<const std::byte>, a record view) becomes a ragged field: one
 // contiguous value buffer plus n+1 offsets. Fixed-size fields are written straight into
-// their buffer as elements arrive (no per-element allocation, no second copy). Records
+// their buffer as elements arrive (no per-element allocation, no second copy), from where
+// a map upstream leaves them (map's next_into) when stats are off. Records
 // from a borrowing_source (from_files) are lent as views and copied at once, with no
 // reference per record.
 //
