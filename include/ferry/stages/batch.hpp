@@ -379,15 +379,15 @@ class batch_source : public source_interface<batch_source<Up>> {
       value_type b = collator_.start(res_, n_);
       // An upstream that can hand an element where it lies (map's next_into) is copied
       // from there; with stats on, through the probe, which times the pull.
+      bool pulled = false;
       if constexpr (requires { up_.next_into([](T&) {}); }) {
         if (!observe::on()) {
           while (b.size() < n_ && up_.next_into([&](T& e) { collator_.put(b, e); })) {
           }
-          if (b.empty() || (drop_ && b.size() < n_)) return std::nullopt;
-          return b;
+          pulled = true;
         }
       }
-      while (b.size() < n_) {
+      while (!pulled && b.size() < n_) {
         std::optional<T> e = probe_.pull(up_);
         if (!e) break;
         collator_.put(b, *e);

@@ -309,14 +309,7 @@ class map_source : public source_interface<map_source<Up, F>> {
       skip_pending();
       std::optional<In> e = c_->probe.pull(c_->up);
       if (!e) return false;
-      const std::uint64_t k = base_++;
-      Out v = [&]() -> Out {
-        try {
-          return std::invoke(c_->fn, std::move(*e));
-        } catch (...) {
-          rethrow_element(std::current_exception(), "map", k);
-        }
-      }();
+      Out v = apply_inline(std::move(*e));
       sink(v);
       return true;
     }
@@ -335,15 +328,17 @@ class map_source : public source_interface<map_source<Up, F>> {
       return false;
     }
     ++cons_;
-    struct give_back {  // after sink, even if it throws: the place is free for a worker
-      map_source& m;
-      std::size_t i;
-      ~give_back() {
-        m.c_->vals[i].reset();
-        m.hand_out(1);
-      }
-    } g{*this, i};
-    sink(*c_->vals[i]);
+    auto give_back = [&] {  // after sink, even if it throws: the place is free for a worker
+      c_->vals[i].reset();
+      hand_out(1);
+    };
+    try {
+      sink(*c_->vals[i]);
+    } catch (...) {
+      give_back();
+      throw;
+    }
+    give_back();
     return true;
   }
 
@@ -674,9 +669,13 @@ class map_source : public source_interface<map_source<Up, F>> {
   std::optional<Out> next_inline() {
     std::optional<In> e = c_->probe.pull(c_->up);
     if (!e) return std::nullopt;
+    return std::optional<Out>(apply_inline(std::move(*e)));
+  }
+  // fn on the next input, on this thread; its exception rethrown as element_error.
+  Out apply_inline(In&& x) {
     const std::uint64_t k = base_++;
     try {
-      return std::optional<Out>(std::invoke(c_->fn, std::move(*e)));
+      return std::invoke(c_->fn, std::move(x));
     } catch (...) {
       rethrow_element(std::current_exception(), "map", k);
     }

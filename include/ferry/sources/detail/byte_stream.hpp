@@ -648,7 +648,6 @@ class byte_stream {
     s.avail_out = static_cast<std::uint32_t>(std::min<std::size_t>(room, 1u << 30));
     const std::uint32_t start = s.avail_out;
     const std::uint64_t out_at = base_ + end_;  // dst's offset in the uncompressed stream
-    int rc = ISAL_DECOMP_OK;
     while (s.avail_out == start) {
       if (s.avail_in == 0 && !z_eof_in_) isal_read(0);
       if (z_end_) {
@@ -680,7 +679,7 @@ class byte_stream {
         z_new_ = false;
       }
       if (s.avail_in == 0 && z_eof_in_) return isal_to_zlib(dst, room, start - s.avail_out, ISAL_END_INPUT, false);
-      rc = isal_inflate(&s);
+      const int rc = isal_inflate(&s);
       if (rc < 0) return isal_to_zlib(dst, room, start - s.avail_out, rc, false);
       if (s.block_state == ISAL_BLOCK_FINISH) z_end_ = true;  // trailer read and checked
     }
