@@ -7,8 +7,8 @@
 # the benchmark results (bench.py's JSON) come back under $OUT; a short table is printed last.
 #
 #   device run, carry [".carry"]:  bash scripts/gpu_check.sh [step ...]
-#   steps: tests example bench_distribute bench_fed bench_fed_graphs bench_pipeline bench_nccl main
-#          main_graphs bench_torch memcheck racecheck
+#   steps: tests example example_graphs bench_distribute bench_fed bench_fed_graphs bench_pipeline bench_nccl main
+#          main_graphs bench_torch memcheck racecheck train_memcheck
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -18,8 +18,8 @@ start_marker=$(mktemp) # results newer than this are this run's
 B=$root/.carry/build
 deadline=${FERRY_GPU_DEADLINE:-380}
 steps=("$@")
-((${#steps[@]})) || steps=(tests example bench_distribute bench_fed bench_fed_graphs bench_pipeline bench_nccl main
-                            main_graphs bench_torch memcheck racecheck)
+((${#steps[@]})) || steps=(tests example example_graphs bench_distribute bench_fed bench_fed_graphs bench_pipeline bench_nccl main
+                            main_graphs bench_torch memcheck racecheck train_memcheck)
 summary=$out/summary.txt
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
@@ -63,15 +63,16 @@ step() {
   local left=$((deadline - SECONDS))
   if ((left < 20)); then say "$(printf '%-26s %s' "$name" "not run: deadline")"; status=1; return; fi
   ((limit > left)) && limit=$left
-  local t0=$SECONDS
-  timeout -k 5 "$limit" "$@" > "$out/logs/$name.log" 2>&1
+  local t0=$SECONDS log=$out/logs/$name.log n=1
+  while [ -e "$log" ]; do n=$((n + 1)); log=$out/logs/$name.$n.log; done  # a step run again keeps each log
+  timeout -k 5 "$limit" "$@" > "$log" 2>&1
   local rc=$?
   local verdict=ok
   ((rc == 77)) && verdict=SKIP
   ((rc == 124 || rc == 137)) && verdict="TIMEOUT(${limit}s)"
   ((rc != 0 && rc != 77 && rc != 124 && rc != 137)) && verdict="FAIL(rc=$rc)"
   [ "$verdict" = ok ] || status=1
-  say "$(printf '%-26s %-14s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$(grep -E '^\[doctest\] (test cases|assertions)|_ratio:|_ratio_steady_w[0-9]*:|_speedup:|^test_accuracy|ferry / pytorch|^graphs:' "$out/logs/$name.log" | tr '\n' ' ' | cut -c1-150)")"
+  say "$(printf '%-26s %-14s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$(grep -E '^\[doctest\] (test cases|assertions)|_ratio:|_ratio_steady_w[0-9]*:|_speedup:|^test_accuracy|ferry / pytorch|^graphs:' "$log" | tr '\n' ' ' | cut -c1-150)")"
 }
 # bench NAME LIMIT CMD...: through bench.py's runner, so the result is kept as its JSON.
 bench() {
@@ -97,6 +98,8 @@ for s in "${steps[@]}"; do
       step test_train_gpu 120 "$B/tests/train/test_train_gpu" ;;
     example) step example_04_gpu 90 python3 examples/04_train_fashion_mnist/check_output.py \
                "$B/examples/04_train_fashion_mnist/train_fashion_mnist" gpu ;;
+    example_graphs) step example_04_gpu_graphs 90 python3 examples/04_train_fashion_mnist/check_output.py \
+                      "$B/examples/04_train_fashion_mnist/train_fashion_mnist" gpu -- --graphs 1 ;;
     bench_distribute) bench distribute_gpu 90 "$B/benchmarks/distribute/bench_distribute_gpu" ;;
     bench_fed) bench train_fed_gpu 120 "$B/benchmarks/train/bench_train_fed_gpu" ;;
     bench_fed_graphs) bench train_fed_gpu_graphs 150 "$B/benchmarks/train/bench_train_fed_gpu" --graphs 1 ;;
@@ -109,6 +112,8 @@ for s in "${steps[@]}"; do
                    "$B/benchmarks/train/bench_train_fashion_mnist" --device gpu ;;
     memcheck|racecheck) step "distribute_gpu_$s" 80 sh tests/cuda/sanitize.sh "$s" \
                           "$B/tests/cuda/test_distribute_gpu" '--test-case-exclude=*overlap*,*hot path*' ;;
+    train_memcheck) step train_gpu_memcheck 150 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
+                      "$B/tests/train/test_train_gpu" ;;  # the trainer's kernels, graphs included
     *) say "unknown step $s"; status=1 ;;
   esac
 done
