@@ -54,7 +54,7 @@ cat "$out/device.txt"
 
 log "configure and build ($bdir)"
 if [ ! -f "$bdir"/build.ninja ]; then
-  "${meson[@]}" setup "$bdir" -Dcuda=enabled -Dgpu_arch=90 -Dfuzzers=false > "$out/configure.log" 2>&1 ||
+  bash scripts/meson_setup.sh "$bdir" -Dcuda=enabled -Dgpu_arch=90 -Dfuzzers=false > "$out/configure.log" 2>&1 ||
     { tail -40 "$out/configure.log"; exit 1; }
 fi
 ninja -C "$bdir" > "$out/build.log" 2>&1 || { grep -E "error|FAILED" "$out/build.log" | head -40; exit 1; }

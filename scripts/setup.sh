@@ -23,6 +23,6 @@ fi
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 build=${FERRY_BUILD:-build}
 if [ ! -f "$build/build.ninja" ]; then
-  meson setup "$build" -Dcuda=auto
+  bash scripts/meson_setup.sh "$build" -Dcuda=auto
 fi
 ninja -C "$build"
