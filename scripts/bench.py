@@ -297,8 +297,11 @@ def ratios(latest):
                     dev = "GPU" if "gpu" in name else "CPU"
                     add(f"train ({dev}): time to {x.get('target')} accuracy vs PyTorch", x.get("ratio"), r,
                         invert=True)
-        elif name in ("train_fed_gpu", "train_fed_gpu_graphs"):
-            g = " (CUDA graphs)" if name.endswith("graphs") else ""
+        elif name in ("train_fed_gpu", "train_fed_gpu_graphs", "train_fed_gpu_nographs"):
+            # With CUDA graphs (the default since 2026-11-26; before, --graphs 1) the run also
+            # times a trainer without them: its row says which the run was.
+            graphed = any(x.get("what") == "on-device-nograph" for x in r.get("fed_rows", []))
+            g = " (CUDA graphs)" if graphed else " (launches)"
             add(f"train GPU{g}: step time, on-device vs fed", m.get("train_fed_ratio"), r, invert=True)
             add(f"train GPU{g}: step time, on-device vs fed, epoch 1 (gzip)", m.get("train_fed_ratio_epoch1"), r,
                 invert=True)
@@ -400,7 +403,8 @@ def draw(latest, plt):
             fr = {x["what"]: x for x in fed["fed_rows"]}
             if "on-device" in fr and "fed" in fr:
                 vals += [fr["on-device"]["time_per_step_us"], fr["fed"]["time_per_step_us"]]
-                labels += ["MLP step,\non device", "MLP step,\nfed"]
+                step = "MLP graph" if "on-device-nograph" in fr else "MLP step"
+                labels += [f"{step},\non device", f"{step},\nfed"]
             if "fed-epoch1" in fr:
                 vals.append(fr["fed-epoch1"]["time_per_step_us"])
                 labels.append("MLP step, fed,\nepoch 1 (gzip)")

@@ -7,8 +7,9 @@
 # the benchmark results (bench.py's JSON) come back under $OUT; a short table is printed last.
 #
 #   device run, carry [".carry"]:  bash scripts/gpu_check.sh [step ...]
-#   steps: tests example example_graphs bench_distribute bench_fed bench_fed_graphs bench_pipeline bench_nccl main
-#          main_graphs bench_torch memcheck racecheck train_memcheck
+#   steps: tests example example_nographs bench_distribute bench_fed bench_fed_nographs bench_pipeline bench_nccl
+#          main main_nographs bench_torch memcheck racecheck train_memcheck
+#   (the trainer runs CUDA graphs by default; the *_nographs steps pass --graphs 0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -18,8 +19,8 @@ start_marker=$(mktemp) # results newer than this are this run's
 B=$root/.carry/build
 deadline=${FERRY_GPU_DEADLINE:-380}
 steps=("$@")
-((${#steps[@]})) || steps=(tests example example_graphs bench_distribute bench_fed bench_fed_graphs bench_pipeline bench_nccl main
-                            main_graphs bench_torch memcheck racecheck train_memcheck)
+((${#steps[@]})) || steps=(tests example example_nographs bench_distribute bench_fed bench_fed_nographs bench_pipeline bench_nccl
+                            main main_nographs bench_torch memcheck racecheck train_memcheck)
 summary=$out/summary.txt
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
@@ -98,16 +99,16 @@ for s in "${steps[@]}"; do
       step test_train_gpu 120 "$B/tests/train/test_train_gpu" ;;
     example) step example_04_gpu 90 python3 examples/04_train_fashion_mnist/check_output.py \
                "$B/examples/04_train_fashion_mnist/train_fashion_mnist" gpu ;;
-    example_graphs) step example_04_gpu_graphs 90 python3 examples/04_train_fashion_mnist/check_output.py \
-                      "$B/examples/04_train_fashion_mnist/train_fashion_mnist" gpu -- --graphs 1 ;;
+    example_nographs) step example_04_gpu_nographs 90 python3 examples/04_train_fashion_mnist/check_output.py \
+                        "$B/examples/04_train_fashion_mnist/train_fashion_mnist" gpu -- --graphs 0 ;;
     bench_distribute) bench distribute_gpu 90 "$B/benchmarks/distribute/bench_distribute_gpu" ;;
-    bench_fed) bench train_fed_gpu 120 "$B/benchmarks/train/bench_train_fed_gpu" ;;
-    bench_fed_graphs) bench train_fed_gpu_graphs 150 "$B/benchmarks/train/bench_train_fed_gpu" --graphs 1 ;;
+    bench_fed) bench train_fed_gpu 150 "$B/benchmarks/train/bench_train_fed_gpu" ;;
+    bench_fed_nographs) bench train_fed_gpu_nographs 120 "$B/benchmarks/train/bench_train_fed_gpu" --graphs 0 ;;
     bench_pipeline) bench fmnist_pipeline 60 "$B/benchmarks/train/bench_fmnist_pipeline" ;;  # the host's feed rate
     bench_nccl) bench collective_nccl 90 "$B/benchmarks/collective/bench_nccl_allreduce" ;;
     main) step main_job_gpu 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu ;;
-    main_graphs) step main_job_gpu_graphs 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu \
-                   --graphs 1 ;;
+    main_nographs) step main_job_gpu_nographs 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu \
+                     --graphs 0 ;;
     bench_torch) bench train_fashion_mnist_gpu_vs_pytorch 200 python3 "$root/benchmarks/train/time_to_accuracy.py" \
                    "$B/benchmarks/train/bench_train_fashion_mnist" --device gpu ;;
     memcheck|racecheck) step "distribute_gpu_$s" 80 sh tests/cuda/sanitize.sh "$s" \

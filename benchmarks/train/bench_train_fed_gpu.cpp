@@ -22,15 +22,16 @@
 //
 // usage: bench_train_fed_gpu [--data DIR] [--batch 128] [--steps 400] [--warmup 30]
 //                            [--rounds 3] [--workers W] [--gpus N] [--limit SAMPLES] [--json FILE]
-//                            [--report 1] [--staging 0|1] [--graphs 0|1]
+//                            [--report 1] [--staging 0|1] [--graphs 1|0]
 //   --limit: train on the first SAMPLES images only (short epochs, for the simulator's smoke run)
 //   --report 1: print each fed round's pipeline report (ferry/stats.hpp; set FERRY_STATS=1)
 //   --staging 0: distribute makes its copies on the training loop's thread (the example's
 //                pipeline, and the default, use its staging thread)
-//   --graphs 1: the trainer runs each step as a CUDA graph (trainer_options::graphs), in both
-//               modes; a third mode, on-device steps of a trainer without graphs, is timed in
-//               the same rounds, and graph_step_speedup (its step time / the graphs' on-device
-//               step time) says what the graphs gained
+//   --graphs 1 (the default): the trainer runs each step as a CUDA graph
+//               (trainer_options::graphs), in both modes; a third mode, on-device steps of a
+//               trainer without graphs, is timed in the same rounds, and graph_step_speedup
+//               (its step time / the graphs' on-device step time) says what the graphs gained.
+//   --graphs 0: every kernel launched, in both modes (no third mode)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -67,7 +68,7 @@ void cuda_ok(cudaError_t e, const char* what) {
 
 int main(int argc, char** argv) try {
   std::string dir = "/usr/share/datasets/fashion-mnist", json;
-  bool report = false, staging = true, graphs = false;
+  bool report = false, staging = true, graphs = true;
   if (const char* d = std::getenv("FERRY_FASHION_MNIST")) dir = d;
   std::size_t batch = 128, steps = 400, warmup = 30, rounds = 3, gpus = 0, limit = fmnist::train_images;
   const unsigned hc = std::max(1u, std::thread::hardware_concurrency());

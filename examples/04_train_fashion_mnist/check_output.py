@@ -10,7 +10,7 @@ usage: check_output.py TRAIN_FASHION_MNIST [gpu [--no-skip]] [-- ARG ...]
     gpu:       force --device gpu (suite gpu): exit 77 when there is no usable device
     --no-skip: with gpu, no usable device is a failure, not a skip (the simulator's build,
                whose two simulated GPUs are always there)
-    -- ARG...: more arguments for the program (e.g. -- --graphs 1)
+    -- ARG...: more arguments for the program (e.g. -- --graphs 0)
 """
 import re
 import subprocess
@@ -64,7 +64,7 @@ if want_gpu:
                     "('train_fashion_mnist: <n> GPU replica(s) on ... (cuBLAS, NCCL)')")
     if re.search(r"host replica\(s\)", err):
         fail.append("--device gpu ran on host replicas")
-    if gpu_line and bool(gpu_line[1]) != (extra[-2:] == ["--graphs", "1"]):
+    if gpu_line and bool(gpu_line[1]) != (extra[-2:] != ["--graphs", "0"]):  # graphs: the default
         fail.append("stderr says CUDA graphs " + ("on" if gpu_line[1] else "off") + ", the arguments the other")
 elif bool(gpu_line) == bool(host_line):
     fail.append("stderr does not say which one backend ran" if not gpu_line

@@ -13,8 +13,9 @@
 //   - else on host replicas (distribute(host_replicas{R}), OpenBLAS, in-process
 //     all-reduce), R = --replicas (default: one per core, at most batch / 64, dividing the batch).
 // --device gpu|cpu forces one (gpu without a usable device is an error); one line on
-// stderr says which was chosen and why. --graphs 1 runs each GPU replica's step as a CUDA
-// graph (trainer_options::graphs: one launch instead of about 25; no effect on the CPU).
+// stderr says which was chosen and why. Each GPU replica's step runs as a CUDA graph
+// (trainer_options::graphs: one launch instead of about 25); --graphs 0 launches every
+// kernel instead (no effect on the CPU).
 //
 // Training steps are asynchronous (train_step_async): the statistics are read every 0.2 s
 // and at the end of each epoch, not after every step. After every epoch it evaluates on the
@@ -143,7 +144,7 @@ void usage() {
                "         [--replicas R (cpu)] [--gpus N (gpu: the first N devices)] [--seed S]\n"
                "         [--hidden 256,128] [--lr 1e-3] [--optimizer adam|sgd] [--momentum 0.9]\n"
                "         [--workers W] [--shuffle-buffer N] [--blas-threads N] [--limit N]\n"
-               "         [--data DIR] [--save FILE] [--load FILE] [--graphs 0|1 (gpu)] [--quiet]\n");
+               "         [--data DIR] [--save FILE] [--load FILE] [--graphs 1|0 (gpu)] [--quiet]\n");
 }
 
 }  // namespace
@@ -157,7 +158,7 @@ int main(int argc, char** argv) try {
   std::vector<int> hidden{256, 128};
   tr::optimizer_config opt{.kind = tr::optimizer_kind::adam, .lr = 1e-3f};
   int blas_threads = 0;
-  bool graphs = false;
+  bool graphs = true;
   std::string dir = "/usr/share/datasets/fashion-mnist", device = "auto";
 
   for (int i = 1; i < argc; ++i) {

@@ -260,7 +260,7 @@ int main() {
     const auto& ctx = g.ctx;
     const int per = B / count;
     using nccl_trainer = tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator>;
-    tr::trainer_options opts{.seed = 17, .max_rows = per};
+    tr::trainer_options opts{.seed = 17, .max_rows = per, .graphs = false};
     nccl_trainer direct(cfg, opts, ferry::nccl_communicator::local(devs), ctx);
     opts.graphs = true;
     nccl_trainer graphed(cfg, opts, ferry::nccl_communicator::local(devs), ctx);

@@ -118,10 +118,13 @@ struct trainer_options {
   int blas_threads = 0;
   // GPU backends: run each replica's step as a CUDA graph, captured on the slice shape's
   // first step (replica.hpp): per step, two input copies and one graph launch instead of
-  // about 25 kernel launches, for models whose step is bound by the host's launches (as
-  // the Fashion-MNIST MLP's is on an H100/H200). The same weights as without. Ignored by
-  // backends without graphs (host_backend).
-  bool graphs = false;
+  // about 25 kernel launches. On by default: the same weights, bit for bit, and the
+  // Fashion-MNIST MLP's step, bound by the host's launches, ran 1.28-1.75x faster on an
+  // H200 (docs/train.md). Costs per replica: cuBLAS's 32 MiB workspace, input buffers of
+  // max_rows rows, up to max_graphs graphs. false: a direct launch of every kernel (a
+  // step whose shapes change every time, or a profiler that should see each launch).
+  // Ignored by backends without graphs (host_backend).
+  bool graphs = true;
 };
 
 // Where a replica runs: passed to the backend's constructor (-1 / null for host).

@@ -46,6 +46,7 @@ enum cudaError_t {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchFailure = 719,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
   cudaErrorStreamCaptureIsolation = 904,
@@ -219,6 +220,9 @@ void fail_copy(int n, cudaError_t status);
 void fail_wait(int n, cudaError_t status);
 // Makes the n-th cudaMalloc on `device` from now fail with cudaErrorMemoryAllocation.
 void fail_malloc(int device, int n);
+// Makes the n-th cudaGraphLaunch of a graph of `device` from now fail with `status`,
+// enqueueing nothing.
+void fail_graph_launch(int device, int n, cudaError_t status);
 
 // A member of a collective: instance `seq` of `group`, member `rank` of `nranks`. Enqueued
 // on `s` (whose device must be current); the instance runs when every member is at the

@@ -120,6 +120,7 @@ struct state {
   int wait_fail_in = 0;
   cudaError_t wait_fail_status = cudaSuccess;
   std::map<int, int> malloc_fail_in;  // device -> n-th cudaMalloc from now fails
+  std::map<int, std::pair<int, cudaError_t>> graph_fail_in;  // device -> (n-th cudaGraphLaunch, status)
 };
 
 
@@ -431,6 +432,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     case cudaErrorStreamCaptureIsolation: return "cudaErrorStreamCaptureIsolation";
@@ -822,6 +824,11 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t st) {
     return fail(cudaErrorInvalidValue);
   }
   check_current(st, "cudaGraphLaunch");
+  if (auto f = s.graph_fail_in.find(exec->device); f != s.graph_fail_in.end() && --f->second.first == 0) {
+    const cudaError_t e = f->second.second;
+    s.graph_fail_in.erase(f);
+    return fail(e);  // enqueues nothing
+  }
   ++s.c.graph_launches;
   for (auto& node : exec->nodes) node(st);
   return cudaSuccess;
@@ -882,6 +889,7 @@ void reset(std::uint64_t seed, int progress) {
   s.fail_in = 0;
   s.wait_fail_in = 0;
   s.malloc_fail_in.clear();
+  s.graph_fail_in.clear();
 }
 
 counters stats() {
@@ -959,6 +967,11 @@ void fail_wait(int n, cudaError_t status) {
 void fail_malloc(int device, int n) {
   std::lock_guard lk(S().m);
   S().malloc_fail_in[device] = n;
+}
+
+void fail_graph_launch(int device, int n, cudaError_t status) {
+  std::lock_guard lk(S().m);
+  S().graph_fail_in[device] = {n, status};
 }
 
 op_id join_collective(cudaStream_t st, const void* group, std::uint64_t seq, int rank, int nranks,
