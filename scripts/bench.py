@@ -297,9 +297,10 @@ def ratios(latest):
                     dev = "GPU" if "gpu" in name else "CPU"
                     add(f"train ({dev}): time to {x.get('target')} accuracy vs PyTorch", x.get("ratio"), r,
                         invert=True)
-        elif name in ("train_fed_gpu", "train_fed_gpu_graphs", "train_fed_gpu_nographs"):
-            # With CUDA graphs (the default since 2026-11-26; before, --graphs 1) the run also
-            # times a trainer without them: its row says which the run was.
+        elif name in ("train_fed_gpu", "train_fed_gpu_nographs"):
+            # With CUDA graphs (the default since 2026-11-26; before, --graphs 1, kept as
+            # train_fed_gpu_graphs, now superseded) the run also times a trainer without them:
+            # its row says which the run was.
             graphed = any(x.get("what") == "on-device-nograph" for x in r.get("fed_rows", []))
             g = " (CUDA graphs)" if graphed else " (launches)"
             add(f"train GPU{g}: step time, on-device vs fed", m.get("train_fed_ratio"), r, invert=True)
