@@ -25,15 +25,17 @@ namespace ferry {
 // The saved position of a whole pipeline. `words` is its portable form: write it to a
 // checkpoint with to_bytes() and read it back with from_bytes().
 //
-// Bytes: the magic word "ferrySt2", the words, and a check word (a SplitMix64-mixed hash of
+// Bytes: the magic word "ferrySt3", the words, and a check word (a SplitMix64-mixed hash of
 // the words), each 8 bytes little-endian. The check catches a checkpoint file that was cut
 // short or damaged: restoring garbage positions would silently read the wrong elements.
 struct pipeline_state {
   std::vector<std::uint64_t> words;
 
-  static constexpr std::uint64_t magic = 0x3274537972726566ull;  // "ferrySt2" read as LE
-  // Format 1 (before from_files saved its epoch for shuffle_files): refused by name.
+  static constexpr std::uint64_t magic = 0x3374537972726566ull;  // "ferrySt3" read as LE
+  // Older formats, refused by name: 1 (before from_files saved its epoch for
+  // shuffle_files), 2 (before each stage saved its configuration beside its position).
   static constexpr std::uint64_t magic_v1 = 0x3174537972726566ull;  // "ferrySt1"
+  static constexpr std::uint64_t magic_v2 = 0x3274537972726566ull;  // "ferrySt2"
 
   std::string to_bytes() const {
     std::string out((words.size() + 2) * 8, '\0');
@@ -61,7 +63,10 @@ struct pipeline_state {
     if (get(0) == magic_v1)
       throw fail("a state of an older ferry (\"ferrySt1\"): from_files and interleave save their epoch "
                  "since; it cannot be restored");
-    if (get(0) != magic) throw fail("not a ferry pipeline state (no \"ferrySt2\" at offset 0)");
+    if (get(0) == magic_v2)
+      throw fail("a state of an older ferry (\"ferrySt2\"): stages save their configuration (seed, shard, "
+                 "files) since, so that a checkpoint is never restored into another; it cannot be restored");
+    if (get(0) != magic) throw fail("not a ferry pipeline state (no \"ferrySt3\" at offset 0)");
     const std::size_t n = bytes.size() / 8 - 2;
     pipeline_state s;
     s.words.resize(n);

@@ -151,7 +151,7 @@ TEST_CASE("checkpoint bytes cut short, damaged or foreign are refused, every cut
   const ferry::pipeline_state st = ferry::save_state(p);
   const std::string bytes = st.to_bytes();
   REQUIRE(bytes.size() == (st.words.size() + 2) * 8);
-  CHECK(bytes.substr(0, 8) == "ferrySt2");
+  CHECK(bytes.substr(0, 8) == "ferrySt3");
   CHECK(ferry::pipeline_state::from_bytes(bytes) == st);
   for (std::size_t n = 0; n < bytes.size(); ++n) {  // every cut
     CAPTURE(n);
@@ -176,6 +176,11 @@ TEST_CASE("checkpoint bytes cut short, damaged or foreign are refused, every cut
   std::string v1 = bytes;
   v1[7] = '1';
   CHECK_THROWS_WITH_AS(ferry::pipeline_state::from_bytes(v1), doctest::Contains("older ferry (\"ferrySt1\")"),
+                       ferry::config_error);
+  // Format 2 (no configuration words: it could be restored into another seed or shard) too.
+  std::string v2 = bytes;
+  v2[7] = '2';
+  CHECK_THROWS_WITH_AS(ferry::pipeline_state::from_bytes(v2), doctest::Contains("older ferry (\"ferrySt2\")"),
                        ferry::config_error);
   // An empty pipeline state (no words) still round-trips.
   CHECK(ferry::pipeline_state::from_bytes(ferry::pipeline_state{}.to_bytes()).words.empty());

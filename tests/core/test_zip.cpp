@@ -156,15 +156,15 @@ TEST_CASE("zip in report(): both sources' stages, then zip, whose own time exclu
   CHECK(n == 100);
   const auto rep = ferry::report(p);
   REQUIRE(rep.stages.size() == 4);
-  CHECK(rep.stages[0].kind == "source");
-  CHECK(rep.stages[1].kind == "source");
+  CHECK(rep.stages[0].kind == "from_generator");  // sources name themselves (the stage base)
+  CHECK(rep.stages[1].kind == "from_generator");
   CHECK(rep.stages[2].kind == "skip");
   CHECK(rep.stages[3].kind == "zip");
   CHECK(rep.stages[0].elements == 100);
   CHECK(rep.stages[3].elements == 100);
   CHECK(rep.stages[0].busy_s >= 100 * 150e-6);
   CHECK(rep.stages[3].busy_s < 0.25 * rep.stages[0].busy_s);
-  CHECK(rep.bottleneck == "source#0");
+  CHECK(rep.bottleneck == "from_generator#0");
   ferry::reset_stats(p);  // reaches every stage, zip's own counters included
   const auto after = ferry::report(p);
   for (const auto& s : after.stages) CHECK(s.elements == 0);

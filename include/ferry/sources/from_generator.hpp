@@ -24,7 +24,7 @@
 #include <utility>
 
 #include "ferry/error.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
@@ -39,20 +39,24 @@ struct is_optional<std::optional<T>> : std::true_type {
 };
 
 template <class F>
-class generator_source : public source_interface<generator_source<F>> {
+class generator_source
+    : public source_base<generator_source<F>, typename is_optional<std::invoke_result_t<F&, std::uint64_t>>::element> {
   using result = std::invoke_result_t<F&, std::uint64_t>;
+  using T = typename is_optional<result>::element;
+  using base = source_base<generator_source<F>, T>;
+  friend base;
 
  public:
-  using value_type = typename is_optional<result>::element;
-
+  static constexpr char name[] = "from_generator";
   generator_source(std::uint64_t count, F f) : count_(count), f_(std::move(f)) {}
 
-  std::optional<value_type> next() {
+ private:
+  std::optional<T> pull() {
     if (done_ || i_ >= count_) return std::nullopt;
     const std::uint64_t i = i_;
     try {
       if constexpr (is_optional<result>::value) {
-        std::optional<value_type> v = f_(i);
+        std::optional<T> v = f_(i);
         if (!v) {
           done_ = true;
           return v;
@@ -60,20 +64,20 @@ class generator_source : public source_interface<generator_source<F>> {
         ++i_;
         return v;
       } else {
-        std::optional<value_type> v(f_(i));
+        std::optional<T> v(f_(i));
         ++i_;
         return v;
       }
     } catch (...) {
       i_ = i + 1;  // skip the failed index (see the header)
-      rethrow_element(std::current_exception(), "from_generator", i);
+      rethrow_element(std::current_exception(), name, i);
     }
   }
-  std::size_t next_bulk(std::span<value_type> out) {
+  std::size_t pull_bulk(std::span<T> out) {
     std::size_t k = 0;
     if constexpr (is_optional<result>::value) {
       while (k < out.size())
-        if (auto v = next()) out[k++] = std::move(*v);
+        if (auto v = pull()) out[k++] = std::move(*v);
         else break;
     } else {
       const std::uint64_t left = done_ ? 0 : count_ - i_;
@@ -84,20 +88,21 @@ class generator_source : public source_interface<generator_source<F>> {
           ++i_;
         }
       } catch (...) {
-        rethrow_element(std::current_exception(), "from_generator", i_++);
+        rethrow_element(std::current_exception(), name, i_++);
       }
     }
     return k;
   }
-  void rewind() { i_ = 0; done_ = false; }
-  void save(state_writer& w) const {
-    w.tag("from_generator");
+  void start_epoch() {
+    i_ = 0;
+    done_ = false;
+  }
+  void save_words(state_writer& w) const {
     w.put(i_);
     w.put(done_);
   }
   // Throws config_error for a state past this generator's count (saved from a longer one).
-  void restore(state_reader& r) {
-    r.expect("from_generator");
+  void restore_words(state_reader& r) {
     const std::uint64_t i = r.get();
     if (i > count_)
       throw config_error("restore_state: from_generator: the state is at index " + std::to_string(i) +
@@ -107,7 +112,6 @@ class generator_source : public source_interface<generator_source<F>> {
     done_ = r.get() != 0;
   }
 
- private:
   std::uint64_t count_;
   F f_;
   std::uint64_t i_ = 0;

@@ -17,46 +17,48 @@
 #include <utility>
 
 #include "ferry/error.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
 
 template <std::ranges::random_access_range R>
-class range_source : public source_interface<range_source<R>> {
- public:
-  using value_type = std::ranges::range_value_t<R>;
+class range_source : public source_base<range_source<R>, std::ranges::range_value_t<R>> {
+  using base = source_base<range_source<R>, std::ranges::range_value_t<R>>;
+  friend base;
+  using T = std::ranges::range_value_t<R>;
 
+ public:
+  static constexpr char name[] = "from_range";
   explicit range_source(R r) : r_(std::move(r)) {}
 
-  std::optional<value_type> next() {
-    if (i_ >= static_cast<std::uint64_t>(std::ranges::size(r_))) return std::nullopt;
-    return std::optional<value_type>(std::ranges::begin(r_)[i_++]);
+  std::uint64_t size() const { return std::ranges::size(r_); }
+
+ private:
+  std::optional<T> pull() {
+    if (i_ >= size()) return std::nullopt;
+    return std::optional<T>(std::ranges::begin(r_)[i_++]);
   }
-  std::size_t next_bulk(std::span<value_type> out) {
-    const std::uint64_t left = static_cast<std::uint64_t>(std::ranges::size(r_)) - i_;
+  std::size_t pull_bulk(std::span<T> out) {
+    const std::uint64_t left = size() - i_;
     const std::size_t n = out.size() < left ? out.size() : static_cast<std::size_t>(left);
     std::copy_n(std::ranges::begin(r_) + i_, n, out.begin());
     i_ += n;
     return n;
   }
-  std::span<const value_type> next_view(std::size_t max)
+  std::span<const T> pull_view(std::size_t max)
     requires std::ranges::contiguous_range<const R>
   {
-    const std::uint64_t left = static_cast<std::uint64_t>(std::ranges::size(r_)) - i_;
+    const std::uint64_t left = size() - i_;
     const std::size_t n = max < left ? max : static_cast<std::size_t>(left);
-    std::span<const value_type> v(std::ranges::data(r_) + i_, n);
+    std::span<const T> v(std::ranges::data(r_) + i_, n);
     i_ += n;
     return v;
   }
-  void rewind() { i_ = 0; }
-  void save(state_writer& w) const {
-    w.tag("from_range");
-    w.put(i_);
-  }
+  void start_epoch() { i_ = 0; }
+  void save_words(state_writer& w) const { w.put(i_); }
   // Throws config_error for a state past this range's end (saved from a longer range).
-  void restore(state_reader& r) {
-    r.expect("from_range");
+  void restore_words(state_reader& r) {
     const std::uint64_t i = r.get();
     if (i > size())
       throw config_error("restore_state: from_range: the state is at element " + std::to_string(i) +
@@ -64,9 +66,7 @@ class range_source : public source_interface<range_source<R>> {
                          " (saved from a longer one?)");
     i_ = i;
   }
-  std::uint64_t size() const { return std::ranges::size(r_); }
 
- private:
   R r_;
   std::uint64_t i_ = 0;
 };

@@ -41,6 +41,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
+#include "ferry/stage.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 #include "ferry/sources/record.hpp"
@@ -310,85 +311,65 @@ struct batch_options {
 namespace detail {
 
 template <source Up>
-class batch_source : public source_interface<batch_source<Up>> {
+class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
+  using base = stage<batch_source<Up>, Up, batch_of<value_t<Up>>>;
+  friend base;
   using T = value_t<Up>;
+  using B = batch_of<T>;
 
  public:
-  using value_type = batch_of<T>;
-
+  static constexpr char name[] = "batch";
   batch_source(Up up, std::size_t n, batch_options o)
-      : up_(std::move(up)), n_(n), drop_(o.drop_remainder), res_(std::move(o.resource)) {
+      : base(std::move(up)), n_(n), drop_(o.drop_remainder), res_(std::move(o.resource)) {
     if (!res_) res_ = std::make_shared<buffer_pool>();
   }
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "batch", [&] { return next_impl(); });
-  }
-
-  void rewind()
-    requires rewindable_source<Up>
-  {
-    up_.rewind();
-  }
-  void save(state_writer& w) const
-    requires resumable_source<Up>
-  {
-    up_.save(w);
-    w.tag("batch");
-  }
-  void restore(state_reader& r)
-    requires resumable_source<Up>
-  {
-    up_.restore(r);
-    r.expect("batch");
-  }
+  // Where batches are collated from now on (distribute's pinned pool).
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    this->check_live();
     res_ = r;
     return true;
   }
   std::size_t batch_size() const { return n_; }
   bool drops_remainder() const { return drop_; }
-  Up& upstream() { return up_; }
-  void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("batch", stats_, observe::stage_mode::inline_stage, 1);
-  }
+  Up& upstream() { return this->up(); }
 
  private:
-  std::optional<value_type> next_impl() {
-    if constexpr (bulk_source<Up> && batch_collator<T>::all_fixed && value_type::field_count == 1 &&
+  std::optional<B> pull() {
+    Up& up = this->up();
+    if constexpr (bulk_source<Up> && batch_collator<T>::all_fixed && B::field_count == 1 &&
                   !field_list<T>::is_tuple) {
       // One call fills the batch buffer in place.
-      value_type b = collator_.start(res_, n_);
-      const std::size_t k = probe_.pull_bulk(up_, collator_.whole(b, n_));
+      B b = collator_.start(res_, n_);
+      const std::size_t k = this->pull_up_bulk(collator_.whole(b, n_));
       collator_.set_size(b, k);
       if (k == 0 || (drop_ && k < n_)) return std::nullopt;
       return b;
     } else if constexpr (borrowing_source<Up> && std::same_as<T, record>) {
       // Records lent as views: copied into the batch at once, so no reference per record.
       borrowed_.clear();
-      probe_.pull_borrowed(up_, borrowed_, n_);
+      this->pull_up_borrowed(borrowed_, n_);
       if (borrowed_.size() == 0 || (drop_ && borrowed_.size() < n_)) {
         borrowed_.clear();
         return std::nullopt;
       }
-      value_type b = collator_.collate_bytes(res_, borrowed_.views);
+      B b = collator_.collate_bytes(res_, borrowed_.views);
       borrowed_.clear();
       return b;
     } else if constexpr (batch_collator<T>::all_fixed) {
-      value_type b = collator_.start(res_, n_);
+      B b = collator_.start(res_, n_);
       // An upstream that can hand an element where it lies (map's next_into) is copied
       // from there; with stats on, through the probe, which times the pull.
       bool pulled = false;
-      if constexpr (requires { up_.next_into([](T&) {}); }) {
+      if constexpr (requires { up.next_into([](T&) {}); }) {
         if (!observe::on()) {
-          while (b.size() < n_ && up_.next_into([&](T& e) { collator_.put(b, e); })) {
+          while (b.size() < n_ && up.next_into([&](T& e) { collator_.put(b, e); })) {
           }
           pulled = true;
         }
       }
       while (!pulled && b.size() < n_) {
-        std::optional<T> e = probe_.pull(up_);
+        std::optional<T> e = this->pull_up();
         if (!e) break;
         collator_.put(b, *e);
       }
@@ -397,7 +378,7 @@ class batch_source : public source_interface<batch_source<Up>> {
     } else {
       hold_.clear();
       while (hold_.size() < n_) {
-        std::optional<T> e = probe_.pull(up_);
+        std::optional<T> e = this->pull_up();
         if (!e) break;
         hold_.push_back(std::move(*e));
       }
@@ -406,15 +387,12 @@ class batch_source : public source_interface<batch_source<Up>> {
     }
   }
 
-  Up up_;
   std::size_t n_;
   bool drop_;
   std::shared_ptr<std::pmr::memory_resource> res_;
   batch_collator<T> collator_;
   std::vector<T> hold_;  // ragged types only; capacity reused batch to batch
   borrowed_records borrowed_;  // records from a borrowing_source; likewise
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 inline void check_batch_args(std::size_t n) {

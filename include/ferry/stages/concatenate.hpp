@@ -36,94 +36,55 @@
 #include <utility>
 
 #include "ferry/error.hpp"
-#include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
 
 template <source A, source B>
-class concatenate_source : public source_interface<concatenate_source<A, B>> {
- public:
-  using value_type = value_t<A>;
-  concatenate_source(A a, B b) : a_(std::move(a)), b_(std::move(b)) {}
+class concatenate_source : public join_stage<concatenate_source<A, B>, value_t<A>, A, B> {
+  using base = join_stage<concatenate_source<A, B>, value_t<A>, A, B>;
+  friend base;
+  using T = value_t<A>;
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "concatenate", [&]() -> std::optional<value_type> {
-      if (!in_b_) {
-        if (std::optional<value_type> e = probe_a_.pull(a_)) return e;
-        in_b_ = true;
-      }
-      return probe_b_.pull(b_);
-    });
-  }
-  std::size_t next_bulk(std::span<value_type> out)
-    requires bulk_source<A> && bulk_source<B>
-  {
-    return observe::observed_bulk(stats_, "concatenate", out, [&]() -> std::size_t {
-      std::size_t k = 0;
-      if (!in_b_) {
-        k = probe_a_.pull_bulk(a_, out);
-        if (k == out.size()) return k;  // a full run (an empty request too): a goes on
-        in_b_ = true;                   // a short run: a has ended
-      }
-      return k + probe_b_.pull_bulk(b_, out.subspan(k));
-    });
-  }
+ public:
+  static constexpr char name[] = "concatenate";
+  concatenate_source(A a, B b) : base(std::move(a), std::move(b)) {}
+
   // True once a has ended this epoch (what is handed out now comes from b).
   bool in_second() const { return in_b_; }
 
-  void rewind()
-    requires rewindable_source<A> && rewindable_source<B>
-  {
-    a_.rewind();
-    b_.rewind();
-    in_b_ = false;
+ private:
+  std::optional<T> pull() {
+    if (!in_b_) {
+      if (std::optional<T> e = this->template pull_up<0>()) return e;
+      in_b_ = true;
+    }
+    return this->template pull_up<1>();
   }
-  void save(state_writer& w) const
-    requires resumable_source<A> && resumable_source<B>
+  std::size_t pull_bulk(std::span<T> out)
+    requires bulk_source<A> && bulk_source<B>
   {
-    a_.save(w);
-    b_.save(w);
-    w.tag("concatenate");
-    w.put(in_b_ ? 1 : 0);
+    std::size_t k = 0;
+    if (!in_b_) {
+      k = this->template pull_up_bulk<0>(out);
+      if (k == out.size()) return k;  // a full run (an empty request too): a goes on
+      in_b_ = true;                   // a short run: a has ended
+    }
+    return k + this->template pull_up_bulk<1>(out.subspan(k));
   }
-  // Throws config_error for a state of another shape.
-  void restore(state_reader& r)
-    requires resumable_source<A> && resumable_source<B>
-  {
-    a_.restore(r);
-    b_.restore(r);
-    r.expect("concatenate");
+  void start_epoch() { in_b_ = false; }
+  void save_words(state_writer& w) const { w.put(in_b_ ? 1 : 0); }
+  // Throws config_error for a damaged state.
+  void restore_words(state_reader& r) {
     const std::uint64_t which = r.get();
     if (which > 1)
       throw config_error("restore_state: concatenate: a damaged state (source " + std::to_string(which) +
                          " of 2)");
     in_b_ = which == 1;
   }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    const bool ta = forward_buffer_resource(a_, r);
-    const bool tb = forward_buffer_resource(b_, r);
-    return ta || tb;
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    std::size_t n = v.stages().size();
-    probe_a_.visit(a_, v);
-    std::uint64_t up = v.upstream_incl(n);
-    n = v.stages().size();
-    probe_b_.visit(b_, v);
-    up += v.upstream_incl(n);
-    v.add_joined("concatenate", stats_, up);  // its own time net of both sides
-  }
 
- private:
-  A a_;
-  B b_;
   bool in_b_ = false;  // a has ended this epoch
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<A> probe_a_;
-  [[no_unique_address]] observe::upstream_probe<B> probe_b_;
 };
 
 }  // namespace detail

@@ -21,70 +21,40 @@
 #include <utility>
 
 #include "ferry/error.hpp"
-#include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
 
 template <source Up, class P>
-class filter_source : public source_interface<filter_source<Up, P>> {
- public:
-  using value_type = value_t<Up>;
-  filter_source(Up up, P p) : up_(std::move(up)), p_(std::move(p)) {}
+class filter_source : public stage<filter_source<Up, P>, Up> {
+  using base = stage<filter_source<Up, P>, Up>;
+  friend base;
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "filter", [&]() -> std::optional<value_type> {
-      while (std::optional<value_type> e = probe_.pull(up_)) {
-        const std::uint64_t k = n_++;
-        bool keep;
-        try {
-          keep = p_(std::as_const(*e));
-        } catch (...) {
-          rethrow_element(std::current_exception(), "filter", k);
-        }
-        if (keep) return e;
-      }
-      return std::nullopt;
-    });
-  }
-  void rewind()
-    requires rewindable_source<Up>
-  {
-    up_.rewind();
-    n_ = 0;
-  }
-  void save(state_writer& w) const
-    requires resumable_source<Up>
-  {
-    up_.save(w);
-    w.tag("filter");
-    w.put(n_);
-  }
-  void restore(state_reader& r)
-    requires resumable_source<Up>
-  {
-    up_.restore(r);
-    r.expect("filter");
-    n_ = r.get();
-  }
-  // batch()'s size, passed on for distribute() (batches go through unchanged).
-  std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    return forward_buffer_resource(up_, r);
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("filter", stats_, observe::stage_mode::inline_stage, 1);
-  }
+ public:
+  static constexpr char name[] = "filter";
+  filter_source(Up up, P p) : base(std::move(up)), p_(std::move(p)) {}
 
  private:
-  Up up_;
+  std::optional<value_t<Up>> pull() {
+    while (std::optional<value_t<Up>> e = this->pull_up()) {
+      const std::uint64_t k = n_++;
+      bool keep;
+      try {
+        keep = p_(std::as_const(*e));
+      } catch (...) {
+        rethrow_element(std::current_exception(), name, k);
+      }
+      if (keep) return e;
+    }
+    return std::nullopt;
+  }
+  void start_epoch() { n_ = 0; }
+  void save_words(state_writer& w) const { w.put(n_); }
+  void restore_words(state_reader& r) { n_ = r.get(); }
+
   P p_;
   std::uint64_t n_ = 0;  // upstream elements pulled this epoch: names the element in errors
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

@@ -17,62 +17,29 @@
 #include <optional>
 #include <utility>
 
-#include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
 
 template <source Up>
-class repeat_source : public source_interface<repeat_source<Up>> {
- public:
-  using value_type = value_t<Up>;
-  repeat_source(Up up, std::uint64_t n) : up_(std::move(up)), n_(n) {}
+class repeat_source : public stage<repeat_source<Up>, Up> {
+  using base = stage<repeat_source<Up>, Up>;
+  friend base;
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "repeat", [&] { return next_impl(); });
-  }
+ public:
+  static constexpr char name[] = "repeat";
+  repeat_source(Up up, std::uint64_t n) : base(std::move(up)), n_(n) {}
+
   // The number of completed passes over the upstream dataset.
   std::uint64_t epoch() const { return epoch_; }
 
-  void rewind() {
-    up_.rewind();
-    epoch_ = 0;
-    seen_in_epoch_ = false;
-  }
-  void save(state_writer& w) const
-    requires resumable_source<Up>
-  {
-    up_.save(w);
-    w.tag("repeat");
-    w.put(epoch_);
-    w.put(seen_in_epoch_);
-  }
-  void restore(state_reader& r)
-    requires resumable_source<Up>
-  {
-    up_.restore(r);
-    r.expect("repeat");
-    epoch_ = r.get();
-    seen_in_epoch_ = r.get() != 0;
-  }
-  // batch()'s size, passed on for distribute() (batches go through unchanged).
-  std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    return forward_buffer_resource(up_, r);
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("repeat", stats_, observe::stage_mode::inline_stage, 1);
-  }
-
  private:
-  std::optional<value_type> next_impl() {
+  std::optional<value_t<Up>> pull() {
     while (epoch_ < n_) {
-      std::optional<value_type> e;
+      std::optional<value_t<Up>> e;
       try {
-        e = probe_.pull(up_);
+        e = this->pull_up();
       } catch (...) {
         seen_in_epoch_ = true;  // data that failed is not an empty dataset
         throw;
@@ -86,19 +53,34 @@ class repeat_source : public source_interface<repeat_source<Up>> {
         break;
       }
       if (++epoch_ < n_) {
-        up_.rewind();
+        this->up().rewind();
         seen_in_epoch_ = false;
       }
     }
     return std::nullopt;
   }
+  void start_epoch() {
+    epoch_ = 0;
+    seen_in_epoch_ = false;
+  }
+  void save_words(state_writer& w) const {
+    w.put(epoch_);
+    w.put(seen_in_epoch_);
+  }
+  // Throws config_error for a state past this repeat's n (saved from a repeat of a larger n).
+  void restore_words(state_reader& r) {
+    const std::uint64_t epoch = r.get(), seen = r.get();
+    if (epoch > n_ || seen > 1)
+      throw config_error("restore_state: repeat: the state is at pass " + std::to_string(epoch) +
+                         (seen > 1 ? " (damaged)" : "") + " of this repeat(" + std::to_string(n_) +
+                         ") (saved from a repeat of a larger n?)");
+    epoch_ = epoch;
+    seen_in_epoch_ = seen != 0;
+  }
 
-  Up up_;
   std::uint64_t n_;
   std::uint64_t epoch_ = 0;
   bool seen_in_epoch_ = false;
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

@@ -22,9 +22,7 @@
 #include <utility>
 
 #include "ferry/error.hpp"
-#include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 
@@ -38,55 +36,33 @@ inline constexpr by_element_t by_element{};
 namespace detail {
 
 template <source Up>
-class shard_source : public source_interface<shard_source<Up>> {
- public:
-  using value_type = value_t<Up>;
-  shard_source(Up up, std::uint64_t count, std::uint64_t index)
-      : up_(std::move(up)), count_(count), index_(index) {}
+class shard_source : public stage<shard_source<Up>, Up> {
+  using base = stage<shard_source<Up>, Up>;
+  friend base;
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "shard", [&]() -> std::optional<value_type> {
-      while (std::optional<value_type> e = probe_.pull(up_))
-        if (k_++ % count_ == index_) return e;
-      return std::nullopt;
-    });
-  }
-  void rewind()
-    requires rewindable_source<Up>
-  {
-    up_.rewind();
-    k_ = 0;
-  }
-  void save(state_writer& w) const
-    requires resumable_source<Up>
-  {
-    up_.save(w);
-    w.tag("shard");
-    w.put(k_);
-  }
-  void restore(state_reader& r)
-    requires resumable_source<Up>
-  {
-    up_.restore(r);
-    r.expect("shard");
-    k_ = r.get();
-  }
-  // batch()'s size, passed on for distribute() (batches go through unchanged).
-  std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    return forward_buffer_resource(up_, r);
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("shard", stats_, observe::stage_mode::inline_stage, 1);
-  }
+ public:
+  static constexpr char name[] = "shard";
+  shard_source(Up up, std::uint64_t count, std::uint64_t index)
+      : base(std::move(up)), count_(count), index_(index) {}
 
  private:
-  Up up_;
+  std::optional<value_t<Up>> pull() {
+    while (std::optional<value_t<Up>> e = this->pull_up())
+      if (k_++ % count_ == index_) return e;
+    return std::nullopt;
+  }
+  void start_epoch() { k_ = 0; }
+  // Another rank's checkpoint (another index), or another count, would repeat and lose elements.
+  template <class F>
+  void config(F&& f) const {
+    f("count", count_);
+    f("index", index_);
+  }
+  void save_words(state_writer& w) const { w.put(k_); }
+  void restore_words(state_reader& r) { k_ = r.get(); }
+
   std::uint64_t count_, index_;
   std::uint64_t k_ = 0;  // elements pulled from upstream this epoch
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 inline void check_shard_args(std::uint64_t count, std::uint64_t index) {

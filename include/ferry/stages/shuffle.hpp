@@ -39,39 +39,39 @@
 
 #include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
-#include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
 
 template <source Up>
-class shuffle_source : public source_interface<shuffle_source<Up>> {
- public:
-  using value_type = value_t<Up>;
-  shuffle_source(Up up, std::size_t buffer, std::uint64_t seed)
-      : up_(std::move(up)), cap_(buffer), seed_(seed) {}
+class shuffle_source : public stage<shuffle_source<Up>, Up> {
+  using base = stage<shuffle_source<Up>, Up>;
+  friend base;
+  using T = value_t<Up>;
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "shuffle", [&]() -> std::optional<value_type> {
-      if (pos_ >= win_.size()) {
-        if (pending_) {  // the window it ended is handed out: the error's turn
-          win_.clear();
-          pos_ = 0;
-          std::rethrow_exception(std::exchange(pending_, nullptr));
-        }
-        if (!fill(cap_)) return std::nullopt;
+ public:
+  static constexpr char name[] = "shuffle";
+  shuffle_source(Up up, std::size_t buffer, std::uint64_t seed)
+      : base(std::move(up)), cap_(buffer), seed_(seed) {}
+
+  std::uint64_t epoch() const { return epoch_; }
+
+ private:
+  std::optional<T> pull() {
+    if (pos_ >= win_.size()) {
+      if (pending_) {  // the window it ended is handed out: the error's turn
+        win_.clear();
+        pos_ = 0;
+        std::rethrow_exception(std::exchange(pending_, nullptr));
       }
-      return std::optional<value_type>(std::move(win_[pos_++]));
-    });
+      if (!fill(cap_)) return std::nullopt;
+    }
+    return std::optional<T>(std::move(win_[pos_++]));
   }
 
   // The next epoch: a new permutation.
-  void rewind()
-    requires rewindable_source<Up>
-  {
-    up_.rewind();
+  void start_epoch() {
     ++epoch_;
     window_ = 0;
     win_.clear();
@@ -79,52 +79,47 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
     ended_ = false;
     pending_ = nullptr;
   }
-  std::uint64_t epoch() const { return epoch_; }
 
-  void save(state_writer& w) const
-    requires resumable_source<Up>
-  {
-    // Mid-window, or a window ended by an error not yet re-thrown (restore must stop
-    // before the error, which then comes again from upstream): from the window's start.
-    // window_ >= 1 then, as fill() counted the window.
-    const bool mid = pos_ < win_.size() || pending_;
-    if (mid)
+  // Mid-window, or a window ended by an error not yet re-thrown (restore must stop before
+  // the error, which then comes again from upstream): from the window's start.
+  bool mid() const { return pos_ < win_.size() || pending_; }
+  void save_upstream(state_writer& w) const {
+    if (mid())
       w.put_words(start_.words);  // upstream as it was at this window's start
     else
-      up_.save(w);
-    w.tag("shuffle");
-    w.put(epoch_);
-    w.put(mid ? window_ - 1 : window_);
-    w.put(mid ? pos_ : 0);
-    w.put(mid ? win_.size() : 0);
+      this->up().save(w);
   }
-  void restore(state_reader& r)
-    requires resumable_source<Up>
-  {
-    up_.restore(r);
-    r.expect("shuffle");
-    epoch_ = r.get();
-    window_ = r.get();
-    const std::uint64_t skip = r.get();
-    const std::uint64_t len = r.get();
+  // A restore into another buffer or seed would hand out another order: refused.
+  template <class F>
+  void config(F&& f) const {
+    f("buffer", cap_);
+    f("seed", seed_);
+  }
+  // window_ >= 1 when mid(), as fill() counted the window.
+  void save_words(state_writer& w) const {
+    const bool m = mid();
+    w.put(epoch_);
+    w.put(m ? window_ - 1 : window_);
+    w.put(m ? pos_ : 0);
+    w.put(m ? win_.size() : 0);
+  }
+  void restore_words(state_reader& r) {
+    const std::uint64_t epoch = r.get(), window = r.get(), skip = r.get(), len = r.get();
+    if (len > cap_ || skip > len)
+      throw config_error("restore_state: shuffle: a damaged state (offset " + std::to_string(skip) +
+                         " in a window of " + std::to_string(len) + ", buffer " + std::to_string(cap_) + ")");
+    epoch_ = epoch;
+    window_ = window;
     win_.clear();
     pos_ = 0;
     ended_ = false;
     pending_ = nullptr;
     if (len) {  // re-read the window we were in (no further), then skip what was handed out
-      fill(static_cast<std::size_t>(len < cap_ ? len : cap_));
+      fill(static_cast<std::size_t>(len));
       pos_ = static_cast<std::size_t>(skip) < win_.size() ? skip : win_.size();
     }
   }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    return forward_buffer_resource(up_, r);
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("shuffle", stats_, observe::stage_mode::inline_stage, 1);
-  }
 
- private:
   // Pulls the next window (at most `limit` elements) and permutes it. An upstream error
   // ends it early: kept in pending_ for next() to throw after the window, or thrown at
   // once when the window is empty (so window_ counts only windows handed out).
@@ -135,11 +130,11 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
     if constexpr (resumable_source<Up>) {
       start_.words.clear();
       state_writer w(start_);
-      up_.save(w);
+      this->up().save(w);
     }
     try {
       while (win_.size() < limit) {
-        std::optional<value_type> e = probe_.pull(up_);
+        std::optional<T> e = this->pull_up();
         if (!e) {
           ended_ = true;
           break;
@@ -155,18 +150,15 @@ class shuffle_source : public source_interface<shuffle_source<Up>> {
     return !win_.empty();
   }
 
-  Up up_;
   std::size_t cap_;
   std::uint64_t seed_;
   std::uint64_t epoch_ = 0;
   std::uint64_t window_ = 0;  // windows filled this epoch
-  std::vector<value_type> win_;
+  std::vector<T> win_;
   std::size_t pos_ = 0;
   bool ended_ = false;
   std::exception_ptr pending_;  // an upstream error that ended the window, thrown after it
   pipeline_state start_;  // upstream position at the current window's start
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

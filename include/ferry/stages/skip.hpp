@@ -29,63 +29,46 @@
 #include <utility>
 
 #include "ferry/error.hpp"
-#include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
 
 template <source Up>
-class skip_source : public source_interface<skip_source<Up>> {
- public:
-  using value_type = value_t<Up>;
-  skip_source(Up up, std::uint64_t n) : up_(std::move(up)), n_(n) {}
+class skip_source : public stage<skip_source<Up>, Up> {
+  using base = stage<skip_source<Up>, Up>;
+  friend base;
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "skip", [&]() -> std::optional<value_type> {
-      while (skipped_ < n_) {
-        if (!probe_.pull(up_)) return std::nullopt;  // the epoch ended inside the first n
-        ++skipped_;
-      }
-      return probe_.pull(up_);
-    });
+ public:
+  static constexpr char name[] = "skip";
+  skip_source(Up up, std::uint64_t n) : base(std::move(up)), n_(n) {}
+
+ private:
+  std::optional<value_t<Up>> pull() {
+    while (skipped_ < n_) {
+      if (!this->pull_up()) return std::nullopt;  // the epoch ended inside the first n
+      ++skipped_;
+    }
+    return this->pull_up();
   }
   // Skips in runs of out.size(), pulled into `out` itself, then fills it.
-  std::size_t next_bulk(std::span<value_type> out)
+  std::size_t pull_bulk(std::span<value_t<Up>> out)
     requires bulk_source<Up>
   {
-    return observe::observed_bulk(stats_, "skip", out, [&]() -> std::size_t {
-      if (out.empty()) return 0;
-      while (skipped_ < n_) {
-        const std::uint64_t left = n_ - skipped_;
-        const std::size_t want = out.size() < left ? out.size() : static_cast<std::size_t>(left);
-        const std::size_t k = probe_.pull_bulk(up_, out.first(want));
-        skipped_ += k;
-        if (k < want) return 0;  // the epoch ended inside the first n
-      }
-      return probe_.pull_bulk(up_, out);
-    });
+    if (out.empty()) return 0;
+    while (skipped_ < n_) {
+      const std::uint64_t left = n_ - skipped_;
+      const std::size_t want = out.size() < left ? out.size() : static_cast<std::size_t>(left);
+      const std::size_t k = this->pull_up_bulk(out.first(want));
+      skipped_ += k;
+      if (k < want) return 0;  // the epoch ended inside the first n
+    }
+    return this->pull_up_bulk(out);
   }
-  void rewind()
-    requires rewindable_source<Up>
-  {
-    up_.rewind();
-    skipped_ = 0;
-  }
-  void save(state_writer& w) const
-    requires resumable_source<Up>
-  {
-    up_.save(w);
-    w.tag("skip");
-    w.put(skipped_);
-  }
+  void start_epoch() { skipped_ = 0; }
+  void save_words(state_writer& w) const { w.put(skipped_); }
   // Throws config_error for a state that skipped more than n.
-  void restore(state_reader& r)
-    requires resumable_source<Up>
-  {
-    up_.restore(r);
-    r.expect("skip");
+  void restore_words(state_reader& r) {
     const std::uint64_t skipped = r.get();
     if (skipped > n_)
       throw config_error("restore_state: skip: the state skipped " + std::to_string(skipped) +
@@ -93,22 +76,9 @@ class skip_source : public source_interface<skip_source<Up>> {
                          ") drops (saved from a skip of a larger n?)");
     skipped_ = skipped;
   }
-  // batch()'s size, passed on for distribute() (batches go through unchanged).
-  std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    return forward_buffer_resource(up_, r);
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("skip", stats_, observe::stage_mode::inline_stage, 1);
-  }
 
- private:
-  Up up_;
   std::uint64_t n_;
   std::uint64_t skipped_ = 0;  // elements dropped this epoch (at most n_)
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

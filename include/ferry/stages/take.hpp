@@ -34,65 +34,48 @@
 #include <utility>
 
 #include "ferry/error.hpp"
-#include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
 
 template <source Up>
-class take_source : public source_interface<take_source<Up>> {
- public:
-  using value_type = value_t<Up>;
-  take_source(Up up, std::uint64_t n) : up_(std::move(up)), n_(n) {}
+class take_source : public stage<take_source<Up>, Up> {
+  using base = stage<take_source<Up>, Up>;
+  friend base;
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "take", [&]() -> std::optional<value_type> {
-      if (taken_ >= n_) return std::nullopt;
-      std::optional<value_type> e = probe_.pull(up_);
-      if (e) ++taken_;
-      return e;
-    });
+ public:
+  static constexpr char name[] = "take";
+  take_source(Up up, std::uint64_t n) : base(std::move(up)), n_(n) {}
+
+ private:
+  std::optional<value_t<Up>> pull() {
+    if (taken_ >= n_) return std::nullopt;
+    std::optional<value_t<Up>> e = this->pull_up();
+    if (e) ++taken_;
+    return e;
   }
   // Pulls one run of at most what is left of n, into `out` itself.
-  std::size_t next_bulk(std::span<value_type> out)
+  std::size_t pull_bulk(std::span<value_t<Up>> out)
     requires bulk_source<Up>
   {
-    return observe::observed_bulk(stats_, "take", out, [&]() -> std::size_t {
-      if (out.empty() || taken_ >= n_) return 0;  // n taken: the upstream is not called
-      const std::uint64_t left = n_ - taken_;
-      const std::size_t want = out.size() < left ? out.size() : static_cast<std::size_t>(left);
-      std::size_t k;
-      try {
-        k = probe_.pull_bulk(up_, out.first(want));
-      } catch (...) {
-        taken_ += want - 1;  // all the run may have used up, the error not (see the header)
-        throw;
-      }
-      taken_ += k;
-      return k;
-    });
+    if (out.empty() || taken_ >= n_) return 0;  // n taken: the upstream is not called
+    const std::uint64_t left = n_ - taken_;
+    const std::size_t want = out.size() < left ? out.size() : static_cast<std::size_t>(left);
+    std::size_t k;
+    try {
+      k = this->pull_up_bulk(out.first(want));
+    } catch (...) {
+      taken_ += want - 1;  // all the run may have used up, the error not (see the header)
+      throw;
+    }
+    taken_ += k;
+    return k;
   }
-  void rewind()
-    requires rewindable_source<Up>
-  {
-    up_.rewind();
-    taken_ = 0;
-  }
-  void save(state_writer& w) const
-    requires resumable_source<Up>
-  {
-    up_.save(w);
-    w.tag("take");
-    w.put(taken_);
-  }
+  void start_epoch() { taken_ = 0; }
+  void save_words(state_writer& w) const { w.put(taken_); }
   // Throws config_error for a state that took more than n.
-  void restore(state_reader& r)
-    requires resumable_source<Up>
-  {
-    up_.restore(r);
-    r.expect("take");
+  void restore_words(state_reader& r) {
     const std::uint64_t taken = r.get();
     if (taken > n_)
       throw config_error("restore_state: take: the state took " + std::to_string(taken) +
@@ -100,22 +83,9 @@ class take_source : public source_interface<take_source<Up>> {
                          ") hands on (saved from a take of a larger n?)");
     taken_ = taken;
   }
-  // batch()'s size, passed on for distribute() (batches go through unchanged).
-  std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    return forward_buffer_resource(up_, r);
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("take", stats_, observe::stage_mode::inline_stage, 1);
-  }
 
- private:
-  Up up_;
   std::uint64_t n_;
   std::uint64_t taken_ = 0;  // elements handed on this epoch, or counted for a failed run (at most n_)
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

@@ -26,80 +26,51 @@
 #include <utility>
 
 #include "ferry/error.hpp"
-#include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
 
 template <source A, source B>
-class zip_source : public source_interface<zip_source<A, B>> {
- public:
-  using value_type = std::pair<value_t<A>, value_t<B>>;
-  zip_source(A a, B b) : a_(std::move(a)), b_(std::move(b)) {}
+class zip_source : public join_stage<zip_source<A, B>, std::pair<value_t<A>, value_t<B>>, A, B> {
+  using base = join_stage<zip_source<A, B>, std::pair<value_t<A>, value_t<B>>, A, B>;
+  friend base;
+  using T = std::pair<value_t<A>, value_t<B>>;
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "zip", [&] { return next_impl(); });
-  }
-  void rewind()
-    requires rewindable_source<A> && rewindable_source<B>
-  {
-    a_.rewind();
-    b_.rewind();
+ public:
+  static constexpr char name[] = "zip";
+  zip_source(A a, B b) : base(std::move(a), std::move(b)) {}
+
+ private:
+  void start_epoch() {
     n_ = 0;
     out_of_step_ = false;
   }
   // Throws ferry::error after an error (see the header): the saved positions would pair
   // the wrong elements on restore.
-  void save(state_writer& w) const
-    requires resumable_source<A> && resumable_source<B>
-  {
+  void save_upstream(state_writer& w) const {
     if (out_of_step_) throw_out_of_step();
-    a_.save(w);
-    b_.save(w);
-    w.tag("zip");
-    w.put(n_);
+    this->template up<0>().save(w);
+    this->template up<1>().save(w);
   }
-  void restore(state_reader& r)
-    requires resumable_source<A> && resumable_source<B>
-  {
-    a_.restore(r);
-    b_.restore(r);
-    r.expect("zip");
+  void save_words(state_writer& w) const { w.put(n_); }
+  void restore_words(state_reader& r) {
     n_ = r.get();
     out_of_step_ = false;
   }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    const bool ta = forward_buffer_resource(a_, r);
-    const bool tb = forward_buffer_resource(b_, r);
-    return ta || tb;
-  }
-  // Both sources' stages (the first's, then the second's), then zip, whose own time
-  // excludes both.
-  void visit_stages(observe::stage_visitor& v) const {
-    std::size_t n = v.stages().size();
-    pa_.visit(a_, v);
-    std::uint64_t up = v.upstream_incl(n);
-    n = v.stages().size();
-    pb_.visit(b_, v);
-    up += v.upstream_incl(n);
-    v.add_joined("zip", stats_, up);
-  }
 
- private:
-  std::optional<value_type> next_impl() {
+  std::optional<T> pull() {
     if (out_of_step_) throw_out_of_step();
     std::optional<value_t<A>> x;
     std::optional<value_t<B>> y;
     try {
-      x = pa_.pull(a_);
+      x = this->template pull_up<0>();
     } catch (...) {
       break_off("first");
       throw;
     }
     try {
-      y = pb_.pull(b_);
+      y = this->template pull_up<1>();
     } catch (...) {
       break_off("second");  // a's element is already taken: the sides no longer line up
       throw;
@@ -114,7 +85,7 @@ class zip_source : public source_interface<zip_source<A, B>> {
       throw e;
     }
     ++n_;
-    return value_type(std::move(*x), std::move(*y));
+    return T(std::move(*x), std::move(*y));
   }
 
   // Called inside a catch block: remembers why the sides are out of step. Never throws,
@@ -143,14 +114,9 @@ class zip_source : public source_interface<zip_source<A, B>> {
     throw error(why_);
   }
 
-  A a_;
-  B b_;
   std::uint64_t n_ = 0;  // pairs handed out this epoch
   bool out_of_step_ = false;  // after an error: every next() throws why_
   std::string why_;
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<A> pa_;
-  [[no_unique_address]] observe::upstream_probe<B> pb_;
 };
 
 }  // namespace detail

@@ -1,0 +1,407 @@
+// ferry/stage.hpp: the base every ferry stage and source is built on. It owns the
+// upstream(s), the stage's counters and the probe, and supplies the whole pull protocol
+// (source.hpp) as the default that is right for a stage passing elements on one to one.
+// A stage writes only what differs; what it cannot do it says in one visible place.
+//
+//   template <ferry::source Up, class P>
+//   class filter_source : public ferry::stage<filter_source<Up, P>, Up> {
+//     using base = ferry::stage<filter_source<Up, P>, Up>;
+//     friend base;
+//    public:
+//     static constexpr char name[] = "filter";     // report() rows, checkpoint tags, errors
+//     filter_source(Up up, P p) : base(std::move(up)), p_(std::move(p)) {}
+//    private:
+//     std::optional<value_t<Up>> pull();          // required: the next element, or the end
+//     void save_words(state_writer&) const;       // its own position words (with restore_words)
+//     void restore_words(state_reader&);
+//     void start_epoch();                         // after the upstream's rewind()
+//   };
+//
+// What the base supplies (each only where the upstreams can do it too):
+//   next()                 pull() with the moved-from check, counted and timed for report()
+//   next_bulk(out)         when the stage has pull_bulk(out)      (batch() fills in runs)
+//   next_borrowed(out, n)  when the stage has pull_borrowed(out, n) (records as views)
+//   next_view(n)           when the stage has pull_view(n)         (contiguous sources)
+//   rewind()               halt() if the stage has threads, every upstream's rewind(),
+//                          then start_epoch(); a source (no upstream) is rewindable when
+//                          it has start_epoch()
+//   save(w) / restore(r)   the checkpoint rule, once: every upstream's words first (or
+//                          the stage's save_upstream(w), for a stage that is ahead of its
+//                          upstream), then the stage's tag, its configuration words
+//                          (config(f): a restore into another configuration is a
+//                          config_error naming the parameter), then save_words(w).
+//                          restore() calls before_restore() first (a stage with threads
+//                          refuses once started, or stops them).
+//   batch_size()           the upstream's, for distribute(): a stage of one upstream whose
+//                          elements keep their type keeps batches whole unless it says
+//                          `static constexpr bool changes_batch_size = true;`. Several
+//                          upstreams: their common size, 0 (unknown) when they differ.
+//   set_buffer_resource(r) handed to every upstream (batch() takes it)
+//   visit_stages(v)        the upstreams' rows, then this stage's (report_mode() and
+//                          report_threads() when the stage has threads of its own)
+// Opt-outs, each a visible line in the stage:
+//   static constexpr bool changes_batch_size = true;   no batch_size()
+//   static constexpr bool cannot_save = true;          no save()/restore()
+// A source (no upstream) must have save_words/restore_words unless it cannot save.
+//
+// Storage: stage<> keeps the upstream inside the stage object; threaded_stage<> keeps it in
+// a heap block, so the stage can move while its threads hold the upstream's address, and
+// the block's address never changes (moves and move-assignments swap blocks). join_stage<>
+// takes several upstreams (zip, concatenate), source_base<> none.
+//
+// Moved from: every protocol member of a moved-from stage throws config_error naming the
+// stage (a pipeline moved into the next stage must be used through that one).
+//
+// Throws: what the stage's own members throw; config_error as above. Runs user code only
+// through the stage's members, on the thread that calls them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <memory_resource>
+#include <optional>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/observe/hooks.hpp"
+#include "ferry/source.hpp"
+
+namespace ferry {
+
+struct borrowed_records;
+
+namespace detail {
+
+enum class upstream_storage { in_place, heap };
+
+// The opt-outs, read only when asked for (the stage is complete by then).
+template <class D>
+concept says_changes_batch_size = requires { requires D::changes_batch_size; };
+template <class D>
+concept says_cannot_save = requires { requires D::cannot_save; };
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_moved_from(const char* stage) {
+  throw config_error(std::string(stage) +
+                     ": used after it was moved from (a pipeline moved into the next stage, or into "
+                     "another variable, is used through that one)");
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_config_mismatch(const char* stage, const char* what,
+                                                                         std::uint64_t saved, std::uint64_t mine) {
+  throw config_error("restore_state: " + std::string(stage) + ": the state was saved with " + what + " = " +
+                     std::to_string(saved) + ", this pipeline has " + what + " = " + std::to_string(mine) +
+                     " (a checkpoint of another configuration would repeat or lose elements)");
+}
+
+template <class Derived, class Value, upstream_storage S, class... Ups>
+class stage_base : public source_interface<Derived> {
+  struct node {
+    explicit node(Ups... u) : ups(std::move(u)...) {}
+    std::tuple<Ups...> ups;
+    observe::stage_counters stats;
+    [[no_unique_address]] std::tuple<observe::upstream_probe<Ups>...> probes;
+  };
+  static constexpr bool heap = S == upstream_storage::heap;
+  using holder = std::conditional_t<heap, std::unique_ptr<node>, node>;
+  static constexpr std::size_t n_ups = sizeof...(Ups);
+  template <std::size_t I>
+  using up_t = std::tuple_element_t<I, std::tuple<Ups...>>;
+
+  // What the stage has, asked here (the stage is complete by then, and befriends its base).
+  template <class D = Derived>
+  static constexpr bool has_pull_bulk() {
+    return requires(D& d, std::span<Value> s) { d.pull_bulk(s); };
+  }
+  template <class Out, class D = Derived>
+  static constexpr bool has_pull_borrowed() {
+    return requires(D& d, Out& o, std::size_t m) { d.pull_borrowed(o, m); };
+  }
+  template <class D = Derived>
+  static constexpr bool has_pull_view() {
+    return requires(D& d, std::size_t m) { d.pull_view(m); };
+  }
+  template <class D = Derived>
+  static constexpr bool has_start_epoch() {
+    return requires(D& d) { d.start_epoch(); };
+  }
+  template <class D = Derived>
+  static constexpr bool has_config() {
+    return requires(const D& d) { d.config([](const char*, std::uint64_t) {}); };
+  }
+  template <class D = Derived>
+  static constexpr bool has_words() {
+    constexpr bool s = requires(const D& d, state_writer& w) { d.save_words(w); };
+    constexpr bool r = requires(D& d, state_reader& rd) { d.restore_words(rd); };
+    static_assert(s == r, "ferry stage: save_words and restore_words come together");
+    return s;
+  }
+  template <class D = Derived>
+  static constexpr bool can_rewind() {
+    if constexpr (n_ups == 0)
+      return has_start_epoch<D>();
+    else
+      return (rewindable_source<Ups> && ...);
+  }
+  template <class D = Derived>
+  static constexpr bool can_save() {
+    if constexpr (says_cannot_save<D>) {
+      return false;
+    } else if constexpr (n_ups == 0) {
+      static_assert(has_words<D>(),
+                    "ferry source: write save_words/restore_words (its position), or say "
+                    "`static constexpr bool cannot_save = true;`");
+      return true;
+    } else {
+      return (resumable_source<Ups> && ...);
+    }
+  }
+  template <class D = Derived>
+  static constexpr bool forwards_batch_size() {
+    if constexpr (n_ups == 0 || says_changes_batch_size<D>)
+      return false;
+    else
+      return ((sized_batches<Ups> && std::same_as<value_t<Ups>, Value>) && ...);
+  }
+
+ public:
+  using value_type = Value;
+
+  std::optional<Value> next() {
+    check_live();
+    return observe::observed_next(n().stats, Derived::name, [&] { return self().pull(); });
+  }
+
+  std::size_t next_bulk(std::span<Value> out)
+    requires(has_pull_bulk())
+  {
+    check_live();
+    return observe::observed_bulk(n().stats, Derived::name, out, [&] { return self().pull_bulk(out); });
+  }
+
+  template <class Out = borrowed_records>
+  std::size_t next_borrowed(Out& out, std::size_t max)
+    requires(has_pull_borrowed<Out>())
+  {
+    check_live();
+    return observe::observed_borrow(n().stats, Derived::name, out, [&] { return self().pull_borrowed(out, max); });
+  }
+
+  std::span<const Value> next_view(std::size_t max)
+    requires(has_pull_view())
+  {
+    check_live();
+    if (!observe::on()) [[likely]]
+      return self().pull_view(max);
+    const observe::ticks t0 = observe::now();
+    std::span<const Value> v = self().pull_view(max);
+    observe::note_bulk(n().stats, Derived::name, t0, v);
+    return v;
+  }
+
+  void rewind()
+    requires(can_rewind())
+  {
+    check_live();
+    if constexpr (requires(Derived& d) { d.halt(); }) self().halt();
+    each_up([](auto& u) { u.rewind(); });
+    if constexpr (has_start_epoch()) self().start_epoch();
+  }
+
+  void save(state_writer& w) const
+    requires(can_save())
+  {
+    check_live();
+    if constexpr (requires(const Derived& d) { d.save_upstream(w); })
+      self().save_upstream(w);
+    else
+      each_up([&](const auto& u) { u.save(w); });
+    w.tag(Derived::name);
+    if constexpr (has_config())
+      self().config([&](const char*, std::uint64_t v) { w.put(v); });
+    if constexpr (has_words()) self().save_words(w);
+  }
+
+  void restore(state_reader& r)
+    requires(can_save())
+  {
+    check_live();
+    if constexpr (requires(Derived& d) { d.before_restore(); }) self().before_restore();
+    each_up([&](auto& u) { u.restore(r); });
+    r.expect(Derived::name);
+    if constexpr (has_config())
+      self().config([&](const char* what, std::uint64_t mine) {
+        const std::uint64_t saved = r.get();
+        if (saved != mine) throw_config_mismatch(Derived::name, what, saved, mine);
+      });
+    if constexpr (has_words()) self().restore_words(r);
+  }
+
+  std::size_t batch_size() const
+    requires(forwards_batch_size())
+  {
+    check_live();
+    if constexpr (n_ups == 1) {
+      return std::get<0>(n().ups).batch_size();
+    } else {
+      std::size_t common = std::get<0>(n().ups).batch_size();
+      each_up([&](const auto& u) {
+        if (u.batch_size() != common) common = 0;
+      });
+      return common;
+    }
+  }
+
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    check_live();
+    bool took = false;
+    each_up([&](auto& u) { took = forward_buffer_resource(u, r) || took; });  // every upstream gets it
+    return took;
+  }
+
+  void visit_stages(observe::stage_visitor& v) const {
+    if (!live()) return;
+    if constexpr (n_ups == 0) {
+      v.add(Derived::name, n().stats, observe::stage_mode::source_stage, 1);
+    } else if constexpr (n_ups == 1) {
+      std::get<0>(n().probes).visit(std::get<0>(n().ups), v);
+      observe::stage_mode mode = observe::stage_mode::inline_stage;
+      std::size_t threads = 1;
+      if constexpr (requires(const Derived& d) { d.report_mode(); }) mode = self().report_mode();
+      if constexpr (requires(const Derived& d) { d.report_threads(); }) threads = self().report_threads();
+      v.add(Derived::name, n().stats, mode, threads);
+    } else {
+      std::uint64_t up_incl = 0;
+      [&]<std::size_t... I>(std::index_sequence<I...>) {
+        ((up_incl += visit_one<I>(v)), ...);
+      }(std::make_index_sequence<n_ups>{});
+      v.add_joined(Derived::name, n().stats, up_incl);  // its own time net of every upstream's
+    }
+  }
+
+ protected:
+  explicit stage_base(Ups... ups)
+    requires(!heap)
+      : h_(std::move(ups)...) {}
+  explicit stage_base(Ups... ups)
+    requires(heap)
+      : h_(std::make_unique<node>(std::move(ups)...)) {}
+
+  stage_base(stage_base&& o) noexcept(heap || (std::is_nothrow_move_constructible_v<Ups> && ...))
+      : h_(std::move(o.h_)), live_(std::exchange(o.live_, false)) {}
+  // Heap blocks are swapped, never freed here: a stage's threads (stopped by its own
+  // members' assignment, after this one) still read the block they were started on.
+  stage_base& operator=(stage_base&& o) noexcept(heap || (std::is_nothrow_move_assignable_v<Ups> && ...)) {
+    if (this != &o) {
+      if constexpr (heap)
+        std::swap(h_, o.h_);
+      else
+        h_ = std::move(o.h_);
+      live_ = std::exchange(o.live_, false);
+    }
+    return *this;
+  }
+  stage_base(const stage_base&) = delete;
+  stage_base& operator=(const stage_base&) = delete;
+  ~stage_base() = default;
+
+  template <std::size_t I = 0>
+  up_t<I>& up() noexcept {
+    return std::get<I>(n().ups);
+  }
+  template <std::size_t I = 0>
+  const up_t<I>& up() const noexcept {
+    return std::get<I>(n().ups);
+  }
+  // Pulls through the probe, which counts and times an upstream that does not count itself.
+  template <std::size_t I = 0>
+  std::optional<value_t<up_t<I>>> pull_up() {
+    return std::get<I>(n().probes).pull(std::get<I>(n().ups));
+  }
+  template <std::size_t I = 0, class T>
+  std::size_t pull_up_bulk(std::span<T> out) {
+    return std::get<I>(n().probes).pull_bulk(std::get<I>(n().ups), out);
+  }
+  template <std::size_t I = 0>
+  auto pull_up_view(std::size_t max) {
+    return std::get<I>(n().probes).pull_view(std::get<I>(n().ups), max);
+  }
+  template <std::size_t I = 0, class Out>
+  std::size_t pull_up_borrowed(Out& out, std::size_t max) {
+    return std::get<I>(n().probes).pull_borrowed(std::get<I>(n().ups), out, max);
+  }
+  observe::stage_counters& stats() noexcept { return n().stats; }
+  const observe::stage_counters& stats() const noexcept { return n().stats; }
+  bool live() const noexcept { return live_; }
+  void check_live() const {
+    if (!live_) [[unlikely]]
+      throw_moved_from(Derived::name);
+  }
+  // The heap block's upstream, for a stage's threads (threaded_stage only): its address
+  // stays the same while the stage moves.
+  template <std::size_t I = 0>
+  up_t<I>* up_address() noexcept
+    requires(heap)
+  {
+    return &std::get<I>(h_->ups);
+  }
+
+ private:
+  Derived& self() noexcept { return static_cast<Derived&>(*this); }
+  const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
+  node& n() noexcept {
+    if constexpr (heap)
+      return *h_;
+    else
+      return h_;
+  }
+  const node& n() const noexcept {
+    if constexpr (heap)
+      return *h_;
+    else
+      return h_;
+  }
+  template <class F>
+  void each_up(F&& f) {
+    std::apply([&](auto&... u) { (f(u), ...); }, n().ups);
+  }
+  template <class F>
+  void each_up(F&& f) const {
+    std::apply([&](const auto&... u) { (f(u), ...); }, n().ups);
+  }
+  template <std::size_t I>
+  std::uint64_t visit_one(observe::stage_visitor& v) const {
+    const std::size_t before = v.stages().size();
+    std::get<I>(n().probes).visit(std::get<I>(n().ups), v);
+    return v.upstream_incl(before);
+  }
+
+  holder h_;
+  bool live_ = true;
+};
+
+}  // namespace detail
+
+// One upstream, kept in the stage object: stages that run on the caller's thread.
+template <class Derived, source Up, class Value = value_t<Up>>
+using stage = detail::stage_base<Derived, Value, detail::upstream_storage::in_place, Up>;
+
+// One upstream in a heap block: stages with threads of their own (prefetch, map, distribute).
+template <class Derived, source Up, class Value = value_t<Up>>
+using threaded_stage = detail::stage_base<Derived, Value, detail::upstream_storage::heap, Up>;
+
+// Several upstreams (zip, concatenate, sample_from): report() lists each upstream's stages
+// in order, then this stage, whose own time excludes all of theirs.
+template <class Derived, class Value, source... Ups>
+using join_stage = detail::stage_base<Derived, Value, detail::upstream_storage::in_place, Ups...>;
+
+// No upstream: a source (from_range, from_generator, from_files).
+template <class Derived, class Value>
+using source_base = detail::stage_base<Derived, Value, detail::upstream_storage::in_place>;
+
+}  // namespace ferry
