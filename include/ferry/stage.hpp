@@ -37,8 +37,9 @@
 //                          `static constexpr bool changes_batch_size = true;`. Several
 //                          upstreams: their common size, 0 (unknown) when they differ.
 //   set_buffer_resource(r) handed to every upstream (batch() takes it)
-//   visit_stages(v)        the upstreams' rows, then this stage's (report_mode() and
-//                          report_threads() when the stage has threads of its own)
+//   visit_stages(v)        the upstreams' rows, then this stage's (report_mode(),
+//                          report_threads() and report_counters() when the stage has
+//                          threads of its own)
 // Opt-outs, each a visible line in the stage:
 //   static constexpr bool changes_batch_size = true;   no batch_size()
 //   static constexpr bool cannot_save = true;          no save()/restore()
@@ -272,9 +273,11 @@ class stage_base : public source_interface<Derived> {
       std::get<0>(n().probes).visit(std::get<0>(n().ups), v);
       observe::stage_mode mode = observe::stage_mode::inline_stage;
       std::size_t threads = 1;
+      const observe::stage_counters* counters = &n().stats;
       if constexpr (requires(const Derived& d) { d.report_mode(); }) mode = self().report_mode();
       if constexpr (requires(const Derived& d) { d.report_threads(); }) threads = self().report_threads();
-      v.add(Derived::name, n().stats, mode, threads);
+      if constexpr (requires(const Derived& d) { d.report_counters(); }) counters = &self().report_counters();
+      v.add(Derived::name, *counters, mode, threads);
     } else {
       std::uint64_t up_incl = 0;
       [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -349,6 +352,14 @@ class stage_base : public source_interface<Derived> {
     requires(heap)
   {
     return &std::get<I>(h_->ups);
+  }
+  // pull_up() for a stage's threads: a callable that pulls through the heap block's
+  // probe, valid while the block lives (however the stage moves).
+  template <std::size_t I = 0>
+  auto upstream_puller() noexcept
+    requires(heap)
+  {
+    return [n = h_.get()] { return std::get<I>(n->probes).pull(std::get<I>(n->ups)); };
   }
 
  private:

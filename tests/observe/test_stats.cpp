@@ -99,9 +99,9 @@ TEST_CASE("element and byte counts equal a naive count, stage by stage (property
     const std::uint64_t batches = drop ? kept / bs : (kept + bs - 1) / bs;
 
     const auto r = ferry::report(p);
-    REQUIRE(names(r) == std::vector<std::string>{"source", "shuffle", "shard", "filter", "map", "batch"});
-    CHECK(stage(r, "source").elements == n);
-    CHECK(stage(r, "source").bytes == n * sizeof(std::uint32_t));
+    REQUIRE(names(r) == std::vector<std::string>{"from_range", "shuffle", "shard", "filter", "map", "batch"});
+    CHECK(stage(r, "from_range").elements == n);
+    CHECK(stage(r, "from_range").bytes == n * sizeof(std::uint32_t));
     CHECK(stage(r, "shuffle").elements == n);
     CHECK(stage(r, "shard").elements == after_shard);
     CHECK(stage(r, "filter").elements == kept);
@@ -121,7 +121,7 @@ TEST_CASE("take pulls no more than it hands out, and says so") {
     auto p = ferry::from_generator(100, [](std::uint64_t i) { return i; }) | ferry::take(k);
     drain(p);
     const auto r = ferry::report(p);
-    CHECK(stage(r, "source").elements == std::min<std::uint64_t>(k, 100));
+    CHECK(stage(r, "from_generator").elements == std::min<std::uint64_t>(k, 100));
     CHECK(stage(r, "take").elements == std::min<std::uint64_t>(k, 100));
   }
 }
@@ -150,7 +150,7 @@ TEST_CASE("the bulk path (source | map | take | batch filled in one call) is cou
     const auto r = ferry::report(p);
     const std::uint64_t taken = std::min<std::uint64_t>(n, 3000);
     CHECK(rows == taken);
-    CHECK(stage(r, "source").elements == taken);
+    CHECK(stage(r, "from_range").elements == taken);
     CHECK(stage(r, "map").elements == taken);
     CHECK(stage(r, "map").bytes == taken * 4);
     CHECK(stage(r, "take").elements == taken);
@@ -173,9 +173,9 @@ TEST_CASE("threaded stages count exactly: parallel map, prefetch, repeat" * doct
         ++batches;
       }
       const auto r = ferry::report(p);
-      REQUIRE(names(r) == std::vector<std::string>{"source", "map", "repeat", "batch", "prefetch"});
+      REQUIRE(names(r) == std::vector<std::string>{"from_generator", "map", "repeat", "batch", "prefetch"});
       CHECK(rows == 3000);
-      CHECK(stage(r, "source").elements == 3000);
+      CHECK(stage(r, "from_generator").elements == 3000);
       CHECK(stage(r, "map").elements == 3000);
       CHECK(stage(r, "map").threads == workers);
       CHECK(stage(r, "repeat").elements == 3000);
@@ -201,12 +201,25 @@ TEST_CASE("an unordered parallel map under prefetch is counted (and runs: only s
   CHECK(stage(r, "prefetch").elements == 1000);
 }
 
+TEST_CASE("ferry's sources name themselves; a user's own source is counted by the stage after it as 'source'") {
+  stats_on on;
+  auto p = ferry_test::counting_source(50) | ferry::map([](std::uint64_t x) { return x; });
+  drain(p);
+  const auto r = ferry::report(p);
+  REQUIRE(names(r) == std::vector<std::string>{"source", "map"});
+  CHECK(stage(r, "source").elements == 50);
+  auto q = ferry::from_range(std::vector<int>(30, 1)) | ferry::take(10);
+  drain(q);
+  CHECK(names(ferry::report(q)) == std::vector<std::string>{"from_range", "take"});
+  CHECK(stage(ferry::report(q), "from_range").elements == 10);
+}
+
 TEST_CASE("two stages of one kind are told apart by index") {
   stats_on on;
   auto p = ferry::from_generator(100, [](std::uint64_t i) { return i; }) | ferry::map([](std::uint64_t x) { return x; }) |
            ferry::map([](std::uint64_t x) { return x; });
   drain(p);
-  CHECK(names(ferry::report(p)) == std::vector<std::string>{"source", "map#1", "map#2"});
+  CHECK(names(ferry::report(p)) == std::vector<std::string>{"from_generator", "map#1", "map#2"});
 }
 
 TEST_CASE("with stats off nothing is counted and the report says how to turn them on" * doctest::timeout(60)) {
@@ -400,7 +413,7 @@ TEST_CASE("distribute counts steps and the bytes it hands the replicas") {
   std::uint64_t steps = 0;
   while (auto s = p.next()) ++steps;
   const auto r = ferry::report(p);
-  REQUIRE(names(r) == std::vector<std::string>{"source", "batch", "distribute"});
+  REQUIRE(names(r) == std::vector<std::string>{"from_generator", "batch", "distribute"});
   CHECK(steps == 1000 / 64);
   CHECK(stage(r, "batch").elements == 16);  // 15 full + 1 short, dropped by distribute
   CHECK(stage(r, "distribute").elements == steps);

@@ -83,12 +83,11 @@
 #include <vector>
 
 #include "ferry/cuda/nvtx.hpp"
-#include "ferry/detail/producer_state.hpp"
-#include "ferry/detail/spin.hpp"
+#include "ferry/detail/producer.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
 #include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 #include "ferry/stages/batch.hpp"
 
 namespace ferry {
@@ -303,7 +302,8 @@ inline detail::host_replicas_backend make_distribute_backend(const host_replicas
 namespace detail {
 
 template <source Up, class Backend>
-class distribute_source : public source_interface<distribute_source<Up, Backend>> {
+class distribute_source
+    : public threaded_stage<distribute_source<Up, Backend>, Up, step<typename value_t<Up>::element_type>> {
   using in_t = value_t<Up>;
   static_assert(is_batch_of<in_t>::value,
                 "ferry::distribute: the upstream must yield batches: put batch(global_size) "
@@ -312,26 +312,22 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   static_assert(batch_collator<T>::all_fixed,
                 "ferry::distribute: only fixed-size fields can be split across replicas; map "
                 "ragged fields (vectors, strings) to fixed-size std::arrays before batch()");
+  using base = threaded_stage<distribute_source<Up, Backend>, Up, step<T>>;
+  friend base;
   static constexpr bool backend_copies = requires { Backend::copies_to_devices; };
   static constexpr bool resumable = resumable_source<Up>;
-  static constexpr int spin_iterations = 2000;  // a few microseconds of pause
 
  public:
   using value_type = step<T>;
+  static constexpr char name[] = "distribute";
+  // Steps change the element type: no batch() size goes past distribute.
+  static constexpr bool changes_batch_size = true;
 
  private:
-  // A step made by the staging thread, with the upstream position after it.
-  struct staged {
-    std::optional<value_type> step;  // nullopt and no error: the end of the epoch
-    std::exception_ptr error;
-    pipeline_state state;
-    bool has_state = false;
-  };
-  // What making a step touches. On the heap, so the stage can move while the staging
-  // thread (which holds a pointer to it) runs.
-  struct core {
-    core(Up u, Backend b, distribute_options opt) : up(std::move(u)), be(std::move(b)), o(std::move(opt)) {}
-    Up up;
+  // What making a step touches besides the upstream. On the heap, so the stage can move
+  // while the staging thread (which holds a pointer to it) runs.
+  struct shared {
+    shared(Backend b, distribute_options opt) : be(std::move(b)), o(std::move(opt)) {}
     Backend be;
     distribute_options o;
     std::shared_ptr<std::pmr::memory_resource> res;
@@ -340,27 +336,18 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     std::atomic<std::uint64_t> dropped{0};
     std::uint64_t index = 0;  // steps made this epoch
     bool inferred = false;    // G came from the first batch (for the error messages)
-    [[no_unique_address]] observe::upstream_probe<Up> probe;
-    // The staging thread's queue (staging_thread only).
-    std::mutex m;
-    std::condition_variable not_empty, not_full;
-    std::deque<staged> q;
-    std::atomic<std::size_t> queued{0};  // q.size(), readable without the lock
-    bool stop = false;
-    bool stager_sleeps = false;  // under m: the consumer wakes it once the queue is half empty
-    std::string save_error;      // why the upstream cannot be saved (written once, under m)
-    observe::stage_counters stager_stats;
+    observe::stage_counters stager_stats;  // the staging thread's making of steps
   };
 
  public:
   distribute_source(Up up, Backend be, distribute_options o)
-      : c_(std::make_unique<core>(std::move(up), std::move(be), std::move(o))) {
-    const distribute_options& opt = c_->o;
+      : base(std::move(up)), s_(std::make_unique<shared>(std::move(be), std::move(o))) {
+    const distribute_options& opt = s_->o;
     if (opt.remainder == remainder_policy::pad && !std::is_default_constructible_v<T>)
       throw config_error("distribute: remainder_policy::pad fills with value-initialised "
                          "elements, and this element type is not default-constructible; "
                          "use drop or partial");
-    if (opt.global_batch != 0) check_global(*c_, opt.global_batch);
+    if (opt.global_batch != 0) check_global(*s_, opt.global_batch);
     if (opt.staging_thread && (opt.steps_ahead == 0 || opt.steps_ahead > 64))
       throw config_error("distribute: with staging_thread, steps_ahead is the number of steps made ahead: "
                          "1 to 64 (got " + std::to_string(opt.steps_ahead) + ")");
@@ -370,37 +357,41 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   }
   distribute_source(distribute_source&&) noexcept = default;
   ~distribute_source() {
-    if (!c_) return;  // moved from
-    halt();
-    c_->q.clear();
+    p_.halt();  // the staging thread's queued steps go first, then the step made ahead
     ahead_.reset();
     release_previous();
   }
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "distribute", [&] { return next_impl(); });
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    c_->probe.visit(c_->up, v);
-    if (staging())
-      v.add("distribute", c_->stager_stats, observe::stage_mode::threaded_stage, 1);
-    else
-      v.add("distribute", stats_, observe::stage_mode::inline_stage, 1);
-  }
+  std::size_t replicas() const noexcept { return s_->be.replicas(); }
+  // The global batch size, once known (0 before the first batch when it has to be inferred).
+  std::size_t global_batch() const noexcept { return s_->global.load(std::memory_order_relaxed); }
+  // Whether an upstream batch stage took distribute's memory (false: batches come from
+  // wherever upstream puts them; for CUDA that may be pageable memory, copied slower).
+  bool collates_into_distribute_memory() const noexcept { return hooked_; }
+  // Short batches skipped under remainder_policy::drop, over this stage's life.
+  std::uint64_t dropped() const noexcept { return s_->dropped.load(std::memory_order_relaxed); }
+  const std::shared_ptr<std::pmr::memory_resource>& host_resource() const noexcept { return s_->res; }
+  Backend& backend() noexcept { return s_->be; }
 
  private:
-  bool staging() const noexcept { return backend_copies && c_->o.staging_thread; }
+  bool staging() const noexcept { return backend_copies && s_->o.staging_thread; }
+  // report(): the staging thread's counters when it makes the steps (it does the work then).
+  observe::stage_mode report_mode() const {
+    return staging() ? observe::stage_mode::threaded_stage : observe::stage_mode::inline_stage;
+  }
+  const observe::stage_counters& report_counters() const { return staging() ? s_->stager_stats : this->stats(); }
 
-  std::optional<value_type> next_impl() {
+  std::optional<value_type> pull() {
     if (!started_) start();
     if (staging()) return next_staged();
-    if (!backend_copies || c_->o.steps_ahead == 0) {
+    auto pull_up = [this] { return this->pull_up(); };
+    if (!backend_copies || s_->o.steps_ahead == 0) {
       // Made before the previous step is released, so the new step's blocks are not the
       // ones the consumer's work on the previous step still reads.
-      std::optional<value_type> s = make_next(*c_);
+      std::optional<value_type> st = make_next(*s_, pull_up);
       release_previous();
-      if (s) hand_out(*s);
-      return s;
+      if (st) hand_out(*st);
+      return st;
     }
     if (ahead_error_) {  // met while making this step ahead: thrown where the step would be
       release_previous();
@@ -408,7 +399,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     }
     if (!have_ahead_) {  // the first step, or the first after an error or a rewind
       release_previous();
-      ahead_ = make_next(*c_);
+      ahead_ = make_next(*s_, pull_up);
     }
     have_ahead_ = false;
     if (!ahead_) {  // the end: the last step handed out is released here, as without ahead
@@ -420,7 +411,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       delivered_error_ = nullptr;
       try {
         state_writer w(delivered_);
-        c_->up.save(w);
+        this->up().save(w);
       } catch (...) {  // e.g. an unordered map upstream: only save() fails, as without ahead
         delivered_error_ = std::current_exception();
       }
@@ -430,7 +421,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     release_previous();  // the consumer has enqueued its work on the step before
     hand_out(out);
     try {
-      ahead_ = make_next(*c_);
+      ahead_ = make_next(*s_, pull_up);
       have_ahead_ = true;
     } catch (...) {
       ahead_error_ = std::current_exception();
@@ -439,92 +430,32 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   }
 
   // staging_thread: steps come made from the queue; the consumer only releases the step
-  // before, orders its streams after the copies (hand_out) and wakes a sleeping stager.
+  // before, orders its streams after the copies (hand_out) and takes the next one.
   std::optional<value_type> next_staged() {
-    if (finished_) return std::nullopt;
-    core& c = *c_;
     release_previous();  // the consumer has enqueued its work on the step before
-    staged it;
-    {
-      observe::wait_timer wt;  // an empty queue: upstream (or the copies' backpressure) is slower
-      if (c.queued.load(std::memory_order_acquire) == 0) wt.start();
-      for (int i = 0; i < spin_iterations && c.queued.load(std::memory_order_acquire) == 0; ++i)
-        detail::cpu_relax();
-      bool wake = false;
-      {
-        std::unique_lock lk(c.m);
-        c.not_empty.wait(lk, [&] { return !c.q.empty(); });
-        it = std::move(c.q.front());
-        c.q.pop_front();
-        c.queued.store(c.q.size(), std::memory_order_release);
-        // A full queue's stager sleeps until half of it is free: woken per step, a stager
-        // that keeps ahead would cost the consumer a futex wake-up every step.
-        if (c.stager_sleeps && c.q.size() <= c.o.steps_ahead / 2) {
-          c.stager_sleeps = false;
-          wake = true;
-        }
-      }
-      if (wake) c.not_full.notify_one();
-      wt.stop(stats_.wait_up, "distribute: wait staging thread");
-    }
-    if constexpr (resumable)
-      if (it.has_state) delivered_ = std::move(it.state);  // else the position before stands
-    if (it.error) std::rethrow_exception(it.error);  // in place; the stager goes on after it
-    if (!it.step) {
-      finished_ = true;
-      halt();
-      return std::nullopt;
-    }
-    handed_ = it.step->index() + 1;
-    hand_out(*it.step);
-    return std::move(it.step);
-  }
-
-  static void stage(core& c) {
-    observe::name_this_thread("ferry distribute");
-    for (;;) {
-      staged it;
-      try {
-        it.step = observe::observed_next(c.stager_stats, "distribute", [&] { return make_next(c); });
-      } catch (...) {
-        it.error = std::current_exception();
-      }
-      if constexpr (resumable) save_after_pull(c.up, it.state, it.has_state, it.error, c.save_error, c.m);
-      const bool last = !it.error && !it.step;  // the end; after an error upstream goes on
-      {
-        std::unique_lock lk(c.m);
-        if (!c.stop && c.q.size() >= c.o.steps_ahead) {  // full: the consumer is slower
-          observe::wait_timer wt;
-          wt.start();
-          c.stager_sleeps = true;
-          c.not_full.wait(lk, [&] { return c.stop || !c.stager_sleeps; });
-          c.stager_sleeps = false;
-          wt.stop(c.stager_stats.wait_down, "distribute: wait consumer");
-        }
-        if (c.stop) return;  // `it` (a made step) is released here: its blocks go back
-        c.q.push_back(std::move(it));
-        c.queued.store(c.q.size(), std::memory_order_release);
-      }
-      c.not_empty.notify_one();
-      if (last) return;
-    }
+    std::optional<value_type> st = p_.take();  // an error made there is thrown here, in place
+    if (!st) return std::nullopt;
+    handed_ = st->index() + 1;
+    hand_out(*st);
+    return st;
   }
 
   // The step becomes the consumer's: it is released at the next request. A backend that
   // copies orders the consumer's stream after the copies now (not when the step was made,
   // which with a step made ahead would put them before the consumer's work on the step
   // before, and serialise copy and compute).
-  void hand_out(value_type& s) {
-    last_ = step_access::lease(s);
-    if constexpr (requires { c_->be.hand_out(s); }) c_->be.hand_out(s);
+  void hand_out(value_type& st) {
+    last_ = step_access::lease(st);
+    if constexpr (requires { s_->be.hand_out(st); }) s_->be.hand_out(st);
   }
 
   // Pulls the next batch (skipping dropped ones) and has the backend make its step. Runs on
   // the consumer's thread, or on the staging thread.
-  static std::optional<value_type> make_next(core& c) {
+  template <class Pull>
+  static std::optional<value_type> make_next(shared& c, Pull& pull) {
     const std::size_t R = c.be.replicas();
     for (;;) {
-      std::optional<in_t> b = c.probe.pull(c.up);
+      std::optional<in_t> b = pull();
       if (!b) return std::nullopt;
       const std::size_t m = b->size();
       if (m == 0) continue;
@@ -564,40 +495,35 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       }
       auto host = std::make_shared<const in_t>(std::move(*b));
       cuda::nvtx_range range("ferry distribute: copy to replicas");
-      value_type s = c.be.template make_step<T>(std::move(host), c.slices, per, c.index);
+      value_type st = c.be.template make_step<T>(std::move(host), c.slices, per, c.index);
       ++c.index;  // counts steps made, not attempts
-      return s;
+      return st;
     }
   }
 
- public:
-  void rewind()
-    requires rewindable_source<Up>
-  {
-    halt();
-    c_->q.clear();
-    c_->queued = 0;
-    c_->stop = false;
+  // Stops the staging thread and joins it (it waits only for a step being made); the
+  // steps it made ahead go.
+  void halt() noexcept { p_.halt(); }
+  void start_epoch() {
+    drop_ahead();
+    s_->index = 0;
+    handed_ = 0;
+  }
+  void drop_ahead() noexcept {
+    p_.reset();
     ahead_.reset();
     have_ahead_ = false;
     ahead_error_ = nullptr;
     release_previous();
-    c_->up.rewind();
-    c_->index = 0;
-    handed_ = 0;
-    started_ = finished_ = false;
+    started_ = false;
   }
-  void save(state_writer& w) const
-    requires resumable
-  {
+
+  // The upstream position after the last step handed out (a step made ahead is not part
+  // of it: a restore makes it again).
+  void save_upstream(state_writer& w) const {
     if (staging() && started_) {
-      {
-        std::lock_guard lk(c_->m);
-        if (!c_->save_error.empty()) throw config_error(c_->save_error);
-      }
-      w.put_words(delivered_.words);  // the upstream position after the last step handed out
-      w.tag("distribute");
-      w.put(handed_);
+      if (std::string e = p_.save_error(); !e.empty()) throw config_error(e);
+      w.put_words(p_.position().words);
       return;
     }
     const bool ahead = have_ahead_ || ahead_error_;
@@ -605,48 +531,26 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     if (ahead)
       w.put_words(delivered_.words);  // upstream has been pulled one batch further
     else
-      c_->up.save(w);
-    w.tag("distribute");
-    w.put(ahead && ahead_ ? c_->index - 1 : c_->index);
+      this->up().save(w);
   }
-  void restore(state_reader& r)
-    requires resumable
-  {
-    halt();  // steps made from the position being left go
-    c_->q.clear();
-    c_->queued = 0;
-    c_->stop = false;
-    ahead_.reset();
-    have_ahead_ = false;
-    ahead_error_ = nullptr;
-    release_previous();
-    c_->up.restore(r);
-    r.expect("distribute");
-    c_->index = handed_ = r.get();
-    started_ = finished_ = false;
+  void save_words(state_writer& w) const {
+    if (staging() && started_)
+      w.put(handed_);
+    else
+      w.put((have_ahead_ || ahead_error_) && ahead_ ? s_->index - 1 : s_->index);
   }
+  void before_restore() noexcept { drop_ahead(); }  // steps made from the position being left go
+  void restore_words(state_reader& r) { s_->index = handed_ = r.get(); }
 
-  std::size_t replicas() const noexcept { return c_->be.replicas(); }
-  // The global batch size, once known (0 before the first batch when it has to be inferred).
-  std::size_t global_batch() const noexcept { return c_->global.load(std::memory_order_relaxed); }
-  // Whether an upstream batch stage took distribute's memory (false: batches come from
-  // wherever upstream puts them; for CUDA that may be pageable memory, copied slower).
-  bool collates_into_distribute_memory() const noexcept { return hooked_; }
-  // Short batches skipped under remainder_policy::drop, over this stage's life.
-  std::uint64_t dropped() const noexcept { return c_->dropped.load(std::memory_order_relaxed); }
-  const std::shared_ptr<std::pmr::memory_resource>& host_resource() const noexcept { return c_->res; }
-  Backend& backend() noexcept { return c_->be; }
-
- private:
   void start() {
-    core& c = *c_;
+    shared& c = *s_;
     if (!c.res) {  // once: batch() keeps the resource it was given across epochs
       c.res = c.o.host_resource ? c.o.host_resource : c.be.default_host_resource();
-      hooked_ = forward_buffer_resource(c.up, c.res);
+      hooked_ = forward_buffer_resource(this->up(), c.res);
     }
     if (c.global.load(std::memory_order_relaxed) == 0) c.global.store(c.o.global_batch, std::memory_order_relaxed);
     if constexpr (sized_batches<Up>) {
-      if (const std::size_t b = c.up.batch_size(); c.global.load(std::memory_order_relaxed) == 0 && b != 0) {
+      if (const std::size_t b = this->up().batch_size(); c.global.load(std::memory_order_relaxed) == 0 && b != 0) {
         check_global(c, b);  // 0: unknown (any_source)
         c.global.store(b, std::memory_order_relaxed);
       }
@@ -656,30 +560,31 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
       return;
     }
     if constexpr (requires { c.be.set_staging_depth(std::size_t{1}); }) c.be.set_staging_depth(c.o.steps_ahead);
+    Up* up = this->up_address();
     if constexpr (resumable) {  // the position before the first step, for a save() then
-      delivered_.words.clear();
-      state_writer w(delivered_);
-      c.up.save(w);
+      pipeline_state before;
+      state_writer w(before);
+      up->save(w);
+      p_.set_position(std::move(before));
     }
-    c.stop = false;
-    // Started only once the thread runs: a thread that could not be made is thrown by this
+    auto make = [sh = s_.get(), pull = this->upstream_puller()]() mutable {
+      return observe::observed_next(sh->stager_stats, name, [&] { return make_next(*sh, pull); });
+    };
+    // Counted only once its thread runs: a thread that could not be made is thrown by this
     // next(), and the next one tries again instead of waiting on an empty queue.
-    th_ = std::thread([p = c_.get()] { stage(*p); });
+    if constexpr (resumable)
+      p_.start(c.o.steps_ahead, c.o.steps_ahead / 2, names, &this->stats(), &c.stager_stats, std::move(make),
+               [up](pipeline_state& st) {
+                 state_writer w(st);
+                 up->save(w);
+               });
+    else
+      p_.start(c.o.steps_ahead, c.o.steps_ahead / 2, names, &this->stats(), &c.stager_stats, std::move(make),
+               nullptr);
     started_ = true;
   }
 
-  // Stops the staging thread and joins it; it waits only for a step being made.
-  void halt() noexcept {
-    if (!c_ || !th_.joinable()) return;
-    {
-      std::lock_guard lk(c_->m);
-      c_->stop = true;
-    }
-    c_->not_full.notify_all();
-    th_.join();
-  }
-
-  static void check_global(const core& c, std::size_t g) {
+  static void check_global(const shared& c, std::size_t g) {
     const std::size_t R = c.be.replicas();
     if (g % R != 0)
       throw config_error("distribute: the global batch size " + std::to_string(g) +
@@ -692,7 +597,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   }
 
   // The short batch copied into a full-size one whose tail rows are value-initialised T.
-  static in_t pad(core& c, const in_t& b) {
+  static in_t pad(shared& c, const in_t& b) {
     if constexpr (std::is_default_constructible_v<T>) {
       const std::size_t global = c.global.load(std::memory_order_relaxed);
       batch_collator<T> col;
@@ -715,8 +620,10 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
     last_.reset();
   }
 
-  std::unique_ptr<core> c_;
-  std::thread th_;  // the staging thread (staging_thread only)
+  static constexpr producer_names names{"ferry distribute", "distribute: wait staging thread",
+                                        "distribute: wait consumer"};
+  std::unique_ptr<shared> s_;
+  producer<value_type> p_;  // the staging thread (staging_thread only)
   std::weak_ptr<step_lease> last_;
   std::optional<value_type> ahead_;  // the step made ahead (or the end, nullopt)
   bool have_ahead_ = false;
@@ -725,9 +632,7 @@ class distribute_source : public source_interface<distribute_source<Up, Backend>
   std::exception_ptr delivered_error_;  // why that position could not be saved
   std::uint64_t handed_ = 0;  // steps handed out this epoch (staging_thread)
   bool started_ = false;
-  bool finished_ = false;  // staging_thread: the end was handed out
   bool hooked_ = false;
-  observe::stage_counters stats_;
 };
 
 }  // namespace detail
