@@ -355,11 +355,15 @@ class stage_base : public source_interface<Derived> {
   }
   // pull_up() for a stage's threads: a callable that pulls through the heap block's
   // probe, valid while the block lives (however the stage moves).
-  template <std::size_t I = 0>
-  auto upstream_puller() noexcept
+  struct puller {
+    node* n;
+    std::optional<value_t<up_t<0>>> operator()() const { return std::get<0>(n->probes).pull(std::get<0>(n->ups)); }
+    up_t<0>& upstream() const noexcept { return std::get<0>(n->ups); }
+  };
+  puller upstream_puller() noexcept
     requires(heap)
   {
-    return [n = h_.get()] { return std::get<I>(n->probes).pull(std::get<I>(n->ups)); };
+    return puller{h_.get()};
   }
 
  private:
