@@ -3,6 +3,11 @@
 // each stage throws and which thread runs user code is at the top of its own header.
 #pragma once
 
+// ferry needs C++20: one error line under an older standard instead of hundreds.
+#if !defined(__cplusplus) || __cplusplus < 202002L
+#error "ferry needs C++20: compile with -std=c++20 (pkg-config's ferry.pc and CMake's ferry::ferry add it)"
+#else
+
 #include "ferry/any_source.hpp"
 #include "ferry/config.hpp"
 #include "ferry/error.hpp"
@@ -26,3 +31,4 @@
 #include "ferry/stages/zip.hpp"
 #include "ferry/stats.hpp"
 #include "ferry/trace.hpp"
+#endif  // C++20

@@ -27,12 +27,14 @@
 
 namespace ferry {
 
+// The members first, then movability: a type without them (a tuple's element holder that
+// converts from anything) is refused before asking whether it moves, which for a type that
+// converts from any source (any_source) would ask this concept again.
 template <class S>
-concept source = std::move_constructible<std::remove_cvref_t<S>> &&
-    requires(std::remove_cvref_t<S>& s) {
+concept source = requires(std::remove_cvref_t<S>& s) {
       typename std::remove_cvref_t<S>::value_type;
       { s.next() } -> std::same_as<std::optional<typename std::remove_cvref_t<S>::value_type>>;
-    };
+    } && std::move_constructible<std::remove_cvref_t<S>>;
 
 template <class S>
 concept rewindable_source = source<S> && requires(std::remove_cvref_t<S>& s) { s.rewind(); };

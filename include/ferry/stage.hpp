@@ -27,9 +27,12 @@
 //                          it has start_epoch()
 //   save(w) / restore(r)   the checkpoint rule, once: every upstream's words first (or
 //                          the stage's save_upstream(w), for a stage that is ahead of its
-//                          upstream), then the stage's tag, its configuration words
-//                          (config(f): a restore into another configuration is a
-//                          config_error naming the parameter), then save_words(w).
+//                          upstream, with restore_upstream(r) when the stage holds its
+//                          upstreams itself), then the stage's tag, its configuration words
+//                          (config(f), calling f(name, value) for each parameter a
+//                          restore must match, f(name, hash, true) for a fingerprint: a
+//                          restore into another configuration is a config_error naming
+//                          it), then save_words(w).
 //                          restore() calls before_restore() first (a stage with threads
 //                          refuses once started, or stops them).
 //   batch_size()           the upstream's, for distribute(): a stage of one upstream whose
@@ -93,17 +96,26 @@ concept says_cannot_save = requires { requires D::cannot_save; };
                      "another variable, is used through that one)");
 }
 
+// A value the stage states (a seed, a shard index) is named with both values; a
+// fingerprint (of a file list, a format) only by what differs.
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_config_mismatch(const char* stage, const char* what,
-                                                                         std::uint64_t saved, std::uint64_t mine) {
-  throw config_error("restore_state: " + std::string(stage) + ": the state was saved with " + what + " = " +
-                     std::to_string(saved) + ", this pipeline has " + what + " = " + std::to_string(mine) +
+                                                                         std::uint64_t saved, std::uint64_t mine,
+                                                                         bool fingerprint) {
+  const std::string diff = fingerprint ? std::string("the state was saved with another ") + what
+                                       : std::string("the state was saved with ") + what + " = " +
+                                             std::to_string(saved) + ", this pipeline has " + what + " = " +
+                                             std::to_string(mine);
+  throw config_error("restore_state: " + std::string(stage) + ": " + diff +
                      " (a checkpoint of another configuration would repeat or lose elements)");
 }
 
 template <class Derived, class Value, upstream_storage S, class... Ups>
 class stage_base : public source_interface<Derived> {
   struct node {
-    explicit node(Ups... u) : ups(std::move(u)...) {}
+    // Tagged: an untagged node(Ups...) would be a candidate for node(node&&) too, and an
+    // upstream that converts from any source (any_source) would then ask whether node is
+    // a source, which asks whether node moves: a constraint that depends on itself.
+    explicit node(std::in_place_t, Ups... u) : ups(std::move(u)...) {}
     std::tuple<Ups...> ups;
     observe::stage_counters stats;
     [[no_unique_address]] std::tuple<observe::upstream_probe<Ups>...> probes;
@@ -133,7 +145,7 @@ class stage_base : public source_interface<Derived> {
   }
   template <class D = Derived>
   static constexpr bool has_config() {
-    return requires(const D& d) { d.config([](const char*, std::uint64_t) {}); };
+    return requires(const D& d) { d.config([](const char*, std::uint64_t, bool = false) {}); };
   }
   template <class D = Derived>
   static constexpr bool has_words() {
@@ -174,6 +186,8 @@ class stage_base : public source_interface<Derived> {
   using value_type = Value;
 
   std::optional<Value> next() {
+    static_assert(source<Derived>,
+                  "ferry stage: the stage must stay a source (do not hide the base's public value_type)");
     check_live();
     return observe::observed_next(n().stats, Derived::name, [&] { return self().pull(); });
   }
@@ -222,9 +236,9 @@ class stage_base : public source_interface<Derived> {
       self().save_upstream(w);
     else
       each_up([&](const auto& u) { u.save(w); });
-    w.tag(Derived::name);
+    w.tag(tag());
     if constexpr (has_config())
-      self().config([&](const char*, std::uint64_t v) { w.put(v); });
+      self().config([&](const char*, std::uint64_t v, bool = false) { w.put(v); });
     if constexpr (has_words()) self().save_words(w);
   }
 
@@ -233,12 +247,15 @@ class stage_base : public source_interface<Derived> {
   {
     check_live();
     if constexpr (requires(Derived& d) { d.before_restore(); }) self().before_restore();
-    each_up([&](auto& u) { u.restore(r); });
-    r.expect(Derived::name);
+    if constexpr (requires(Derived& d) { d.restore_upstream(r); })
+      self().restore_upstream(r);
+    else
+      each_up([&](auto& u) { u.restore(r); });
+    r.expect(tag());
     if constexpr (has_config())
-      self().config([&](const char* what, std::uint64_t mine) {
+      self().config([&](const char* what, std::uint64_t mine, bool fingerprint = false) {
         const std::uint64_t saved = r.get();
-        if (saved != mine) throw_config_mismatch(Derived::name, what, saved, mine);
+        if (saved != mine) throw_config_mismatch(Derived::name, what, saved, mine, fingerprint);
       });
     if constexpr (has_words()) self().restore_words(r);
   }
@@ -290,10 +307,10 @@ class stage_base : public source_interface<Derived> {
  protected:
   explicit stage_base(Ups... ups)
     requires(!heap)
-      : h_(std::move(ups)...) {}
+      : h_(std::in_place, std::move(ups)...) {}
   explicit stage_base(Ups... ups)
     requires(heap)
-      : h_(std::make_unique<node>(std::move(ups)...)) {}
+      : h_(std::make_unique<node>(std::in_place, std::move(ups)...)) {}
 
   stage_base(stage_base&& o) noexcept(heap || (std::is_nothrow_move_constructible_v<Ups> && ...))
       : h_(std::move(o.h_)), live_(std::exchange(o.live_, false)) {}
@@ -367,6 +384,14 @@ class stage_base : public source_interface<Derived> {
   }
 
  private:
+  // The checkpoint tag: the stage's name, or its state_tag when one stage name has forms
+  // whose states must not mix (cache in memory and in a file).
+  static constexpr const char* tag() noexcept {
+    if constexpr (requires { Derived::state_tag; })
+      return Derived::state_tag;
+    else
+      return Derived::name;
+  }
   Derived& self() noexcept { return static_cast<Derived&>(*this); }
   const Derived& self() const noexcept { return static_cast<const Derived&>(*this); }
   node& n() noexcept {

@@ -369,7 +369,7 @@ TEST_CASE("report() sees the held pipeline's stages; any_source is not one of th
   CHECK(rows == 40);
   const auto rep = ferry::report(b);
   REQUIRE(rep.stages.size() == 3);
-  CHECK(rep.stages[0].kind == "source");
+  CHECK(rep.stages[0].kind == "from_generator");  // it names itself (the stage base)
   CHECK(rep.stages[0].elements == 50);
   CHECK(rep.stages[1].kind == "skip");
   CHECK(rep.stages[1].elements == 40);

@@ -62,12 +62,12 @@ TEST_CASE("a trace is valid JSON with events for each stage, on named threads" *
     recorded = t.recorded();
     CHECK(t.dropped() == 0);
   }
-  // At least one event per call: the source's and map's fn per element (4000), filter per
+  // At least one event per call: from_generator's and map's fn per element (4000), filter per
   // element kept (2667 of 4000 are not multiples of 3 after the +1), batch and prefetch per
   // batch of 32 (84); every thread named.
   CHECK(recorded > 4000 + 4000 + 2667);
   CHECK(check_trace(path, "--events " + std::to_string(recorded) +
-                              " --named-threads source=4000 'map: fn'=4000 map=2667 filter=2667 "
+                              " --named-threads from_generator=4000 'map: fn'=4000 map=2667 filter=2667 "
                               "batch=84 prefetch=84") == 0);
   // Tracing ended with the session: stats are off again.
   CHECK_FALSE(ferry::stats_enabled());

@@ -60,8 +60,7 @@
 
 #include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 #include "ferry/sources/array_meta.hpp"
 #include "ferry/sources/detail/file_reader.hpp"
 #include "ferry/sources/record.hpp"
@@ -69,9 +68,12 @@
 namespace ferry {
 namespace detail {
 
-class file_source : public source_interface<file_source> {
+class file_source : public source_base<file_source, record> {
+  using base = source_base<file_source, record>;
+  friend base;
+
  public:
-  using value_type = record;
+  static constexpr char name[] = "from_files";
 
   file_source(std::vector<std::string> files, file_format fmt, from_files_options o)
       : base_(std::move(files)), fmt_(std::move(fmt)), opt_(std::move(o)),
@@ -80,20 +82,13 @@ class file_source : public source_interface<file_source> {
     order_files();
   }
 
-  std::optional<record> next() {
-    return observe::observed_next(stats_, "from_files", [&] { return next_impl(); });
-  }
+ private:
+  std::optional<record> pull() { return next_impl(); }
   // The borrowing_source fast path (source.hpp): the next records as views, one chunk
   // reference per chunk instead of one per record. Throws as next() does; the records
   // appended before a throw stay in `out`.
-  std::size_t next_borrowed(borrowed_records& out, std::size_t max) {
-    return observe::observed_borrow(stats_, "from_files", out, [&] { return borrow(out, max); });
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    v.add("from_files", stats_, observe::stage_mode::source_stage, 1);
-  }
+  std::size_t pull_borrowed(borrowed_records& out, std::size_t max) { return borrow(out, max); }
 
- private:
   std::optional<record> next_impl() {
     record r;
     if (!advance(make_record{r})) return std::nullopt;
@@ -162,14 +157,6 @@ class file_source : public source_interface<file_source> {
 
 
  public:
-  // The next epoch (with shuffle_files: a new order of the files).
-  void rewind() {
-    reader_.close();
-    fi_ = 0;
-    done_ = false;
-    pending_.reset();
-    set_epoch(epoch_ + 1);
-  }
   // Epochs started before this one (rewinds since construction or the restored state's).
   std::uint64_t epoch() const { return epoch_; }
   // Sets the epoch, and with shuffle_files the order of files() to that epoch's. For
@@ -180,39 +167,17 @@ class file_source : public source_interface<file_source> {
   }
   // The hash of the file list as given (whatever the epoch's order): what a state checks.
   std::uint64_t list_hash() const { return hash_; }
-
-  // Words: file-list hash, epoch, file index, open flag, offset, records read in the
-  // file, done.
-  void save(state_writer& w) const {
-    w.tag("from_files");
-    w.put(hash_);
-    w.put(epoch_);
-    w.put(fi_);
-    const bool open = reader_.is_open() || pending_.has_value();
-    w.put(open);
-    w.put(reader_.is_open() ? reader_.offset() : pending_ ? pending_->first : 0);
-    w.put(reader_.is_open() ? reader_.records() : pending_ ? pending_->second : 0);
-    w.put(done_);
+  // The format and what frames records (fixed_length's sizes): a state of another format
+  // over the same files would seek to another record.
+  std::uint64_t format_hash() const {
+    std::uint64_t h = mix_seed({0x666f726d6174ull /* "format" */, fmt_.index()});
+    if (const auto* f = std::get_if<fixed_length>(&fmt_)) h = mix_seed({h, f->record_bytes, f->header_bytes, f->footer_bytes});
+    return h;
   }
-  // Throws config_error for a state saved from another file list. The file is re-opened
-  // at the next next(); compressed files are inflated up to the saved offset.
-  void restore(state_reader& r) {
-    r.expect("from_files");
-    if (r.get() != hash_)
-      throw config_error("restore_state: from_files: the state was saved for another list of files");
-    const std::uint64_t epoch = r.get(), fi = r.get();
-    const bool open = r.get() != 0;
-    const std::uint64_t off = r.get(), rec = r.get();
-    const bool done = r.get() != 0;
-    if (fi > files_.size()) throw config_error("restore_state: from_files: file index out of range");
-    reader_.close();
-    set_epoch(epoch);
-    fi_ = fi;
-    done_ = done;
-    pending_.reset();
-    if (open) pending_ = std::make_pair(off, rec);
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>&) {
+    this->check_live();
+    return false;
   }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>&) { return false; }
 
   // Keeps files j with j % count == index. Throws config_error when count == 0,
   // index >= count or count > the number of files. Call before the first next().
@@ -274,6 +239,48 @@ class file_source : public source_interface<file_source> {
   }
 
  private:
+  // The next epoch (with shuffle_files: a new order of the files).
+  void start_epoch() {
+    reader_.close();
+    fi_ = 0;
+    done_ = false;
+    pending_.reset();
+    set_epoch(epoch_ + 1);
+  }
+  // What a state must have been saved with: the files, their format, their order.
+  template <class F>
+  void config(F&& f) const {
+    f("file list", hash_, true);
+    f("format", format_hash(), true);
+    f("shuffle_files", opt_.shuffle_files ? 1 : 0);
+    f("shuffle_seed", opt_.shuffle_files ? opt_.shuffle_seed : 0);
+  }
+  // Words: epoch, file index, open flag, offset, records read in the file, done.
+  void save_words(state_writer& w) const {
+    w.put(epoch_);
+    w.put(fi_);
+    const bool open = reader_.is_open() || pending_.has_value();
+    w.put(open);
+    w.put(reader_.is_open() ? reader_.offset() : pending_ ? pending_->first : 0);
+    w.put(reader_.is_open() ? reader_.records() : pending_ ? pending_->second : 0);
+    w.put(done_);
+  }
+  // The file is re-opened at the next next(); compressed files are inflated up to the
+  // saved offset.
+  void restore_words(state_reader& r) {
+    const std::uint64_t epoch = r.get(), fi = r.get(), open = r.get();
+    const std::uint64_t off = r.get(), rec = r.get(), done = r.get();
+    if (fi > files_.size() || open > 1 || done > 1 || (open && fi >= files_.size()))
+      throw config_error("restore_state: from_files: a damaged state (file " + std::to_string(fi) + " of " +
+                         std::to_string(files_.size()) + ")");
+    reader_.close();
+    set_epoch(epoch);
+    fi_ = fi;
+    done_ = done != 0;
+    pending_.reset();
+    if (open) pending_ = std::make_pair(off, rec);
+  }
+
   // files_ = base_ in this epoch's order: Fisher-Yates driven by SplitMix64 seeded from
   // (shuffle_seed, epoch), bit for bit the same on every build and rank.
   void order_files() {
@@ -308,7 +315,6 @@ class file_source : public source_interface<file_source> {
   std::uint64_t skipped_ = 0;
   std::optional<array_meta> first_meta_;
   std::optional<std::pair<std::uint64_t, std::uint64_t>> pending_;
-  observe::stage_counters stats_;
 };
 
 }  // namespace detail

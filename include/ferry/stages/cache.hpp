@@ -69,8 +69,7 @@
 
 #include "ferry/cache_codec.hpp"
 #include "ferry/detail/cache_store.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 #include "ferry/state.hpp"
 
 namespace ferry {
@@ -88,56 +87,62 @@ struct cache_options {
 namespace detail {
 
 template <source Up, class Store>
-class cache_source : public source_interface<cache_source<Up, Store>> {
+class cache_source : public stage<cache_source<Up, Store>, Up> {
+  using base = stage<cache_source<Up, Store>, Up>;
+  friend base;
+
  public:
   using value_type = value_t<Up>;
-  cache_source(Up up, Store store) : up_(std::move(up)), store_(std::move(store)) {}
-
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "cache", [&] { return next_impl(); });
-  }
+  static constexpr char name[] = "cache";
+  static constexpr const char* state_tag = Store::state_tag;  // a memory state never restores into a file cache
+  cache_source(Up up, Store store) : base(std::move(up)), store_(std::move(store)) {}
 
   // The next pass: replays a kept pass from its first element; otherwise drops what the
-  // pass kept so far and rewinds the upstream.
+  // pass kept so far and rewinds the upstream. (Not the base's rewind: a replay leaves the
+  // upstream where it is.)
   void rewind()
     requires rewindable_source<Up>
   {
+    this->check_live();
     const bool replay = phase_ == phase::replay && !broken_;
     reset_pass();
     if (replay && store_.open_replay(0, 0)) return;
     phase_ = phase::fill;
     store_.discard();
     fill_start_.words.clear();
-    up_.rewind();
+    this->up().rewind();
   }
 
   // True once a whole pass is kept (later passes do not run the upstream).
   bool cached() const noexcept { return phase_ == phase::replay && !broken_; }
 
-  void save(state_writer& w) const
-    requires resumable_source<Up>
-  {
+ private:
+  std::optional<value_type> pull() { return next_impl(); }
+
+  void save_upstream(state_writer& w) const {
     if (resume_) {  // restored, no next() since: the restored position, unchanged
-      up_.save(w);
-      put_own(w, resume_replay_ ? 1 : 0, resume_index_, resume_offset_, resume_errors_);
+      this->up().save(w);
       return;
     }
     // The upstream as it was when this pass's fill began (a fresh pipeline refills from
     // there when it has no kept pass), then how far the consumer is.
     if (fill_start_.words.empty())
-      up_.save(w);  // no fill began yet: the upstream has not moved
+      this->up().save(w);  // no fill began yet: the upstream has not moved
     else
       w.put_words(fill_start_.words);
+  }
+  void save_words(state_writer& w) const {
+    if (resume_) {
+      put_own(w, resume_replay_ ? 1 : 0, resume_index_, resume_offset_, resume_errors_);
+      return;
+    }
     const std::uint64_t ph = phase_ == phase::fill ? 0 : broken_ ? 2 : 1;
     put_own(w, ph, emitted_ + skip_, ph == 1 ? store_.offset() : 0, errors_ + swallow_);
   }
-  void restore(state_reader& r)
-    requires resumable_source<Up>
-  {
-    up_.restore(r);
-    r.expect(Store::state_tag);
+  void restore_words(state_reader& r) {
     const std::uint64_t ph = r.get(), index = r.get(), offset = r.get(), errors = r.get(), flags = r.get();
     if (ph > 2) throw config_error("restore_state: cache: phase word " + std::to_string(ph) + " is not 0, 1 or 2");
+    if (flags > 1) throw config_error("restore_state: cache: a damaged state (flags " + std::to_string(flags) + ")");
     reset_pass();
     phase_ = phase::fill;
     store_.discard();
@@ -157,18 +162,11 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
     resume_offset_ = offset;
     resume_errors_ = errors;
   }
-  std::size_t batch_size() const requires sized_batches<Up> { return up_.batch_size(); }
-  void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("cache", stats_, observe::stage_mode::inline_stage, 1);
-  }
 
- private:
   enum class phase { fill, replay };
 
   void put_own(state_writer& w, std::uint64_t ph, std::uint64_t index, std::uint64_t offset,
                std::uint64_t errors) const {
-    w.tag(Store::state_tag);
     for (std::uint64_t x : {ph, index, offset, errors, std::uint64_t(checked_file_ ? 1 : 0)}) w.put(x);
   }
 
@@ -237,7 +235,7 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
     fill_start_.words.clear();
     if constexpr (resumable_source<Up>) {
       state_writer w(fill_start_);
-      up_.save(w);
+      this->up().save(w);
     }
   }
 
@@ -258,7 +256,7 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
     while (!ended_) {
       std::optional<value_type> e;
       try {
-        e = probe_.pull(up_);
+        e = this->pull_up();
       } catch (...) {
         drop();  // a pass with an upstream error is not kept
         if (swallow_ > 0) {  // the consumer had this error before the save
@@ -310,7 +308,6 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
     store_.discard();
   }
 
-  Up up_;
   Store store_;
   phase phase_ = phase::fill;
   std::uint64_t emitted_ = 0;  // elements of this pass handed out (or skipped after a restore)
@@ -328,8 +325,6 @@ class cache_source : public source_interface<cache_source<Up, Store>> {
   std::uint64_t errors_ = 0;   // upstream errors handed on this pass
   std::exception_ptr pending_;  // a failed write, thrown after the element it was writing
   pipeline_state fill_start_;   // the upstream's position when the kept pass began
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
 };
 
 }  // namespace detail

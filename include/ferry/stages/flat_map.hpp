@@ -66,15 +66,24 @@
 #include <utility>
 
 #include "ferry/error.hpp"
-#include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 
 namespace ferry {
 namespace detail {
 
+// The range type fn returns (a reference result held by reference), for the stage's
+// value_type before the class is complete.
+template <class Up, class F>
+struct flat_map_range {
+  using result = std::invoke_result_t<F&, value_t<Up>&>;
+  using type = std::conditional_t<std::is_lvalue_reference_v<result>, std::remove_reference_t<result>,
+                                  std::remove_cvref_t<result>>;
+};
+
 template <source Up, class F>
-class flat_map_source : public source_interface<flat_map_source<Up, F>> {
+class flat_map_source
+    : public stage<flat_map_source<Up, F>, Up,
+                   std::remove_cv_t<std::ranges::range_value_t<typename flat_map_range<Up, F>::type>>> {
   using In = value_t<Up>;
   static_assert(std::invocable<F&, In&>,
                 "ferry::flat_map: fn is called with the element as an lvalue: take it as const T& or T&");
@@ -124,76 +133,65 @@ class flat_map_source : public source_interface<flat_map_source<Up, F>> {
 
  public:
   using value_type = std::remove_cv_t<std::ranges::range_value_t<Rng>>;
+  static constexpr char name[] = "flat_map";
+  static constexpr bool changes_batch_size = true;  // one element becomes many
   static_assert(std::constructible_from<value_type, std::iter_reference_t<It>> &&
                     std::constructible_from<value_type, std::iter_rvalue_reference_t<It>>,
                 "ferry::flat_map: the range's elements must convert to its value type");
 
-  flat_map_source(Up up, F fn) : up_(std::move(up)), fn_(std::move(fn)) {}
+  flat_map_source(Up up, F fn) : base(std::move(up)), fn_(std::move(fn)) {}
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "flat_map", [&] { return next_impl(); });
-  }
+ private:
+  using base = stage<flat_map_source<Up, F>, Up, value_type>;
+  friend base;
 
-  void rewind()
-    requires rewindable_source<Up>
-  {
-    up_.rewind();
-    start_epoch();
-  }
+  std::optional<value_type> pull() { return next_impl(); }
 
   // Throws what the upstream's save() throws (mid-element too: it is asked, though its
   // words at the anchor are written), or the error an anchor's save() met.
-  void save(state_writer& w) const
-    requires resumable
-  {
+  void save_upstream(state_writer& w) const {
     std::uint64_t since = 0, given = 0;
     if (replay_) {  // restored, not yet replayed: the upstream sits at the anchor
-      up_.save(w);
+      this->up().save(w);
       since = since_;
       given = given_;
     } else if (!h_ || !h_->open()) {  // a boundary: the upstream is exactly here
-      up_.save(w);
+      this->up().save(w);
     } else {
       if (anchor_error_) std::rethrow_exception(anchor_error_);
       // The anchor may predate the upstream's refusal (an unordered map saves before its
       // first next() only): ask it now, so an inexact checkpoint is refused, not written.
       scratch_.words.clear();
       state_writer nw(scratch_);
-      up_.save(nw);
+      this->up().save(nw);
       w.put_words(anchor_.words);
       since = since_;
       given = given_;
     }
-    w.tag("flat_map");
-    w.put(since);
-    w.put(given);
+    saved_since_ = since;
+    saved_given_ = given;
+  }
+  void save_words(state_writer& w) const {
+    w.put(saved_since_);
+    w.put(saved_given_);
     w.put(index_);
   }
-  // Call before the first next(). Throws config_error for a state of another shape.
-  void restore(state_reader& r)
-    requires resumable
-  {
-    up_.restore(r);
-    r.expect("flat_map");
+  // Call before the first next(). Throws config_error for a state of another shape, or
+  // one that re-reads more than an anchor's worth (at most anchor_every pulls).
+  void restore_words(state_reader& r) {
     const std::uint64_t since = r.get(), given = r.get(), index = r.get();
     if (given > 0 && (since == 0 || index == 0))
       throw config_error("restore_state: flat_map: a damaged state (" + std::to_string(given) +
                          " outputs handed out of an element never pulled)");
+    if (since > anchor_every)
+      throw config_error("restore_state: flat_map: a damaged state (" + std::to_string(since) +
+                         " pulls to re-read since the anchor; at most " + std::to_string(anchor_every) + ")");
     start_epoch();
     since_ = since;
     given_ = given;
     index_ = index;
     replay_ = since > 0;
   }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    return forward_buffer_resource(up_, r);
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    probe_.visit(up_, v);
-    v.add("flat_map", stats_, observe::stage_mode::inline_stage, 1);
-  }
-
- private:
   // The hot path, small so it inlines into the caller: the current element's next output.
   // Anything else (the element's end, the next pull, a replay) goes out of line.
   std::optional<value_type> next_impl() {
@@ -245,7 +243,7 @@ class flat_map_source : public source_interface<flat_map_source<Up, F>> {
     if constexpr (resumable)
       if (since_ >= anchor_every) refresh_anchor();
     ++since_;  // an upstream error holds its place too
-    std::optional<In> e = probe_.pull(up_);
+    std::optional<In> e = this->pull_up();
     if (!e) {
       --since_;
       return false;
@@ -298,7 +296,7 @@ class flat_map_source : public source_interface<flat_map_source<Up, F>> {
     try {
       anchor_.words.clear();  // keeps its capacity: no allocation in steady state
       state_writer w(anchor_);
-      up_.save(w);
+      this->up().save(w);
     } catch (...) {
       anchor_error_ = std::current_exception();
     }
@@ -316,7 +314,7 @@ class flat_map_source : public source_interface<flat_map_source<Up, F>> {
     for (std::uint64_t i = 0; i < redo; ++i) {
       ++since_;
       try {
-        if (!probe_.pull(up_)) {  // the upstream gave less than before: nothing to reopen
+        if (!this->pull_up()) {  // the upstream gave less than before: nothing to reopen
           --since_;
           return;
         }
@@ -325,7 +323,7 @@ class flat_map_source : public source_interface<flat_map_source<Up, F>> {
     }
     if (given == 0) return;
     ++since_;
-    std::optional<In> e = probe_.pull(up_);
+    std::optional<In> e = this->pull_up();
     if (!e) {
       --since_;
       return;
@@ -353,7 +351,6 @@ class flat_map_source : public source_interface<flat_map_source<Up, F>> {
     replay_ = false;
   }
 
-  Up up_;
   F fn_;
   std::unique_ptr<holder> h_;
   std::uint64_t given_ = 0;  // outputs of the current element handed out
@@ -363,8 +360,7 @@ class flat_map_source : public source_interface<flat_map_source<Up, F>> {
   pipeline_state anchor_;  // the upstream's words `since_` pulls ago (resumable upstreams)
   std::exception_ptr anchor_error_;  // the upstream's save() failed this epoch
   mutable pipeline_state scratch_;  // save() asks the upstream into it (capacity reused)
-  observe::stage_counters stats_;
-  [[no_unique_address]] observe::upstream_probe<Up> probe_;
+  mutable std::uint64_t saved_since_ = 0, saved_given_ = 0;  // from save_upstream to save_words
 };
 
 }  // namespace detail

@@ -58,7 +58,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 #include "ferry/sources/from_files.hpp"
 
 namespace ferry {
@@ -72,7 +72,9 @@ struct interleave_options {
 namespace detail {
 
 template <class Up>
-class interleave_source : public source_interface<interleave_source<Up>> {
+class interleave_source : public stage<interleave_source<Up>, Up, record> {
+  using base = stage<interleave_source<Up>, Up, record>;
+  friend base;
   struct pos {
     std::uint64_t ord = 0;  // index into the slot's files
     bool open = false;
@@ -130,15 +132,16 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   };
 
  public:
-  using value_type = record;
+  static constexpr char name[] = "interleave";
 
   interleave_source(Up up, std::size_t cycle, interleave_options o)
-      : up_(std::move(up)), cycle_(cycle), o_(o),
-        pool_(std::make_shared<chunk_pool>(std::max<std::size_t>(up_.options().chunk_bytes, 64))) {
+      : base(std::move(up)), cycle_(cycle), o_(o),
+        pool_(std::make_shared<chunk_pool>(std::max<std::size_t>(this->up().options().chunk_bytes, 64))) {
     reset_slots();
   }
+  // The readers hold `this`: they stop before the move (and start again at the next pull).
   interleave_source(interleave_source&& other) noexcept(false)
-      : up_((other.stop_threads(), std::move(other.up_))), cycle_(other.cycle_), o_(other.o_), pool_(other.pool_) {
+      : base((other.stop_threads(), std::move(other))), cycle_(other.cycle_), o_(other.o_), pool_(other.pool_) {
     slots_ = std::move(other.slots_);
     layout_ = std::move(other.layout_);
     layout_known_ = other.layout_known_;
@@ -148,24 +151,24 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   interleave_source& operator=(interleave_source&&) = delete;
   ~interleave_source() { stop_threads(); }
 
-  std::optional<record> next() {
-    return observe::observed_next(stats_, "interleave", [&] { return next_impl(); });
-  }
-  // The borrowing_source fast path (source.hpp), which batch() of records takes: the next
-  // records as views, each chunk's reference taken once, not once per record. Throws as
-  // next() does; the records appended before a throw stay in `out`.
-  std::size_t next_borrowed(borrowed_records& out, std::size_t max) {
-    return observe::observed_borrow(stats_, "interleave", out, [&] { return borrow(out, max); });
-  }
+  // from_files only lists the files here; interleave does the reading itself, so its row
+  // stands for both.
   void visit_stages(observe::stage_visitor& v) const {
-    // from_files only lists the files here; interleave does the reading itself.
+    if (!this->live()) return;
     if (o_.workers == 0)
-      v.add("interleave", stats_, observe::stage_mode::source_stage, 1);
+      v.add(name, this->stats(), observe::stage_mode::source_stage, 1);
     else
-      v.add("interleave", stats_, observe::stage_mode::threaded_stage, std::min(o_.workers, std::max<std::size_t>(slots_.size(), 1)));
+      v.add(name, this->stats(), observe::stage_mode::threaded_stage,
+            std::min(o_.workers, std::max<std::size_t>(slots_.size(), 1)));
   }
 
  private:
+  std::optional<record> pull() { return next_impl(); }
+  // The borrowing_source fast path (source.hpp), which batch() of records takes: the next
+  // records as views, each chunk's reference taken once, not once per record. Throws as
+  // next() does; the records appended before a throw stay in `out`.
+  std::size_t pull_borrowed(borrowed_records& out, std::size_t max) { return borrow(out, max); }
+
   std::optional<record> next_impl() {
     std::optional<record> out;
     step(1, [&](run& r, std::size_t) {
@@ -224,20 +227,20 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     }
   }
 
- public:
-  // The next epoch: with from_files' shuffle_files, the slots read its new order of files.
-  void rewind() {
-    stop_threads();
-    up_.rewind();
-    reset_slots();
-  }
+ private:
+  // rewind(): stop the readers; then from_files starts its next epoch (with shuffle_files,
+  // the slots read its new order of files).
+  void halt() noexcept { stop_threads(); }
+  void start_epoch() { reset_slots(); }
 
-  void save(state_writer& w) const {
-    w.tag("interleave");
-    w.put(up_.list_hash());
-    w.put(up_.epoch());
-    w.put(cycle_);
-    w.put(o_.block);
+  // The checkpoint: from_files' own (its epoch and file list) first, as for any stage,
+  // then the turn and each slot's file, offset and record count.
+  template <class F>
+  void config(F&& f) const {
+    f("cycle", cycle_);
+    f("block", o_.block);
+  }
+  void save_words(state_writer& w) const {
     w.put(cur_);
     w.put(in_block_);
     for (const slot& s : slots_) {
@@ -248,14 +251,10 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       w.put(s.consumed.rec);
     }
   }
-  // Throws config_error for a state from another file list, cycle or block.
-  void restore(state_reader& r) {
-    r.expect("interleave");
-    const std::uint64_t list = r.get(), epoch = r.get();
-    if (list != up_.list_hash() || r.get() != cycle_ || r.get() != o_.block)
-      throw config_error("restore_state: interleave: the state was saved with other files, cycle or block");
-    stop_threads();
-    reset_slots();
+  void before_restore() noexcept { stop_threads(); }
+  // Throws config_error for a damaged state (a slot past its files, a bad turn).
+  void restore_words(state_reader& r) {
+    reset_slots();  // from_files is at the saved epoch: its order of files
     // Read and check everything before taking any of it: a refused state leaves the stage
     // at the start of the epoch, as reset_slots() made it, never half restored.
     const std::uint64_t cur = r.get(), in_block = r.get();
@@ -263,13 +262,15 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       throw config_error("restore_state: interleave: bad slot or turn");
     std::vector<std::pair<bool, pos>> got(slots_.size());
     for (std::size_t j = 0; j < slots_.size(); ++j) {
-      got[j].first = r.get() != 0;
+      const std::uint64_t active = r.get();
+      got[j].first = active != 0;
       pos& p = got[j].second;
       p.ord = r.get();
-      p.open = r.get() != 0;
+      const std::uint64_t open = r.get();
+      p.open = open != 0;
       p.offset = r.get();
       p.rec = r.get();
-      if (p.ord > slots_[j].files.size())
+      if (p.ord > slots_[j].files.size() || active > 1 || open > 1 || (p.open && p.ord >= slots_[j].files.size()))
         throw config_error("restore_state: interleave: slot " + std::to_string(j) + " is at file " +
                            std::to_string(p.ord) + " of " + std::to_string(slots_[j].files.size()));
     }
@@ -277,8 +278,6 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     bool any_active = false;
     for (const auto& g : got) any_active = any_active || g.first;
     if (any_active && !got[cur].first) throw config_error("restore_state: interleave: bad slot or turn");
-    up_.set_epoch(epoch);  // the saved epoch's order of files (slots hold as many either way)
-    reset_slots();
     cur_ = static_cast<std::size_t>(cur);
     in_block_ = static_cast<std::size_t>(in_block);
     for (std::size_t j = 0; j < slots_.size(); ++j) {
@@ -290,8 +289,8 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       if (p.open) s.pending = p;
     }
   }
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>&) { return false; }
 
+ public:
   // Records skipped under error_policy::skip (counted when read, possibly ahead).
   std::uint64_t skipped() const {
     std::lock_guard lk(m_);
@@ -299,7 +298,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     for (const slot& s : slots_) n += s.skipped;
     return n;
   }
-  const std::vector<std::string>& files() const { return up_.files(); }
+  const std::vector<std::string>& files() const { return this->up().files(); }
 
  private:
   bool all_done() const {
@@ -319,11 +318,11 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   }
   void reset_slots() {
     slots_.clear();
-    const auto& files = up_.files();
+    const auto& files = this->up().files();
     const std::size_t n = std::min(cycle_, files.size());
     slots_.resize(n);
     for (std::size_t j = 0; j < files.size(); ++j) slots_[j % n].files.push_back(files[j]);
-    for (slot& s : slots_) s.reader = std::make_unique<file_reader>(up_.format(), up_.options(), pool_);
+    for (slot& s : slots_) s.reader = std::make_unique<file_reader>(this->up().format(), this->up().options(), pool_);
     cur_ = 0;
     in_block_ = 0;
   }
@@ -334,7 +333,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   // Whatever reading throws becomes such an error.
   template <class Enough>
   void produce(slot& s, run& r, std::size_t max_items, std::size_t max_bytes, const Enough& enough) {
-    const from_files_options& opt = up_.options();
+    const from_files_options& opt = this->up().options();
     file_reader& rd = *s.reader;
     for (;;) {
       if (!rd.is_open()) {
@@ -397,7 +396,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   // An exception at s's place (s.at already past it): true when it ends the run, false
   // when it is a ferry error skipped under error_policy::skip.
   bool failed(slot& s, run& r, std::exception_ptr err) {
-    if (up_.options().on_error == error_policy::skip) {
+    if (this->up().options().on_error == error_policy::skip) {
       try {
         std::rethrow_exception(err);
       } catch (const ferry::error& e) {
@@ -417,7 +416,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       ++s.skipped;
     }
     try {
-      log_skip(up_.options(), bad);
+      log_skip(this->up().options(), bad);
     } catch (...) {
       r.err = std::current_exception();
       r.after = s.at;
@@ -431,7 +430,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   std::optional<array_meta> layout() {
     std::lock_guard lk(layout_m_);
     if (!layout_known_) {
-      layout_ = up_.reference_layout();
+      layout_ = this->up().reference_layout();
       layout_known_ = true;
     }
     return layout_;
@@ -467,7 +466,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       not_empty_.wait(lk, [&] { return !s.q.empty() || s.broken; });
       --consumer_waiting_;
       waiting_for_.store(no_slot, std::memory_order_relaxed);
-      wt.stop(stats_.wait_up, "interleave: wait upstream");
+      wt.stop(this->stats().wait_up, "interleave: wait upstream");
       if (s.q.empty()) std::rethrow_exception(s.broken);  // until rewind()
     }
     s.local.swap(s.q);  // s.local was empty: s.q is now
@@ -522,7 +521,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
           readers_[t].waiting = true;
           readers_[t].cv.wait(lk, room);
           readers_[t].waiting = false;
-          wt.stop(stats_.wait_down, "interleave: wait downstream", /*shared=*/true);
+          wt.stop(this->stats().wait_down, "interleave: wait downstream", /*shared=*/true);
         }
         if (stop_.load(std::memory_order_relaxed)) return;
         // The slot the consumer waits on, else the one with the fewest buffered records:
@@ -564,7 +563,7 @@ class interleave_source : public source_interface<interleave_source<Up>> {
       }
       if (timed) {
         const observe::ticks t1 = observe::now();
-        stats_.work.add_shared(t1 - t0);
+        this->stats().work.add_shared(t1 - t0);
         if (observe::tracing()) observe::record("interleave: read", t0, t1);
       }
       bool wake;
@@ -629,7 +628,6 @@ class interleave_source : public source_interface<interleave_source<Up>> {
     }
   }
 
-  Up up_;
   std::size_t cycle_;
   interleave_options o_;
   std::shared_ptr<chunk_pool> pool_;
@@ -652,7 +650,6 @@ class interleave_source : public source_interface<interleave_source<Up>> {
   int consumer_waiting_ = 0;  // under m_: whether a publish must wake the consumer
   std::size_t threads_count_ = 0;
   std::vector<std::thread> threads_;
-  observe::stage_counters stats_;
 };
 
 inline void check_interleave_args(std::size_t cycle, const interleave_options& o) {

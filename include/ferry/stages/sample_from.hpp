@@ -67,8 +67,7 @@
 #include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
-#include "ferry/observe/hooks.hpp"
-#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 #include "ferry/state.hpp"
 
 namespace ferry {
@@ -213,9 +212,16 @@ inline double sample_draw(std::uint64_t key, std::uint64_t d) {
 }
 
 template <class Ups>
-class sample_from_source : public source_interface<sample_from_source<Ups>> {
+class sample_from_source : public source_base<sample_from_source<Ups>, typename Ups::value_type> {
+  using base = source_base<sample_from_source<Ups>, typename Ups::value_type>;
+  friend base;
+
  public:
   using value_type = typename Ups::value_type;
+  static constexpr char name[] = "sample_from";
+  // The sources are held here, not by the base (a run-time list among them): saved first,
+  // restored first, rewound by start_epoch(). Saving needs every source resumable.
+  static constexpr bool cannot_save = !Ups::resumable;
 
   // `weights` checked by sample_from_t (one per source, valid).
   sample_from_source(Ups ups, std::vector<double> weights, std::uint64_t seed, bool stop_on_empty)
@@ -223,29 +229,38 @@ class sample_from_source : public source_interface<sample_from_source<Ups>> {
         ended_((w_.size() + 63) / 64, 0) {
     active_.reserve(w_.size());
     aw_.reserve(w_.size());
-    start_epoch();
+    begin_epoch();
   }
 
-  std::optional<value_type> next() {
-    return observe::observed_next(stats_, "sample_from", [&] { return next_impl(); });
+  std::uint64_t epoch() const { return epoch_; }
+
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    this->check_live();
+    return ups_.set_buffer_resource(r);
+  }
+  // Every source's stages in order, then sample_from, whose own time excludes all of theirs.
+  void visit_stages(observe::stage_visitor& v) const {
+    if (!this->live()) return;
+    v.add_joined(name, this->stats(), ups_.visit(v));
   }
 
-  void rewind()
+ private:
+  std::optional<value_type> pull() { return next_impl(); }
+
+  // rewind(): every source, then the next epoch's draws.
+  void start_epoch()
     requires Ups::rewindable
   {
     ups_.rewind();
     ++epoch_;
     draws_ = 0;
     for (std::uint64_t& b : ended_) b = 0;
-    start_epoch();
+    begin_epoch();
   }
-  std::uint64_t epoch() const { return epoch_; }
 
-  void save(state_writer& w) const
-    requires Ups::resumable
-  {
-    ups_.save(w);
-    w.tag("sample_from");
+  void save_upstream(state_writer& w) const { ups_.save(w); }
+  void restore_upstream(state_reader& r) { ups_.restore(r); }
+  void save_words(state_writer& w) const {
     w.put(w_.size());
     w.put(epoch_);
     w.put(draws_);
@@ -253,11 +268,7 @@ class sample_from_source : public source_interface<sample_from_source<Ups>> {
   }
   // Throws config_error for a state of another source count, or one marking a source
   // this sample_from does not have as ended.
-  void restore(state_reader& r)
-    requires Ups::resumable
-  {
-    ups_.restore(r);
-    r.expect("sample_from");
+  void restore_words(state_reader& r) {
     const std::uint64_t n = r.get();
     if (n != w_.size())
       throw config_error("restore_state: sample_from: the state has " + std::to_string(n) +
@@ -272,17 +283,9 @@ class sample_from_source : public source_interface<sample_from_source<Ups>> {
                            std::to_string(64 * k + static_cast<std::size_t>(std::countr_zero(ended_[k] >> valid)) + valid) +
                            " as ended, but this sample_from has " + std::to_string(w_.size()) + " sources");
     }
-    start_epoch();
+    begin_epoch();
   }
 
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    return ups_.set_buffer_resource(r);
-  }
-  void visit_stages(observe::stage_visitor& v) const {
-    v.add_joined("sample_from", stats_, ups_.visit(v));
-  }
-
- private:
   std::optional<value_type> next_impl() {
     while (!over_) {
       const std::size_t j = pick(sample_draw(key_, draws_++));  // used up even if the source throws
@@ -310,7 +313,7 @@ class sample_from_source : public source_interface<sample_from_source<Ups>> {
   bool ended(std::size_t i) const { return (ended_[i / 64] >> (i % 64)) & 1; }
 
   // The active sources and their weight sum, from the weights and ended_.
-  void start_epoch() {
+  void begin_epoch() {
     key_ = mix_seed({seed_, epoch_});
     active_.clear();
     aw_.clear();
@@ -354,7 +357,6 @@ class sample_from_source : public source_interface<sample_from_source<Ups>> {
   std::vector<double> aw_;            // their weights
   double total_ = 0;                  // the sum of aw_
   bool over_ = false;                 // the epoch ended
-  observe::stage_counters stats_;
 };
 
 }  // namespace detail
