@@ -115,6 +115,9 @@ class state_reader {
   explicit state_reader(const pipeline_state& s) : s_(&s) {}
   // Throws config_error when the next word is not `stage`'s tag.
   void expect(std::string_view stage) {
+    if (pos_ >= s_->words.size())
+      throw config_error("restore_state: the state ends before stage '" + std::string(stage) +
+                         "' (saved from a pipeline of another shape, with fewer stages?)");
     if (get_raw() != detail::stage_tag(stage))
       throw config_error("restore_state: the state was saved from a pipeline of another shape "
                          "(expected stage '" + std::string(stage) + "' at word " +

@@ -209,45 +209,54 @@ TEST_CASE("interleave: restore_state refuses a state of other files, cycle or bl
     for (int i = 0; i < 7; ++i) REQUIRE(a.next());
     const ferry::pipeline_state st = ferry::save_state(a);
     const auto rest = drain(a);
-    const std::string other = "the state was saved with other files, cycle or block";
     std::vector<std::string> reordered = d.files;
     std::swap(reordered[0], reordered[1]);
-    for (auto [files, cycle, block] : {std::tuple{std::vector<std::string>(d.files.begin(), d.files.end() - 1), 3, 2},
-                                       std::tuple{reordered, 3, 2}, std::tuple{d.files, 2, 2}, std::tuple{d.files, 3, 1}}) {
+    // Each difference named: the files by from_files' checkpoint (which comes first), the
+    // cycle and block by interleave's.
+    const std::string files_differ = "from_files: the state was saved with another file list";
+    for (auto [files, cycle, block, why] :
+         {std::tuple{std::vector<std::string>(d.files.begin(), d.files.end() - 1), 3, 2, files_differ},
+          std::tuple{reordered, 3, 2, files_differ},
+          std::tuple{d.files, 2, 2, std::string("interleave: the state was saved with cycle = 3, this pipeline has cycle = 2")},
+          std::tuple{d.files, 3, 1, std::string("interleave: the state was saved with block = 2, this pipeline has block = 1")}}) {
       INFO(files.size() << " files, cycle " << cycle << ", block " << block);
       auto b = make(files, static_cast<std::size_t>(cycle), static_cast<std::size_t>(block));
-      CHECK_THROWS_WITH_AS(ferry::restore_state(b, st), doctest::Contains(other.c_str()), ferry::config_error);
+      CHECK_THROWS_WITH_AS(ferry::restore_state(b, st), doctest::Contains(why.c_str()), ferry::config_error);
     }
     // The same files, cycle and block: exact.
     auto same = make(d.files, 3, 2);
     ferry::restore_state(same, st);
     CHECK(drain(same) == rest);
-    // The slot to read next (word 5: tag, file-list hash, epoch, cycle, block, slot, turn)
-    // out of range; or the records taken in this turn (word 6) not below block.
-    REQUIRE(st.words.size() == 7 + 3 * 5);
-    REQUIRE(st.words[5] < 3);
-    REQUIRE(st.words[6] < 2);
-    for (auto [word, value] : {std::pair<int, std::uint64_t>{5, 3}, {5, 4}, {5, ~0ull}, {6, 2}, {6, ~0ull}}) {
+    // interleave's words come last: after from_files' state and its own tag, cycle and
+    // block, the slot to read next (`turn`), the records taken in this turn, then 5 words
+    // per slot (active, file ordinal, open, offset, records).
+    REQUIRE(st.words.size() > 2 + 3 * 5);
+    const std::size_t turn = st.words.size() - 3 * 5 - 2, taken = turn + 1;
+    REQUIRE(st.words[turn - 3] == ferry::detail::stage_tag("interleave"));
+    REQUIRE(st.words[turn] < 3);
+    REQUIRE(st.words[taken] < 2);
+    for (auto [word, value] : {std::pair<std::size_t, std::uint64_t>{turn, 3}, {turn, 4}, {turn, ~0ull}, {taken, 2},
+                               {taken, ~0ull}}) {
       ferry::pipeline_state bad = st;
-      bad.words[std::size_t(word)] = value;
+      bad.words[word] = value;
       auto b = make(d.files, 3, 2);
       CHECK_THROWS_WITH_AS(ferry::restore_state(b, bad), doctest::Contains("bad slot"), ferry::config_error);
       CHECK(drain(b) == d.expected(3, 2));  // a refused state leaves the epoch's start
       b.rewind();  // and a rewind starts the epoch afresh
       CHECK(drain(b) == d.expected(3, 2));
     }
-    // The turn at a slot that has ended while another has not (word 7 + 5 j: slot j active).
+    // The turn at a slot that has ended while another has not (word taken + 1 + 5 j: slot j active).
     {
       ferry::pipeline_state bad = st;
-      bad.words[7 + 5 * bad.words[5]] = 0;
+      bad.words[taken + 1 + 5 * bad.words[turn]] = 0;
       auto b = make(d.files, 3, 2);
       CHECK_THROWS_WITH_AS(ferry::restore_state(b, bad), doctest::Contains("bad slot"), ferry::config_error);
       CHECK(drain(b) == d.expected(3, 2));
     }
-    // A slot past its last file (word 8 + 5 j: slot j's file ordinal; slot 0 has 2 files).
+    // A slot past its last file (word taken + 2 + 5 j: slot j's file ordinal; slot 0 has 2 files).
     {
       ferry::pipeline_state bad = st;
-      bad.words[8] = 3;
+      bad.words[taken + 2] = 3;
       auto b = make(d.files, 3, 2);
       CHECK_THROWS_WITH_AS(ferry::restore_state(b, bad), doctest::Contains("slot 0 is at file 3 of 2"),
                            ferry::config_error);
