@@ -3,6 +3,9 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <cstring>
+#include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -144,4 +147,70 @@ TEST_CASE("an error in a bulk-mapped batch names its element; the next batch fol
   auto b = p.next();  // the batch holding element 42 is not delivered; the next one is
   REQUIRE(b);
   CHECK(b->field()[0] == 50);
+}
+
+TEST_CASE("a batch size whose bytes overflow is a config_error naming batch, before any allocation") {
+  // (2^62 + 1) x 4 bytes wraps a size_t: this once wrote past a 256-byte block.
+  CHECK_THROWS_WITH_AS(ferry::from_range(std::vector<int>(100)) | ferry::batch((std::size_t(1) << 62) + 1),
+                       doctest::Contains("batch: a batch of 4611686018427387905 rows of 4 bytes"),
+                       ferry::config_error);
+  CHECK_THROWS_AS(ferry::from_range(std::vector<int>(100)) | ferry::batch(SIZE_MAX), ferry::config_error);
+  CHECK_THROWS_AS(ferry::from_range(std::vector<std::array<double, 4>>(3)) | ferry::batch(SIZE_MAX / 16),
+                  ferry::config_error);
+}
+
+TEST_CASE("a huge batch size allocates for the rows that come, not for the batch size") {
+  // batch(2^34) over ten ints: one batch of ten, its buffer 16 MiB at most (not 64 GiB).
+  auto p = ferry::from_range(std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) | ferry::batch(std::size_t(1) << 34);
+  auto b = p.next();
+  REQUIRE(b);
+  CHECK(b->size() == 10);
+  CHECK(b->field_buffer(0).size() <= (std::size_t(16) << 20));
+  for (int i = 0; i < 10; ++i) CHECK(b->field()[std::size_t(i)] == i);
+  CHECK_FALSE(p.next());
+  // Element by element (a filter between: no bulk path) too.
+  auto q = ferry::from_range(std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}) |
+           ferry::filter([](int x) { return x % 2 == 0; }) | ferry::batch(std::size_t(1) << 34);
+  auto c = q.next();
+  REQUIRE(c);
+  CHECK(c->size() == 5);
+  CHECK(c->field_buffer(0).size() <= (std::size_t(16) << 20));
+}
+
+TEST_CASE("rows beyond a batch's first buffer: the buffers grow, the rows stay exact") {
+  // 1 MiB + 1 byte rows: a batch's buffers start at 15 rows (16 MiB) and double as rows
+  // come, up to the batch size (15, 30, 40).
+  using row = std::array<std::uint8_t, (std::size_t(1) << 20) + 1>;
+  auto make_row = [](std::uint64_t i) {
+    row r;
+    r.fill(static_cast<std::uint8_t>(i * 37 + 1));
+    std::memcpy(r.data(), &i, sizeof i);
+    return r;
+  };
+  for (bool bulk : {true, false}) {
+    CAPTURE(bulk);
+    std::vector<std::vector<std::uint64_t>> got;
+    auto check_batch = [&](const ferry::batch_of<row>& b) {
+      got.emplace_back();
+      for (std::size_t r = 0; r < b.size(); ++r) {
+        const row& x = b.field()[r];
+        std::uint64_t i;
+        std::memcpy(&i, x.data(), sizeof i);
+        got.back().push_back(i);
+        CHECK(x[100] == static_cast<std::uint8_t>(i * 37 + 1));
+        CHECK(x[row().size() - 1] == static_cast<std::uint8_t>(i * 37 + 1));
+      }
+    };
+    if (bulk) {
+      auto p = ferry::from_generator(50, make_row) | ferry::batch(40);
+      while (auto b = p.next()) check_batch(*b);
+    } else {
+      auto p = ferry::from_generator(50, make_row) | ferry::filter([](const row&) { return true; }) | ferry::batch(40);
+      while (auto b = p.next()) check_batch(*b);
+    }
+    REQUIRE(got.size() == 2);
+    CHECK(got[0].size() == 40);
+    CHECK(got[1].size() == 10);
+    for (std::uint64_t i = 0; i < 50; ++i) CHECK(got[i / 40][i % 40] == i);
+  }
 }

@@ -30,6 +30,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <string>
 #include <memory>
 #include <optional>
 #include <ranges>
@@ -230,6 +232,20 @@ struct batch_collator {
     return b;
   }
   void set_size(B& b, std::size_t n) const { b.n_ = n; }
+  // Rows the batch's buffers hold (fixed-only types).
+  std::size_t capacity(const B& b) const { return b.data_[0].size() / sizeof(typename B::template field_t<0>); }
+  // Fixed-only types: new buffers of `capacity` rows, the rows so far copied over.
+  void grow(B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((grow_field<I>(b, res, capacity)), ...);
+    }(std::make_index_sequence<nf>{});
+  }
+  // Bytes one row takes in the batch (a ragged field: its offset; its values come apart).
+  static constexpr std::size_t row_bytes() {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return ((B::template is_ragged<I> ? sizeof(std::uint64_t) : sizeof(typename B::template field_t<I>)) + ... + 0);
+    }(std::make_index_sequence<nf>{});
+  }
   // A single-field batch's whole buffer (capacity elements) as a span, to fill in place.
   std::span<T> whole(B& b, std::size_t capacity) const {
     return std::span<T>(reinterpret_cast<T*>(b.data_[0].data()), capacity);
@@ -267,6 +283,13 @@ struct batch_collator {
   }
 
  private:
+  template <std::size_t I>
+  void grow_field(B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
+    constexpr std::size_t es = sizeof(typename B::template field_t<I>);
+    buffer bigger(res, capacity * es);
+    if (b.n_) std::memcpy(bigger.data(), b.data_[I].data(), b.n_ * es);
+    b.data_[I] = std::move(bigger);
+  }
   // Ragged field I of n elements, element i's values being the contiguous range get(i):
   // n+1 offsets, then the values copied into one buffer.
   template <std::size_t I, class Get>
@@ -319,8 +342,16 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
 
  public:
   static constexpr char name[] = "batch";
+  // Throws config_error for n rows whose bytes do not fit in a size_t.
   batch_source(Up up, std::size_t n, batch_options o)
       : base(std::move(up)), n_(n), drop_(o.drop_remainder), res_(std::move(o.resource)) {
+    constexpr std::size_t row = batch_collator<T>::row_bytes();
+    if (n_ > std::numeric_limits<std::size_t>::max() / (row + 1))
+      throw config_error("batch: a batch of " + std::to_string(n_) + " rows of " + std::to_string(row) +
+                         " bytes does not fit in memory's address range; use a smaller batch size");
+    // A batch's buffers start at the batch size, or at 16 MiB of rows when that is less,
+    // and grow as rows come: batch(2^34) over ten elements allocates for ten.
+    first_rows_ = std::min<std::size_t>(n_, std::max<std::size_t>(1, (std::size_t(16) << 20) / std::max<std::size_t>(row, 1)));
     if (!res_) res_ = std::make_shared<buffer_pool>();
   }
 
@@ -339,9 +370,16 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
     Up& up = this->up();
     if constexpr (bulk_source<Up> && batch_collator<T>::all_fixed && B::field_count == 1 &&
                   !field_list<T>::is_tuple) {
-      // One call fills the batch buffer in place.
-      B b = collator_.start(res_, n_);
-      const std::size_t k = this->pull_up_bulk(collator_.whole(b, n_));
+      // One call fills the batch buffer in place (one per growth of a huge batch).
+      B b = collator_.start(res_, first_rows_);
+      std::size_t k = 0, cap = first_rows_;
+      for (;;) {
+        k += this->pull_up_bulk(collator_.whole(b, cap).subspan(k));
+        if (k < cap || cap == n_) break;
+        collator_.set_size(b, k);
+        cap = more_rows(cap);
+        collator_.grow(b, res_, cap);
+      }
       collator_.set_size(b, k);
       if (k == 0 || (drop_ && k < n_)) return std::nullopt;
       return b;
@@ -357,13 +395,17 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
       borrowed_.clear();
       return b;
     } else if constexpr (batch_collator<T>::all_fixed) {
-      B b = collator_.start(res_, n_);
+      B b = collator_.start(res_, first_rows_);
+      std::size_t cap = first_rows_;
+      auto room = [&] {  // a row's room, grown when a huge batch has filled its buffers
+        if (b.size() == cap) collator_.grow(b, res_, cap = more_rows(cap));
+      };
       // An upstream that can hand an element where it lies (map's next_into) is copied
       // from there; with stats on, through the probe, which times the pull.
       bool pulled = false;
       if constexpr (requires { up.next_into([](T&) {}); }) {
         if (!observe::on()) {
-          while (b.size() < n_ && up.next_into([&](T& e) { collator_.put(b, e); })) {
+          while (b.size() < n_ && (room(), up.next_into([&](T& e) { collator_.put(b, e); }))) {
           }
           pulled = true;
         }
@@ -371,6 +413,7 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
       while (!pulled && b.size() < n_) {
         std::optional<T> e = this->pull_up();
         if (!e) break;
+        room();
         collator_.put(b, *e);
       }
       if (b.empty() || (drop_ && b.size() < n_)) return std::nullopt;
@@ -387,7 +430,10 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
     }
   }
 
+  std::size_t more_rows(std::size_t cap) const { return cap > n_ / 2 ? n_ : cap * 2; }
+
   std::size_t n_;
+  std::size_t first_rows_ = 0;  // rows a batch's buffers hold at first (fixed fields)
   bool drop_;
   std::shared_ptr<std::pmr::memory_resource> res_;
   batch_collator<T> collator_;
