@@ -304,6 +304,21 @@ class stage_base : public source_interface<Derived> {
     }
   }
 
+  // pull_up() for a stage's threads: a callable that pulls through the heap block's
+  // probe, valid while the block lives (however the stage moves). Public only because
+  // nvcc's front end refuses a protected member returning a nested type from a derived
+  // class template; not for users.
+  struct puller {
+    node* n;
+    std::optional<value_t<up_t<0>>> operator()() const { return std::get<0>(n->probes).pull(std::get<0>(n->ups)); }
+    up_t<0>& upstream() const noexcept { return std::get<0>(n->ups); }
+  };
+  puller upstream_puller() noexcept
+    requires(heap)
+  {
+    return puller{h_.get()};
+  }
+
  protected:
   explicit stage_base(Ups... ups)
     requires(!heap)
@@ -370,19 +385,6 @@ class stage_base : public source_interface<Derived> {
   {
     return &std::get<I>(h_->ups);
   }
-  // pull_up() for a stage's threads: a callable that pulls through the heap block's
-  // probe, valid while the block lives (however the stage moves).
-  struct puller {
-    node* n;
-    std::optional<value_t<up_t<0>>> operator()() const { return std::get<0>(n->probes).pull(std::get<0>(n->ups)); }
-    up_t<0>& upstream() const noexcept { return std::get<0>(n->ups); }
-  };
-  puller upstream_puller() noexcept
-    requires(heap)
-  {
-    return puller{h_.get()};
-  }
-
  private:
   // The checkpoint tag: the stage's name, or its state_tag when one stage name has forms
   // whose states must not mix (cache in memory and in a file).

@@ -200,3 +200,109 @@ TEST_CASE("a checkpoint stays small: positions, not buffers") {
   for (int i = 0; i < 200; ++i) REQUIRE(p.next());
   CHECK(ferry::save_state(p).words.size() < 16);
 }
+
+namespace {
+// A state as an attacker would make it: the words edited, the check word recomputed
+// (it is public: to_bytes() makes it for anyone).
+ferry::pipeline_state edited(ferry::pipeline_state st, std::size_t word, std::uint64_t value) {
+  REQUIRE(word < st.words.size());
+  st.words[word] = value;
+  return ferry::pipeline_state::from_bytes(st.to_bytes());
+}
+// The index of the word after stage `tag`'s tag (its first own word).
+std::size_t after_tag(const ferry::pipeline_state& st, const char* tag) {
+  for (std::size_t i = 0; i < st.words.size(); ++i)
+    if (st.words[i] == ferry::detail::stage_tag(tag)) return i + 1;
+  FAIL("no tag " << tag);
+  return 0;
+}
+}  // namespace
+
+TEST_CASE("a crafted checkpoint cannot hang a pipeline: every restored count is checked" * doctest::timeout(30)) {
+  watchdog w(30s);
+  auto gen = [] { return ferry::from_generator(100, [](std::uint64_t i) { return i; }); };
+  // map's re-read of 2^62 elements over repeat() (which never ends) never returned.
+  for (std::size_t workers : {1, 2}) {
+    CAPTURE(workers);
+    auto make = [&] { return gen() | ferry::repeat() | ferry::map([](std::uint64_t x) { return x; }, {.workers = workers}); };
+    auto a = make();
+    for (int i = 0; i < 5; ++i) REQUIRE(a.next());
+    const auto st = ferry::save_state(a);
+    auto b = make();
+    CHECK_THROWS_WITH_AS(ferry::restore_state(b, edited(st, after_tag(st, "map"), std::uint64_t(1) << 62)),
+                         doctest::Contains("map: the state re-reads 4611686018427387904 elements, more than this "
+                                           "map's window"),
+                         ferry::config_error);
+  }
+  // shuffle: a window longer than its buffer, or an offset past the window.
+  {
+    auto a = gen() | ferry::shuffle(8, 1);
+    for (int i = 0; i < 3; ++i) REQUIRE(a.next());
+    const auto st = ferry::save_state(a);
+    const std::size_t at = after_tag(st, "shuffle") + 2;  // after the buffer and seed: epoch, window, offset, length
+    for (auto [word, value] : {std::pair<std::size_t, std::uint64_t>{at + 3, 1u << 20}, {at + 2, 9}}) {
+      auto b = gen() | ferry::shuffle(8, 1);
+      CHECK_THROWS_WITH_AS(ferry::restore_state(b, edited(st, word, value)), doctest::Contains("shuffle: a damaged state"),
+                           ferry::config_error);
+    }
+  }
+  // repeat: a pass past its count; flat_map: a re-read longer than an anchor's worth.
+  {
+    auto a = gen() | ferry::repeat(3);
+    REQUIRE(a.next());
+    const auto st = ferry::save_state(a);
+    auto b = gen() | ferry::repeat(3);
+    CHECK_THROWS_WITH_AS(ferry::restore_state(b, edited(st, after_tag(st, "repeat"), 7)),
+                         doctest::Contains("repeat: the state is at pass 7"), ferry::config_error);
+    auto f = gen() | ferry::flat_map([](std::uint64_t x) { return std::vector<std::uint64_t>{x, x}; });
+    for (int i = 0; i < 3; ++i) REQUIRE(f.next());
+    const auto fs = ferry::save_state(f);
+    auto g = gen() | ferry::flat_map([](std::uint64_t x) { return std::vector<std::uint64_t>{x, x}; });
+    CHECK_THROWS_WITH_AS(ferry::restore_state(g, edited(fs, after_tag(fs, "flat_map"), std::uint64_t(1) << 40)),
+                         doctest::Contains("flat_map: a damaged state"), ferry::config_error);
+  }
+}
+
+// The naive oracle: a state restores only into the configuration that saved it; into it,
+// exactly. Random configurations of the stages whose parameters decide the sequence.
+TEST_CASE("property: a checkpoint restores into its own configuration only, naming what differs") {
+  std::uint64_t rng = 12345;
+  auto next = [&](std::uint64_t m) { return ferry::detail::splitmix64(rng++)() % m; };
+  auto gen = [] { return ferry::from_generator(200, [](std::uint64_t i) { return i * 5; }); };
+  for (int trial = 0; trial < 60; ++trial) {
+    CAPTURE(trial);
+    // shuffle(buffer, seed) | shard(count, index)
+    const std::uint64_t buf[2] = {1 + next(12), 1 + next(12)}, seed[2] = {next(3), next(3)};
+    const std::uint64_t count[2] = {1 + next(4), 1 + next(4)};
+    const std::uint64_t index[2] = {next(count[0]), next(count[1])};
+    auto make = [&](int k) { return gen() | ferry::shuffle(buf[k], seed[k]) | ferry::shard(count[k], index[k]); };
+    auto a = make(0);
+    const std::uint64_t at = next(30);
+    for (std::uint64_t i = 0; i < at; ++i) a.next();
+    const auto st = ferry::pipeline_state::from_bytes(ferry::save_state(a).to_bytes());
+    auto b = make(1);
+    const bool same = buf[0] == buf[1] && seed[0] == seed[1] && count[0] == count[1] && index[0] == index[1];
+    if (same) {
+      ferry::restore_state(b, st);
+      CHECK(drain(b) == drain(a));
+      continue;
+    }
+    std::string why;
+    try {
+      ferry::restore_state(b, st);
+    } catch (const ferry::config_error& e) {
+      why = e.what();
+    }
+    CAPTURE(why);
+    // The first difference in pipeline order is the one named.
+    if (buf[0] != buf[1])
+      CHECK(why.find("shuffle: the state was saved with buffer = " + std::to_string(buf[0])) != std::string::npos);
+    else if (seed[0] != seed[1])
+      CHECK(why.find("shuffle: the state was saved with seed = " + std::to_string(seed[0])) != std::string::npos);
+    else if (count[0] != count[1])
+      CHECK(why.find("shard: the state was saved with count = " + std::to_string(count[0])) != std::string::npos);
+    else
+      CHECK(why.find("shard: the state was saved with index = " + std::to_string(index[0]) +
+                     ", this pipeline has index = " + std::to_string(index[1])) != std::string::npos);
+  }
+}

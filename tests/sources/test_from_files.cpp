@@ -1214,7 +1214,28 @@ TEST_CASE("save/restore at every position, rewind, end stays ended" * doctest::t
     c.rewind();
     CHECK(read_all(c) == all);
     auto other = ferry::from_files({files[0]}, ferry::tfrecord{}, o);
-    CHECK_THROWS_AS(ferry::restore_state(other, ferry::save_state(c)), ferry::config_error);
+    CHECK_THROWS_WITH_AS(ferry::restore_state(other, ferry::save_state(c)),
+                         doctest::Contains("from_files: the state was saved with another file list"),
+                         ferry::config_error);
+    // The same files read as another format (or with other record sizes, or another order
+    // of files) would seek to the saved offset inside some other record: refused, named.
+    auto mid = ferry::from_files(files, ferry::tfrecord{}, o);
+    for (int i = 0; i < 4; ++i) REQUIRE(mid.next());
+    const auto ms = ferry::save_state(mid);
+    auto fixed = ferry::from_files(files, ferry::fixed_length{.record_bytes = 16}, o);
+    CHECK_THROWS_WITH_AS(ferry::restore_state(fixed, ms), doctest::Contains("from_files: the state was saved with another format"),
+                         ferry::config_error);
+    auto lines = ferry::from_files(files, ferry::text_lines{}, o);
+    CHECK_THROWS_WITH_AS(ferry::restore_state(lines, ms), doctest::Contains("another format"), ferry::config_error);
+    auto shuffled = ferry::from_files(files, ferry::tfrecord{}, {.chunk_bytes = 512, .shuffle_files = true});
+    CHECK_THROWS_WITH_AS(ferry::restore_state(shuffled, ms), doctest::Contains("shuffle_files = 0"), ferry::config_error);
+    {
+      auto f16 = ferry::from_files(files, ferry::fixed_length{.record_bytes = 16}, o);
+      REQUIRE(f16.next());
+      auto f8 = ferry::from_files(files, ferry::fixed_length{.record_bytes = 8}, o);
+      CHECK_THROWS_WITH_AS(ferry::restore_state(f8, ferry::save_state(f16)), doctest::Contains("another format"),
+                           ferry::config_error);
+    }
   }
   // npy rows resume too, plain and compressed: after k rows, exactly rows k.. of a straight read.
   write_gzip(t / "u1.npy.gz", read_file(data_dir() + "/u1_4x2x3.npy"));

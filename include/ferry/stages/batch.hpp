@@ -77,6 +77,10 @@ concept ragged_field = std::ranges::contiguous_range<T> && std::ranges::sized_ra
 template <class T>
 concept fixed_field = std::is_trivially_copyable_v<T> && !ragged_field<T>;
 
+// A concept, so the byte check is never asked of a field that is not a range (clang does).
+template <class T>
+concept byte_ragged = ragged_field<T> && std::same_as<std::ranges::range_value_t<T>, std::byte>;
+
 template <class T>
 concept field_type = ragged_field<T> || fixed_field<T>;
 
@@ -262,8 +266,7 @@ struct batch_collator {
   // A single ragged field of bytes (ferry::record) from views of each element's bytes.
   B collate_bytes(const std::shared_ptr<std::pmr::memory_resource>& res,
                   std::span<const std::span<const std::byte>> elems) const
-    requires(nf == 1 && B::template is_ragged<0> &&
-             std::same_as<std::ranges::range_value_t<typename B::template field_t<0>>, std::byte>)
+    requires(nf == 1 && detail::byte_ragged<typename B::template field_t<0>>)
   {
     B b;
     fill_ragged<0>(b, res, elems.size(), [&](std::size_t i) { return elems[i]; });
