@@ -128,7 +128,7 @@ int main(int argc, char** argv) try {
     o.graphs = false;
     direct = fmnist::make_gpu_model(cfg, o, devs);
   }
-  const std::vector<void*> streams = m->streams();
+  const std::vector<ferry::cuda_stream> streams = m->streams();
 
   // On-device data: K distinct synthetic batches per replica, uploaded once.
   constexpr int K = 16;

@@ -38,7 +38,7 @@ class model {
   // One compute stream per replica (cudaStream_t; nullptr for host replicas): give these to
   // distribute(cuda::devices{ordinals, streams}) so each slice is ready on the stream the
   // replica's GEMMs and all-reduce run on.
-  virtual std::vector<void*> streams() = 0;
+  virtual std::vector<ferry::cuda_stream> streams() = 0;
 
   // A step as distribute() hands it out.
   template <class Step>
@@ -84,8 +84,8 @@ class trainer_model final : public model {
   tr::step_stats take_eval() override { return t_.take_eval(); }
   void save(const std::string& p) override { t_.save(p); }
   void load(const std::string& p) override { t_.load(p); }
-  std::vector<void*> streams() override {
-    std::vector<void*> s;
+  std::vector<ferry::cuda_stream> streams() override {
+    std::vector<ferry::cuda_stream> s;
     for (int r = 0; r < t_.replicas(); ++r) s.push_back(t_.replica_at(r).backend().stream());
     return s;
   }

@@ -318,6 +318,20 @@ class stage_base : public source_interface<Derived> {
   {
     return puller{h_.get()};
   }
+  // save() of the upstream into a pipeline_state, for a stage's threads (nullptr when the
+  // upstream cannot be saved): what detail::producer records after each pull.
+  auto upstream_saver() noexcept
+    requires(heap)
+  {
+    if constexpr (resumable_source<up_t<0>>)
+      return [u = &std::get<0>(h_->ups)](pipeline_state& s) {
+        s.words.clear();
+        state_writer w(s);
+        u->save(w);
+      };
+    else
+      return nullptr;
+  }
 
  protected:
   explicit stage_base(Ups... ups)
@@ -376,14 +390,6 @@ class stage_base : public source_interface<Derived> {
   void check_live() const {
     if (!live_) [[unlikely]]
       throw_moved_from(Derived::name);
-  }
-  // The heap block's upstream, for a stage's threads (threaded_stage only): its address
-  // stays the same while the stage moves.
-  template <std::size_t I = 0>
-  up_t<I>* up_address() noexcept
-    requires(heap)
-  {
-    return &std::get<I>(h_->ups);
   }
  private:
   // The checkpoint tag: the stage's name, or its state_tag when one stage name has forms

@@ -56,7 +56,7 @@ int spin_each_step(Steps& steps, std::vector<ferry::cuda::event>& start, std::ve
   for (auto& st : steps) {
     REQUIRE(std::size_t(k) < start.size());
     before(k);
-    auto s = static_cast<cudaStream_t>(st[0].stream());
+    auto s = st[0].stream();
     start[k].record(s);  // passed once the stream's wait for this step's copies is met
     FERRY_CUDA_TRY(ferry_test::launch_spin(s, cycles, st[0].template field<0>().data(), d_out));
     end[k].record(s);
@@ -99,7 +99,7 @@ TEST_CASE("device contents equal the host batch, byte for byte, for every policy
           auto& rb = st[r];
           CHECK(rb.device() == 0);
           REQUIRE(rb.stream() != nullptr);
-          auto s = static_cast<cudaStream_t>(rb.stream());
+          auto s = rb.stream();
           std::vector<std::uint32_t> ids(rb.size());
           std::vector<std::array<float, 3>> xs(rb.size());
           if (rb.size()) {
@@ -276,11 +276,11 @@ TEST_CASE("user compute streams are used as given; bad device lists are config e
   auto data = make_data(64);
   for (bool staging : {false, true}) {
     auto steps = ferry::from_range(data) | ferry::batch(16) |
-                 ferry::distribute(ferry::cuda::devices({0}, {static_cast<void*>(mine.get())}),
+                 ferry::distribute(ferry::cuda::devices({0}, {mine.get()}),
                                    {.steps_ahead = staging ? 2u : 1u, .staging_thread = staging});
     std::size_t n = 0;
     for (auto& st : steps) {
-      CHECK(st[0].stream() == static_cast<void*>(mine.get()));
+      CHECK(st[0].stream() == mine.get());  // typed: the cudaStream_t itself
       ++n;
     }
     CHECK(n == 4);

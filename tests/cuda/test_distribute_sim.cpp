@@ -110,7 +110,7 @@ void consume(Steps& steps, const scenario& sc, trace& t, std::mutex& m) {
       if (r == 0) t.copy.push_back(rb.size() ? sim::last_copy_into(ids.data()) : 0);
       // The kernel: reads the slice when the simulated GPU runs it, checks it.
       const sim::op_id id = sim::launch(
-          static_cast<cudaStream_t>(rb.stream()), "kernel of step " + std::to_string(k),
+          rb.stream(), "kernel of step " + std::to_string(k),
           {{ids.data(), ids.size_bytes()}, {xs.data(), xs.size_bytes()}}, {}, [&t, &m, ids, xs, e, k, r] {
             std::lock_guard lk(m);
             for (std::size_t i = 0; i < e.rows; ++i) {
@@ -128,7 +128,7 @@ void consume(Steps& steps, const scenario& sc, trace& t, std::mutex& m) {
       if (r == 0) t.kernel.push_back(id);
     }
     if (sc.how == consumer::host_waits)
-      for (std::size_t r = 0; r < R; ++r) REQUIRE(cudaStreamSynchronize(static_cast<cudaStream_t>(st[r].stream())) == cudaSuccess);
+      for (std::size_t r = 0; r < R; ++r) REQUIRE(cudaStreamSynchronize(st[r].stream()) == cudaSuccess);
     pos += got;
     ++t.steps;
   };
@@ -505,12 +505,12 @@ TEST_CASE("sim: the user's own compute streams are used, waited on, and left ali
   {
     auto pool = ferry::make_pinned_pool();
     auto steps = ferry::from_range(data) | ferry::batch(16) |
-                 ferry::distribute(ferry::cuda::devices({0, 1}, {static_cast<void*>(mine[0]), static_cast<void*>(mine[1])}),
+                 ferry::distribute(ferry::cuda::devices({0, 1}, {mine[0], mine[1]}),
                                    {.host_resource = pool, .steps_ahead = staging ? 2u : 1u, .staging_thread = staging});
     std::size_t n = 0;
     for (auto& st : steps) {
       for (int r = 0; r < 2; ++r) {
-        CHECK(st[r].stream() == static_cast<void*>(mine[r]));
+        CHECK(st[r].stream() == mine[r]);  // typed: the cudaStream_t itself
         auto ids = st[r].field<0>();
         REQUIRE(cudaSetDevice(r) == cudaSuccess);
         const sim::op_id k = sim::launch(mine[r], "user kernel", {{ids.data(), ids.size_bytes()}}, {}, {});

@@ -173,7 +173,7 @@ int main() {
     tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> gt(
         cfg, {.seed = 11, .max_rows = per, .graphs = graphs}, ferry::nccl_communicator::local(devs), ctx);
     tr::host_trainer ht(cfg, {.seed = 11, .max_rows = B}, 1);
-    std::vector<void*> streams;
+    std::vector<ferry::cuda_stream> streams;
     for (int r = 0; r < count; ++r) streams.push_back(gt.replica_at(r).backend().stream());
     auto gp = ferry::from_range(rows) | ferry::batch(std::size_t(B)) | ferry::prefetch(2) |
               ferry::distribute(ferry::cuda::devices(devs, streams),

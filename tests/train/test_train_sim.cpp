@@ -230,7 +230,7 @@ TEST_CASE("the pipeline feeds two simulated GPUs' trainer: distribute(cuda::devi
     sim_run(17, progress, [&] {
       tr::mirrored_trainer<tr::gpu_backend, ferry::nccl_communicator> t(
           cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
-      std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+      std::vector<ferry::cuda_stream> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
       auto p = ferry::from_range(rows) | ferry::batch(std::size_t(B)) | ferry::prefetch(2) |
                ferry::distribute(ferry::cuda::devices({0, 1}, streams), {.remainder = ferry::remainder_policy::pad});
       std::size_t k = 0;
@@ -389,7 +389,7 @@ TEST_CASE("a peer lost mid-training: the trainer's wait ends with the communicat
           CHECK_THROWS_WITH_AS(t.take_stats(), doctest::Contains("build a new trainer"), ferry::error);
           CHECK(t.parameters().size() == t.layout().params);  // the weights can still be saved
         } else {
-          std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+          std::vector<ferry::cuda_stream> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
           // Process 0's rows: its half of each of 20 more batches.
           std::vector<sim_ref::row> mine;
           const auto all = sim_ref::rows_of(d, std::size_t(B) * 24);
@@ -590,7 +590,7 @@ TEST_CASE("asynchronous steps fed by distribute(cuda::devices) onto the trainer'
   for (const int progress : {0, 4}) {
     sim_run(43, progress, [&] {
       nccl_trainer t(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
-      std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+      std::vector<ferry::cuda_stream> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
       auto p = ferry::from_range(rows) | ferry::batch(std::size_t(B)) | ferry::prefetch(2) |
                ferry::distribute(ferry::cuda::devices({0, 1}, streams), {.remainder = ferry::remainder_policy::pad});
       for (std::size_t e = 0; e < 2; ++e) {
@@ -653,7 +653,7 @@ TEST_CASE("asynchronous evaluations on two simulated GPUs: no host wait per batc
       // The example's test pass: distribute onto the trainer's streams, each step released
       // at the next next() while its evaluation may still be queued on the GPU.
       const auto rows = sim_ref::rows_of(d, std::size_t(B) * batches - 20);  // a padded last batch
-      std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+      std::vector<ferry::cuda_stream> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
       auto p = ferry::from_range(rows) | ferry::batch(std::size_t(B)) |
                ferry::distribute(ferry::cuda::devices({0, 1}, streams), {.remainder = ferry::remainder_policy::pad});
       std::vector<tr::step_stats> by_step;
@@ -798,7 +798,7 @@ TEST_CASE("CUDA graph steps fed by distribute's staging thread onto the trainer'
         tr::trainer_options go = o;
         go.graphs = graphs;
         nccl_trainer t(cfg, go, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
-        std::vector<void*> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
+        std::vector<ferry::cuda_stream> streams{t.replica_at(0).backend().stream(), t.replica_at(1).backend().stream()};
         auto p = ferry::from_range(rows) | ferry::batch(std::size_t(B)) |
                  ferry::distribute(ferry::cuda::devices({0, 1}, streams),
                                    {.remainder = ferry::remainder_policy::pad, .steps_ahead = 3, .staging_thread = true});
@@ -857,7 +857,7 @@ TEST_CASE("a CUDA graph step whose capture fails: the error, no stream left capt
       CHECK(what.find("device 1") != std::string::npos);
       for (int r = 0; r < 2; ++r) {
         cudaStreamCaptureStatus cs = cudaStreamCaptureStatusActive;
-        REQUIRE(cudaStreamIsCapturing(static_cast<cudaStream_t>(t.replica_at(r).backend().stream()), &cs) ==
+        REQUIRE(cudaStreamIsCapturing(t.replica_at(r).backend().stream(), &cs) ==
                 cudaSuccess);
         CHECK(cs == cudaStreamCaptureStatusNone);
       }

@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "ferry/collective/communicator.hpp"
+#include "ferry/cuda/stream_handle.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry {
@@ -150,7 +151,7 @@ class nccl_communicator {
   int size() const noexcept { return size_; }
   int device() const noexcept { return dev_; }
   // The stream collectives are enqueued on (default: the legacy default stream).
-  void set_stream(void* stream) noexcept { stream_ = static_cast<cudaStream_t>(stream); }
+  void set_stream(cuda_stream stream) noexcept { stream_ = stream; }
 
   // `s` is device memory on device().
   void all_reduce_sum(std::span<float> s) { reduce(s, ncclSum); }

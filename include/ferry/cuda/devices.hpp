@@ -80,11 +80,11 @@ namespace ferry::cuda {
 // The tag: CUDA device ordinals, one replica each.
 struct devices {
   std::vector<int> ordinals;
-  std::vector<void*> compute_streams;  // cudaStream_t each; empty: ferry's own streams
+  std::vector<cuda_stream> compute_streams;  // cudaStream_t each; empty: ferry's own streams
   std::size_t max_pending = 4;         // released steps with copies in flight (backpressure)
 
   devices(std::initializer_list<int> ids) : ordinals(ids) {}
-  explicit devices(std::vector<int> ids, std::vector<void*> streams = {})
+  explicit devices(std::vector<int> ids, std::vector<cuda_stream> streams = {})
       : ordinals(std::move(ids)), compute_streams(std::move(streams)) {}
 };
 
@@ -121,7 +121,7 @@ class devices_state {
     std::vector<std::pair<std::size_t, cudaEvent_t>> copies;  // (replica, event)
   };
 
-  devices_state(const std::vector<int>& ordinals, const std::vector<void*>& streams) {
+  devices_state(const std::vector<int>& ordinals, const std::vector<cuda_stream>& streams) {
     r_.reserve(ordinals.size());
     for (std::size_t i = 0; i < ordinals.size(); ++i) {
       replica rep;
@@ -378,7 +378,7 @@ class devices_backend {
 
  private:
   std::vector<int> ord_;
-  std::vector<void*> streams_;
+  std::vector<cuda_stream> streams_;
   std::size_t max_pending_;
   std::size_t grow_below_ = 0;
   std::atomic<std::uint64_t> backpressure_waits_{0};  // counted on the thread making steps

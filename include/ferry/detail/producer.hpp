@@ -96,8 +96,9 @@ class producer {
   bool finished() const noexcept { return finished_; }
 
   // Starts the thread. make() returns the next item (nullopt: the end) or throws;
-  // save(pipeline_state&) records the upstream's position (pass nullptr for none). The
-  // counters passed must outlive the producer (the stage's heap block).
+  // save(pipeline_state&) records the upstream's position (pass nullptr for none), here
+  // first (the position before the first item) and then after each item. The counters
+  // passed must outlive the producer (the stage's heap block).
   template <class Make, class Save>
   void start(std::size_t depth, std::size_t refill_at, producer_names names, observe::stage_counters* consumer_stats,
              observe::stage_counters* producer_stats, Make make, Save save) {
@@ -115,6 +116,10 @@ class producer {
     c.producer_stats = producer_stats;
     c.names = names;
     finished_ = false;
+    if constexpr (!std::is_null_pointer_v<Save>) {  // the position before the first item
+      save(last_);
+      has_last_ = true;
+    }
     th_ = std::thread([p = c_.get(), make = std::move(make), save = std::move(save)]() mutable {
       run(*p, make, save);
     });

@@ -63,6 +63,7 @@
 #include "ferry/stage.hpp"
 #include "ferry/sources/array_meta.hpp"
 #include "ferry/sources/detail/file_reader.hpp"
+#include "ferry/sources/file_options.hpp"
 #include "ferry/sources/record.hpp"
 
 namespace ferry {

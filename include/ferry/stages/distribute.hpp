@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "ferry/cuda/nvtx.hpp"
+#include "ferry/cuda/stream_handle.hpp"
 #include "ferry/detail/producer.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
@@ -160,8 +161,9 @@ class replica_batch {
   bool empty() const noexcept { return size_ == 0; }
   // -1 for host replicas, else the CUDA device ordinal the data is on.
   int device() const noexcept { return device_; }
-  // The cudaStream_t on which the data is ready (enqueue work on it); nullptr for host.
-  void* stream() const noexcept { return stream_; }
+  // The stream on which the data is ready (enqueue work on it): a cudaStream_t (the same
+  // type, ferry/cuda/stream_handle.hpp); null for host replicas.
+  cuda_stream stream() const noexcept { return stream_; }
 
   // Field I of this slice: host memory for host replicas, device memory for CUDA (do not
   // dereference it on the host then).
@@ -181,7 +183,7 @@ class replica_batch {
   std::array<std::size_t, field_count> elem_bytes_{};
   std::size_t size_ = 0, valid_ = 0;
   int device_ = -1;
-  void* stream_ = nullptr;
+  cuda_stream stream_ = nullptr;
 };
 
 // One training step: one replica_batch per replica. Every replica's size() is G/R, except
@@ -252,7 +254,7 @@ struct step_access {
   }
   template <class T>
   static void set_replica(replica_batch<T>& rb, const std::byte* const* data, const batch_of<T>& host,
-                          const replica_slice& sl, int device, void* stream) {
+                          const replica_slice& sl, int device, cuda_stream stream) {
     for (std::size_t f = 0; f < batch_of<T>::field_count; ++f) {
       rb.data_[f] = data[f];
       rb.elem_bytes_[f] = host.element_bytes(f);
@@ -560,27 +562,13 @@ class distribute_source
       return;
     }
     if constexpr (requires { c.be.set_staging_depth(std::size_t{1}); }) c.be.set_staging_depth(c.o.steps_ahead);
-    Up* up = this->up_address();
-    if constexpr (resumable) {  // the position before the first step, for a save() then
-      pipeline_state before;
-      state_writer w(before);
-      up->save(w);
-      p_.set_position(std::move(before));
-    }
     auto make = [sh = s_.get(), pull = this->upstream_puller()]() mutable {
       return observe::observed_next(sh->stager_stats, name, [&] { return make_next(*sh, pull); });
     };
     // Counted only once its thread runs: a thread that could not be made is thrown by this
     // next(), and the next one tries again instead of waiting on an empty queue.
-    if constexpr (resumable)
-      p_.start(c.o.steps_ahead, c.o.steps_ahead / 2, names, &this->stats(), &c.stager_stats, std::move(make),
-               [up](pipeline_state& st) {
-                 state_writer w(st);
-                 up->save(w);
-               });
-    else
-      p_.start(c.o.steps_ahead, c.o.steps_ahead / 2, names, &this->stats(), &c.stager_stats, std::move(make),
-               nullptr);
+    p_.start(c.o.steps_ahead, c.o.steps_ahead / 2, names, &this->stats(), &c.stager_stats, std::move(make),
+             this->upstream_saver());
     started_ = true;
   }
 

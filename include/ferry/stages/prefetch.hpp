@@ -50,22 +50,8 @@ class prefetch_source : public threaded_stage<prefetch_source<Up>, Up> {
     return p_.take();
   }
   void start() {
-    Up* up = this->up_address();
-    if constexpr (resumable) {  // the position before the first element, for a save() then
-      pipeline_state before;
-      state_writer w(before);
-      up->save(w);
-      p_.set_position(std::move(before));
-    }
-    auto make = this->upstream_puller();
     observe::stage_counters* st = &this->stats();
-    if constexpr (resumable)
-      p_.start(depth_, depth_ - 1, names, st, st, std::move(make), [up](pipeline_state& s) {
-        state_writer w(s);
-        up->save(w);
-      });
-    else
-      p_.start(depth_, depth_ - 1, names, st, st, std::move(make), nullptr);
+    p_.start(depth_, depth_ - 1, names, st, st, this->upstream_puller(), this->upstream_saver());
     started_ = true;
   }
   void halt() noexcept { p_.halt(); }

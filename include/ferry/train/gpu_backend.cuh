@@ -38,6 +38,7 @@
 #include <thrust/system/cuda/execution_policy.h>
 
 #include "ferry/cuda/error.hpp"
+#include "ferry/cuda/stream_handle.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::train {
@@ -96,7 +97,7 @@ class gpu_backend {
   }
 
   int device() const { return dev_; }
-  void* stream() const { return stream_; }
+  cuda_stream stream() const { return stream_; }
 
   float* alloc(std::size_t n) {
     float* p = nullptr;

@@ -29,6 +29,8 @@
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/system/cpp/execution_policy.h>
 
+#include "ferry/cuda/stream_handle.hpp"
+
 namespace ferry::train {
 
 class host_backend {
@@ -86,7 +88,7 @@ class host_backend {
   void upload(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
   void download(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
   void sync() {}
-  void* stream() const { return nullptr; }
+  cuda_stream stream() const { return nullptr; }
 
   // OpenBLAS's own thread count (process-wide): 1 when replicas run on their own threads.
   static void set_blas_threads(int n) { openblas_set_num_threads(n); }

@@ -98,6 +98,7 @@
 
 #include "ferry/collective/communicator.hpp"
 #include "ferry/collective/thread_collective.hpp"
+#include "ferry/cuda/stream_handle.hpp"
 #include "ferry/error.hpp"
 #include "ferry/train/mlp.hpp"
 #include "ferry/train/optimizer.hpp"
@@ -130,7 +131,7 @@ struct trainer_options {
 // Where a replica runs: passed to the backend's constructor (-1 / null for host).
 struct replica_context {
   int device = -1;
-  void* stream = nullptr;
+  cuda_stream stream = nullptr;
 };
 
 // The replica inputs of a step as distribute() hands it out (field 0 the inputs as floats,
@@ -414,7 +415,7 @@ class mirrored_trainer {
   void check_streams(Step& step) {
     if constexpr (requires { step[0].stream(); reps_[0]->backend().stream(); })
       for (std::size_t r = 0; r < reps_.size(); ++r)
-        if (static_cast<void*>(step[r].stream()) != static_cast<void*>(reps_[r]->backend().stream()))
+        if (step[r].stream() != reps_[r]->backend().stream())
           throw config_error("mirrored_trainer: replica " + std::to_string(r) +
                              "'s slice is ready on another stream than the replica computes on; "
                              "distribute onto the trainer's streams (cuda::devices(ordinals, streams))");

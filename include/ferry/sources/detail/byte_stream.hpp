@@ -56,17 +56,9 @@
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "ferry/sources/compression.hpp"
 
 namespace ferry {
-
-// How a file is compressed. automatic: gzip/zlib when the name ends in ".gz", ".gzip" or
-// ".zlib", plain otherwise.
-enum class compression { automatic, none, gzip };
-
-// Which library inflates compressed files. automatic: the environment's FERRY_INFLATE
-// ("zlib" or "isal") when set, else ISA-L when ferry was built with it (FERRY_WITH_ISAL:
-// Meson defines it when Debian's libisal-dev is installed), else zlib.
-enum class inflate_engine { automatic, zlib, isal };
 
 namespace detail {
 

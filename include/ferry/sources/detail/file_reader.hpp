@@ -17,6 +17,7 @@
 #include "ferry/error.hpp"
 #include "ferry/sources/array_meta.hpp"
 #include "ferry/sources/detail/byte_stream.hpp"
+#include "ferry/sources/file_options.hpp"
 #include "ferry/sources/fixed_length.hpp"
 #include "ferry/sources/idx.hpp"
 #include "ferry/sources/npy.hpp"
@@ -25,45 +26,6 @@
 #include "ferry/sources/tfrecord.hpp"
 
 namespace ferry {
-
-using file_format = std::variant<tfrecord, npy, idx, fixed_length, text_lines>;
-
-enum class error_policy { raise, skip };
-
-// What a skip reports: the file, the offset where the bad record starts (in the
-// uncompressed stream for compressed files) and what was wrong.
-struct skipped_record {
-  std::string path;
-  std::uint64_t offset = 0;
-  std::string reason;
-  std::string message() const { return path + ": " + reason + " at offset " + std::to_string(offset); }
-};
-
-struct from_files_options {
-  // raise: the first bad record throws (format_error / io_error). skip: bad records are
-  // counted, reported to on_skip, and reading goes on (a bad TFRecord data CRC skips that
-  // record; anything that loses the framing skips the rest of that file, counted once).
-  error_policy on_error = error_policy::raise;
-  // Called for each skip; by default a line on stderr. Runs on the thread reading the
-  // file (a worker of interleave when it has workers): make it thread-safe there.
-  std::function<void(const skipped_record&)> on_skip = nullptr;
-  std::size_t chunk_bytes = 1 << 20;               // size of each read buffer
-  std::size_t read_ahead = 4;                      // chunks filled ahead by I/O threads (0: none)
-  std::size_t read_threads = 2;                    // I/O threads filling them (at most read_ahead)
-  std::uint64_t max_record_bytes = 1ull << 30;     // largest record of a compressed stream,
-                                                   // and of any fixed_length record + footer
-  compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib
-  // Which library inflates them: ISA-L when ferry was built with it, else zlib, unless
-  // the environment's FERRY_INFLATE says zlib or isal (byte_stream.hpp). from_files
-  // throws config_error for isal without ISA-L, and for another FERRY_INFLATE.
-  inflate_engine inflater = inflate_engine::automatic;
-  // A new order of the files every epoch (tf.data's list_files(shuffle=True)): a
-  // permutation seeded from (shuffle_seed, epoch), where rewind() starts the next epoch.
-  // After shard(n, i), this shard's files are permuted: a rank keeps its files. Records
-  // keep their order within a file; mix them with interleave and shuffle.
-  bool shuffle_files = false;
-  std::uint64_t shuffle_seed = 0;
-};
 
 namespace detail {
 
