@@ -433,7 +433,34 @@ class stage_base : public source_interface<Derived> {
   bool live_ = true;
 };
 
+template <class... A>
+struct first_is_source : std::false_type {};
+template <class A0, class... A>
+struct first_is_source<A0, A...> : std::bool_constant<source<A0>> {};
+
 }  // namespace detail
+
+// The callable a stage is used through (`inline constexpr take_t take{};`): take(src, n)
+// builds the stage, take(n) returns a closure for `src | take(n)`. A stage's `_t` derives
+// from stage_adaptor<itself> and writes two static members: check(args...), which refuses
+// bad arguments (config_error) and whose parameters are what the closure form accepts, and
+// make(src, args...), which checks them too and builds the stage. Bad arguments throw where
+// they are written, in either form. The closure holds copies of the arguments.
+template <class Derived>
+struct stage_adaptor {
+  template <source S, class... A>
+    requires requires(S&& s, A&&... a) { Derived::make(std::forward<S>(s), std::forward<A>(a)...); }
+  auto operator()(S&& s, A&&... a) const {
+    detail::require_rvalue_source<S>();
+    return Derived::make(std::forward<S>(s), std::forward<A>(a)...);
+  }
+  template <class... A>
+    requires(!detail::first_is_source<A...>::value) && requires(const A&... a) { Derived::check(a...); }
+  auto operator()(A... a) const {
+    Derived::check(a...);
+    return make_closure([... a = std::move(a)]<class S>(S&& s) { return Derived{}(std::forward<S>(s), a...); });
+  }
+};
 
 // One upstream, kept in the stage object: stages that run on the caller's thread.
 template <class Derived, source Up, class Value = value_t<Up>>

@@ -450,6 +450,8 @@ inline void check_batch_args(std::size_t n) {
 
 }  // namespace detail
 
+// Not a stage_adaptor: its options are a braced list (batch(256, {.drop_remainder = true})),
+// which a template parameter pack cannot take.
 struct batch_t {
   template <source S>
   auto operator()(S&& s, std::size_t n, batch_options o = {}) const {

@@ -59,16 +59,15 @@ class filter_source : public stage<filter_source<Up, P>, Up> {
 
 }  // namespace detail
 
-struct filter_t {
-  template <source S, class P>
-    requires std::predicate<P&, const value_t<S>&>
-  auto operator()(S&& s, P p) const {
-    detail::require_rvalue_source<S>();
-    return detail::filter_source<std::remove_cvref_t<S>, P>(std::forward<S>(s), std::move(p));
-  }
+struct filter_t : stage_adaptor<filter_t> {
   template <class P>
-  auto operator()(P p) const {
-    return make_closure([p]<class S>(S&& s) { return filter_t{}(std::forward<S>(s), p); });
+  static void check(const P&) {}
+  template <source S, class P>
+  static auto make(S&& s, P p) {
+    static_assert(std::predicate<P&, const value_t<S>&>,
+                  "ferry::filter: the predicate must be callable as pred(const E&) -> bool, E being the "
+                  "upstream's element type (ferry::value_t<decltype(src)>)");
+    return detail::filter_source<std::remove_cvref_t<S>, P>(std::forward<S>(s), std::move(p));
   }
 };
 inline constexpr filter_t filter{};

@@ -365,16 +365,12 @@ class flat_map_source
 
 }  // namespace detail
 
-struct flat_map_t {
-  template <source S, class F>
-  auto operator()(S&& s, F fn) const {
-    detail::require_rvalue_source<S>();
-    return detail::flat_map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn));
-  }
+struct flat_map_t : stage_adaptor<flat_map_t> {
   template <class F>
-    requires(!source<F>)
-  auto operator()(F fn) const {
-    return make_closure([fn]<class S>(S&& s) { return flat_map_t{}(std::forward<S>(s), fn); });
+  static void check(const F&) {}
+  template <source S, class F>
+  static auto make(S&& s, F fn) {
+    return detail::flat_map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn));
   }
 };
 inline constexpr flat_map_t flat_map{};

@@ -279,11 +279,15 @@ inline void check_map_args(const map_options& o) {
 
 }  // namespace detail
 
+// Not a stage_adaptor: its options are a braced list (map(f, {.workers = 4})), which a
+// template parameter pack cannot take.
 struct map_t {
   template <source S, class F>
-    requires std::invocable<F&, value_t<S>&&>
   auto operator()(S&& s, F fn, map_options o = {}) const {
     detail::require_rvalue_source<S>();
+    static_assert(std::invocable<F&, value_t<S>&&>,
+                  "ferry::map: the function must be callable with the upstream's element, E&& (take it "
+                  "as E, const E& or E&&), E being ferry::value_t<decltype(src)>");
     detail::check_map_args(o);
     return detail::map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), o);
   }

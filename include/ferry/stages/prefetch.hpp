@@ -78,22 +78,15 @@ class prefetch_source : public threaded_stage<prefetch_source<Up>, Up> {
 
 }  // namespace detail
 
-struct prefetch_t {
-  template <source S>
-  auto operator()(S&& s, std::size_t depth) const {
-    detail::require_rvalue_source<S>();
-    check(depth);
-    return detail::prefetch_source<std::remove_cvref_t<S>>(std::forward<S>(s), depth);
-  }
-  auto operator()(std::size_t depth) const {
-    check(depth);
-    return make_closure([depth]<class S>(S&& s) { return prefetch_t{}(std::forward<S>(s), depth); });
-  }
-
- private:
+struct prefetch_t : stage_adaptor<prefetch_t> {
   static void check(std::size_t depth) {
     if (depth == 0)
       throw config_error("prefetch: depth must be at least 1 (got 0); drop the stage to run inline");
+  }
+  template <source S>
+  static auto make(S&& s, std::size_t depth) {
+    check(depth);
+    return detail::prefetch_source<std::remove_cvref_t<S>>(std::forward<S>(s), depth);
   }
 };
 inline constexpr prefetch_t prefetch{};

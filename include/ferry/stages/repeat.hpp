@@ -85,19 +85,15 @@ class repeat_source : public stage<repeat_source<Up>, Up> {
 
 }  // namespace detail
 
-struct repeat_t {
+struct repeat_t : stage_adaptor<repeat_t> {
   static constexpr std::uint64_t forever = std::numeric_limits<std::uint64_t>::max();
-
+  static void check(std::uint64_t = forever) {}
   template <source S>
-  auto operator()(S&& s, std::uint64_t n = forever) const {
-    detail::require_rvalue_source<S>();
+  static auto make(S&& s, std::uint64_t n = forever) {
     static_assert(rewindable_source<S>,
                   "ferry::repeat: the upstream must be rewindable (have rewind()) to be "
                   "played again; every ferry source and stage is");
     return detail::repeat_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
-  }
-  auto operator()(std::uint64_t n = forever) const {
-    return make_closure([n]<class S>(S&& s) { return repeat_t{}(std::forward<S>(s), n); });
   }
 };
 inline constexpr repeat_t repeat{};

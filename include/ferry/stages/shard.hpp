@@ -65,45 +65,31 @@ class shard_source : public stage<shard_source<Up>, Up> {
   std::uint64_t k_ = 0;  // elements pulled from upstream this epoch
 };
 
-inline void check_shard_args(std::uint64_t count, std::uint64_t index) {
-  if (count == 0) throw config_error("shard: count must be at least 1 (got 0)");
-  if (index >= count)
-    throw config_error("shard: index must be in [0, count): got index " + std::to_string(index) +
-                       " with count " + std::to_string(count));
-}
-
 template <class S>
 concept file_shardable = requires(S&& s, std::uint64_t c) { std::move(s).shard_files(c, c); };
 
 }  // namespace detail
 
-struct shard_t {
+struct shard_t : stage_adaptor<shard_t> {
+  // Throws config_error for count == 0 or index >= count.
+  static void check(std::uint64_t count, std::uint64_t index, by_element_t = by_element_t{}) {
+    if (count == 0) throw config_error("shard: count must be at least 1 (got 0)");
+    if (index >= count)
+      throw config_error("shard: index must be in [0, count): got index " + std::to_string(index) +
+                         " with count " + std::to_string(count));
+  }
   template <source S>
-  auto operator()(S&& s, std::uint64_t count, std::uint64_t index) const {
-    detail::require_rvalue_source<S>();
-    detail::check_shard_args(count, index);
-    using U = std::remove_cvref_t<S>;
-    if constexpr (detail::file_shardable<U>)
+  static auto make(S&& s, std::uint64_t count, std::uint64_t index) {
+    check(count, index);
+    if constexpr (detail::file_shardable<std::remove_cvref_t<S>>)
       return std::move(s).shard_files(count, index);
     else
-      return detail::shard_source<U>(std::forward<S>(s), count, index);
+      return detail::shard_source<std::remove_cvref_t<S>>(std::forward<S>(s), count, index);
   }
   template <source S>
-  auto operator()(S&& s, std::uint64_t count, std::uint64_t index, by_element_t) const {
-    detail::require_rvalue_source<S>();
-    detail::check_shard_args(count, index);
+  static auto make(S&& s, std::uint64_t count, std::uint64_t index, by_element_t) {
+    check(count, index);
     return detail::shard_source<std::remove_cvref_t<S>>(std::forward<S>(s), count, index);
-  }
-  auto operator()(std::uint64_t count, std::uint64_t index) const {
-    detail::check_shard_args(count, index);
-    return make_closure(
-        [count, index]<class S>(S&& s) { return shard_t{}(std::forward<S>(s), count, index); });
-  }
-  auto operator()(std::uint64_t count, std::uint64_t index, by_element_t tag) const {
-    detail::check_shard_args(count, index);
-    return make_closure([count, index, tag]<class S>(S&& s) {
-      return shard_t{}(std::forward<S>(s), count, index, tag);
-    });
   }
 };
 inline constexpr shard_t shard{};

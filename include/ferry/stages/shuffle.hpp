@@ -163,23 +163,15 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
 
 }  // namespace detail
 
-struct shuffle_t {
-  template <source S>
-  auto operator()(S&& s, std::size_t buffer, std::uint64_t seed) const {
-    detail::require_rvalue_source<S>();
-    check(buffer);
-    return detail::shuffle_source<std::remove_cvref_t<S>>(std::forward<S>(s), buffer, seed);
-  }
-  auto operator()(std::size_t buffer, std::uint64_t seed) const {
-    check(buffer);
-    return make_closure(
-        [buffer, seed]<class S>(S&& s) { return shuffle_t{}(std::forward<S>(s), buffer, seed); });
-  }
-
- private:
-  static void check(std::size_t buffer) {
+struct shuffle_t : stage_adaptor<shuffle_t> {
+  static void check(std::size_t buffer, std::uint64_t /*seed*/) {
     if (buffer == 0)
       throw config_error("shuffle: the buffer must hold at least 1 element (got 0; 1 means no shuffling)");
+  }
+  template <source S>
+  static auto make(S&& s, std::size_t buffer, std::uint64_t seed) {
+    check(buffer, seed);
+    return detail::shuffle_source<std::remove_cvref_t<S>>(std::forward<S>(s), buffer, seed);
   }
 };
 inline constexpr shuffle_t shuffle{};

@@ -83,14 +83,11 @@ class skip_source : public stage<skip_source<Up>, Up> {
 
 }  // namespace detail
 
-struct skip_t {
+struct skip_t : stage_adaptor<skip_t> {
+  static void check(std::uint64_t) {}
   template <source S>
-  auto operator()(S&& s, std::uint64_t n) const {
-    detail::require_rvalue_source<S>();
+  static auto make(S&& s, std::uint64_t n) {
     return detail::skip_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
-  }
-  auto operator()(std::uint64_t n) const {
-    return make_closure([n]<class S>(S&& s) { return skip_t{}(std::forward<S>(s), n); });
   }
 };
 inline constexpr skip_t skip{};

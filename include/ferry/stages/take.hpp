@@ -90,14 +90,11 @@ class take_source : public stage<take_source<Up>, Up> {
 
 }  // namespace detail
 
-struct take_t {
+struct take_t : stage_adaptor<take_t> {
+  static void check(std::uint64_t) {}
   template <source S>
-  auto operator()(S&& s, std::uint64_t n) const {
-    detail::require_rvalue_source<S>();
+  static auto make(S&& s, std::uint64_t n) {
     return detail::take_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
-  }
-  auto operator()(std::uint64_t n) const {
-    return make_closure([n]<class S>(S&& s) { return take_t{}(std::forward<S>(s), n); });
   }
 };
 inline constexpr take_t take{};
