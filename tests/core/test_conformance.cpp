@@ -507,6 +507,58 @@ struct case_interleave {
   static std::vector<std::string> names() { return {"interleave"}; }
 };
 
+
+// tf.data's order: at its turn a slot takes up to `block` elements of its source; an empty
+// slot opens the next upstream element's source (an upstream error keeps the turn).
+template <std::size_t Workers>
+struct case_interleave_fn {
+  static constexpr const char* label = Workers ? "interleave(fn) with threads" : "interleave(fn)";
+  static constexpr std::size_t cycle = 3, block = 2;
+  static auto inner(u64 x) {
+    return ferry::from_generator(x % 4, [x](u64 j) { return x * 100 + j; });
+  }
+  static auto make(u64 bad) {
+    return gen(N, bad) | ferry::interleave([](u64 x) { return inner(x); },
+                                           {.workers = Workers, .block = block, .buffer = 3, .cycle = cycle});
+  }
+  static events oracle(u64 bad) {
+    const events input = gen_events(N, bad);
+    std::size_t next_in = 0, cur = 0, taken = 0;
+    std::vector<std::optional<events>> slots(cycle);
+    events out;
+    auto advance = [&] {
+      taken = 0;
+      cur = (cur + 1) % cycle;
+    };
+    for (;;) {
+      if (slots[cur]) {
+        if (!slots[cur]->empty()) {
+          out.push_back(slots[cur]->front());
+          slots[cur]->erase(slots[cur]->begin());
+          if (++taken >= block) advance();
+        } else {
+          slots[cur].reset();
+          advance();
+        }
+      } else if (next_in < input.size()) {
+        const ev& x = input[next_in++];
+        if (x.error) {
+          out.push_back(x);
+          continue;
+        }
+        events inner_events;
+        for (u64 j = 0; j < x.v[0] % 4; ++j) inner_events.push_back(val(x.v[0] * 100 + j));
+        slots[cur] = inner_events;
+      } else {
+        if (std::none_of(slots.begin(), slots.end(), [](const auto& o) { return o.has_value(); })) break;
+        advance();
+      }
+    }
+    return out;
+  }
+  static std::vector<std::string> names() { return {"from_generator", "interleave"}; }
+};
+
 // ---- the properties ----------------------------------------------------------------------
 
 template <class C>
@@ -653,7 +705,7 @@ void check_report() {
 // through a stage that keeps batches whole, so a short first batch is never taken for it.
 template <class Stage>
 void check_batch_size_reaches_distribute(const char* label, Stage stage) {
-  CAPTURE(label);
+  INFO("stage: " << label);
   auto p = gen(10) | ferry::batch(4) | stage;
   static_assert(ferry::sized_batches<decltype(p)>, "this stage keeps batches whole: it must say their size");
   CHECK(p.batch_size() == 4);
@@ -669,7 +721,7 @@ void check_batch_size_reaches_distribute(const char* label, Stage stage) {
 
 template <class C>
 void conform() {
-  CAPTURE(C::label);
+  INFO("case: " << C::label);
   ferry_test::watchdog w(120s, C::label);
   for (u64 bad : bad_indices(user_errors_case<C>())) {
     CAPTURE(bad);
@@ -693,7 +745,8 @@ TEST_CASE_TEMPLATE("conformance: every stage and source" * doctest::timeout(300)
                    case_from_range, case_from_generator, case_filter, case_take, case_skip, case_shard,
                    case_repeat, case_shuffle, case_map_inline, case_map_workers, case_map_unordered,
                    case_flat_map, case_batch, case_prefetch, case_cache, case_concatenate, case_zip,
-                   case_sample_from, case_distribute, case_from_files, case_interleave) {
+                   case_sample_from, case_distribute, case_from_files, case_interleave,
+                   case_interleave_fn<0>, case_interleave_fn<2>) {
   conform<C>();
 }
 

@@ -1,686 +1,391 @@
-// ferry/stages/interleave.hpp: interleave(cycle, {.workers, .block}) reads `cycle` files at
-// once and interleaves their records, `block` at a time from each, in a fixed order.
+// ferry/stages/interleave.hpp: interleave(fn, {.cycle, .block, .workers}) turns each
+// upstream element into a source with fn and hands out the elements of `cycle` of them at
+// once, `block` at a time from each, in a fixed order (tf.data's interleave); and its file
+// fast path, from_files(...) | interleave(cycle, {.workers, .block}).
 //
-//   from_files({"shards/*.tfrecord"}, ferry::tfrecord{}) | ferry::shard(n, i)
+//   ferry::from_range(shard_paths)
+//     | ferry::interleave([](const std::string& p) { return ferry::from_files({p}, ferry::tfrecord{}); },
+//                         {.cycle = 4, .block = 16, .workers = 4})
+//   ferry::from_files({"shards/*.tfrecord"}, ferry::tfrecord{}) | ferry::shard(n, i)
 //     | ferry::interleave(4, {.workers = 4, .block = 16}) | ferry::batch(256)
 //
-// Only directly after from_files (and shard): it reads the file list itself. Slot s of the
-// cycle reads files s, s + cycle, s + 2*cycle, ... back to back; the output takes `block`
-// records from slot 0, then slot 1, ..., skipping slots whose files are all read. The
-// order depends only on the files and (cycle, block), never on thread timing, so
-// save/restore is exact (the state is each slot's file, offset and record count). This
-// differs from tf.data, which hands a finished slot the next unread file: that order
-// would depend on which slot ends first.
+// Order (the fn form, tf.data's): slot s of the cycle holds one element's source; at slot
+// s's turn it takes up to `block` elements from it, then the turn moves to s + 1 (mod
+// cycle). A slot whose source ends passes its turn on and, at its next turn, takes the
+// next upstream element (fn(e)); once the upstream has ended, empty slots are skipped and
+// the epoch ends when every slot is empty. The order is a function of the elements alone,
+// never of thread timing.
+// Threads (fn form): with .workers > 0, each open slot's source runs on a thread of its own
+// (detail/producer.hpp), up to .buffer elements ahead of the consumer (.buffer is 1024 by
+// default: lower it for large elements); the upstream and fn run on the consumer's thread.
+// With .workers = 0 everything runs on the consumer's thread. The destructor, rewind() and
+// restore_state stop and join the slots' threads, each waiting for a next() of its source
+// in progress.
+// Errors (fn form): an upstream error, or fn throwing (element_error naming interleave and
+// the upstream element), reaches the consumer at that slot's turn, which it keeps; the
+// next call takes the upstream element after it. A slot source's error reaches the
+// consumer at its place in that source's elements, and the slot goes on after it.
+// Checkpoints (fn form; upstream and slot sources resumable): positions, not elements: the
+// upstream's position before the oldest open slot's element (an anchor), then each slot's
+// distance from it in upstream pulls and its source's own state, the turn and the count
+// taken in it. A restore re-reads the upstream from the anchor (fn called again for the
+// open slots only) and restores each slot's source: the upstream elements pulled since
+// the oldest open slot was opened (cheap when they are paths). Restoring another cycle or
+// block is refused.
+// Memory: `cycle` sources open at once (and their read-ahead); the anchor's words.
 //
-// Threads: with .workers = w > 0, w threads read ahead (slot s on thread s % w), each
-// slot buffering up to .buffer records (and about 4 read chunks of bytes) while the
-// consumer takes the run it collected before (so at most 2 x .buffer per slot). Records
-// pass between threads in runs, as views into the read chunks with one chunk reference
-// per chunk, not per record: one lock and at most one wake-up per run. batch() of records
-// takes them through next_borrowed, with no reference per record. When the consumer waits
-// on a slot, that slot's reader serves it first and publishes its run once it holds
-// .buffer / 2 records or 50 us have passed since the wait began, checked after each record
-// it reads: a consumer faster than its readers is not woken per record. So a record read
-// just before the reader blocks in read(2) (a pipe, a slow network file) waits for the
-// next record, and a reader blocked on one slot's file holds up its other slots: give
-// slow sources a reader each (.workers = cycle). With .workers = 0 everything runs on the
-// thread calling next(), which reads only the records it takes. on_skip runs on the
-// reading thread. Errors: as from_files (error_policy raise: the error reaches next() at
-// the record's place in the order, skip: counted in skipped()). Anything else thrown
-// while reading (on_skip throwing, std::bad_alloc) reaches next() the same way, never
-// std::terminate; the slot then goes on with its next file (or, after on_skip, its next
-// record); but when a reader cannot even queue what it read (std::bad_alloc), that slot
-// stops and every next() reaching it throws that error until rewind() or restore_state.
-// Epochs: rewind() starts the next one, and with from_files' shuffle_files the slots read
-// that epoch's order of files; the state holds the epoch. npy/IDX: every file's rows must
-// match those of the first file in the list (as given) whose header reads, as from_files
-// requires; a file that differs is a format_error naming it (offset 0) at its place in
-// the order, whatever the thread timing. The destructor and rewind() stop and join the threads, even
-// mid-epoch, once each has finished the record it is reading (a read(2) on a pipe waits
-// for its data). Throws config_error for cycle == 0 or block == 0.
+// The file fast path (directly after from_files, and shard): slot s of the cycle reads
+// files s, s + cycle, s + 2*cycle, ... back to back, with readers of its own that pass
+// records between threads in runs of views into the read chunks (one lock, one chunk
+// reference per chunk, not per record); batch() of records takes them through
+// next_borrowed. This order differs from the fn form's: a slot does not take the next
+// unread file when it ends, so its readers can read ahead across files.
+// stages/detail/interleave_files.hpp documents its threads, errors and checkpoints.
+//
+// Throws config_error for cycle == 0 or block == 0.
 #pragma once
 
 #include <algorithm>
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
+#include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
-#include <memory_resource>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/producer.hpp"
 #include "ferry/error.hpp"
-#include "ferry/observe/hooks.hpp"
 #include "ferry/stage.hpp"
-#include "ferry/sources/from_files.hpp"
+#include "ferry/stages/detail/interleave_files.hpp"
 
 namespace ferry {
 
 struct interleave_options {
-  std::size_t workers = 2;   // reading threads; 0 reads on the consumer's thread
-  std::size_t block = 1;     // records taken from a slot before moving to the next
-  std::size_t buffer = 1024; // records each slot may read ahead (workers > 0); bytes: about 4 chunks
+  std::size_t workers = 2;   // threads: fn form, one per open slot (0: none); files: readers
+  std::size_t block = 1;     // elements taken from a slot before the turn moves on
+  std::size_t buffer = 1024; // elements each slot may read ahead (workers > 0)
+  std::size_t cycle = 0;     // fn form: slots open at once (0: 4); the file form takes it positionally
 };
 
 namespace detail {
 
-template <class Up>
-class interleave_source : public stage<interleave_source<Up>, Up, record> {
-  using base = stage<interleave_source<Up>, Up, record>;
+template <class Up, class F>
+using interleave_inner_t = std::remove_cvref_t<std::invoke_result_t<F&, value_t<Up>&&>>;
+
+template <source Up, class F>
+class interleave_source
+    : public stage<interleave_source<Up, F>, Up, value_t<interleave_inner_t<Up, F>>> {
+  using S = interleave_inner_t<Up, F>;
+  static_assert(source<S>, "ferry::interleave: fn must return a source (a pipeline) for each upstream element");
+  using T = value_t<S>;
+  using base = stage<interleave_source<Up, F>, Up, T>;
   friend base;
-  struct pos {
-    std::uint64_t ord = 0;  // index into the slot's files
-    bool open = false;
-    std::uint64_t offset = 0, rec = 0;
-  };
-  // One record read ahead: a view into a chunk the run holds, its origin and the
-  // slot's position after it (what save() records once the consumer has taken it).
-  struct item {
-    std::span<const std::byte> bytes;
-    std::uint64_t offset;                // the record's frame in its file
-    std::uint64_t ord, after_offset, after_rec;
-    std::uint32_t head;                  // frame header bytes before the payload
-    std::uint32_t owner;                 // index into run::owners
-  };
-  // Records a slot's reader passes to the consumer at once: one reference per chunk, not
-  // per record, so no reference count moves between threads per record. What follows the
-  // records, if anything: an error at its place (`after` is the position past it), or
-  // the slot's end.
-  struct run {
-    std::vector<item> items;
-    std::vector<std::shared_ptr<chunk>> owners;
-    std::size_t taken = 0;  // consumer side
-    std::size_t bytes = 0;
-    std::exception_ptr err;
-    bool end = false;
-    pos after;
-    bool spent() const { return taken == items.size() && !err && !end; }
-    // Empties it for reuse (the vectors keep their capacity); keep_owner: holds on to the
-    // last chunk, which the next record most likely shares.
-    void clear(bool keep_owner = false) {
-      items.clear();
-      if (keep_owner && owners.size() > 1) owners.erase(owners.begin(), owners.end() - 1);
-      else if (!keep_owner) owners.clear();
-      taken = bytes = 0;
-      err = nullptr;
-      end = false;
-    }
-  };
+  static constexpr bool resumable = resumable_source<Up> && resumable_source<S>;
+
+  // One open slot. The source lives at a fixed address: its thread (if any) pulls it.
   struct slot {
-    std::vector<std::string> files;
-    std::unique_ptr<file_reader> reader;
-    pos at;                       // producer's position
-    std::optional<pos> pending;   // a restored position to seek to
-    bool producing_done = false;  // producer reached the end
-    std::deque<run> q;            // published by the slot's reader, under m_
-    std::size_t q_items = 0, q_bytes = 0;
-    std::deque<run> local;        // consumer side: the runs taken from q at once
-    std::vector<run> spent;       // consumer side: emptied runs, back to free at the next take
-    std::vector<run> free;        // under m_: emptied runs a reader reuses (no allocation)
-    run own;                      // workers = 0: the one run, reused
-    bool active = true;           // consumer side: not yet ended
-    pos consumed;                 // consumer side: after the last record taken
-    std::uint64_t skipped = 0;
-    std::exception_ptr broken;    // a worker could not queue a run (std::bad_alloc)
+    explicit slot(S s) : src(std::move(s)) {}
+    S src;
+    producer<T> p;  // declared after src: its thread stops before src goes
+    std::uint64_t distance = 0;  // upstream pulls from the anchor to this slot's element
+    pipeline_state anchor;       // the upstream's words before this slot's element was pulled
+    pipeline_state restored;     // a restored position, for the first pull (workers)
   };
 
  public:
   static constexpr char name[] = "interleave";
+  static constexpr bool changes_batch_size = true;  // elements come from other sources
+  static constexpr bool cannot_save = !resumable;
 
-  interleave_source(Up up, std::size_t cycle, interleave_options o)
-      : base(std::move(up)), cycle_(cycle), o_(o),
-        pool_(std::make_shared<chunk_pool>(std::max<std::size_t>(this->up().options().chunk_bytes, 64))) {
-    reset_slots();
-  }
-  // The readers hold `this`: they stop before the move (and start again at the next pull).
-  interleave_source(interleave_source&& other) noexcept(false)
-      : base((other.stop_threads(), std::move(other))), cycle_(other.cycle_), o_(other.o_), pool_(other.pool_) {
-    slots_ = std::move(other.slots_);
-    layout_ = std::move(other.layout_);
-    layout_known_ = other.layout_known_;
-    cur_ = other.cur_;
-    in_block_ = other.in_block_;
-  }
-  interleave_source& operator=(interleave_source&&) = delete;
-  ~interleave_source() { stop_threads(); }
-
-  // from_files only lists the files here; interleave does the reading itself, so its row
-  // stands for both.
-  void visit_stages(observe::stage_visitor& v) const {
-    if (!this->live()) return;
-    if (o_.workers == 0)
-      v.add(name, this->stats(), observe::stage_mode::source_stage, 1);
-    else
-      v.add(name, this->stats(), observe::stage_mode::threaded_stage,
-            std::min(o_.workers, std::max<std::size_t>(slots_.size(), 1)));
-  }
+  interleave_source(Up up, F fn, interleave_options o)
+      : base(std::move(up)), fn_(std::move(fn)), o_(o), slots_(o.cycle) {}
 
  private:
-  std::optional<record> pull() { return next_impl(); }
-  // The borrowing_source fast path (source.hpp), which batch() of records takes: the next
-  // records as views, each chunk's reference taken once, not once per record. Throws as
-  // next() does; the records appended before a throw stay in `out`.
-  std::size_t pull_borrowed(borrowed_records& out, std::size_t max) { return borrow(out, max); }
-
-  std::optional<record> next_impl() {
-    std::optional<record> out;
-    step(1, [&](run& r, std::size_t) {
-      const item& it = r.items[r.taken];
-      const std::shared_ptr<chunk>& c = r.owners[it.owner];
-      out.emplace(std::shared_ptr<const std::byte>(c, it.bytes.data()), it.bytes.size(), c->file.get(), it.offset,
-                  it.head);
-      return std::size_t(1);
-    });
-    return out;
-  }
-  std::size_t borrow(borrowed_records& out, std::size_t max) {
-    std::size_t n = 0;
-    while (n < max) {
-      const std::size_t k = step(max - n, [&](run& r, std::size_t want) {
-        const std::size_t end = r.taken + want;
-        out.views.reserve(out.views.size() + want);  // no throw below: each record is handed out once
-        out.owners.reserve(out.owners.size() + want);
-        for (std::size_t i = r.taken; i < end; ++i) out.add(r.owners[r.items[i].owner], r.items[i].bytes);
-        return want;
-      });
-      if (k == 0) break;
-      n += k;
-    }
-    return n;
-  }
-  // Takes up to `max` records of the current turn (at least one, unless the epoch has
-  // ended: then 0) through take(run, count), which hands them out and returns how many it
-  // did; moves the turn on after `block`. An error in the slot's order is thrown here.
-  template <class Take>
-  std::size_t step(std::size_t max, const Take& take) {
-    if (o_.workers > 0 && threads_.empty() && !all_done()) start_threads();
+  std::optional<T> pull() {
+    if (replay_) replay();
     for (;;) {
-      if (all_done()) return 0;
-      slot& s = slots_[cur_];
-      run& r = front(cur_, std::min(max, o_.block - in_block_));
-      if (r.taken < r.items.size()) {
-        const std::size_t k = take(r, std::min({max, o_.block - in_block_, r.items.size() - r.taken}));
-        r.taken += k;
-        const item& last = r.items[r.taken - 1];
-        s.consumed = pos{last.ord, true, last.after_offset, last.after_rec};
-        if (r.spent()) pop(s);
-        if ((in_block_ += k) >= o_.block) advance();
-        return k;
-      }
-      if (r.end) {
-        pop(s);
-        s.active = false;
+      std::unique_ptr<slot>& s = slots_[cur_];
+      if (s) {
+        std::optional<T> e = o_.workers ? take(*s) : s->src.next();  // an error keeps the turn
+        if (e) {
+          if (++in_block_ >= o_.block) advance();
+          return e;
+        }
+        s.reset();  // ended: the turn moves on; the next turn here opens a new one
         advance();
-        continue;
+      } else if (!up_ended_) {
+        open(cur_);  // an upstream error or fn's keeps the turn
+      } else {
+        if (std::none_of(slots_.begin(), slots_.end(), [](const auto& x) { return bool(x); })) return std::nullopt;
+        advance();
       }
-      s.consumed = r.after;
-      std::exception_ptr e = std::move(r.err);
-      pop(s);
-      std::rethrow_exception(e);  // takes no turn: the order matches skip's
     }
   }
 
- private:
-  // rewind(): stop the readers; then from_files starts its next epoch (with shuffle_files,
-  // the slots read its new order of files).
-  void halt() noexcept { stop_threads(); }
-  void start_epoch() { reset_slots(); }
-
-  // The checkpoint: from_files' own (its epoch and file list) first, as for any stage,
-  // then the turn and each slot's file, offset and record count.
-  template <class F>
-  void config(F&& f) const {
-    f("cycle", cycle_);
-    f("block", o_.block);
-  }
-  void save_words(state_writer& w) const {
-    w.put(cur_);
-    w.put(in_block_);
-    for (const slot& s : slots_) {
-      w.put(s.active);
-      w.put(s.consumed.ord);
-      w.put(s.consumed.open);
-      w.put(s.consumed.offset);
-      w.put(s.consumed.rec);
-    }
-  }
-  void before_restore() noexcept { stop_threads(); }
-  // Throws config_error for a damaged state (a slot past its files, a bad turn).
-  void restore_words(state_reader& r) {
-    reset_slots();  // from_files is at the saved epoch: its order of files
-    // Read and check everything before taking any of it: a refused state leaves the stage
-    // at the start of the epoch, as reset_slots() made it, never half restored.
-    const std::uint64_t cur = r.get(), in_block = r.get();
-    if ((cur >= slots_.size() && !slots_.empty()) || in_block >= o_.block)
-      throw config_error("restore_state: interleave: bad slot or turn");
-    std::vector<std::pair<bool, pos>> got(slots_.size());
-    for (std::size_t j = 0; j < slots_.size(); ++j) {
-      const std::uint64_t active = r.get();
-      got[j].first = active != 0;
-      pos& p = got[j].second;
-      p.ord = r.get();
-      const std::uint64_t open = r.get();
-      p.open = open != 0;
-      p.offset = r.get();
-      p.rec = r.get();
-      if (p.ord > slots_[j].files.size() || active > 1 || open > 1 || (p.open && p.ord >= slots_[j].files.size()))
-        throw config_error("restore_state: interleave: slot " + std::to_string(j) + " is at file " +
-                           std::to_string(p.ord) + " of " + std::to_string(slots_[j].files.size()));
-    }
-    // The turn is always an active slot's, until every slot has ended (advance()).
-    bool any_active = false;
-    for (const auto& g : got) any_active = any_active || g.first;
-    if (any_active && !got[cur].first) throw config_error("restore_state: interleave: bad slot or turn");
-    cur_ = static_cast<std::size_t>(cur);
-    in_block_ = static_cast<std::size_t>(in_block);
-    for (std::size_t j = 0; j < slots_.size(); ++j) {
-      slot& s = slots_[j];
-      const pos& p = got[j].second;
-      s.active = got[j].first;
-      s.consumed = s.at = p;
-      s.producing_done = !s.active;
-      if (p.open) s.pending = p;
-    }
-  }
-
- public:
-  // Records skipped under error_policy::skip (counted when read, possibly ahead).
-  std::uint64_t skipped() const {
-    std::lock_guard lk(m_);
-    std::uint64_t n = 0;
-    for (const slot& s : slots_) n += s.skipped;
-    return n;
-  }
-  const std::vector<std::string>& files() const { return this->up().files(); }
-
- private:
-  bool all_done() const {
-    for (const slot& s : slots_)
-      if (s.active) return false;
-    return true;
-  }
   void advance() {
     in_block_ = 0;
-    for (std::size_t k = 1; k <= slots_.size(); ++k) {
-      const std::size_t c = (cur_ + k) % slots_.size();
-      if (slots_[c].active) {
-        cur_ = c;
-        return;
-      }
-    }
-  }
-  void reset_slots() {
-    slots_.clear();
-    const auto& files = this->up().files();
-    const std::size_t n = std::min(cycle_, files.size());
-    slots_.resize(n);
-    for (std::size_t j = 0; j < files.size(); ++j) slots_[j % n].files.push_back(files[j]);
-    for (slot& s : slots_) s.reader = std::make_unique<file_reader>(this->up().format(), this->up().options(), pool_);
-    cur_ = 0;
-    in_block_ = 0;
+    cur_ = (cur_ + 1) % slots_.size();
   }
 
-  // Reads slot s's next records into r (no lock held: only one thread produces for a
-  // slot) until it holds max_items records or max_bytes bytes, or enough() says so after a
-  // record; or until what follows ends it: the slot's end, or an error at its place.
-  // Whatever reading throws becomes such an error.
-  template <class Enough>
-  void produce(slot& s, run& r, std::size_t max_items, std::size_t max_bytes, const Enough& enough) {
-    const from_files_options& opt = this->up().options();
-    file_reader& rd = *s.reader;
-    for (;;) {
-      if (!rd.is_open()) {
-        if (s.at.ord >= s.files.size()) {
-          r.end = true;
-          r.after = s.at;
-          return;
-        }
-        try {
-          std::optional<array_meta> first = layout();
-          rd.open(s.files[s.at.ord], first);
-          if (s.pending) rd.seek(s.pending->offset, s.pending->rec);
-          s.pending.reset();
-        } catch (...) {
-          rd.close();  // seek may have thrown with the file open
-          s.pending.reset();
-          s.at = pos{s.at.ord + 1, false, 0, 0};
-          if (failed(s, r, std::current_exception())) return;
-          continue;
-        }
+  // The next upstream element's source into slot i (nothing at the upstream's end).
+  void open(std::size_t i) {
+    pipeline_state before;
+    if constexpr (resumable) {
+      state_writer w(before);
+      this->up().save(w);
+    }
+    const std::uint64_t k = pulls_++;  // an upstream error counts: it holds its place
+    std::optional<value_t<Up>> e = this->pull_up();
+    if (!e) {
+      --pulls_;
+      up_ended_ = true;
+      return;
+    }
+    std::unique_ptr<slot> s;
+    try {
+      s = std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
+    } catch (...) {
+      rethrow_element(std::current_exception(), name, k);
+    }
+    s->distance = k;
+    s->anchor = std::move(before);
+    slots_[i] = std::move(s);
+  }
+
+  // workers > 0: the slot's elements come from its thread.
+  std::optional<T> take(slot& s) {
+    if (!s.p.started()) {
+      if constexpr (resumable) {
+        s.p.start(o_.buffer, o_.buffer - 1, names, &this->stats(), &this->stats(), [src = &s.src] { return src->next(); },
+                  [src = &s.src](pipeline_state& st) {
+                    st.words.clear();
+                    state_writer w(st);
+                    src->save(w);
+                  });
+      } else {
+        s.p.start(o_.buffer, o_.buffer - 1, names, &this->stats(), &this->stats(), [src = &s.src] { return src->next(); },
+                  nullptr);
       }
-      skipped_record bad;
-      frame_status st;
+    }
+    return s.p.take();
+  }
+
+  void halt() noexcept {
+    for (auto& s : slots_)
+      if (s) s->p.halt();
+  }
+  void start_epoch() {
+    for (auto& s : slots_) s.reset();
+    cur_ = in_block_ = 0;
+    pulls_ = 0;
+    up_ended_ = replay_ = false;
+  }
+  observe::stage_mode report_mode() const {
+    return o_.workers ? observe::stage_mode::threaded_stage : observe::stage_mode::inline_stage;
+  }
+  std::size_t report_threads() const { return o_.workers ? slots_.size() : 1; }
+
+  template <class G>
+  void config(G&& g) const {
+    g("cycle", slots_.size());
+    g("block", o_.block);
+  }
+  // The anchor: the upstream before the oldest open slot's element (or where it is now).
+  const slot* oldest() const {
+    const slot* o = nullptr;
+    for (const auto& s : slots_)
+      if (s && (!o || s->distance < o->distance)) o = s.get();
+    return o;
+  }
+  void save_upstream(state_writer& w) const {
+    if (replay_) return w.put_words(replay_anchor_.words);  // restored, not yet replayed
+    if (const slot* o = oldest())
+      w.put_words(o->anchor.words);
+    else
+      this->up().save(w);
+  }
+  // The turn, then per slot: open?, its distance from the anchor, its source's words
+  // (count first); then the upstream pulls from the anchor to now, and whether it ended.
+  void save_words(state_writer& w) const {
+    if (replay_) return w.put_words(replay_words_.words);
+    const slot* o = oldest();
+    const std::uint64_t base_k = o ? o->distance : pulls_;
+    w.put(cur_);
+    w.put(in_block_);
+    for (const auto& s : slots_) {
+      w.put(s ? 1 : 0);
+      if (!s) continue;
+      w.put(s->distance - base_k);
+      pipeline_state st;
+      if (o_.workers && s->p.started()) {
+        if (std::string e = s->p.save_error(); !e.empty()) throw config_error(e);
+        st = s->p.position();
+      } else {
+        state_writer sw(st);
+        s->src.save(sw);
+      }
+      w.put(st.words.size());
+      w.put_words(st.words);
+    }
+    w.put(pulls_ - base_k);
+    w.put(up_ended_ ? 1 : 0);
+  }
+  void before_restore() noexcept {
+    halt();
+    start_epoch();
+  }
+  // Reads and checks the slot table; the first pull replays it (replay()).
+  void restore_words(state_reader& r) {
+    pipeline_state words;
+    state_writer w(words);
+    const std::uint64_t cur = r.get(), in_block = r.get();
+    if (cur >= slots_.size() || in_block >= o_.block)
+      throw config_error("restore_state: interleave: a damaged state (turn " + std::to_string(cur) + ", " +
+                         std::to_string(in_block) + " taken)");
+    w.put(cur);
+    w.put(in_block);
+    std::uint64_t last = 0;
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      const std::uint64_t open = r.get();
+      if (open > 1) throw config_error("restore_state: interleave: a damaged state (slot " + std::to_string(i) + ")");
+      w.put(open);
+      if (!open) continue;
+      const std::uint64_t dist = r.get(), n = r.get();
+      if (n > (std::uint64_t(1) << 20))
+        throw config_error("restore_state: interleave: a damaged state (slot " + std::to_string(i) + ": " +
+                           std::to_string(n) + " words)");
+      w.put(dist);
+      w.put(n);
+      for (std::uint64_t j = 0; j < n; ++j) w.put(r.get());
+      last = std::max(last, dist + 1);
+    }
+    const std::uint64_t since = r.get(), ended = r.get();
+    if (since < last || ended > 1)
+      throw config_error("restore_state: interleave: a damaged state (" + std::to_string(since) +
+                         " upstream pulls since the anchor)");
+    w.put(since);
+    w.put(ended);
+    replay_words_ = std::move(words);
+    replay_anchor_.words.clear();
+    if constexpr (resumable_source<Up>) {
+      state_writer aw(replay_anchor_);
+      this->up().save(aw);
+    }
+    replay_ = true;
+  }
+
+  // After restore: the upstream sits at the anchor. Pull to where it was (swallowing the
+  // errors among those pulls: the consumer had them), opening each saved slot's source
+  // from its element again and restoring its position.
+  void replay() {
+    replay_ = false;
+    state_reader r(replay_words_);
+    cur_ = static_cast<std::size_t>(r.get());
+    in_block_ = static_cast<std::size_t>(r.get());
+    struct saved {
+      std::size_t slot;
+      std::uint64_t dist;
+      pipeline_state st;
+    };
+    std::vector<saved> want;
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (!r.get()) continue;
+      saved s{i, r.get(), {}};
+      const std::uint64_t n = r.get();
+      for (std::uint64_t j = 0; j < n; ++j) s.st.words.push_back(r.get());
+      want.push_back(std::move(s));
+    }
+    const std::uint64_t since = r.get();
+    const bool ended = r.get() != 0;
+    for (std::uint64_t k = 0; k < since; ++k) {
+      pipeline_state before;
+      if constexpr (resumable) {
+        state_writer w(before);
+        this->up().save(w);
+      }
+      std::optional<value_t<Up>> e;
       try {
-        st = rd.next_with(bad, [&](const std::shared_ptr<chunk>& c, std::span<const std::byte> bytes,
-                                   std::uint64_t offset, std::uint32_t head) {
-          if (r.owners.empty() || r.owners.back() != c) r.owners.push_back(c);
-          r.items.push_back(item{bytes, offset, s.at.ord, 0, 0, head, static_cast<std::uint32_t>(r.owners.size() - 1)});
-        });
+        e = this->pull_up();
       } catch (...) {
-        // The framing is lost (or, for anything but a ferry error, cannot be trusted):
-        // the rest of this file is, as in from_files.
-        rd.close();
-        s.at = pos{s.at.ord + 1, false, 0, 0};
-        if (failed(s, r, std::current_exception())) return;
-        continue;
+        continue;  // handed out before the save
       }
-      if (st == frame_status::end) {
-        rd.close();
-        s.at = pos{s.at.ord + 1, false, 0, 0};
-        continue;
-      }
-      s.at = pos{s.at.ord, true, rd.offset(), rd.records()};
-      if (st == frame_status::record) {
-        item& it = r.items.back();
-        it.after_offset = s.at.offset;
-        it.after_rec = s.at.rec;
-        r.bytes += it.bytes.size();
-        if (r.items.size() >= max_items || r.bytes >= max_bytes || enough()) return;
-        continue;
-      }
-      if (opt.on_error == error_policy::raise) {
-        r.err = std::make_exception_ptr(format_error(bad.path, bad.offset, bad.reason));
-        r.after = s.at;
-        return;
-      }
-      if (note_skip(s, r, bad)) return;
+      if (!e) throw config_error("restore_state: interleave: the upstream ended before the state's position");
+      for (saved& s : want)
+        if (s.dist == k) {
+          auto sl = std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
+          if constexpr (resumable) restore_state(sl->src, s.st);
+          sl->distance = k;
+          sl->anchor = std::move(before);
+          slots_[s.slot] = std::move(sl);
+          break;
+        }
     }
-  }
-  // An exception at s's place (s.at already past it): true when it ends the run, false
-  // when it is a ferry error skipped under error_policy::skip.
-  bool failed(slot& s, run& r, std::exception_ptr err) {
-    if (this->up().options().on_error == error_policy::skip) {
-      try {
-        std::rethrow_exception(err);
-      } catch (const ferry::error& e) {
-        return note_skip(s, r, describe(e));
-      } catch (...) {  // not a format or I/O error: never skipped, as in from_files
-      }
-    }
-    r.err = std::move(err);
-    r.after = s.at;
-    return true;
-  }
-  // Counts the skip, then reports it; on_skip throwing ends the run with that exception
-  // (true; the skip stays counted and reading goes on after it).
-  bool note_skip(slot& s, run& r, const skipped_record& bad) {
-    {
-      std::lock_guard lk(m_);
-      ++s.skipped;
-    }
-    try {
-      log_skip(this->up().options(), bad);
-    } catch (...) {
-      r.err = std::current_exception();
-      r.after = s.at;
-      return true;
-    }
-    return false;
-  }
-  // npy/IDX: the row layout every file must match (from_files::reference_layout): taken
-  // from the list, not from whichever slot opens a file first, so the file refused never
-  // depends on thread timing. Probed once, by the first reader to need it.
-  std::optional<array_meta> layout() {
-    std::lock_guard lk(layout_m_);
-    if (!layout_known_) {
-      layout_ = this->up().reference_layout();
-      layout_known_ = true;
-    }
-    return layout_;
+    pulls_ = since;
+    up_ended_ = ended;
   }
 
-  // Slot i's current run, with a record or what follows them left in it: the run taken
-  // before, or else everything its reader has published, at once (one lock, one wake-up
-  // of the readers if one waits for room). With workers = 0, reads here the `want`
-  // records the turn takes now (no further: a slow pipe must not delay them).
-  run& front(std::size_t i, std::size_t want) {
-    slot& s = slots_[i];
-    if (o_.workers == 0) {
-      if (s.own.taken == s.own.items.size() && !s.own.err && !s.own.end) {
-        s.own.clear(/*keep_owner=*/true);
-        produce(s, s.own, want, std::size_t(-1), [] { return false; });
-      }
-      return s.own;
-    }
-    if (!s.local.empty()) return s.local.front();
-    std::unique_lock lk(m_);
-    try {
-      for (run& r : s.spent)
-        if (s.free.size() < 4) s.free.push_back(std::move(r));
-    } catch (...) {  // only recycling: dropping them instead is fine
-    }
-    s.spent.clear();
-    if (s.q.empty()) {  // the consumer waits for the readers
-      observe::wait_timer wt;
-      wt.start();
-      waiting_since_.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
-      waiting_for_.store(i, std::memory_order_release);  // after waiting_since_: its reader publishes soon
-      ++consumer_waiting_;
-      not_empty_.wait(lk, [&] { return !s.q.empty() || s.broken; });
-      --consumer_waiting_;
-      waiting_for_.store(no_slot, std::memory_order_relaxed);
-      wt.stop(this->stats().wait_up, "interleave: wait upstream");
-      if (s.q.empty()) std::rethrow_exception(s.broken);  // until rewind()
-    }
-    s.local.swap(s.q);  // s.local was empty: s.q is now
-    s.q_items = s.q_bytes = 0;
-    // Only slot i's reader can use the room: the others sleep on.
-    reader_wait& rw = readers_[i % threads_count_];
-    const bool wake = rw.waiting;
-    lk.unlock();
-    if (wake) rw.cv.notify_one();
-    return s.local.front();
-  }
-  // Drops slot s's current run; its chunk references go here, on the consumer's thread.
-  void pop(slot& s) {
-    if (o_.workers == 0) return;  // front() reads into it again
-    run& r = s.local.front();
-    r.clear();
-    try {
-      if (s.spent.size() < 4) s.spent.push_back(std::move(r));
-    } catch (...) {  // only recycling: dropping it instead is fine
-    }
-    s.local.pop_front();
-  }
-
-  bool has_room(const slot& s) const {
-    return !s.producing_done && !s.broken && s.q_items < std::max<std::size_t>(o_.buffer, 1) &&
-           (s.q.empty() || s.q_bytes < 4 * pool_->chunk_bytes());
-  }
-  // A reader reads a run of records for one slot (as many as its room allows) outside the
-  // lock, then publishes it under one lock with at most one wake-up. The run ends early
-  // at the slot's end, at an error, at stop, past the byte bound, or when the consumer
-  // waits on one of this reader's slots (so a slow file, a pipe, never holds back what is
-  // already read, nor another slot's turn).
-  void worker(std::size_t t) {
-    observe::name_this_thread("ferry interleave reader");
-    const std::size_t w = threads_count_;
-    const std::size_t cap = std::max<std::size_t>(o_.buffer, 1), byte_cap = 4 * pool_->chunk_bytes();
-    const std::size_t soon = std::max<std::size_t>(cap / 2, 1);
-    for (;;) {
-      std::size_t pick = slots_.size(), want = 0, bytes_left = 0;
-      run r;
-      {
-        std::unique_lock lk(m_);
-        auto room = [&] {
-          if (stop_.load(std::memory_order_relaxed)) return true;
-          for (std::size_t s = t; s < slots_.size(); s += w)
-            if (has_room(slots_[s])) return true;
-          return false;
-        };
-        if (!room()) {  // every slot of this reader is full: the consumer is slower
-          observe::wait_timer wt;
-          wt.start();
-          readers_[t].waiting = true;
-          readers_[t].cv.wait(lk, room);
-          readers_[t].waiting = false;
-          wt.stop(this->stats().wait_down, "interleave: wait downstream", /*shared=*/true);
-        }
-        if (stop_.load(std::memory_order_relaxed)) return;
-        // The slot the consumer waits on, else the one with the fewest buffered records:
-        // the consumer needs them in turn.
-        if (const std::size_t wf = waiting_for_.load(std::memory_order_relaxed);
-            wf != no_slot && wf % w == t && has_room(slots_[wf]))
-          pick = wf;
-        else
-          for (std::size_t s = t; s < slots_.size(); s += w)
-            if (has_room(slots_[s]) && (pick == slots_.size() || slots_[s].q_items < slots_[pick].q_items)) pick = s;
-        want = cap - slots_[pick].q_items;
-        bytes_left = byte_cap > slots_[pick].q_bytes ? byte_cap - slots_[pick].q_bytes : 1;
-        if (!slots_[pick].free.empty()) {
-          r = std::move(slots_[pick].free.back());
-          slots_[pick].free.pop_back();
-        }
-      }
-      slot& s = slots_[pick];
-      const bool timed = observe::on();
-      const observe::ticks t0 = timed ? observe::now() : 0;
-      try {
-        produce(s, r, want, bytes_left, [&] {
-          if (stop_.load(std::memory_order_relaxed)) return true;
-          const std::size_t wf = waiting_for_.load(std::memory_order_acquire);
-          if (wf == no_slot) return false;
-          // The consumer waits on another of this reader's slots: a slow file here must
-          // not hold it back.
-          if (wf != pick) return wf % w == t;
-          // It waits on this one: a run of `soon` records, or what was read by 50 us into
-          // its wait (a slow file, a pipe). Publishing each record at once would wake it
-          // per record when it is faster than the reader.
-          if (r.items.size() >= soon) return true;
-          const auto since = std::chrono::steady_clock::duration(waiting_since_.load(std::memory_order_relaxed));
-          return std::chrono::steady_clock::now().time_since_epoch() - since >= std::chrono::microseconds(50);
-        });
-      } catch (...) {  // holding what was read failed (std::bad_alloc): the consumer gets that
-        r.err = std::current_exception();
-        r.after = s.at;
-      }
-      if (timed) {
-        const observe::ticks t1 = observe::now();
-        this->stats().work.add_shared(t1 - t0);
-        if (observe::tracing()) observe::record("interleave: read", t0, t1);
-      }
-      bool wake;
-      {
-        std::lock_guard lk(m_);
-        try {
-          const std::size_t items = r.items.size(), bytes = r.bytes;
-          const bool end = r.end;
-          s.q.push_back(std::move(r));
-          s.q_items += items;
-          s.q_bytes += bytes;
-          if (end) s.producing_done = true;
-        } catch (...) {  // the run lost: the slot stops rather than skip it silently
-          s.broken = std::current_exception();
-        }
-        // The consumer has what it waited for: publish in full runs again until it next
-        // waits (it may take a while to be scheduled).
-        if (waiting_for_.load(std::memory_order_relaxed) == pick) waiting_for_.store(no_slot, std::memory_order_relaxed);
-        wake = consumer_waiting_ > 0;
-      }
-      if (wake) not_empty_.notify_all();
-    }
-  }
-  // Throws what allocating or starting a thread throws, with none left running (the next
-  // next() tries again).
-  void start_threads() {
-    const std::size_t n = std::min(o_.workers, slots_.size());
-    auto readers = std::make_unique<reader_wait[]>(n);
-    threads_.reserve(n);
-    stop_.store(false, std::memory_order_relaxed);
-    readers_ = std::move(readers);
-    threads_count_ = n;  // the readers index slots by it, and stop_threads() wakes that many
-    try {
-      for (std::size_t t = 0; t < n; ++t) threads_.emplace_back([this, t] { worker(t); });
-    } catch (...) {
-      stop_threads();
-      throw;
-    }
-  }
-  void stop_threads() noexcept {
-    {
-      std::lock_guard lk(m_);
-      stop_.store(true, std::memory_order_relaxed);
-    }
-    for (std::size_t t = 0; t < threads_count_; ++t) readers_[t].cv.notify_one();
-    for (auto& th : threads_) th.join();
-    threads_.clear();
-    // Entries read ahead are dropped; producers restart from the consumed positions.
-    for (slot& s : slots_) {
-      s.q.clear();
-      s.local.clear();
-      s.spent.clear();
-      s.free.clear();
-      s.own = run{};
-      s.q_items = s.q_bytes = 0;
-      s.broken = nullptr;
-      if (s.reader) s.reader->close();
-      s.at = s.consumed;
-      s.producing_done = !s.active;
-      if (s.consumed.open) s.pending = s.consumed;
-      else s.pending.reset();
-    }
-  }
-
-  std::size_t cycle_;
+  static constexpr producer_names names{"ferry interleave slot", "interleave: wait upstream",
+                                        "interleave: wait downstream"};
+  F fn_;
   interleave_options o_;
-  std::shared_ptr<chunk_pool> pool_;
-  std::vector<slot> slots_;
-  std::mutex layout_m_;
-  std::optional<array_meta> layout_;  // see layout()
-  bool layout_known_ = false;
+  std::vector<std::unique_ptr<slot>> slots_;
   std::size_t cur_ = 0, in_block_ = 0;
-  mutable std::mutex m_;
-  std::condition_variable not_empty_;
-  struct reader_wait {
-    std::condition_variable cv;  // a reader waits here for room in one of its slots
-    bool waiting = false;        // under m_
-  };
-  std::unique_ptr<reader_wait[]> readers_;
-  std::atomic<bool> stop_{false};  // written under m_; readers also check it between reads
-  static constexpr std::size_t no_slot = std::size_t(-1);
-  std::atomic<std::size_t> waiting_for_{no_slot};  // the slot the consumer waits on
-  std::atomic<std::chrono::steady_clock::rep> waiting_since_{0};  // and since when
-  int consumer_waiting_ = 0;  // under m_: whether a publish must wake the consumer
-  std::size_t threads_count_ = 0;
-  std::vector<std::thread> threads_;
+  std::uint64_t pulls_ = 0;  // upstream pulls this epoch (errors included)
+  bool up_ended_ = false;
+  bool replay_ = false;             // restored: replay() at the first pull
+  pipeline_state replay_words_;     // the restored slot table
+  pipeline_state replay_anchor_;    // the upstream at the anchor (for a save before replaying)
 };
 
-inline void check_interleave_args(std::size_t cycle, const interleave_options& o) {
+inline void check_interleave_args(std::size_t cycle, std::size_t block) {
   if (cycle == 0) throw config_error("interleave: cycle must be at least 1 (got 0)");
-  if (o.block == 0) throw config_error("interleave: block must be at least 1 (got 0)");
+  if (block == 0) throw config_error("interleave: block must be at least 1 (got 0)");
 }
 
-template <class S>
-concept interleavable = requires(S& s) {
-  s.files();
-  s.format();
-  s.options();
-  s.list_hash();
-  s.epoch();
-  s.set_epoch(std::uint64_t{});
-  s.rewind();
-};
+template <class F>
+concept not_a_count = !std::is_arithmetic_v<std::remove_cvref_t<F>>;
 
 }  // namespace detail
 
+// Not a stage_adaptor: its options are a braced list, which a template parameter pack
+// cannot take.
 struct interleave_t {
+  // The fn form.
+  template <source S, detail::not_a_count F>
+  auto operator()(S&& s, F fn, interleave_options o = {}) const {
+    detail::require_rvalue_source<S>();
+    static_assert(std::invocable<F&, value_t<S>&&>,
+                  "ferry::interleave: fn must be callable with the upstream's element (E&&, const E& or E) "
+                  "and return a source");
+    if (o.cycle == 0) o.cycle = 4;
+    detail::check_interleave_args(o.cycle, o.block);
+    return detail::interleave_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), o);
+  }
+  template <detail::not_a_count F>
+    requires(!source<F>)
+  auto operator()(F fn, interleave_options o = {}) const {
+    if (o.cycle == 0) o.cycle = 4;
+    detail::check_interleave_args(o.cycle, o.block);
+    return make_closure([fn, o]<class S>(S&& s) { return interleave_t{}(std::forward<S>(s), fn, o); });
+  }
+  // The file fast path.
   template <source S>
   auto operator()(S&& s, std::size_t cycle, interleave_options o = {}) const {
     detail::require_rvalue_source<S>();
     static_assert(detail::interleavable<std::remove_cvref_t<S>>,
-                  "ferry::interleave reads files itself: use it directly after from_files (and shard)");
-    detail::check_interleave_args(cycle, o);
-    return detail::interleave_source<std::remove_cvref_t<S>>(std::forward<S>(s), cycle, o);
+                  "ferry::interleave(cycle) reads files itself: use it directly after from_files (and shard); "
+                  "for other sources, interleave(fn, {.cycle = n}) with fn making a source of each element");
+    detail::check_interleave_args(cycle, o.block);
+    return detail::interleave_files_source<std::remove_cvref_t<S>>(std::forward<S>(s), cycle,
+                                                                  detail::interleave_params{o.workers, o.block, o.buffer});
   }
   auto operator()(std::size_t cycle, interleave_options o = {}) const {
-    detail::check_interleave_args(cycle, o);
+    detail::check_interleave_args(cycle, o.block);
     return make_closure([cycle, o]<class S>(S&& s) { return interleave_t{}(std::forward<S>(s), cycle, o); });
   }
 };
