@@ -1,0 +1,314 @@
+// ferry/batch_of.hpp: batch_of<T>, what batch() hands out: n elements of T collated into
+// one contiguous buffer per field (a ragged field: its values and n+1 offsets), and the
+// collator that builds one (for batch(), distribute()'s padding, and tests that need a
+// batch without a pipeline).
+//
+//   batch_of<std::tuple<std::array<float, 784>, std::int32_t>> b = ...;
+//   std::span<const std::array<float, 784>> x = b.field<0>();
+//   ferry::ragged_view<char> words = text_batch.field<0>();   // words[i]: a span
+//
+// A batch is move-only; its buffers return to the memory resource they came from (a pool)
+// when it is destroyed. No threads; nothing runs user code. Throws: the collator what its
+// memory resource throws (std::bad_alloc, or a pinned upstream's cuda_error).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/sources/record.hpp"
+
+namespace ferry {
+
+// The n+1 offsets and contiguous values of a ragged field: element i is
+// values[offsets[i] .. offsets[i+1]).
+template <class E>
+struct ragged_view {
+  std::span<const E> values;
+  std::span<const std::uint64_t> offsets;
+  std::size_t size() const { return offsets.empty() ? 0 : offsets.size() - 1; }
+  std::span<const E> operator[](std::size_t i) const {
+    return values.subspan(offsets[i], offsets[i + 1] - offsets[i]);
+  }
+};
+
+namespace detail {
+
+template <class T>
+struct is_std_array : std::false_type {};
+template <class T, std::size_t N>
+struct is_std_array<std::array<T, N>> : std::true_type {};
+
+template <class T>
+concept ragged_field = std::ranges::contiguous_range<T> && std::ranges::sized_range<T> &&
+                       !is_std_array<T>::value &&
+                       std::is_trivially_copyable_v<std::ranges::range_value_t<T>>;
+
+template <class T>
+concept fixed_field = std::is_trivially_copyable_v<T> && !ragged_field<T>;
+
+// A concept, so the byte check is never asked of a field that is not a range (clang does).
+template <class T>
+concept byte_ragged = ragged_field<T> && std::same_as<std::ranges::range_value_t<T>, std::byte>;
+
+template <class T>
+concept field_type = ragged_field<T> || fixed_field<T>;
+
+template <class T>
+struct field_list {
+  using type = std::tuple<T>;
+  static constexpr bool is_tuple = false;
+};
+template <class... Ts>
+struct field_list<std::tuple<Ts...>> {
+  using type = std::tuple<Ts...>;
+  static constexpr bool is_tuple = true;
+};
+template <class A, class B>
+struct field_list<std::pair<A, B>> {
+  using type = std::tuple<A, B>;
+  static constexpr bool is_tuple = true;
+};
+
+// Struct specialisations rather than a lambda in a concept: nvcc 13 evaluates the latter
+// to false.
+template <class FL>
+struct all_fields_ok : std::false_type {};
+template <class... Fs>
+struct all_fields_ok<std::tuple<Fs...>> : std::bool_constant<(field_type<Fs> && ...)> {};
+
+template <class T>
+concept batchable = all_fields_ok<typename field_list<T>::type>::value;
+
+template <class F>
+struct field_traits {  // fixed
+  using element = F;
+  static constexpr bool ragged = false;
+};
+template <ragged_field F>
+struct field_traits<F> {
+  using element = std::ranges::range_value_t<F>;
+  static constexpr bool ragged = true;
+};
+
+template <class FL>
+struct no_ragged : std::false_type {};
+template <class... Fs>
+struct no_ragged<std::tuple<Fs...>> : std::bool_constant<(!field_traits<Fs>::ragged && ...)> {};
+
+template <std::size_t I, class T>
+decltype(auto) get_field(T& e) {
+  if constexpr (field_list<std::remove_cv_t<T>>::is_tuple)
+    return std::get<I>(e);
+  else
+    return (e);
+}
+
+}  // namespace detail
+
+// A collated batch of `size()` elements of T. Move-only; its buffers return to their pool
+// when it is destroyed.
+template <class T>
+class batch_of {
+  using fields = typename detail::field_list<T>::type;
+
+ public:
+  using element_type = T;
+  static constexpr std::size_t field_count = std::tuple_size_v<fields>;
+  template <std::size_t I>
+  using field_t = std::tuple_element_t<I, fields>;
+  template <std::size_t I>
+  static constexpr bool is_ragged = detail::field_traits<field_t<I>>::ragged;
+
+  batch_of() = default;
+
+  std::size_t size() const noexcept { return n_; }
+  bool empty() const noexcept { return n_ == 0; }
+
+  // Field I: a span of values (fixed fields) or a ragged_view (ragged fields).
+  template <std::size_t I = 0>
+  auto field() const {
+    using E = typename detail::field_traits<field_t<I>>::element;
+    if constexpr (is_ragged<I>) {
+      auto off = reinterpret_cast<const std::uint64_t*>(offsets_[I].data());
+      return ragged_view<E>{
+          std::span<const E>(reinterpret_cast<const E*>(data_[I].data()), n_ ? off[n_] : 0),
+          std::span<const std::uint64_t>(off, n_ ? n_ + 1 : 0)};
+    } else {
+      return std::span<const E>(reinterpret_cast<const E*>(data_[I].data()), n_);
+    }
+  }
+  template <std::size_t I = 0>
+    requires(!is_ragged<I>)
+  std::span<field_t<I>> field() {
+    return std::span<field_t<I>>(reinterpret_cast<field_t<I>*>(data_[I].data()), n_);
+  }
+
+  // Element i of a single-field batch: the value (fixed) or a span of its values (ragged).
+  decltype(auto) operator[](std::size_t i) const
+    requires(field_count == 1)
+  {
+    return field<0>()[i];
+  }
+
+  // Raw view of field f's bytes for elements [first, first + count): what distribute()
+  // copies to a replica. Ragged fields give their values' bytes.
+  std::span<const std::byte> field_bytes(std::size_t f, std::size_t first, std::size_t count) const {
+    const std::size_t es = elem_bytes_[f];
+    if (!ragged_[f]) return {data_[f].data() + first * es, count * es};
+    auto off = reinterpret_cast<const std::uint64_t*>(offsets_[f].data());
+    return {data_[f].data() + off[first] * es, (off[first + count] - off[first]) * es};
+  }
+  std::span<const std::byte> field_bytes(std::size_t f) const { return field_bytes(f, 0, n_); }
+  // Bytes of one value of field f (for ragged fields: of one value inside an element).
+  std::size_t element_bytes(std::size_t f) const { return elem_bytes_[f]; }
+  bool field_is_ragged(std::size_t f) const { return ragged_[f]; }
+  // The buffer behind field f: to check where a batch lives (pinned, pooled).
+  const buffer& field_buffer(std::size_t f) const { return data_[f]; }
+  std::size_t payload_bytes() const {
+    std::size_t s = 0;
+    for (std::size_t f = 0; f < field_count; ++f) s += field_bytes(f).size();
+    return s;
+  }
+
+ private:
+  template <class>
+  friend struct batch_collator;
+
+  std::size_t n_ = 0;
+  std::array<buffer, field_count> data_;
+  std::array<buffer, field_count> offsets_;
+  std::array<std::size_t, field_count> elem_bytes_{};
+  std::array<bool, field_count> ragged_{};
+};
+
+// Builds batch_of<T> from elements; used by the batch stage and by tests that need a batch
+// without a pipeline. Not thread-safe; one per stage.
+template <class T>
+struct batch_collator {
+  static_assert(detail::batchable<T>,
+                "ferry::batch: each field must be trivially copyable (a struct, number or "
+                "std::array) or a contiguous range of trivially-copyable values "
+                "(std::vector<float>, std::string, std::span<const std::byte>); map "
+                "elements to such a type before batch()");
+  using B = batch_of<T>;
+  static constexpr std::size_t nf = B::field_count;
+  static constexpr bool all_fixed = detail::no_ragged<typename detail::field_list<T>::type>::value;
+
+  // Fixed-only types: allocate for `capacity` elements, then put() each one in place.
+  B start(const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
+    B b;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((b.data_[I] = buffer(res, capacity * sizeof(typename B::template field_t<I>)),
+        b.elem_bytes_[I] = sizeof(typename B::template field_t<I>)),
+       ...);
+    }(std::make_index_sequence<nf>{});
+    return b;
+  }
+  void set_size(B& b, std::size_t n) const { b.n_ = n; }
+  // Rows the batch's buffers hold (fixed-only types).
+  std::size_t capacity(const B& b) const { return b.data_[0].size() / sizeof(typename B::template field_t<0>); }
+  // Fixed-only types: new buffers of `capacity` rows, the rows so far copied over.
+  void grow(B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((grow_field<I>(b, res, capacity)), ...);
+    }(std::make_index_sequence<nf>{});
+  }
+  // Bytes one row takes in the batch (a ragged field: its offset; its values come apart).
+  static constexpr std::size_t row_bytes() {
+    return []<std::size_t... I>(std::index_sequence<I...>) {
+      return ((B::template is_ragged<I> ? sizeof(std::uint64_t) : sizeof(typename B::template field_t<I>)) + ... + 0);
+    }(std::make_index_sequence<nf>{});
+  }
+  // A single-field batch's whole buffer (capacity elements) as a span, to fill in place.
+  std::span<T> whole(B& b, std::size_t capacity) const {
+    return std::span<T>(reinterpret_cast<T*>(b.data_[0].data()), capacity);
+  }
+  void put(B& b, T& e) const {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((std::memcpy(b.data_[I].data() + b.n_ * sizeof(typename B::template field_t<I>),
+                    &detail::get_field<I>(e), sizeof(typename B::template field_t<I>))),
+       ...);
+    }(std::make_index_sequence<nf>{});
+    ++b.n_;
+  }
+
+  // A single ragged field of bytes (ferry::record) from views of each element's bytes.
+  B collate_bytes(const std::shared_ptr<std::pmr::memory_resource>& res,
+                  std::span<const std::span<const std::byte>> elems) const
+    requires(nf == 1 && detail::byte_ragged<typename B::template field_t<0>>)
+  {
+    B b;
+    fill_ragged<0>(b, res, elems.size(), [&](std::size_t i) { return elems[i]; });
+    b.n_ = elems.size();
+    return b;
+  }
+
+  // Any types: all elements at hand, sizes known, one allocation per buffer.
+  B collate(const std::shared_ptr<std::pmr::memory_resource>& res, std::span<T> elems) const {
+    B b;
+    const std::size_t n = elems.size();
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (collate_field<I>(b, res, elems), ...);
+    }(std::make_index_sequence<nf>{});
+    b.n_ = n;
+    return b;
+  }
+
+ private:
+  template <std::size_t I>
+  void grow_field(B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
+    constexpr std::size_t es = sizeof(typename B::template field_t<I>);
+    buffer bigger(res, capacity * es);
+    if (b.n_) std::memcpy(bigger.data(), b.data_[I].data(), b.n_ * es);
+    b.data_[I] = std::move(bigger);
+  }
+  // Ragged field I of n elements, element i's values being the contiguous range get(i):
+  // n+1 offsets, then the values copied into one buffer.
+  template <std::size_t I, class Get>
+  void fill_ragged(B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t n, Get get) const {
+    using E = std::ranges::range_value_t<typename B::template field_t<I>>;
+    b.ragged_[I] = true;
+    b.elem_bytes_[I] = sizeof(E);
+    b.offsets_[I] = buffer(res, (n + 1) * sizeof(std::uint64_t));
+    auto* off = reinterpret_cast<std::uint64_t*>(b.offsets_[I].data());
+    off[0] = 0;
+    for (std::size_t i = 0; i < n; ++i) off[i + 1] = off[i] + std::ranges::size(get(i));
+    b.data_[I] = buffer(res, off[n] * sizeof(E));
+    for (std::size_t i = 0; i < n; ++i) {
+      auto&& r = get(i);
+      const std::size_t bytes = std::ranges::size(r) * sizeof(E);
+      if (bytes) std::memcpy(b.data_[I].data() + off[i] * sizeof(E), std::ranges::data(r), bytes);
+    }
+  }
+
+  template <std::size_t I>
+  void collate_field(B& b, const std::shared_ptr<std::pmr::memory_resource>& res,
+                     std::span<T> elems) const {
+    using F = typename B::template field_t<I>;
+    const std::size_t n = elems.size();
+    if constexpr (B::template is_ragged<I>) {
+      fill_ragged<I>(b, res, n, [&](std::size_t i) -> decltype(auto) { return detail::get_field<I>(elems[i]); });
+    } else {
+      b.elem_bytes_[I] = sizeof(F);
+      b.data_[I] = buffer(res, n * sizeof(F));
+      for (std::size_t i = 0; i < n; ++i)
+        std::memcpy(b.data_[I].data() + i * sizeof(F), &detail::get_field<I>(elems[i]), sizeof(F));
+    }
+  }
+};
+
+}  // namespace ferry

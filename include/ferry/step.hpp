@@ -1,0 +1,216 @@
+// ferry/step.hpp: what distribute() hands out: a step<T> per global batch, holding one
+// replica_batch<T> per replica (its rows in that replica's memory, ready on its stream);
+// and the host backend (distribute(ferry::host_replicas{n})), which splits a batch into
+// views of it and copies nothing. stages/distribute.hpp documents the splitting, the
+// remainder policy and the release contract.
+//
+//   for (auto& st : steps)
+//     for (std::size_t r = 0; r < st.replicas(); ++r) {
+//       ferry::replica_batch<T>& rb = st[r];   // rb.field<0>(), rb.size(), rb.valid(), rb.stream()
+//     }
+//
+// A step is move-only; it keeps its host batch (and a backend's device buffers) until it is
+// destroyed or the next step is asked for. No threads; nothing runs user code. Throws:
+// config_error from host_replicas_backend for 0 replicas.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <memory_resource>
+#include <span>
+#include <vector>
+
+#include "ferry/batch_of.hpp"
+#include "ferry/cuda/stream_handle.hpp"
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+
+namespace ferry {
+
+// The host backend's tag: n replicas whose batches stay in host memory.
+struct host_replicas {
+  std::size_t n = 1;
+};
+
+template <class T>
+class step;
+
+namespace detail {
+struct step_access;
+
+// Rows [first, first + rows) of the global batch; the first `valid` of them are data.
+struct replica_slice {
+  std::size_t first = 0, rows = 0, valid = 0;
+};
+
+// Backend resources a step holds; release() says "the consumer has enqueued all its work
+// on this step" (called when the next step is requested or the step is destroyed).
+struct step_lease {
+  virtual ~step_lease() = default;
+  virtual void release() noexcept = 0;
+};
+}  // namespace detail
+
+// One replica's part of a step: `size()` rows of each field in that replica's memory.
+template <class T>
+class replica_batch {
+  using B = batch_of<T>;
+
+ public:
+  static constexpr std::size_t field_count = B::field_count;
+  template <std::size_t I>
+  using field_t = typename B::template field_t<I>;
+
+  replica_batch() = default;
+
+  // Rows in this slice (padding included).
+  std::size_t size() const noexcept { return size_; }
+  // Rows that are real data: the first valid() rows. == size() except for a padded or
+  // partial last batch.
+  std::size_t valid() const noexcept { return valid_; }
+  bool empty() const noexcept { return size_ == 0; }
+  // -1 for host replicas, else the CUDA device ordinal the data is on.
+  int device() const noexcept { return device_; }
+  // The stream on which the data is ready (enqueue work on it): a cudaStream_t (the same
+  // type, ferry/cuda/stream_handle.hpp); null for host replicas.
+  cuda_stream stream() const noexcept { return stream_; }
+
+  // Field I of this slice: host memory for host replicas, device memory for CUDA (do not
+  // dereference it on the host then).
+  template <std::size_t I = 0>
+  std::span<const field_t<I>> field() const {
+    static_assert(!B::template is_ragged<I>, "ferry::distribute: ragged fields cannot be split");
+    return {reinterpret_cast<const field_t<I>*>(data_[I]), size_};
+  }
+  // Raw bytes of field f: size() * sizeof(field f).
+  std::span<const std::byte> field_bytes(std::size_t f) const {
+    return {data_[f], size_ * elem_bytes_[f]};
+  }
+
+ private:
+  friend struct detail::step_access;
+  std::array<const std::byte*, field_count> data_{};
+  std::array<std::size_t, field_count> elem_bytes_{};
+  std::size_t size_ = 0, valid_ = 0;
+  int device_ = -1;
+  cuda_stream stream_ = nullptr;
+};
+
+// One training step: one replica_batch per replica. Every replica's size() is G/R, except
+// for a short last batch under remainder_policy::partial, where sizes differ by at most one
+// (some may be 0). Move-only.
+// It keeps the host batch alive (and, for CUDA, the device buffers leased to it).
+template <class T>
+class step {
+ public:
+  step() = default;
+  step(step&&) noexcept = default;
+  step& operator=(step&&) noexcept = default;
+  step(const step&) = delete;
+  step& operator=(const step&) = delete;
+
+  std::size_t replicas() const noexcept { return r_.size(); }
+  replica_batch<T>& operator[](std::size_t r) { return r_[r]; }
+  const replica_batch<T>& operator[](std::size_t r) const { return r_[r]; }
+  auto begin() { return r_.begin(); }
+  auto end() { return r_.end(); }
+  auto begin() const { return r_.begin(); }
+  auto end() const { return r_.end(); }
+
+  // Rows over all replicas (padding included), and real rows.
+  std::size_t global_size() const noexcept {
+    std::size_t s = 0;
+    for (auto& b : r_) s += b.size();
+    return s;
+  }
+  std::size_t valid() const noexcept {
+    std::size_t s = 0;
+    for (auto& b : r_) s += b.valid();
+    return s;
+  }
+  // 0-based step number within the epoch.
+  std::uint64_t index() const noexcept { return index_; }
+  // The global host batch the slices were cut from (the padded copy under pad).
+  const batch_of<T>& host_batch() const { return *host_; }
+
+ private:
+  friend struct detail::step_access;
+  std::vector<replica_batch<T>> r_;
+  std::shared_ptr<const batch_of<T>> host_;
+  std::shared_ptr<detail::step_lease> lease_;
+  std::uint64_t index_ = 0;
+};
+
+namespace detail {
+
+// What backends use to build steps.
+struct step_access {
+  template <class T>
+  static step<T> make(std::shared_ptr<const batch_of<T>> host, std::size_t replicas,
+                      std::uint64_t index) {
+    step<T> s;
+    s.host_ = std::move(host);
+    s.r_.resize(replicas);
+    s.index_ = index;
+    return s;
+  }
+  template <class T>
+  static void set_lease(step<T>& s, std::shared_ptr<step_lease> l) {
+    s.lease_ = std::move(l);
+  }
+  template <class T>
+  static const std::shared_ptr<step_lease>& lease(const step<T>& s) {
+    return s.lease_;
+  }
+  template <class T>
+  static void set_replica(replica_batch<T>& rb, const std::byte* const* data, const batch_of<T>& host,
+                          const replica_slice& sl, int device, cuda_stream stream) {
+    for (std::size_t f = 0; f < batch_of<T>::field_count; ++f) {
+      rb.data_[f] = data[f];
+      rb.elem_bytes_[f] = host.element_bytes(f);
+    }
+    rb.size_ = sl.rows;
+    rb.valid_ = sl.valid;
+    rb.device_ = device;
+    rb.stream_ = stream;
+  }
+};
+
+// The host backend: slices are views of the host batch; nothing is copied.
+class host_replicas_backend {
+ public:
+  explicit host_replicas_backend(host_replicas h) : n_(h.n) {
+    if (n_ == 0) throw config_error("distribute(host_replicas{0}): need at least one replica");
+  }
+  std::size_t replicas() const noexcept { return n_; }
+  std::shared_ptr<std::pmr::memory_resource> default_host_resource() const {
+    return std::make_shared<buffer_pool>();
+  }
+  template <class T>
+  step<T> make_step(std::shared_ptr<const batch_of<T>> host, std::span<const replica_slice> slices,
+                    std::size_t /*rows_per_replica*/, std::uint64_t index) {
+    constexpr std::size_t nf = batch_of<T>::field_count;
+    step<T> s = step_access::make<T>(host, n_, index);
+    for (std::size_t r = 0; r < n_; ++r) {
+      std::array<const std::byte*, nf> data{};
+      for (std::size_t f = 0; f < nf; ++f)
+        data[f] = host->field_buffer(f).data() + slices[r].first * host->element_bytes(f);
+      step_access::set_replica(s[r], data.data(), *host, slices[r], -1, nullptr);
+    }
+    return s;
+  }
+
+ private:
+  std::size_t n_;
+};
+
+}  // namespace detail
+
+// The customisation point: found by ADL on the tag.
+inline detail::host_replicas_backend make_distribute_backend(const host_replicas& h) {
+  return detail::host_replicas_backend(h);
+}
+
+}  // namespace ferry
