@@ -793,3 +793,14 @@ TEST_CASE("map's next_into, and batch over a map through it: the batches and err
   }
   ferry::enable_stats(stats_were);
 }
+
+TEST_CASE("absurd worker counts and windows are config_errors naming map and the value") {
+  auto src = [] { return ferry::from_generator(10, [](std::uint64_t i) { return i; }); };
+  auto id = [](std::uint64_t x) { return x; };
+  CHECK_THROWS_WITH_AS(src() | ferry::map(id, {.workers = 1000000}),
+                       doctest::Contains("map: workers = 1000000 threads; at most 1024"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::map(id, {.workers = ferry::autotune, .max_workers = 5000}),
+                       doctest::Contains("map: max_workers = 5000"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(src() | ferry::map(id, {.workers = 2, .window = std::size_t(1) << 40}),
+                       doctest::Contains("map: window = 1099511627776 elements"), ferry::config_error);
+}

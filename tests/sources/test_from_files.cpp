@@ -473,6 +473,25 @@ TEST_CASE("bad input: a clear error naming file and offset") {
     expect_error<ferry::io_error>([&] { read_all({t.path}, ferry::tfrecord{}); }, t.path, 0, "directory");
     CHECK_THROWS_AS(ferry::from_files({t / "*.none"}, ferry::tfrecord{}), ferry::io_error);
   }
+  SUBCASE("absurd read_ahead, read_threads and chunk_bytes are config_errors naming the value") {
+    write_file(t / "g.tfrecord", good);
+    CHECK_THROWS_WITH_AS(ferry::from_files({t / "g.tfrecord"}, ferry::tfrecord{}, {.read_ahead = std::size_t(1) << 40}),
+                         doctest::Contains("from_files: read_ahead = 1099511627776"), ferry::config_error);
+    CHECK_THROWS_WITH_AS(ferry::from_files({t / "g.tfrecord"}, ferry::tfrecord{}, {.read_threads = 100000}),
+                         doctest::Contains("from_files: read_threads = 100000"), ferry::config_error);
+    CHECK_THROWS_WITH_AS(ferry::from_files({t / "g.tfrecord"}, ferry::tfrecord{}, {.chunk_bytes = std::size_t(1) << 40}),
+                         doctest::Contains("from_files: chunk_bytes = 1099511627776"), ferry::config_error);
+    CHECK(read_all({t / "g.tfrecord"}, ferry::tfrecord{}, {.read_ahead = 64, .read_threads = 8}).size() == 2);
+  }
+  SUBCASE("a file named with glob characters is that file, not a pattern") {
+    write_file(t / "data[1].tfrecord", good);
+    write_file(t / "data1.tfrecord", tfrecord_of("other"));  // what the pattern data[1] would match
+    CHECK(read_all({t / "data[1].tfrecord"}, ferry::tfrecord{}) == std::vector<std::string>{"abc", "defgh"});
+    write_file(t / "x*y.tfrecord", good);
+    CHECK(read_all({t / "x*y.tfrecord"}, ferry::tfrecord{}).size() == 2);
+    // A pattern that names no file as written still globs.
+    CHECK(read_all({t / "data[0-9].tfrecord"}, ferry::tfrecord{}) == std::vector<std::string>{"other"});
+  }
   SUBCASE("empty files") {
     write_file(t / "e", "");
     CHECK(read_all({t / "e"}, ferry::tfrecord{}).empty());  // as TensorFlow: no records

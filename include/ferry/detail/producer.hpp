@@ -120,9 +120,13 @@ class producer {
       save(last_);
       has_last_ = true;
     }
-    th_ = std::thread([p = c_.get(), make = std::move(make), save = std::move(save)]() mutable {
-      run(*p, make, save);
-    });
+    try {
+      th_ = std::thread([p = c_.get(), make = std::move(make), save = std::move(save)]() mutable {
+        run(*p, make, save);
+      });
+    } catch (const std::exception& e) {  // no thread to be had: said by the stage's name
+      throw error(std::string(names.thread) + ": could not start its thread: " + e.what());
+    }
   }
 
   // The next item: waits for it; re-throws its error at its place. nullopt at the end

@@ -9,7 +9,8 @@
 // .gz/.gzip/.zlib are inflated on the fly (options.compress overrides the guess);
 // concatenated members are one stream, zero padding after the last is ignored, other
 // trailing bytes are an error (detail/byte_stream.hpp).
-// Paths containing * ? [ are glob patterns, expanded (sorted) when from_files is called;
+// Paths containing * ? [ are glob patterns, expanded (sorted) when from_files is called,
+// unless a file of that very name exists (data[1].tfrecord is then that file);
 // files are read in the order given, or with options.shuffle_files in a new order every
 // epoch: a permutation seeded from (options.shuffle_seed, epoch), the same on every rank
 // and build, where rewind() starts the next epoch (tf.data's list_files(shuffle=True)).

@@ -344,6 +344,8 @@ class interleave_source
 
 inline void check_interleave_args(std::size_t cycle, std::size_t block) {
   if (cycle == 0) throw config_error("interleave: cycle must be at least 1 (got 0)");
+  if (cycle > (std::size_t(1) << 16))
+    throw config_error("interleave: cycle = " + std::to_string(cycle) + " sources open at once; at most 65536");
   if (block == 0) throw config_error("interleave: block must be at least 1 (got 0)");
 }
 

@@ -269,9 +269,19 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
   mutable std::uint64_t saved_skip_ = 0, saved_index_ = 0;  // from save_upstream to save_words
 };
 
+inline constexpr std::size_t max_map_workers = 1024;
+
 inline void check_map_args(const map_options& o) {
   if (o.workers == 0)
     throw config_error("map: workers must be at least 1 (got 0); 1 runs the function inline");
+  if (o.workers != autotune && o.workers > max_map_workers)
+    throw config_error("map: workers = " + std::to_string(o.workers) + " threads; at most " +
+                       std::to_string(max_map_workers));
+  if (o.max_workers > max_map_workers)
+    throw config_error("map: max_workers = " + std::to_string(o.max_workers) + " threads; at most " +
+                       std::to_string(max_map_workers));
+  if (o.window > (std::size_t(1) << 32))
+    throw config_error("map: window = " + std::to_string(o.window) + " elements read ahead; at most 2^32");
   if (o.max_workers != 0 && o.workers != autotune)
     throw config_error("map: max_workers is autotune's ceiling; set workers = ferry::autotune to use it (got workers = " +
                        std::to_string(o.workers) + ")");

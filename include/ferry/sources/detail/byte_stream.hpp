@@ -178,6 +178,11 @@ class read_ahead {
     const std::size_t n = std::min(threads ? threads : 1, depth_);
     try {
       for (std::size_t t = 0; t < n; ++t) th_.emplace_back([this] { run(); });
+    } catch (const std::system_error& e) {  // no thread to be had: said with the file's name
+      const std::size_t made = th_.size();
+      stop();
+      throw error("from_files: " + (file_ ? *file_ : std::string("?")) + ": could not start read-ahead thread " +
+                  std::to_string(made + 1) + " of " + std::to_string(n) + ": " + e.what());
     } catch (...) {
       stop();
       throw;

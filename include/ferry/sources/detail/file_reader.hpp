@@ -3,6 +3,7 @@
 #pragma once
 
 #include <glob.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -69,7 +70,21 @@ inline framer make_framer(const file_format& f, std::uint64_t max_record) {
       f);
 }
 
+inline constexpr std::size_t max_read_ahead = std::size_t(1) << 16, max_read_threads = 256,
+                             max_chunk_bytes = std::size_t(1) << 30;
+
 inline void check_format(const file_format& f, const from_files_options& o) {
+  // Bounds that say what is wrong, where the value would otherwise fail deep inside (a
+  // vector of read_ahead slots: std::length_error; read_threads threads: system_error).
+  if (o.read_ahead > max_read_ahead)
+    throw config_error("from_files: read_ahead = " + std::to_string(o.read_ahead) + " chunks ahead; at most " +
+                       std::to_string(max_read_ahead));
+  if (o.read_threads > max_read_threads)
+    throw config_error("from_files: read_threads = " + std::to_string(o.read_threads) + " I/O threads per file; at most " +
+                       std::to_string(max_read_threads));
+  if (o.chunk_bytes > max_chunk_bytes)
+    throw config_error("from_files: chunk_bytes = " + std::to_string(o.chunk_bytes) + "; at most " +
+                       std::to_string(max_chunk_bytes) + " (1 GiB)");
   const auto* fl = std::get_if<fixed_length>(&f);
   if (!fl) return;
   if (fl->record_bytes == 0) throw config_error("from_files: fixed_length.record_bytes must be at least 1");
@@ -176,7 +191,9 @@ inline bool has_glob_chars(const std::string& p) { return p.find_first_of("*?[")
 inline std::vector<std::string> expand_paths(const std::vector<std::string>& in) {
   std::vector<std::string> out;
   for (const std::string& p : in) {
-    if (!has_glob_chars(p)) {
+    // A name that exists as written is that file, glob characters or not: data[1].tfrecord
+    // is not the pattern that matches data1.tfrecord.
+    if (!has_glob_chars(p) || ::access(p.c_str(), F_OK) == 0) {
       out.push_back(p);
       continue;
     }

@@ -56,6 +56,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -602,6 +603,11 @@ class interleave_files_source : public stage<interleave_files_source<Up>, Up, re
     threads_count_ = n;  // the readers index slots by it, and stop_threads() wakes that many
     try {
       for (std::size_t t = 0; t < n; ++t) threads_.emplace_back([this, t] { worker(t); });
+    } catch (const std::system_error& e) {  // no thread to be had: said by the stage's name
+      const std::size_t made = threads_.size();
+      stop_threads();
+      throw error("interleave: could not start reader thread " + std::to_string(made + 1) + " of " +
+                  std::to_string(n) + ": " + e.what());
     } catch (...) {
       stop_threads();
       throw;

@@ -33,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <span>
 #include <thread>
 #include <type_traits>
@@ -284,19 +285,45 @@ class map_workers {
   }
 
  private:
+  // Throws ferry::error naming the window or the thread that could not be had (none is
+  // left running then: the next next() tries again).
   void start() {
-    started_ = true;
     if (o_.ordered) {
-      c_->vals.clear();  // not assign(n, nullopt): that copies, and results may be move-only
-      c_->vals.resize(o_.window);
-      c_->errs.assign(o_.window, nullptr);
-      c_->kind.assign(o_.window, ok);
-      c_->run_end.assign(o_.window, 0);
+      try {
+        c_->vals.clear();  // not assign(n, nullopt): that copies, and results may be move-only
+        c_->vals.resize(o_.window);
+        c_->errs.assign(o_.window, nullptr);
+        c_->kind.assign(o_.window, ok);
+        c_->run_end.assign(o_.window, 0);
+      } catch (const std::exception& e) {
+        reset();
+        throw error("map: the ring of a window of " + std::to_string(o_.window) + " elements (" +
+                    std::to_string(o_.window * (sizeof(std::optional<Out>) + 17)) +
+                    " bytes) could not be allocated: " + e.what());
+      }
     }
     if (tuned_) tu_.new_epoch(clock::now());
-    threads_.reserve(o_.workers);
-    for (std::size_t i = 0; i < o_.workers; ++i)
-      threads_.emplace_back([c = c_.get(), o = o_, i] { work(*c, o, i); });
+    // The workers start parked (active 0), so none pulls an element until every thread
+    // runs: a thread that cannot be had then loses nothing.
+    const std::size_t active = c_->active.load();
+    c_->active.store(0);
+    try {
+      threads_.reserve(o_.workers);
+      for (std::size_t i = 0; i < o_.workers; ++i)
+        threads_.emplace_back([c = c_.get(), o = o_, i] { work(*c, o, i); });
+    } catch (const std::exception& e) {
+      const std::size_t made = threads_.size();
+      reset();
+      c_->active.store(active);
+      throw error("map: could not start worker thread " + std::to_string(made + 1) + " of " +
+                  std::to_string(o_.workers) + ": " + e.what());
+    }
+    {
+      std::lock_guard lk(c_->m);  // park's waiters check `active` under it
+      c_->active.store(active);
+    }
+    c_->park.notify_all();
+    started_ = true;
   }
 
   // Counts n more elements as handed out, which frees room in the window; wakes workers
