@@ -447,10 +447,10 @@ TEST_CASE("fixed length: header, footer, record count") {
                                     {.max_record_bytes = 64}),
                   ferry::config_error);
   try {
-    ferry::from_files({t / "a.bin"}, ferry::fixed_length{.record_bytes = (1ull << 30) + 1});
+    ferry::from_files({t / "a.bin"}, ferry::fixed_length{.record_bytes = (64ull << 20) + 1});
     FAIL("no config_error");
   } catch (const ferry::config_error& e) {
-    CHECK(std::string(e.what()).find("max_record_bytes (1073741824)") != std::string::npos);
+    CHECK(std::string(e.what()).find("max_record_bytes (67108864)") != std::string::npos);  // 64 MiB by default
   }
   CHECK(read_all({t / "a.bin"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = 2, .footer_bytes = 3},
                  {.max_record_bytes = 8})
@@ -767,7 +767,7 @@ TEST_CASE("bad input: a clear error naming file and offset") {
       }
     }
   }
-  SUBCASE("text lines: a line longer than max_record_bytes in a compressed file") {
+  SUBCASE("text lines: a line longer than max_record_bytes, compressed or plain") {
     const std::string lines = "first\n" + std::string(5000, 'x') + "\nlast\n";
     write_gzip(t / "l.txt.gz", lines);
     CHECK(read_all({t / "l.txt.gz"}, ferry::text_lines{}).size() == 3);
@@ -780,10 +780,23 @@ TEST_CASE("bad input: a clear error naming file and offset") {
       expect_error<ferry::format_error>([&] { while (auto r = src.next()) got.emplace_back(r->str()); }, t / "l.txt.gz",
                                         6, "a line longer than max_record_bytes (1000)");
       CHECK(got == std::vector<std::string>{"first"});
-      // The same file uncompressed: its size bounds the line, so it is read.
+      // The same file uncompressed: the same error at the same place (the limit holds on
+      // every path: a file without newlines must not be buffered whole).
       write_file(t / "l.txt", lines);
-      CHECK(read_all({t / "l.txt"}, ferry::text_lines{}, o).size() == 3);
+      auto plain = ferry::from_files({t / "l.txt"}, ferry::text_lines{}, o);
+      got.clear();
+      expect_error<ferry::format_error>([&] { while (auto r = plain.next()) got.emplace_back(r->str()); }, t / "l.txt",
+                                        6, "a line longer than max_record_bytes (1000)");
+      CHECK(got == std::vector<std::string>{"first"});
+      CHECK(read_all({t / "l.txt"}, ferry::text_lines{}, {.chunk_bytes = chunk}).size() == 3);  // 64 MiB by default
     }
+  }
+  SUBCASE("tfrecord: a length field past max_record_bytes in a plain file is refused before any buffering") {
+    std::string big = tfrecord_of(std::string(3000, 'z'));
+    write_file(t / "big.tfrecord", good + big);
+    expect_error([&] { read_all({t / "big.tfrecord"}, ferry::tfrecord{}, {.max_record_bytes = 1000}); },
+                 t / "big.tfrecord", 40, "record length 3000 exceeds max_record_bytes (1000)");
+    CHECK(read_all({t / "big.tfrecord"}, ferry::tfrecord{}).size() == 3);
   }
 }
 
@@ -1556,6 +1569,47 @@ TEST_CASE("memory: peak RSS stays flat reading far more than the read buffers" *
 #endif
   // A few 1 MiB chunks (read ahead included) and batch buffers, never the files.
   CHECK(grew < shadow * 16 * 1024);
+}
+
+TEST_CASE("memory: a line without end, plain or compressed, buffers max_record_bytes at most" * doctest::timeout(120)) {
+  ferry_test::watchdog wd(std::chrono::seconds(120));
+  temp_dir t;
+  // 96 MiB of zeros and no newline: once the whole file (or 1 GiB of a gzip of zeros) was
+  // buffered looking for the line's end.
+  {
+    std::ofstream o(t / "z.txt", std::ios::binary);
+    const std::string mib(1 << 20, 'z');
+    for (int i = 0; i < 96; ++i) o.write(mib.data(), static_cast<std::streamsize>(mib.size()));
+  }
+  {
+    gzFile g = gzopen((t / "z.txt.gz").c_str(), "wb1");
+    const std::string mib(1 << 20, '\0');
+    for (int i = 0; i < 96; ++i) gzwrite(g, mib.data(), static_cast<unsigned>(mib.size()));
+    gzclose(g);
+  }
+  const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+  const bool can_reset = fd >= 0 && ::write(fd, "5", 1) == 1;
+  if (fd >= 0) ::close(fd);
+  for (const std::string f : {t / "z.txt", t / "z.txt.gz"}) {
+    CAPTURE(f);
+    const int r = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
+    if (r >= 0) {
+      (void)!::write(r, "5", 1);
+      ::close(r);
+    }
+    const long before = vm_hwm_kib();
+    auto src = ferry::from_files({f}, ferry::text_lines{}, {.max_record_bytes = 8 << 20});
+    expect_error<ferry::format_error>([&] { src.next(); }, f, 0, "a line longer than max_record_bytes (8388608)");
+    const long grew = vm_hwm_kib() - before;
+    MESSAGE(f << ": peak RSS grew by " << grew << " KiB");
+#if defined(__SANITIZE_THREAD__)
+    const long shadow = 5;
+#else
+    const long shadow = 1;
+#endif
+    // The line's buffer (at most 8 MiB + 2, copied once while it grows) and read chunks.
+    if (can_reset) CHECK(grew < shadow * 40 * 1024);
+  }
 }
 
 TEST_CASE("npy: headers as NumPy writes them (any key order, padding, version) against the rows" *

@@ -47,8 +47,11 @@ struct from_files_options {
   std::size_t chunk_bytes = 1 << 20;               // size of each read buffer
   std::size_t read_ahead = 4;                      // chunks filled ahead by I/O threads (0: none)
   std::size_t read_threads = 2;                    // I/O threads filling them (at most read_ahead)
-  std::uint64_t max_record_bytes = 1ull << 30;     // largest record of a compressed stream,
-                                                   // and of any fixed_length record + footer
+  // The largest record (a line, a TFRecord, a row, a fixed_length record + footer) read
+  // from any file, plain or compressed: no more than about this much is ever buffered for
+  // one record, whatever a damaged length field or a file without newlines says. Raise it
+  // for larger records.
+  std::uint64_t max_record_bytes = std::uint64_t(64) << 20;
   compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib
   // Which library inflates them: ISA-L when ferry was built with it, else zlib, unless
   // the environment's FERRY_INFLATE says zlib or isal (byte_stream.hpp). from_files

@@ -20,8 +20,8 @@
 // Reading: each file is read sequentially with large read(2) calls into pooled chunks of
 // options.chunk_bytes (default 1 MiB); a record is a view into its chunk that owns a
 // reference to it (ferry::record), valid until the record and its copies are destroyed.
-// Only a record larger than a chunk needs a larger chunk, and never larger than what is
-// left in the file (or max_record_bytes for compressed streams, whose size is unknown).
+// Only a record larger than a chunk needs a larger chunk, never larger than what is left
+// in the file nor than options.max_record_bytes (64 MiB by default), in any format.
 // batch() takes records through next_borrowed (borrowing_source): views, with one chunk
 // reference per chunk, copied into the batch at once.
 // Nothing is opened until the first next(). After the end, next() returns nullopt until

@@ -3,8 +3,8 @@
 //
 // Records are the line's bytes without its ending ("\n" or "\r\n"); empty lines are
 // records; the last line may lack its newline (a file ending in "\n" has no extra empty
-// record). A line longer than the file cannot exist; in a compressed stream (or a pipe) a
-// line longer than max_record_bytes is a format_error at the line's offset, whatever the
+// record). A line longer than max_record_bytes (from_files_options; 64 MiB by default) is a
+// format_error at the line's offset, in a plain file or a compressed stream, whatever the
 // chunk size, and no more than max_record_bytes + 2 are buffered looking for its end.
 //
 // Threads: a format framer runs where from_files reads (the thread calling next(), or
@@ -52,11 +52,7 @@ struct lines_framer {
       scanned = avail;
       // grow(), not ensure(): the lines complete in what is read before a damaged
       // compressed stream ends are records, and the error comes at the first line after.
-      if (s.size()) {
-        s.grow(avail + std::max<std::size_t>(avail, 4096));
-        continue;
-      }
-      // Compressed: never buffer more than max_record_bytes and a "\r\n" looking for the end.
+      // Never buffer more than max_record_bytes and a "\r\n" looking for the end.
       if (avail > max_record && avail - max_record > 1) too_long(s);
       const std::uint64_t cap = max_record > UINT64_MAX - 2 ? UINT64_MAX : max_record + 2;
       s.grow(static_cast<std::size_t>(std::min<std::uint64_t>(avail + std::max<std::size_t>(avail, 4096), cap)));

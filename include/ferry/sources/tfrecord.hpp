@@ -67,11 +67,11 @@ struct tfrecord_framer {
         throw format_error(s.path(), s.offset(),
                            "truncated record (the length field says " + std::to_string(len) + " bytes, " +
                                std::to_string(left < 16 ? 0 : left - 16) + " are left in the file)");
-    } else if (len > max_record) {
+    }
+    if (len > max_record)  // in a plain file too: nothing allocates the rest of a file
       throw format_error(s.path(), s.offset(),
                          "record length " + std::to_string(len) + " exceeds max_record_bytes (" +
                              std::to_string(max_record) + ")");
-    }
     const std::size_t need = static_cast<std::size_t>(len) + 16;
     const std::size_t got = s.ensure(need);
     if (got < need)
@@ -101,7 +101,7 @@ struct tfrecord_framer {
     std::size_t left = s.available();
     if (!p || left < 12) return false;
     const std::uint64_t len = load_le64(p);
-    if (len >= lane_max || 4 * (len + 16) > left || (!s.size() && len > max_record)) return false;
+    if (len >= lane_max || 4 * (len + 16) > left || len > max_record) return false;
     const unsigned char *head[4], *data[4];
     for (int k = 0; k < 4; ++k, p += len + 16) {
       if (k > 0 && load_le64(p) != len) return false;

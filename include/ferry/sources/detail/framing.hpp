@@ -83,12 +83,15 @@ struct row_framer {
   // Checks the data region against the file size up front is not needed: rows that are
   // present are read, the first missing one is an error at its offset.
   void check_row_limit(const byte_stream& s, std::uint64_t data_offset, std::uint64_t max_record) const {
-    const std::uint64_t limit = s.size() ? (*s.size() > data_offset ? *s.size() - data_offset : 0) : max_record;
-    if (rows > 0 && row_bytes > limit)
+    const std::uint64_t in_file = s.size() ? (*s.size() > data_offset ? *s.size() - data_offset : 0) : max_record;
+    if (rows > 0 && row_bytes > in_file && in_file < max_record)
       throw format_error(s.path(), data_offset,
-                         "a " + std::string(what) + " of " + std::to_string(row_bytes) + " bytes is larger than " +
-                             (s.size() ? std::string("the data in the file (") + std::to_string(limit) + " bytes)"
-                                       : "max_record_bytes (" + std::to_string(limit) + ")"));
+                         "a " + std::string(what) + " of " + std::to_string(row_bytes) +
+                             " bytes is larger than the data in the file (" + std::to_string(in_file) + " bytes)");
+    if (rows > 0 && row_bytes > max_record)
+      throw format_error(s.path(), data_offset,
+                         "a " + std::string(what) + " of " + std::to_string(row_bytes) +
+                             " bytes is larger than max_record_bytes (" + std::to_string(max_record) + ")");
   }
 };
 
