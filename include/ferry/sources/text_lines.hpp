@@ -44,7 +44,7 @@ struct lines_framer {
         const std::size_t cut = (nl && len > 0 && s.data()[len - 1] == std::byte{'\r'}) ? len - 1 : len;
         // Checked on every line, not only while searching: whether a line was found in
         // what was already buffered depends on the chunk size.
-        if (!s.size() && cut > max_record) too_long(s);
+        if (cut > max_record) too_long(s);
         f.out = {s.data(), cut};
         f.advance = nl ? len + 1 : avail;
         return frame_status::record;
