@@ -30,6 +30,7 @@
 
 #include "common/doubles.hpp"
 #include "sources/helpers.hpp"
+#include "ferry/any_source.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/detail/random.hpp"
 #include "ferry/sources/from_files.hpp"
@@ -559,6 +560,15 @@ struct case_interleave_fn {
   static std::vector<std::string> names() { return {"from_generator", "interleave"}; }
 };
 
+
+// any_source: the held pipeline, type erased; every property goes through one virtual call.
+struct case_any_source {
+  static constexpr const char* label = "any_source";
+  static ferry::any_source<u64> make(u64 bad) { return gen(N, bad) | ferry::filter([](u64 x) { return x % 3 != 0; }); }
+  static events oracle(u64 bad) { return case_filter::oracle(bad); }
+  static std::vector<std::string> names() { return {"from_generator", "filter"}; }
+};
+
 // ---- the properties ----------------------------------------------------------------------
 
 template <class C>
@@ -746,7 +756,7 @@ TEST_CASE_TEMPLATE("conformance: every stage and source" * doctest::timeout(300)
                    case_repeat, case_shuffle, case_map_inline, case_map_workers, case_map_unordered,
                    case_flat_map, case_batch, case_prefetch, case_cache, case_concatenate, case_zip,
                    case_sample_from, case_distribute, case_from_files, case_interleave,
-                   case_interleave_fn<0>, case_interleave_fn<2>) {
+                   case_interleave_fn<0>, case_interleave_fn<2>, case_any_source) {
   conform<C>();
 }
 

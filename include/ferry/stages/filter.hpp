@@ -12,8 +12,6 @@
 // and the next call goes on with whatever upstream gives next.
 #pragma once
 
-#include <concepts>
-#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <optional>

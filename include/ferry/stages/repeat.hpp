@@ -10,8 +10,6 @@
 // failed to open this time): repeat goes on to the next epoch rather than end early.
 #pragma once
 
-#include <concepts>
-#include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -37,18 +35,10 @@ class repeat_source : public stage<repeat_source<Up>, Up> {
  private:
   std::optional<value_t<Up>> pull() {
     while (epoch_ < n_) {
-      std::optional<value_t<Up>> e;
-      try {
-        e = this->pull_up();
-      } catch (...) {
-        seen_in_epoch_ = true;  // data that failed is not an empty dataset
-        throw;
-      }
-      if (e) {
-        seen_in_epoch_ = true;
-        return e;
-      }
-      if (!seen_in_epoch_) {  // an empty epoch: the dataset is empty, stop
+      const bool seen = seen_in_epoch_;
+      seen_in_epoch_ = true;  // an element, or data that failed: not an empty dataset
+      if (std::optional<value_t<Up>> e = this->pull_up()) return e;
+      if (!seen) {  // an empty epoch: the dataset is empty, stop
         epoch_ = n_;
         break;
       }

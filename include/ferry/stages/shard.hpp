@@ -14,8 +14,6 @@
 // Runs on the calling thread.
 #pragma once
 
-#include <concepts>
-#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>

@@ -20,8 +20,6 @@
 // skip's n (saved from a skip of a larger n) is a config_error naming both.
 #pragma once
 
-#include <concepts>
-#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>

@@ -25,8 +25,6 @@
 // more than this take's n (saved from a take of a larger n) is a config_error naming both.
 #pragma once
 
-#include <concepts>
-#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
