@@ -196,6 +196,43 @@ TEST_CASE("interleave: destruction with one reader in read(2) on a slow pipe and
   }
 }
 
+TEST_CASE("interleave: destruction with a reader on a FIFO that no writer opened, or one that never writes: "
+          "under 2 s" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s);
+  temp_dir t;
+  const std::string file = t / "lines.txt";
+  write_file(file, "a\nb\nc\n");
+  for (bool writer : {false, true}) {
+    CAPTURE(writer);
+    const std::string fifo = t / (writer ? "silent.fifo" : "lonely.fifo");
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    // A writer that opens the FIFO and never writes (the read then waits for data rather
+    // than for a writer); without one, opening it once blocked the reader, and the
+    // destructor with it, forever.
+    int wfd = -1;
+    std::thread opener;
+    if (writer)
+      opener = std::thread([&] {
+        for (int i = 0; i < 2000 && wfd < 0; ++i) {
+          wfd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+          if (wfd < 0) std::this_thread::sleep_for(1ms);
+        }
+      });
+    {
+      using src_t = decltype(ferry::from_files({file, fifo}, ferry::text_lines{}) | ferry::interleave(2));
+      std::optional<src_t> src(ferry::from_files({file, fifo}, ferry::text_lines{}) | ferry::interleave(2, {.workers = 2}));
+      auto r = src->next();  // slot 0, the file; slot 1's reader waits on the FIFO
+      REQUIRE(r);
+      CHECK(r->str() == "a");
+      if (writer) opener.join();
+      std::this_thread::sleep_for(30ms);  // time for the reader to reach its wait (not a synchronisation)
+      const double took = seconds_to_destroy(src);
+      CHECK_MESSAGE(took < 2.0, "destruction took " << took << " s");
+    }
+    if (wfd >= 0) ::close(wfd);
+  }
+}
+
 TEST_CASE("interleave: restore_state refuses a state of other files, cycle or block, or with a bad slot" *
           doctest::timeout(30)) {
   ferry_test::watchdog wd(30s);

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -38,6 +39,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <condition_variable>
@@ -293,6 +295,10 @@ inline bool name_says_compressed(const std::string& p) {
   return ends(".gz") || ends(".gzip") || ends(".zlib") || ends(".GZ");
 }
 
+// Thrown by a read of a pipe that a reader's owner asked to stop (set_cancel): not an
+// error of the data; the owner is tearing the reader down.
+struct read_cancelled {};
+
 class byte_stream {
  public:
   byte_stream() = default;
@@ -309,6 +315,8 @@ class byte_stream {
       path_ = std::move(o.path_);
       file_ = std::move(o.file_);
       fd_ = std::exchange(o.fd_, -1);
+      pollable_ = o.pollable_;
+      cancel_ = o.cancel_;
       size_ = o.size_;
       gz_ = o.gz_;
       zs_ = o.zs_;
@@ -338,6 +346,9 @@ class byte_stream {
   ~byte_stream() { close(); }
 
   void set_pool(std::shared_ptr<chunk_pool> p) { pool_ = std::move(p); }
+  // A flag whose setting ends a wait for a pipe's data (read_cancelled within 50 ms): for
+  // reader threads whose owner must be able to stop them. Null: a pipe is waited for.
+  void set_cancel(const std::atomic<bool>* c) { cancel_ = c; }
   // Chunks read ahead by I/O threads for plain files (0: read(2) on the calling thread).
   void set_read_ahead(std::size_t depth, std::size_t threads = 1) {
     depth_ = depth;
@@ -348,11 +359,13 @@ class byte_stream {
   void set_inflater(inflate_engine e) { isal_cfg_ = resolve_inflater(e) == inflate_engine::isal; }
 
   // Throws io_error when the path cannot be opened, is a directory, or cannot be read.
+  // Never blocks: a FIFO without a writer opens at once (O_NONBLOCK), and its reads wait
+  // for data in poll(2), where set_cancel's flag can end them.
   void open(const std::string& path, compression c) {
     close();
     if (path_ != path || !file_) file_ = std::make_shared<const std::string>(path);
     path_ = path;
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw io_error(path, 0, std::error_code(errno, std::generic_category()), "cannot open");
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
@@ -364,6 +377,8 @@ class byte_stream {
       ::close(fd);
       throw io_error(path, 0, std::make_error_code(std::errc::is_a_directory), "cannot read");
     }
+    pollable_ = !S_ISREG(st.st_mode);  // a pipe, a socket, a device: reads may wait
+    if (!pollable_) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     fd_ = fd;
 #ifdef POSIX_FADV_SEQUENTIAL
     ::posix_fadvise(fd_, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -542,16 +557,35 @@ class byte_stream {
 
   std::size_t read_into(std::byte* dst, std::size_t room) {
     for (;;) {
+      if (pollable_) wait_readable();
       ssize_t r = ::read(fd_, dst, room);
       if (r >= 0) {
         file_pos_ += static_cast<std::uint64_t>(r);
         return static_cast<std::size_t>(r);
       }
-      if (errno == EINTR) continue;
+      if (errno == EINTR || (pollable_ && errno == EAGAIN)) continue;
       const int e = errno;
       if (e == EISDIR)
         throw io_error(path_, file_pos_, std::make_error_code(std::errc::is_a_directory), "cannot read");
       throw io_error(path_, offset(), std::error_code(e, std::generic_category()), "read failed");
+    }
+  }
+
+  // A pipe: waits until it has data, or its writer has gone (POLLHUP: the read then sees
+  // the end). A FIFO whose writer never came keeps waiting (Linux reports POLLHUP only
+  // after a writer has come and gone). With a cancel flag, looks at it every 50 ms.
+  void wait_readable() {
+    for (;;) {
+      pollfd p{fd_, POLLIN, 0};
+      const int rc = ::poll(&p, 1, cancel_ ? 50 : -1);
+      if (rc > 0) {
+        if (p.revents & POLLNVAL)
+          throw io_error(path_, offset(), std::make_error_code(std::errc::bad_file_descriptor), "read failed");
+        return;  // data, the writer's end, or an error the read will report
+      }
+      if (rc < 0 && errno != EINTR)
+        throw io_error(path_, offset(), std::error_code(errno, std::generic_category()), "poll failed");
+      if (cancel_ && cancel_->load(std::memory_order_relaxed)) throw read_cancelled{};
     }
   }
 
@@ -749,6 +783,8 @@ class byte_stream {
   std::string path_;
   std::shared_ptr<const std::string> file_;  // path_, shared with the chunks filled from it
   int fd_ = -1;
+  bool pollable_ = false;                   // not a regular file: reads wait in poll(2)
+  const std::atomic<bool>* cancel_ = nullptr;  // set_cancel
   std::optional<std::uint64_t> size_;
   bool gz_ = false;
   z_stream zs_{};

@@ -148,6 +148,8 @@ class file_reader {
     rec_ = rec;
   }
   void close() { s_.close(); }
+  // See byte_stream::set_cancel: a stop flag that ends a wait for a pipe's data.
+  void set_cancel(const std::atomic<bool>* c) { s_.set_cancel(c); }
   bool is_open() const { return s_.is_open(); }
   std::uint64_t offset() const { return s_.offset(); }
   std::uint64_t records() const { return rec_; }

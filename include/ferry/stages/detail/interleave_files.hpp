@@ -39,9 +39,12 @@
 // that epoch's order of files; the state holds the epoch. npy/IDX: every file's rows must
 // match those of the first file in the list (as given) whose header reads, as from_files
 // requires; a file that differs is a format_error naming it (offset 0) at its place in
-// the order, whatever the thread timing. The destructor and rewind() stop and join the threads, even
-// mid-epoch, once each has finished the record it is reading (a read(2) on a pipe waits
-// for its data). Throws config_error for cycle == 0 or block == 0.
+// the order, whatever the thread timing. The destructor and rewind() stop and join the
+// threads, even mid-epoch, once each has finished the record it is reading; a reader
+// waiting for a pipe's data (a FIFO whose writer is slow, or never came: opening one does
+// not wait) sees the stop within 50 ms (byte_stream::set_cancel). A pipe cannot be read
+// again from a saved position: after a stop mid-file (rewind, restore, a move) its slot
+// fails to seek.
 #pragma once
 
 #include <algorithm>
@@ -148,6 +151,8 @@ class interleave_files_source : public stage<interleave_files_source<Up>, Up, re
   interleave_files_source(interleave_files_source&& other) noexcept(false)
       : base((other.stop_threads(), std::move(other))), cycle_(other.cycle_), o_(other.o_), pool_(other.pool_) {
     slots_ = std::move(other.slots_);
+    for (slot& s : slots_)
+      if (s.reader) s.reader->set_cancel(&stop_);  // this object's flag now
     layout_ = std::move(other.layout_);
     layout_known_ = other.layout_known_;
     cur_ = other.cur_;
@@ -327,7 +332,10 @@ class interleave_files_source : public stage<interleave_files_source<Up>, Up, re
     const std::size_t n = std::min(cycle_, files.size());
     slots_.resize(n);
     for (std::size_t j = 0; j < files.size(); ++j) slots_[j % n].files.push_back(files[j]);
-    for (slot& s : slots_) s.reader = std::make_unique<file_reader>(this->up().format(), this->up().options(), pool_);
+    for (slot& s : slots_) {
+      s.reader = std::make_unique<file_reader>(this->up().format(), this->up().options(), pool_);
+      s.reader->set_cancel(&stop_);  // stop_threads() ends a wait for a pipe's data
+    }
     cur_ = 0;
     in_block_ = 0;
   }
