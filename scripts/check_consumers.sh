@@ -7,6 +7,13 @@
 #                     into a temporary prefix
 #   cmake             CMake find_package(ferry CONFIG ... OPTIONAL_COMPONENTS cuda) against
 #                     the same install, targets ferry::ferry and ferry::cuda
+#   install_only      that install compiled nothing (tests, benchmarks and examples off:
+#                     no compile command, no object file) and installed the headers,
+#                     ferry.pc (with -std=c++20) and the CMake package
+#   cxx17             a program including ferry/ferry.hpp with -std=c++17 stops with one
+#                     error line, which names C++20 (pkgconfig and cmake above set no
+#                     standard themselves: ferry.pc and ferry::ferry carry C++20)
+#   options           every combination of -Dtests, -Dbenchmarks, -Dexamples configures
 # The CUDA programs are g++ targets (no nvcc needed); they are built where the CUDA toolkit
 # is installed and run anywhere (without a driver they report no device and still pass).
 # Last line: "consumers: N passed, N failed". Exits non-zero when one failed.
@@ -88,12 +95,71 @@ consumer_cmake() {
     run_programs cmake "$tmp/build-cmake"
 }
 
+# Installing without building: the install above must have compiled nothing.
+consumer_install_only() {
+  local b=$tmp/build-ferry n objs missing=""
+  [ $install_ok = 1 ] || { echo "FAIL install_only: ferry did not install (see above)"; return 1; }
+  n=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))))' "$b/compile_commands.json" 2>/dev/null || echo "?")
+  objs=$(find "$b" -name '*.o' | wc -l)
+  if [ "$n" != 0 ] || [ "$objs" != 0 ]; then
+    echo "FAIL install_only: -Dtests=false -Dbenchmarks=false -Dexamples=false still compiles ($n compile commands, $objs objects)"
+    return 1
+  fi
+  for f in include/ferry/ferry.hpp ferry.pc ferryConfig.cmake ferryConfigVersion.cmake; do
+    [ -n "$(find "$prefix" -path "*$f" | head -n 1)" ] || missing+=" $f"
+  done
+  [ -z "$missing" ] || { echo "FAIL install_only: not installed:$missing"; return 1; }
+  grep -q -- '-std=c++20' "$(find "$prefix" -name ferry.pc | head -n 1)" ||
+    { echo "FAIL install_only: ferry.pc's Cflags carry no -std=c++20"; return 1; }
+  echo "PASS install_only: meson setup -Dtests=false -Dbenchmarks=false -Dexamples=false + meson install: 0 compile commands; headers, ferry.pc (-std=c++20), CMake package"
+}
+
+# An older standard: one error line, and it says C++20.
+consumer_cxx17() {
+  local inc out errors
+  [ $install_ok = 1 ] || { echo "FAIL cxx17: ferry did not install (see above)"; return 1; }
+  inc=$(dirname "$(dirname "$(find "$prefix" -path '*include/ferry/ferry.hpp' | head -n 1)")")
+  printf '#include "ferry/ferry.hpp"\nint main() { return 0; }\n' > "$tmp/cxx17.cpp"
+  if out=$(${CXX:-c++} -std=c++17 -I"$inc" -fsyntax-only "$tmp/cxx17.cpp" 2>&1); then
+    echo "FAIL cxx17: ferry/ferry.hpp compiled with -std=c++17"
+    return 1
+  fi
+  errors=$(grep -cE ': (fatal )?error:' <<<"$out")
+  if [ "$errors" != 1 ] || ! grep -qE ': error:.*C\+\+20' <<<"$out"; then
+    echo "FAIL cxx17: expected one error line naming C++20, got $errors:"
+    head -n 10 <<<"$out" | sed 's/^/    /'
+    return 1
+  fi
+  echo "PASS cxx17: -std=c++17 gives one error: $(grep -E ': error:' <<<"$out" | sed 's/^.*error: //')"
+}
+
+# Every combination of the three build options configures (configure only: seconds each).
+consumer_options() {
+  local t b e bad=""
+  for t in true false; do for b in true false; do for e in true false; do
+    if ! meson setup "$tmp/opts-$t-$b-$e" "$src" -Dtests=$t -Dbenchmarks=$b -Dexamples=$e \
+         >"$tmp/opts-$t-$b-$e.log" 2>&1; then
+      bad+=" tests=$t,benchmarks=$b,examples=$e"
+      tail -n 5 "$tmp/opts-$t-$b-$e.log" | sed 's/^/    /'
+    fi
+    rm -rf "$tmp/opts-$t-$b-$e"
+  done; done; done
+  [ -z "$bad" ] || { echo "FAIL options: these do not configure:$bad"; return 1; }
+  echo "PASS options: all 8 combinations of -Dtests, -Dbenchmarks, -Dexamples configure"
+}
+
 consumer_sub
 record $?
 if install_ferry; then install_ok=1; fi
 consumer_pkgconfig
 record $?
 consumer_cmake
+record $?
+consumer_install_only
+record $?
+consumer_cxx17
+record $?
+consumer_options
 record $?
 echo "consumers: $passed passed, $failed failed"
 [ "$failed" = 0 ]

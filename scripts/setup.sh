@@ -2,8 +2,18 @@
 # Sets up a fresh Debian 12 machine for ferry and builds it: installs the Debian packages
 # ferry needs (when missing), puts nvcc on PATH when the CUDA toolkit is there, configures
 # and builds ./build (or $FERRY_BUILD). Safe to run again: it only does what is missing.
+#   bash scripts/setup.sh                    packages, configure, build everything
+#   bash scripts/setup.sh --configure-only   packages and configure (main.sh then builds
+#                                            one program, test.sh times the build itself)
+#   bash scripts/setup.sh --packages-only    the Debian packages alone
+# ninja runs $(bash scripts/jobs.sh) jobs (cores and memory; FERRY_JOBS overrides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+mode=${1:-all}
+case $mode in
+  all | --configure-only | --packages-only) ;;
+  *) echo "usage: $0 [--configure-only | --packages-only]" >&2; exit 2 ;;
+esac
 
 packages=(meson ninja-build pkg-config g++ clang libclang-rt-14-dev doctest-dev zlib1g-dev libisal-dev
           libopenblas-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist python3-torch
@@ -19,10 +29,12 @@ if ((${#missing[@]})); then
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+[ "$mode" = --packages-only ] && exit 0
 
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 build=${FERRY_BUILD:-build}
 if [ ! -f "$build/build.ninja" ]; then
   bash scripts/meson_setup.sh "$build" -Dcuda=auto
 fi
-ninja -C "$build"
+[ "$mode" = --configure-only ] && exit 0
+ninja -C "$build" -j "$(bash scripts/jobs.sh)"

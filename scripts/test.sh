@@ -5,55 +5,116 @@
 #   2. the CPU suite again under ASan+UBSan;
 #   3. the threaded tests under TSan;
 #   4. each libFuzzer harness for a short run over its seed corpus (clang);
-#   5. three tiny consumer projects built against ferry (Meson subproject, pkg-config, CMake);
-# and a closing line "N passed, N failed, N skipped" over all of them.
-# Exits non-zero when anything failed.
+#   5. the consumer checks: three tiny projects built against ferry (Meson subproject,
+#      pkg-config, CMake), an install that compiles nothing, C++20 carried, every
+#      combination of the build options configuring;
+# then how long each part took, and a closing line "N passed, N failed, N skipped" over
+# all of them. Exits non-zero when anything failed.
+#
+# Compile time is most of the cost (docs/testing.md): the sanitizer builds compile at -Og
+# with line tables only (-g1: enough for the sanitizers' stack traces), and ninja runs
+# one job per core as memory allows (scripts/jobs.sh; FERRY_JOBS overrides). A fresh
+# 2-core machine with a cold ccache takes about 40 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh || exit 1
+start=$SECONDS
+bash scripts/setup.sh --configure-only || exit 1
+setup_s=$((SECONDS - start))
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 build=${FERRY_BUILD:-build}
+jobs=$(bash scripts/jobs.sh)
 logs=()
 status=0
+parts=()  # "name|build seconds|test seconds"
 
+fmt() { printf '%dm%02ds' $(($1 / 60)) $(($1 % 60)); }
+# part NAME BUILD_S TEST_S: records and prints one part's times.
+part() {
+  parts+=("$1|$2|$3")
+  echo "== $1 took $(fmt $(($2 + $3))) (build $(fmt "$2"), tests $(fmt "$3"))"
+}
+# build_dir DIR: ninja in DIR; on failure its test log is recorded as missing.
+build_dir() {
+  rm -f "$1/meson-logs/testlog.json"
+  ninja -C "$1" -j "$jobs" && return 0
+  status=1
+  logs+=("$1/meson-logs/testlog.json")
+  return 1
+}
 run_suite() {  # build-dir [meson test args...]
   local dir=$1; shift
-  meson test -C "$dir" --print-errorlogs --num-processes 2 "$@" || status=1
+  meson test -C "$dir" --no-rebuild --print-errorlogs --num-processes 2 "$@" || status=1
   logs+=("$dir/meson-logs/testlog.json")
 }
+# setup_or_configure DIR ARGS...: meson setup DIR with ARGS, or, when DIR exists, the same
+# options applied to it (an older DIR built at -O2 -g is brought to today's levels).
+setup_or_configure() {
+  local dir=$1; shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson configure "$dir" "$@" >/dev/null || status=1
+  else
+    meson setup "$dir" "$@" >/dev/null || status=1
+  fi
+}
+part "setup" "$setup_s" 0  # packages (when missing) and configuring $build
+echo "== ninja runs $jobs jobs"
 
 echo "== tests ($build)"
-run_suite "$build"
+t0=$SECONDS
+build_dir "$build" && ok=1 || ok=0
+t1=$SECONDS
+[ $ok = 1 ] && run_suite "$build"
+part "main suite" $((t1 - t0)) $((SECONDS - t1))
+
+# Sanitizer builds: -Og -g1 (test_map.cpp under ASan+UBSan: 540 CPU-s at -O2 -g, 66 at -Og
+# -g1), the CPU suite only, no CUDA, benchmarks or examples.
+san_opts=(-Dcuda=disabled -Dbenchmarks=false -Dexamples=false -Doptimization=g -Ddebug=false -Dcpp_args=-g1)
 
 echo "== ASan+UBSan"
-if [ ! -f build-asan/build.ninja ]; then
-  meson setup build-asan -Dcuda=disabled -Dbenchmarks=false -Dexamples=false \
-    -Db_sanitize=address,undefined -Dbuildtype=debugoptimized >/dev/null || status=1
-fi
-ninja -C build-asan && run_suite build-asan --suite cpu || status=1
+t0=$SECONDS
+setup_or_configure build-asan "${san_opts[@]}" -Db_sanitize=address,undefined
+build_dir build-asan && ok=1 || ok=0
+t1=$SECONDS
+[ $ok = 1 ] && run_suite build-asan --suite cpu
+part "ASan+UBSan" $((t1 - t0)) $((SECONDS - t1))
 
 echo "== TSan (threaded tests)"
-if [ ! -f build-tsan/build.ninja ]; then
-  meson setup build-tsan -Dcuda=disabled -Dbenchmarks=false -Dexamples=false \
-    -Db_sanitize=thread -Dbuildtype=debugoptimized -Dareas=core,memory,sources,collective,train,observe,cuda >/dev/null || status=1
-fi
+t0=$SECONDS
+setup_or_configure build-tsan "${san_opts[@]}" -Db_sanitize=thread \
+  -Dareas=core,memory,sources,collective,train,observe,cuda
+build_dir build-tsan && ok=1 || ok=0
+t1=$SECONDS
 # libgomp is not instrumented: one OpenMP thread under TSan (see docs/architecture.md).
-ninja -C build-tsan && OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan --suite cpu || status=1
+[ $ok = 1 ] && OMP_NUM_THREADS=1 TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan --suite cpu
+part "TSan" $((t1 - t0)) $((SECONDS - t1))
 
 if command -v clang++ >/dev/null && [ -f tests/fuzz/meson.build ]; then
   echo "== fuzzers (short runs)"
+  t0=$SECONDS
   if [ ! -f build-fuzz/build.ninja ]; then
     CXX=clang++ meson setup build-fuzz -Dcuda=disabled -Dbenchmarks=false -Dexamples=false \
       -Dfuzzers=true -Dareas=fuzz >/dev/null || status=1
   fi
-  ninja -C build-fuzz && run_suite build-fuzz --suite fuzz || status=1
+  build_dir build-fuzz && ok=1 || ok=0
+  t1=$SECONDS
+  [ $ok = 1 ] && run_suite build-fuzz --suite fuzz
+  part "fuzzers" $((t1 - t0)) $((SECONDS - t1))
 fi
 
-echo "== consumers (Meson subproject, pkg-config, CMake find_package)"
+echo "== consumers (Meson subproject, pkg-config, CMake find_package; install-only, C++20, options)"
+t0=$SECONDS
 consumers_log=$(mktemp)
 bash scripts/check_consumers.sh 2>&1 | tee "$consumers_log"
 consumers=$(tail -n 1 "$consumers_log")
 rm -f "$consumers_log"
+part "consumers" 0 $((SECONDS - t0))
+
+echo "== time per part (wall; ninja -j $jobs on $(nproc) cores)"
+for p in "${parts[@]}"; do
+  IFS='|' read -r name b t <<<"$p"
+  printf '  %-12s %8s  (build %s, tests %s)\n' "$name" "$(fmt $((b + t)))" "$(fmt "$b")" "$(fmt "$t")"
+done
+printf '  %-12s %8s\n' "total" "$(fmt $((SECONDS - start)))"
 
 python3 scripts/summarize.py --extra "$consumers" "${logs[@]}" || status=1
 exit $status
