@@ -1590,7 +1590,7 @@ TEST_CASE("memory: a line without end, plain or compressed, buffers max_record_b
   const int fd = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
   const bool can_reset = fd >= 0 && ::write(fd, "5", 1) == 1;
   if (fd >= 0) ::close(fd);
-  for (const std::string& f : {(t / "z.txt").string(), (t / "z.txt.gz").string()}) {
+  for (const std::string& f : {t / "z.txt", t / "z.txt.gz"}) {
     CAPTURE(f);
     const int r = ::open("/proc/self/clear_refs", O_WRONLY | O_CLOEXEC);
     if (r >= 0) {
