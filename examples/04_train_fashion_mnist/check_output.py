@@ -1,7 +1,9 @@
 #!/usr/bin/python3
-"""Runs train_fashion_mnist for one short epoch and checks what it prints: one
-`epoch <k> loss <l> test_accuracy <a> elapsed_s <s>` line per epoch, then
-`test_accuracy: <a>`, and the stderr line naming the backend. On a machine without a usable
+"""Runs train_fashion_mnist for two short epochs and checks what it prints: one
+`epoch <k> loss <l> test_accuracy <a> elapsed_s <s>` line per epoch (l: the epoch's mean
+training loss), then `test_accuracy: <a>`, and the stderr line naming the backend. Its
+progress lines (stderr, a pipe: plain lines) must never show a loss before there is one, and
+each epoch's last one ("mean loss") must be the epoch line's loss. On a machine without a usable
 GPU the nvcc-built program must fall back to host replicas; with `gpu` it must run on the
 GPU: its stderr must name the GPU backend, and a host-replica line fails the check. Exits 1
 with the reason on any mismatch.
@@ -27,7 +29,7 @@ exe = argv[1]
 want_gpu = argv[2:3] == ["gpu"]
 no_skip = argv[3:4] == ["--no-skip"]
 p = subprocess.run([exe, "--epochs", "2", "--limit", "2048", "--batch", "128", "--replicas", "2",
-                    "--quiet", "--device", "gpu" if want_gpu else "auto"] + extra,
+                    "--device", "gpu" if want_gpu else "auto"] + extra,
                    capture_output=True, text=True, timeout=110)
 if want_gpu and not no_skip and p.returncode != 0 and ("no usable CUDA device" in p.stderr
                                                        or "has no GPU path" in p.stderr):
@@ -56,6 +58,14 @@ else:
         fail.append("the final accuracy differs from the last epoch's")
     elif float(m[1]) < 0.6:  # 2 x 2048 images of a 10-class problem: chance is 0.1
         fail.append(f"test accuracy {m[1]} after 2 short epochs: not learning")
+# The progress bar: its final line per epoch is the epoch line's loss.
+if "loss -" in err:
+    fail.append("a progress line shows 'loss -'")
+for k, line in enumerate(out[:2], 1):
+    m = epoch.match(line)
+    bar = re.findall(rf"^epoch {k}: 2048/2048 samples, .* mean loss (\d+\.\d{{4}}), took", err, re.M)
+    if m and bar != [m[2]]:
+        fail.append(f"epoch {k}: the progress bar's final mean loss {bar} is not the epoch line's {m[2]}")
 gpu_line = re.search(r"^train_fashion_mnist: \d+ GPU replica\(s\) on .*\(cuBLAS, NCCL(, CUDA graphs)?\)", err, re.M)
 host_line = re.search(r"^train_fashion_mnist: 2 host replica\(s\)", err, re.M)
 if want_gpu:
