@@ -11,11 +11,12 @@
 // A bad file: "error: <file>: <what> at offset <n>" on stderr and exit status 1. With
 // --on-error skip each bad record gets that line, reading goes on and "skipped: <n>" is
 // printed last (exit status 0). Bad arguments: a message and exit status 2.
+#include <CLI/CLI.hpp>
+
 #include <cinttypes>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -61,38 +62,32 @@ void print_error(const ferry::error& e) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string format;
-  bool verify = true, skip = false, digest = true, sharded = false;
-  std::uint64_t shard_i = 0, shard_n = 1;
+  std::string format, on_error = "throw", shard;
+  bool no_verify = false, no_digest = false;
   std::vector<std::string> files;
-  for (int a = 1; a < argc; ++a) {
-    const std::string arg = argv[a];
-    auto value = [&]() -> std::string {
-      if (a + 1 >= argc) usage(arg + " needs a value");
-      return argv[++a];
-    };
-    if (arg == "--format") format = value();
-    else if (arg.rfind("--format=", 0) == 0) format = arg.substr(9);
-    else if (arg == "--no-verify") verify = false;
-    else if (arg == "--no-digest") digest = false;
-    else if (arg == "--on-error") {
-      const std::string v = value();
-      if (v == "skip") skip = true;
-      else if (v == "throw") skip = false;
-      else usage("--on-error takes skip or throw, not '" + v + "'");
-    } else if (arg == "--shard") {
-      const auto parts = split(value(), '/');
-      if (parts.size() != 2 || !parse_u64(parts[0], shard_i) || !parse_u64(parts[1], shard_n) || shard_n == 0 ||
-          shard_i >= shard_n)
-        usage("--shard takes i/n with 0 <= i < n");
-      sharded = true;
-    } else if (arg == "--") {
-      for (++a; a < argc; ++a) files.emplace_back(argv[a]);
-    } else if (arg.size() > 1 && arg[0] == '-') {
-      usage("unknown option " + arg);
-    } else {
-      files.push_back(arg);
-    }
+  CLI::App app("Reads files through a ferry pipeline and prints what it read.", "ferry-inspect");
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // the last one counts
+  app.add_option("--format", format, "tfrecord|npy|idx|fixed:<bytes>[:<header>[:<footer>]]|lines");
+  app.add_option("--shard", shard, "i/n: keep the files at positions j with j mod n == i");
+  app.add_flag("--no-verify", no_verify, "tfrecord: no CRC check");
+  app.add_option("--on-error", on_error, "skip: report bad records and read on")
+      ->check(CLI::IsMember({"skip", "throw"}));
+  app.add_flag("--no-digest", no_digest, "print fnv1a64: -");
+  app.add_option("FILE", files, "the files, in order")->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    usage(e.what());
+  }
+  const bool verify = !no_verify, digest = !no_digest, skip = on_error == "skip", sharded = !shard.empty();
+  std::uint64_t shard_i = 0, shard_n = 1;
+  if (sharded) {
+    const auto parts = split(shard, '/');
+    if (parts.size() != 2 || !parse_u64(parts[0], shard_i) || !parse_u64(parts[1], shard_n) || shard_n == 0 ||
+        shard_i >= shard_n)
+      usage("--shard takes i/n with 0 <= i < n");
   }
   if (format.empty()) usage("--format is required");
   if (files.empty()) usage("no FILE given");

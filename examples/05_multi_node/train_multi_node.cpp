@@ -19,12 +19,12 @@
 // Output (rank 0, stdout): "epoch <k> loss <l> test_accuracy <a> elapsed_s <s>" per epoch,
 // then "test_accuracy: <a>". Any rank's error ends the job: "rank R: <error>" on stderr and
 // a non-zero exit from mpirun (MPI_Abort), never a hang.
+#include <CLI/CLI.hpp>
+
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -83,26 +83,22 @@ int main(int argc, char** argv) {
     std::int64_t max_steps = -1;
     float lr = 1e-3f;
     std::string dir = "/usr/share/datasets/fashion-mnist";
-    for (int i = 1; i < argc; ++i) {
-      const std::string a = argv[i];
-      auto val = [&]() -> std::string {
-        if (i + 1 >= argc) throw ferry::config_error(a + " needs a value");
-        return argv[++i];
-      };
-      auto whole = [&](const std::string& v) {
-        char* end = nullptr;
-        const long long x = std::strtoll(v.c_str(), &end, 10);
-        if (v.empty() || *end || x < 1) throw ferry::config_error(a + ": expected a whole number >= 1, got '" + v + "'");
-        return x;
-      };
-      if (a == "--epochs") epochs = int(whole(val()));
-      else if (a == "--batch") batch = std::size_t(whole(val()));
-      else if (a == "--seed") seed = std::uint64_t(whole(val()));
-      else if (a == "--steps") max_steps = whole(val());
-      else if (a == "--lr") lr = std::strtof(val().c_str(), nullptr);
-      else if (a == "--data") dir = val();
-      else throw ferry::config_error("usage: train_multi_node [--epochs N] [--batch GLOBAL] [--seed S] "
-                                     "[--steps MAX_PER_EPOCH] [--lr LR] [--data DIR]; unknown '" + a + "'");
+    CLI::App app("The Fashion-MNIST MLP trained by several processes (mpirun, srun).", "train_multi_node");
+    app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+    const auto whole = CLI::Range(1LL, 1'000'000'000'000'000LL).description("N>=1");  // signed: -1 is refused
+    app.add_option("--epochs", epochs)->check(whole)->capture_default_str();
+    app.add_option("--batch", batch, "the global batch (batch / ranks a rank)")->check(whole)->capture_default_str();
+    app.add_option("--seed", seed)->check(whole)->capture_default_str();
+    app.add_option("--steps", max_steps, "at most this many steps an epoch (default: all)")->check(whole);
+    app.add_option("--lr", lr)->capture_default_str();
+    app.add_option("--data", dir, "the directory of the gzip IDX files")->capture_default_str();
+    try {
+      app.parse(argc, argv);
+    } catch (const CLI::CallForHelp&) {
+      if (ctx.rank() == 0) std::fputs(app.help().c_str(), stdout);
+      return 0;
+    } catch (const CLI::ParseError& e) {  // every rank throws: abort_on_exception ends the job
+      throw ferry::config_error(std::string(e.what()) + " (see --help)");
     }
     const int W = ctx.world_size(), me = ctx.rank();
     if (batch % std::size_t(W) != 0)
