@@ -51,6 +51,7 @@
 
 namespace ferry {
 
+// A pipeline of elements T, its type erased (see the file's top).
 template <class T>
 class any_source : public source_interface<any_source<T>> {
   struct iface {
@@ -155,12 +156,14 @@ class any_source : public source_interface<any_source<T>> {
   };
 
  public:
-  using value_type = T;
+  using value_type = T;  // the element type
 
   any_source() = default;
   // Takes the pipeline by value (move it in). Throws std::bad_alloc.
-  template <source S>
-    requires(!std::same_as<std::remove_cvref_t<S>, any_source> && std::same_as<value_t<S>, T>)
+  // (any_source itself is ruled out first: asking whether it is a source would ask whether
+  // it is movable, which asks this constructor again; clang recurses.)
+  template <class S>
+    requires(!std::same_as<std::remove_cvref_t<S>, any_source> && source<S> && std::same_as<value_t<S>, T>)
   any_source(S&& s)  // NOLINT: implicit, so a function can return differently typed pipelines
       : p_(std::make_unique<holder<std::remove_cvref_t<S>>>(std::move(s))) {
     detail::require_rvalue_source<S>();
@@ -169,25 +172,35 @@ class any_source : public source_interface<any_source<T>> {
   // False when default-constructed or moved from.
   explicit operator bool() const noexcept { return p_ != nullptr; }
 
+  // The held pipeline's next(); throws config_error when empty.
   std::optional<T> next() {
     std::optional<T> out;
     held().next(out);
     return out;
   }
+  // The held pipeline's next_bulk(), or next() element by element inside the holder: one
+  // virtual call per run.
   std::size_t next_bulk(std::span<T> out)
     requires std::is_trivially_copyable_v<T>
   {
     return held().next_bulk(out);
   }
+  // Records lent as views: the held pipeline's next_borrowed(), or its records held in one
+  // block per call.
   std::size_t next_borrowed(borrowed_records& out, std::size_t max)
     requires std::same_as<T, record>
   {
     return held().next_borrowed(out, max);
   }
+  // Whether rewind() will work (the held pipeline is rewindable).
   bool can_rewind() const noexcept { return p_ && p_->can_rewind(); }
+  // The held pipeline's rewind(); throws config_error when it has none (or when empty).
   void rewind() { held().rewind(); }
+  // Whether save() and restore() will work (the held pipeline is resumable).
   bool can_save() const noexcept { return p_ && p_->can_save(); }
+  // Writes exactly the held pipeline's state; throws config_error when it cannot save.
   void save(state_writer& w) const { held().save(w); }
+  // Reads exactly the held pipeline's state; throws config_error when it cannot restore.
   void restore(state_reader& r) { held().restore(r); }
   // The held batch()'s size, 0 when no batch() is visible in the held pipeline (then
   // distribute() infers it from the first batch, as for any unsized pipeline).
@@ -196,9 +209,11 @@ class any_source : public source_interface<any_source<T>> {
   {
     return held().batch_size();
   }
+  // Hands r to the held pipeline's batch() (distribute's pinned pool); false when none took it.
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return held().set_buffer_resource(r);
   }
+  // The held pipeline's report() rows; none when empty.
   void visit_stages(observe::stage_visitor& v) const {
     if (p_) p_->visit_stages(v);
   }
@@ -214,15 +229,18 @@ class any_source : public source_interface<any_source<T>> {
 
 // src | erase_type(): src as an any_source<value_t<src>>.
 struct erase_type_t {
+  // erase_type(src): src (moved in) as an any_source.
   template <source S>
   auto operator()(S&& s) const {
     detail::require_rvalue_source<S>();
     return any_source<value_t<S>>(std::move(s));
   }
+  // erase_type(): the closure, for `src | erase_type()`.
   auto operator()() const {
     return make_closure([]<class S>(S&& s) { return erase_type_t{}(std::forward<S>(s)); });
   }
 };
+// erase_type(): a pipeline's type erased into an any_source, as a stage.
 inline constexpr erase_type_t erase_type{};
 
 }  // namespace ferry

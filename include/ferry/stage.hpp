@@ -448,14 +448,20 @@ struct first_is_source<A0, A...> : std::bool_constant<source<A0>> {};
 // they are written, in either form. The closure holds copies of the arguments.
 template <class Derived>
 struct stage_adaptor {
-  template <source S, class... A>
-    requires requires(S&& s, A&&... a) { Derived::make(std::forward<S>(s), std::forward<A>(a)...); }
+  // take(src, n): builds the stage over src (moved in); throws config_error for bad
+  // arguments.
+  // D: Derived, named through a parameter so that clang looks it up at the call, when
+  // Derived is complete (clang 14 otherwise finds no make/check in it).
+  template <source S, class... A, class D = Derived>
+    requires requires(S&& s, A&&... a) { D::make(std::forward<S>(s), std::forward<A>(a)...); }
   auto operator()(S&& s, A&&... a) const {
     detail::require_rvalue_source<S>();
     return Derived::make(std::forward<S>(s), std::forward<A>(a)...);
   }
-  template <class... A>
-    requires(!detail::first_is_source<A...>::value) && requires(const A&... a) { Derived::check(a...); }
+  // take(n): checks the arguments now (config_error), then returns a closure holding
+  // copies of them, for `src | take(n)`.
+  template <class... A, class D = Derived>
+    requires(!detail::first_is_source<A...>::value) && requires(const A&... a) { D::check(a...); }
   auto operator()(A... a) const {
     Derived::check(a...);
     return make_closure([... a = std::move(a)]<class S>(S&& s) { return Derived{}(std::forward<S>(s), a...); });
