@@ -8,6 +8,8 @@
 #   5. the consumer checks: three tiny projects built against ferry (Meson subproject,
 #      pkg-config, CMake), an install that compiles nothing, C++20 carried, every
 #      combination of the build options configuring;
+#   6. the API reference (scripts/api_docs.sh): Doxygen with no warning, so no undocumented
+#      public entity, and every stage header's Threads / Errors / Memory / Checkpoints;
 # then how long each part took, and a closing line "N passed, N failed, N skipped" over
 # all of them. Exits non-zero when anything failed.
 #
@@ -109,6 +111,14 @@ consumers=$(tail -n 1 "$consumers_log")
 rm -f "$consumers_log"
 part "consumers" 0 $((SECONDS - t0))
 
+echo "== API reference (Doxygen: no warnings, no undocumented public entity; stage header blocks)"
+t0=$SECONDS
+api_log=$(mktemp)
+bash scripts/api_docs.sh 2>&1 | tee "$api_log"
+api=$(tail -n 1 "$api_log")
+rm -f "$api_log"
+part "API docs" 0 $((SECONDS - t0))
+
 echo "== time per part (wall; ninja -j $jobs on $(nproc) cores)"
 for p in "${parts[@]}"; do
   IFS='|' read -r name b t <<<"$p"
@@ -116,5 +126,5 @@ for p in "${parts[@]}"; do
 done
 printf '  %-12s %8s\n' "total" "$(fmt $((SECONDS - start)))"
 
-python3 scripts/summarize.py --extra "$consumers" "${logs[@]}" || status=1
+python3 scripts/summarize.py --extra "$consumers" --extra "$api" "${logs[@]}" || status=1
 exit $status

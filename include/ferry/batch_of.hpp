@@ -37,9 +37,11 @@ namespace ferry {
 // values[offsets[i] .. offsets[i+1]).
 template <class E>
 struct ragged_view {
-  std::span<const E> values;
-  std::span<const std::uint64_t> offsets;
+  std::span<const E> values;  // every element's values, back to back
+  std::span<const std::uint64_t> offsets;  // n+1 offsets into values (empty for n == 0)
+  // The number of elements n.
   std::size_t size() const { return offsets.empty() ? 0 : offsets.size() - 1; }
+  // Element i's values (i < size(), unchecked).
   std::span<const E> operator[](std::size_t i) const {
     return values.subspan(offsets[i], offsets[i + 1] - offsets[i]);
   }
@@ -126,16 +128,20 @@ class batch_of {
   using fields = typename detail::field_list<T>::type;
 
  public:
-  using element_type = T;
-  static constexpr std::size_t field_count = std::tuple_size_v<fields>;
+  using element_type = T;  // the element type the batch was collated from
+  static constexpr std::size_t field_count = std::tuple_size_v<fields>;  // 1, or the tuple's / pair's size
+  // The type of field I (T itself for a single-field batch).
   template <std::size_t I>
   using field_t = std::tuple_element_t<I, fields>;
+  // Whether field I is ragged (a contiguous range: values plus offsets).
   template <std::size_t I>
   static constexpr bool is_ragged = detail::field_traits<field_t<I>>::ragged;
 
   batch_of() = default;
 
+  // The number of elements.
   std::size_t size() const noexcept { return n_; }
+  // Whether it has none.
   bool empty() const noexcept { return n_ == 0; }
 
   // Field I: a span of values (fixed fields) or a ragged_view (ragged fields).
@@ -151,6 +157,7 @@ class batch_of {
       return std::span<const E>(reinterpret_cast<const E*>(data_[I].data()), n_);
     }
   }
+  // Fixed field I, writable (to fix up values in place, e.g. to normalise).
   template <std::size_t I = 0>
     requires(!is_ragged<I>)
   std::span<field_t<I>> field() {
@@ -172,12 +179,15 @@ class batch_of {
     auto off = reinterpret_cast<const std::uint64_t*>(offsets_[f].data());
     return {data_[f].data() + off[first] * es, (off[first + count] - off[first]) * es};
   }
+  // The bytes of field f for every element.
   std::span<const std::byte> field_bytes(std::size_t f) const { return field_bytes(f, 0, n_); }
   // Bytes of one value of field f (for ragged fields: of one value inside an element).
   std::size_t element_bytes(std::size_t f) const { return elem_bytes_[f]; }
+  // Whether field f is ragged (is_ragged, at run time).
   bool field_is_ragged(std::size_t f) const { return ragged_[f]; }
   // The buffer behind field f: to check where a batch lives (pinned, pooled).
   const buffer& field_buffer(std::size_t f) const { return data_[f]; }
+  // The bytes of every field's values (offsets not counted): what report() counts.
   std::size_t payload_bytes() const {
     std::size_t s = 0;
     for (std::size_t f = 0; f < field_count; ++f) s += field_bytes(f).size();
@@ -204,8 +214,9 @@ struct batch_collator {
                 "std::array) or a contiguous range of trivially-copyable values "
                 "(std::vector<float>, std::string, std::span<const std::byte>); map "
                 "elements to such a type before batch()");
-  using B = batch_of<T>;
-  static constexpr std::size_t nf = B::field_count;
+  using B = batch_of<T>;  // the batch it builds
+  static constexpr std::size_t nf = B::field_count;  // its number of fields
+  // No ragged field: start(), put() and whole() apply.
   static constexpr bool all_fixed = detail::no_ragged<typename detail::field_list<T>::type>::value;
 
   // Fixed-only types: allocate for `capacity` elements, then put() each one in place.
@@ -218,6 +229,7 @@ struct batch_collator {
     }(std::make_index_sequence<nf>{});
     return b;
   }
+  // Sets b's element count to n, after its rows were written in place (whole()).
   void set_size(B& b, std::size_t n) const { b.n_ = n; }
   // Rows the batch's buffers hold (fixed-only types).
   std::size_t capacity(const B& b) const { return b.data_[0].size() / sizeof(typename B::template field_t<0>); }
@@ -237,6 +249,7 @@ struct batch_collator {
   std::span<T> whole(B& b, std::size_t capacity) const {
     return std::span<T>(reinterpret_cast<T*>(b.data_[0].data()), capacity);
   }
+  // Fixed-only types: copies e into row size() of b (which must have room) and counts it.
   void put(B& b, T& e) const {
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       ((std::memcpy(b.data_[I].data() + b.n_ * sizeof(typename B::template field_t<I>),

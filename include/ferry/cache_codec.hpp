@@ -49,21 +49,25 @@ class cache_cursor {
   // Where the element's bytes live: `owner` keeps the chunk alive; `file` (owned by the
   // chunk) and `offset` are the cache file and the offset of the element's frame there.
   struct chunk_ref {
-    std::shared_ptr<const void> owner;
-    const std::string* file = nullptr;
-    std::uint64_t offset = 0;
+    std::shared_ptr<const void> owner;  // keeps the read chunk alive
+    const std::string* file = nullptr;  // the cache file's path
+    std::uint64_t offset = 0;  // the element's frame's offset in the file
     const std::byte* frame = nullptr;  // the element's frame start (at `offset` in the file)
   };
 
+  // Reads `bytes`, which lie in `chunk` (cache() makes the cursor; both outlive it).
   cache_cursor(std::span<const std::byte> bytes, const chunk_ref& chunk) noexcept
       : p_(bytes.data()), end_(bytes.data() + bytes.size()), chunk_(&chunk) {}
 
+  // The next n bytes, a view into the chunk; throws short_input when fewer are left.
   std::span<const std::byte> take(std::size_t n) {
     if (n > left()) throw short_input{};
     std::span<const std::byte> s(p_, n);
     p_ += n;
     return s;
   }
+  // The next sizeof(U) bytes as a U (memcpy: no alignment assumed); throws short_input
+  // when fewer are left.
   template <class U>
     requires std::is_trivially_copyable_v<U>
   U get() {
@@ -71,7 +75,9 @@ class cache_cursor {
     std::memcpy(&v, take(sizeof(U)).data(), sizeof(U));
     return v;
   }
+  // The element's bytes not read yet.
   std::size_t left() const noexcept { return static_cast<std::size_t>(end_ - p_); }
+  // The chunk the bytes lie in, for a type that views it (record's codec).
   const chunk_ref& chunk() const noexcept { return *chunk_; }
 
  private:
@@ -103,10 +109,13 @@ inline std::size_t cache_get_length(cache_cursor& in, std::size_t min_each) {
 }
 }  // namespace detail
 
+// Trivially copyable types (not pointers): their object bytes.
 template <class T>
   requires std::is_trivially_copyable_v<T> && (!std::is_pointer_v<T>)
 struct cache_codec<T> {
+  // Appends v's sizeof(T) bytes.
   static void encode(const T& v, std::string& out) { detail::cache_put_bytes(out, &v, sizeof(T)); }
+  // Reads them back; a bool byte other than 0 or 1 throws short_input.
   static T decode(cache_cursor& in) {
     if constexpr (std::is_same_v<T, bool>) {  // a byte other than 0 or 1 is not a bool
       const auto b = in.take(1)[0];
@@ -118,13 +127,16 @@ struct cache_codec<T> {
   }
 };
 
+// Strings: a length word, then the characters.
 template <class C, class Tr, class A>
 struct cache_codec<std::basic_string<C, Tr, A>> {
-  using type = std::basic_string<C, Tr, A>;
+  using type = std::basic_string<C, Tr, A>;  // the string type
+  // Appends the length and the characters.
   static void encode(const type& v, std::string& out) {
     detail::cache_put_length(out, v.size());
     detail::cache_put_bytes(out, v.data(), v.size() * sizeof(C));
   }
+  // Reads them back; a length past the element's bytes throws short_input.
   static type decode(cache_cursor& in) {
     const std::size_t n = detail::cache_get_length(in, sizeof(C));
     type v(n, C{});
@@ -133,10 +145,12 @@ struct cache_codec<std::basic_string<C, Tr, A>> {
   }
 };
 
+// Vectors of codable types: a length word, then the elements.
 template <class T, class A>
   requires cache_codable<T>
 struct cache_codec<std::vector<T, A>> {
-  using type = std::vector<T, A>;
+  using type = std::vector<T, A>;  // the vector type
+  // Appends the length, then the elements (one copy when T is trivially copyable).
   static void encode(const type& v, std::string& out) {
     detail::cache_put_length(out, v.size());
     if constexpr (std::is_trivially_copyable_v<T>)
@@ -144,6 +158,7 @@ struct cache_codec<std::vector<T, A>> {
     else
       for (const T& e : v) cache_codec<T>::encode(e, out);
   }
+  // Reads them back; a damaged length throws short_input rather than allocating for it.
   static type decode(cache_cursor& in) {
     // An element encodes to at least one byte unless it is an empty trivially copyable type.
     const std::size_t n = detail::cache_get_length(in, std::is_empty_v<T> ? 0 : 1);
@@ -163,13 +178,17 @@ struct cache_codec<std::vector<T, A>> {
   }
 };
 
+// Arrays of codable types that are not trivially copyable (those are their bytes): the
+// elements in order.
 template <class T, std::size_t N>
   requires cache_codable<T> && (!std::is_trivially_copyable_v<std::array<T, N>>)
 struct cache_codec<std::array<T, N>> {
-  using type = std::array<T, N>;
+  using type = std::array<T, N>;  // the array type
+  // Appends the N elements, in order (no length: N is in the type).
   static void encode(const type& v, std::string& out) {
     for (const T& e : v) cache_codec<T>::encode(e, out);
   }
+  // Reads the N elements back, in order.
   static type decode(cache_cursor& in) {
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       return type{((void)I, cache_codec<T>::decode(in))...};  // braces: left to right
@@ -177,29 +196,37 @@ struct cache_codec<std::array<T, N>> {
   }
 };
 
+// Tuples of codable types: the fields in order.
 template <class... Ts>
   requires(cache_codable<Ts> && ...)
 struct cache_codec<std::tuple<Ts...>> {
-  using type = std::tuple<Ts...>;
+  using type = std::tuple<Ts...>;  // the tuple type
+  // Appends each field, in order.
   static void encode(const type& v, std::string& out) {
     std::apply([&](const Ts&... e) { (cache_codec<Ts>::encode(e, out), ...); }, v);
   }
+  // Reads each field back, in order.
   static type decode(cache_cursor& in) { return type{cache_codec<Ts>::decode(in)...}; }  // left to right
 };
 
+// Pairs of codable types: first, then second.
 template <class A, class B>
   requires cache_codable<A> && cache_codable<B>
 struct cache_codec<std::pair<A, B>> {
-  using type = std::pair<A, B>;
+  using type = std::pair<A, B>;  // the pair type
+  // Appends first, then second.
   static void encode(const type& v, std::string& out) {
     cache_codec<A>::encode(v.first, out);
     cache_codec<B>::encode(v.second, out);
   }
+  // Reads first, then second.
   static type decode(cache_cursor& in) { return type{cache_codec<A>::decode(in), cache_codec<B>::decode(in)}; }
 };
 
+// Records: a length word, then the bytes; read back as a view of the cache's chunk.
 template <>
 struct cache_codec<record> {
+  // Appends the length and the bytes.
   static void encode(const record& v, std::string& out) {
     detail::cache_put_length(out, v.size());
     detail::cache_put_bytes(out, v.data(), v.size());

@@ -19,23 +19,32 @@
 
 namespace ferry {
 
+// Base of everything ferry throws: catch it to catch any library failure.
 class error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
+// A bad argument or configuration (a zero batch size, a checkpoint of another pipeline):
+// the message says what is allowed.
 class config_error : public error {
  public:
   using error::error;
 };
 
+// An OS-level failure (open, read, write): the message is "path: what at offset N: the
+// OS's message".
 class io_error : public error {
  public:
+  // `what` names the operation that failed, e.g. "cannot open the trace file".
   io_error(std::string path, std::uint64_t offset, std::error_code code, const std::string& what)
       : error(path + ": " + what + " at offset " + std::to_string(offset) + ": " + code.message()),
         path_(std::move(path)), offset_(offset), code_(code) {}
+  // The file that failed.
   const std::string& path() const noexcept { return path_; }
+  // The byte offset in it where the operation was.
   std::uint64_t offset() const noexcept { return offset_; }
+  // The OS's error code (errno as a std::error_code).
   std::error_code code() const noexcept { return code_; }
 
  private:
@@ -44,14 +53,18 @@ class io_error : public error {
   std::error_code code_;
 };
 
+// Corrupt or truncated data: the message is "path: what was expected at offset N".
 class format_error : public error {
  public:
   // `what` says what was expected, e.g. "corrupted record (length CRC mismatch)".
   format_error(std::string path, std::uint64_t offset, const std::string& what)
       : error(path + ": " + what + " at offset " + std::to_string(offset)),
         path_(std::move(path)), offset_(offset), reason_(what) {}
+  // The file with the bad data.
   const std::string& path() const noexcept { return path_; }
+  // The byte offset of the bad record or header in it.
   std::uint64_t offset() const noexcept { return offset_; }
+  // What was expected, without path and offset.
   const std::string& reason() const noexcept { return reason_; }
 
  private:
@@ -69,6 +82,7 @@ class element_error : public error, public std::nested_exception {
   element_error(const std::string& stage, std::uint64_t element, const std::string& what)
       : error(stage + ": user function threw at element " + std::to_string(element) + ": " + what),
         element_(element) {}
+  // The element's index k (counted as the stage's header says, usually per epoch).
   std::uint64_t element() const noexcept { return element_; }
 
  private:

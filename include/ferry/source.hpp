@@ -25,6 +25,8 @@
 
 #include "ferry/state.hpp"
 
+// ferry's API: sources, stages, the pipe operator, checkpoints, errors and reports
+// (ferry::detail is the implementation, not API).
 namespace ferry {
 
 // The members first, then movability: a type without them (a tuple's element holder that
@@ -47,6 +49,7 @@ concept resumable_source = source<S> &&
       s.restore(r);
     };
 
+// The element type of a source (its value_type), through references and const.
 template <source S>
 using value_t = typename std::remove_cvref_t<S>::value_type;
 
@@ -105,18 +108,25 @@ concept sized_batches = requires(const std::remove_cvref_t<S>& s) {
 template <class S>
 class source_iterator {
  public:
-  using value_type = typename S::value_type;
-  using difference_type = std::ptrdiff_t;
+  using value_type = typename S::value_type;  // the source's element type
+  using difference_type = std::ptrdiff_t;     // required of an input iterator; unused
 
   source_iterator() = default;
+  // Pulls the first element at once: next() runs here, on this thread, and what it throws
+  // propagates.
   explicit source_iterator(S& s) : s_(&s), cur_(s.next()) {}
+  // The current element; the iterator owns it until ++ (moving it out is fine).
   value_type& operator*() const { return *cur_; }
+  // The current element's address.
   value_type* operator->() const { return &*cur_; }
+  // Pulls the next element (s.next(), on this thread; its exceptions propagate).
   source_iterator& operator++() {
     cur_ = s_->next();
     return *this;
   }
+  // As ++it; returns nothing, as an input iterator may.
   void operator++(int) { ++*this; }
+  // True at the end of the epoch (the last next() returned no element).
   friend bool operator==(const source_iterator& it, std::default_sentinel_t) { return !it.cur_; }
 
  private:
@@ -129,7 +139,9 @@ class source_iterator {
 template <class Derived>
 class source_interface {
  public:
+  // Starts iterating: pulls the first element (next() on this thread).
   source_iterator<Derived> begin() { return source_iterator<Derived>(static_cast<Derived&>(*this)); }
+  // The end of the epoch.
   std::default_sentinel_t end() const { return {}; }
 };
 
@@ -137,8 +149,11 @@ class source_interface {
 template <source S>
 class iterate {
  public:
+  // Refers to s, which must outlive the iteration.
   explicit iterate(S& s) : s_(&s) {}
+  // Starts iterating: pulls the first element (s.next() on this thread).
   source_iterator<S> begin() { return source_iterator<S>(*s_); }
+  // The end of the epoch.
   std::default_sentinel_t end() const { return {}; }
 
  private:
@@ -176,14 +191,19 @@ concept pipe_closure = std::derived_from<std::remove_cvref_t<C>, closure_tag>;
 // A stage with its arguments bound, waiting for its upstream: what `map(f)` returns.
 template <class F>
 struct closure : closure_tag {
-  F fn;
+  F fn;  // builds the stage from its upstream, with the bound arguments
+  // Binds f (called later with the upstream).
   explicit closure(F f) : fn(std::move(f)) {}
+  // Builds the stage over s (moved in); the closure stays usable (a reusable chain).
   template <source S>
   auto operator()(S&& s) const& { return fn(std::forward<S>(s)); }
+  // Builds the stage over s, moving the bound arguments out of this temporary closure.
   template <source S>
   auto operator()(S&& s) && { return std::move(fn)(std::forward<S>(s)); }
 };
 
+// Wraps f (upstream -> stage) as a closure, so `src | c` calls it: how a stage's `_t`
+// returns its closure form.
 template <class F>
 closure<F> make_closure(F f) {
   return closure<F>(std::move(f));
@@ -203,6 +223,8 @@ constexpr void require_rvalue_source() {
 }
 }  // namespace detail
 
+// src | closure: builds the stage over src, which must be moved in (an lvalue source is a
+// compile error with a message). Throws what building the stage throws.
 template <source S, pipe_closure C>
 auto operator|(S&& s, C&& c) {
   detail::require_rvalue_source<S>();

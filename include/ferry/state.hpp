@@ -29,7 +29,7 @@ namespace ferry {
 // the words), each 8 bytes little-endian. The check catches a checkpoint file that was cut
 // short or damaged: restoring garbage positions would silently read the wrong elements.
 struct pipeline_state {
-  std::vector<std::uint64_t> words;
+  std::vector<std::uint64_t> words;  // upstream first: each stage's words, tag, configuration, position
 
   static constexpr std::uint64_t magic = 0x3374537972726566ull;  // "ferrySt3" read as LE
   // Older formats, refused by name: 1 (before from_files saved its epoch for
@@ -37,6 +37,7 @@ struct pipeline_state {
   static constexpr std::uint64_t magic_v1 = 0x3174537972726566ull;  // "ferrySt1"
   static constexpr std::uint64_t magic_v2 = 0x3274537972726566ull;  // "ferrySt2"
 
+  // The checkpoint bytes (layout above), for from_bytes() to read back.
   std::string to_bytes() const {
     std::string out((words.size() + 2) * 8, '\0');
     auto put = [&](std::size_t i, std::uint64_t w) {
@@ -76,6 +77,7 @@ struct pipeline_state {
                  " does not match the words before it (the state was cut short or damaged)");
     return s;
   }
+  // Equal words: the same position of the same pipeline shape.
   friend bool operator==(const pipeline_state&, const pipeline_state&) = default;
 
  private:
@@ -97,11 +99,16 @@ constexpr std::uint64_t stage_tag(std::string_view name) {
 }
 }  // namespace detail
 
+// What a stage's save() writes through: appends words to a pipeline_state.
 class state_writer {
  public:
+  // Appends to s, which must outlive the writer.
   explicit state_writer(pipeline_state& s) : s_(&s) {}
+  // Appends the tag of stage `stage` (a hash of its name), which restore() expects.
   void tag(std::string_view stage) { s_->words.push_back(detail::stage_tag(stage)); }
+  // Appends one word.
   void put(std::uint64_t w) { s_->words.push_back(w); }
+  // Appends several words (a saved sub-state, e.g. a producer's upstream position).
   void put_words(const std::vector<std::uint64_t>& ws) {
     s_->words.insert(s_->words.end(), ws.begin(), ws.end());
   }
@@ -110,8 +117,11 @@ class state_writer {
   pipeline_state* s_;
 };
 
+// What a stage's restore() reads through: the words of a pipeline_state, in the order
+// save() wrote them.
 class state_reader {
  public:
+  // Reads s from its first word; s must outlive the reader.
   explicit state_reader(const pipeline_state& s) : s_(&s) {}
   // Throws config_error when the next word is not `stage`'s tag.
   void expect(std::string_view stage) {
@@ -123,7 +133,9 @@ class state_reader {
                          "(expected stage '" + std::string(stage) + "' at word " +
                          std::to_string(pos_ - 1) + ")");
   }
+  // The next word; throws config_error when the state has no more (another pipeline shape).
   std::uint64_t get() { return get_raw(); }
+  // Whether every word was read (restore_state refuses a state longer than the pipeline's).
   bool done() const { return pos_ == s_->words.size(); }
 
  private:

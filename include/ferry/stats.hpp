@@ -35,12 +35,14 @@ namespace ferry {
 
 // Turns the per-stage counters on or off, for every pipeline in the process.
 inline void enable_stats(bool on = true) noexcept { observe::set_bit(observe::stats_bit, on); }
+// Whether the counters are on (enable_stats, FERRY_STATS=1, or an open tracing session).
 inline bool stats_enabled() noexcept { return observe::on(); }
 
+// One stage's row of a pipeline_report.
 struct stage_stats {
   std::size_t index = 0;     // position in the pipeline, 0 = the source
   std::string name;          // the stage's kind ("map", "batch", ...), "#index" added if repeated
-  std::string kind;
+  std::string kind;          // the stage's kind alone ("map", "source", ...)
   std::size_t threads = 1;   // threads doing the stage's work
   std::uint64_t elements = 0;  // elements handed downstream
   std::uint64_t bytes = 0;     // their payload bytes
@@ -51,6 +53,8 @@ struct stage_stats {
   double busy = 0, wait_upstream = 0, wait_downstream = 0;
 };
 
+// What report(pipeline) returns: a row per stage, the consumer's share, and the
+// bottleneck.
 struct pipeline_report {
   std::vector<stage_stats> stages;  // pipeline order, source first
   double wall_s = 0;                // first to last call of the last stage
@@ -81,6 +85,8 @@ struct pipeline_report {
     return s;
   }
 
+  // A fixed-width table: a row per stage (threads, elements, MB, elements/s, busy,
+  // wait_up, wait_down), the consumer's row, and the wall time.
   std::string table() const {
     std::string out;
     char line[256];
@@ -102,6 +108,7 @@ struct pipeline_report {
     return out;
   }
 
+  // table(), then summary() on its own line.
   friend std::ostream& operator<<(std::ostream& os, const pipeline_report& r) {
     return os << r.table() << r.summary() << '\n';
   }

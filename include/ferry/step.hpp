@@ -31,7 +31,7 @@ namespace ferry {
 
 // The host backend's tag: n replicas whose batches stay in host memory.
 struct host_replicas {
-  std::size_t n = 1;
+  std::size_t n = 1;  // the number of replicas, at least 1
 };
 
 template <class T>
@@ -59,7 +59,8 @@ class replica_batch {
   using B = batch_of<T>;
 
  public:
-  static constexpr std::size_t field_count = B::field_count;
+  static constexpr std::size_t field_count = B::field_count;  // as batch_of<T>'s
+  // The type of field I, as batch_of<T>'s.
   template <std::size_t I>
   using field_t = typename B::template field_t<I>;
 
@@ -70,6 +71,7 @@ class replica_batch {
   // Rows that are real data: the first valid() rows. == size() except for a padded or
   // partial last batch.
   std::size_t valid() const noexcept { return valid_; }
+  // Whether the slice has no row (partial remainder: a replica past the data).
   bool empty() const noexcept { return size_ == 0; }
   // -1 for host replicas, else the CUDA device ordinal the data is on.
   int device() const noexcept { return device_; }
@@ -106,17 +108,26 @@ template <class T>
 class step {
  public:
   step() = default;
+  // Takes o's batches and resources; o is left empty.
   step(step&&) noexcept = default;
+  // Releases this step's resources, then takes o's.
   step& operator=(step&&) noexcept = default;
   step(const step&) = delete;
   step& operator=(const step&) = delete;
 
+  // The number of replicas R.
   std::size_t replicas() const noexcept { return r_.size(); }
+  // Replica r's batch (r < replicas(), unchecked).
   replica_batch<T>& operator[](std::size_t r) { return r_[r]; }
+  // Replica r's batch, read-only.
   const replica_batch<T>& operator[](std::size_t r) const { return r_[r]; }
+  // The first replica's batch: `for (auto& rb : step)` visits them in order.
   auto begin() { return r_.begin(); }
+  // Past the last replica's batch.
   auto end() { return r_.end(); }
+  // The first replica's batch, read-only.
   auto begin() const { return r_.begin(); }
+  // Past the last replica's batch, read-only.
   auto end() const { return r_.end(); }
 
   // Rows over all replicas (padding included), and real rows.
@@ -125,6 +136,7 @@ class step {
     for (auto& b : r_) s += b.size();
     return s;
   }
+  // Real rows over all replicas (the sum of their valid()).
   std::size_t valid() const noexcept {
     std::size_t s = 0;
     for (auto& b : r_) s += b.valid();

@@ -37,13 +37,16 @@
 
 namespace ferry {
 
+// A tracing session's options, a braced list: tracing(path, {.capacity = n}).
 struct tracing_options {
   std::size_t capacity = std::size_t(1) << 20;  // events kept (32 MiB at 32 bytes each)
 };
 
+// A tracing session: open while the object lives (see the file's top); one per process.
 class tracing {
  public:
-  // Throws config_error when another session is open.
+  // Opens the session; the file is written to path when it stops. Throws config_error
+  // when another session is open.
   explicit tracing(std::string path, tracing_options o = {}) : path_(std::move(path)) {
     auto b = std::make_unique<observe::trace_buffer>();
     b->events.resize(o.capacity);
@@ -84,7 +87,9 @@ class tracing {
   std::size_t recorded() const noexcept {
     return buf_ ? std::min(buf_->next.load(std::memory_order_relaxed), buf_->events.size()) : recorded_;
   }
+  // Events that found no room (past capacity).
   std::uint64_t dropped() const noexcept { return buf_ ? buf_->dropped.load(std::memory_order_relaxed) : dropped_; }
+  // The trace file's path.
   const std::string& path() const noexcept { return path_; }
 
  private:

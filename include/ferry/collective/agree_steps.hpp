@@ -31,6 +31,8 @@
 
 namespace ferry {
 
+// How ranks agree on a step count: drop takes the least, pad the most (see the file's
+// top).
 enum class step_policy { drop, pad };
 
 // Steps a rank with `rows` rows takes at `batch` rows per step: full batches only (drop)

@@ -49,11 +49,17 @@ concept communicator = requires(C& c, const C& cc, std::span<float> s, int root)
 // A group of one: every collective is the identity. The trainer's 1-replica fast path.
 class solo_communicator {
  public:
+  // Always 0.
   int rank() const noexcept { return 0; }
+  // Always 1.
   int size() const noexcept { return 1; }
+  // Leaves the values as they are (the sum over one rank).
   void all_reduce_sum(std::span<float>) noexcept {}
+  // Leaves the values as they are (the average over one rank).
   void all_reduce_average(std::span<float>) noexcept {}
+  // Leaves the values as they are (this rank is the root).
   void broadcast(std::span<float>, int) noexcept {}
+  // Returns at once.
   void barrier() noexcept {}
 };
 static_assert(communicator<solo_communicator>);

@@ -37,6 +37,7 @@ namespace ferry {
 
 class thread_communicator;
 
+// The shared state of N threads' collectives; each thread takes its communicator(rank).
 class thread_group {
  public:
   // Throws config_error for size < 1.
@@ -49,7 +50,10 @@ class thread_group {
   thread_group(const thread_group&) = delete;
   thread_group& operator=(const thread_group&) = delete;
 
+  // The number of threads N.
   int size() const noexcept { return n_; }
+  // Rank `rank`'s handle, for the thread that drives it; throws config_error for a rank
+  // outside [0, N).
   inline thread_communicator communicator(int rank);
 
   // Wakes every waiter; every later collective throws. Called when a member thread fails.
@@ -60,6 +64,7 @@ class thread_group {
     }
     cv_.notify_all();
   }
+  // Whether abort() was called since the last reset().
   bool aborted() const noexcept {
     std::lock_guard lk(m_);
     return aborted_;
@@ -156,15 +161,24 @@ class thread_group {
 // One rank's handle on a thread_group; satisfies ferry::communicator.
 class thread_communicator {
  public:
+  // This rank's index in [0, size()).
   int rank() const noexcept { return rank_; }
+  // The group's thread count.
   int size() const noexcept { return g_->size(); }
+  // In place, the element-wise sum over every rank (see the file's top); throws
+  // config_error for lengths that differ, ferry::error after abort().
   void all_reduce_sum(std::span<float> s) { g_->all_reduce(rank_, s, false); }
+  // all_reduce_sum divided by size().
   void all_reduce_average(std::span<float> s) { g_->all_reduce(rank_, s, true); }
+  // In place, root's values on every rank; throws config_error on a rank whose length
+  // differs from root's, ferry::error after abort().
   void broadcast(std::span<float> s, int root) { g_->broadcast(rank_, s, root); }
+  // Returns once every rank has entered it; throws ferry::error after abort().
   void barrier() { g_->barrier(); }
   // The group's abort() and reset(): thread-safe, so a trainer can release the other ranks
   // from the failing rank's thread, holding communicators only (no thread_group).
   void abort() noexcept { g_->abort(); }
+  // The group's reset() (see abort()).
   void reset() noexcept { g_->reset(); }
 
  private:

@@ -79,17 +79,20 @@ namespace ferry::cuda {
 
 // The tag: CUDA device ordinals, one replica each.
 struct devices {
-  std::vector<int> ordinals;
+  std::vector<int> ordinals;  // the devices, one replica each, in replica order
   std::vector<cuda_stream> compute_streams;  // cudaStream_t each; empty: ferry's own streams
   std::size_t max_pending = 4;         // released steps with copies in flight (backpressure)
 
+  // devices{0, 1}: those ordinals, ferry's own streams.
   devices(std::initializer_list<int> ids) : ordinals(ids) {}
+  // The ordinals, and optionally the compute stream of each (one per ordinal).
   explicit devices(std::vector<int> ids, std::vector<cuda_stream> streams = {})
       : ordinals(std::move(ids)), compute_streams(std::move(streams)) {}
 };
 
 #if !defined(FERRY_WITH_CUDART)
 
+// Without the CUDA runtime: distribute(devices{...}) is a compile error saying so.
 template <class D>
   requires std::same_as<D, devices>
 auto make_distribute_backend(const D&) {
@@ -387,6 +390,7 @@ class devices_backend {
 
 }  // namespace detail
 
+// The customisation point distribute() finds by ADL on the tag: d's replicas' backend.
 inline detail::devices_backend make_distribute_backend(const devices& d) {
   return detail::devices_backend(d);
 }

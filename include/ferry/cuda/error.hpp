@@ -25,8 +25,11 @@
 
 namespace ferry {
 
+// A failed CUDA runtime call: the message names the call, the device, the status, the
+// source location and the host (see the file's top).
 class cuda_error : public error {
  public:
+  // Built by FERRY_CUDA_TRY; status_name and status_text are cudaGetErrorName / String's.
   cuda_error(std::string call, int device, int status, std::string status_name,
              std::string status_text, const char* file, int line)
       : error(call + " failed on device " + std::to_string(device) + " of " + host_name() +
@@ -40,6 +43,7 @@ class cuda_error : public error {
   // The cudaError_t value.
   int status() const noexcept { return status_; }
 
+  // This machine's host name ("unknown host" when it cannot be read), for the message.
   static std::string host_name() {
 #if defined(__unix__)
     char h[256] = {};

@@ -37,8 +37,10 @@ inline constexpr bool nvtx_available() noexcept {
 
 namespace cuda {
 
+// An NVTX range for the object's lifetime (RAII), when NVTX is built in and turned on.
 class nvtx_range {
  public:
+  // Pushes a range named `name` (a string that outlives the call) if NVTX is on.
   explicit nvtx_range(const char* name) noexcept {
 #if defined(FERRY_HAVE_NVTX)
     if (observe::nvtx_on()) {

@@ -18,6 +18,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+// The CUDA layer: device detection, streams, device buffers and distribute()'s device
+// backend.
 namespace ferry::cuda {
 
 namespace detail {
@@ -58,8 +60,11 @@ inline const probe_result& probe() noexcept {
 }
 }  // namespace detail
 
+// The number of usable CUDA devices: 0 without a driver, a device or the runtime.
 inline int device_count() noexcept { return detail::probe().count; }
+// Whether there is at least one usable device.
 inline bool available() noexcept { return device_count() > 0; }
+// Why there is none, in words (empty when there is one).
 inline const std::string& unavailable_reason() noexcept { return detail::probe().reason; }
 
 }  // namespace ferry::cuda

@@ -8,5 +8,6 @@
 struct CUstream_st;
 
 namespace ferry {
+// A CUDA stream, the same type as cudaStream_t (see the file's top).
 using cuda_stream = CUstream_st*;
 }  // namespace ferry

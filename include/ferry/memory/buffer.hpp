@@ -35,6 +35,8 @@ namespace ferry {
 // Alignment of every batch field: wide enough for AVX-512 loads and GPU copy engines.
 inline constexpr std::size_t buffer_alignment = 256;
 
+// An owned block of bytes from a memory resource, given back to it on destruction;
+// move-only, single-owner.
 class buffer {
  public:
   buffer() = default;
@@ -44,9 +46,11 @@ class buffer {
       : res_(std::move(res)), bytes_(bytes), align_(align) {
     if (bytes_ != 0) p_ = static_cast<std::byte*>(res_->allocate(bytes_, align_));
   }
+  // Takes o's block; o is left empty.
   buffer(buffer&& o) noexcept
       : res_(std::move(o.res_)), p_(std::exchange(o.p_, nullptr)),
         bytes_(std::exchange(o.bytes_, 0)), align_(o.align_) {}
+  // Gives back this buffer's block, then takes o's; o is left empty.
   buffer& operator=(buffer&& o) noexcept {
     if (this != &o) {
       release();
@@ -61,9 +65,13 @@ class buffer {
   buffer& operator=(const buffer&) = delete;
   ~buffer() { release(); }
 
+  // The bytes (null when empty).
   std::byte* data() noexcept { return p_; }
+  // The bytes, read-only (null when empty).
   const std::byte* data() const noexcept { return p_; }
+  // Their count, as requested.
   std::size_t size() const noexcept { return bytes_; }
+  // The resource the block came from and returns to.
   const std::shared_ptr<std::pmr::memory_resource>& resource() const noexcept { return res_; }
 
  private:
@@ -104,10 +112,11 @@ class buffer_pool : public std::pmr::memory_resource {
   // no longer fill up to a fixed large bound. A value other than auto_max_cached is a
   // fixed bound.
   static constexpr std::size_t auto_max_cached = 0;
-  static constexpr std::size_t default_max_cached_bytes = std::size_t(256) << 20;
-  static constexpr std::size_t auto_blocks = 16;
-  static constexpr std::size_t min_class_bytes = 256;
+  static constexpr std::size_t default_max_cached_bytes = std::size_t(256) << 20;  // auto's floor: 256 MiB
+  static constexpr std::size_t auto_blocks = 16;  // auto's bound in blocks of the largest class
+  static constexpr std::size_t min_class_bytes = 256;  // the smallest size class
 
+  // The counters of statistics() (see above).
   struct stats {
     std::uint64_t upstream_allocations = 0;  // blocks obtained from upstream, ever
     std::uint64_t reuses = 0;                // requests served from the cache
@@ -116,6 +125,7 @@ class buffer_pool : public std::pmr::memory_resource {
     std::uint64_t evictions = 0;             // cached blocks returned upstream to keep the cap
   };
 
+  // A pool over upstream (which must outlive it), caching up to max_cached_bytes.
   explicit buffer_pool(std::pmr::memory_resource* upstream = std::pmr::new_delete_resource(),
                        std::size_t max_cached_bytes = auto_max_cached)
       : upstream_(upstream), max_cached_(max_cached_bytes) {}
@@ -123,6 +133,7 @@ class buffer_pool : public std::pmr::memory_resource {
   buffer_pool& operator=(const buffer_pool&) = delete;
   ~buffer_pool() override { trim(); }
 
+  // A snapshot of the counters, taken under the pool's lock (any thread).
   stats statistics() const {
     std::lock_guard lk(m_);
     return st_;

@@ -30,8 +30,12 @@
 
 namespace ferry {
 
+// The page size the fallback aligns and rounds blocks to (and the largest alignment the
+// resource grants).
 inline constexpr std::size_t page_bytes = 4096;
 
+// A memory_resource of page-locked host memory, or page-aligned memory without CUDA (see
+// the file's top).
 class pinned_resource : public std::pmr::memory_resource {
  public:
   // Decided once per resource, from the once-per-process probe.
@@ -41,6 +45,7 @@ class pinned_resource : public std::pmr::memory_resource {
   bool pinned() const noexcept { return pinned_; }
   // Blocks obtained from the driver / the OS so far, and returned.
   std::uint64_t allocations() const noexcept { return allocs_.load(std::memory_order_relaxed); }
+  // Blocks returned to the driver / the OS so far.
   std::uint64_t deallocations() const noexcept { return frees_.load(std::memory_order_relaxed); }
 
  private:
@@ -95,10 +100,13 @@ class pinned_buffer_pool : public buffer_pool {
   };
 
  public:
+  // A pool caching up to max_cached_bytes (buffer_pool's bound) over a new pinned_resource.
   explicit pinned_buffer_pool(std::size_t max_cached_bytes = buffer_pool::auto_max_cached)
       : pinned_buffer_pool(std::make_unique<holder>(), max_cached_bytes) {}
   ~pinned_buffer_pool() override { trim(); }  // before the resource goes
+  // The pinned_resource its blocks come from (its allocation counts).
   const pinned_resource& upstream_resource() const noexcept { return h_->res; }
+  // True when its blocks are page-locked (a CUDA driver and device were found).
   bool pinned() const noexcept { return h_->res.pinned(); }
 
  private:

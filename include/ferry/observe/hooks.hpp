@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+// What stages count and time themselves with (stats.hpp and trace.hpp read it).
 namespace ferry::observe {
 
 enum : unsigned {
@@ -61,6 +62,7 @@ inline bool on() noexcept {
   return (detail::flags.load(std::memory_order_relaxed) & (stats_bit | trace_bit)) != 0;
 #endif
 }
+// True while a tracing session is open (ferry/trace.hpp): record() events then.
 inline bool tracing() noexcept {
 #if defined(FERRY_NO_STATS)
   return false;
@@ -68,7 +70,10 @@ inline bool tracing() noexcept {
   return (detail::flags.load(std::memory_order_relaxed) & trace_bit) != 0;
 #endif
 }
+// True while NVTX ranges are on (FERRY_NVTX=1, or set_bit(nvtx_bit, true)).
 inline bool nvtx_on() noexcept { return (detail::flags.load(std::memory_order_relaxed) & nvtx_bit) != 0; }
+// Turns one switch (stats_bit, trace_bit, nvtx_bit) on or off for the whole process, from
+// any thread; stats.hpp and trace.hpp call it for the user.
 inline void set_bit(unsigned bit, bool v) noexcept {
   if (v)
     detail::flags.fetch_or(bit, std::memory_order_relaxed);
@@ -78,8 +83,11 @@ inline void set_bit(unsigned bit, bool v) noexcept {
 
 // ---- the clock -------------------------------------------------------------------------
 
+// A time from now(): TSC cycles on x86-64, steady_clock counts elsewhere (ns_per_tick()
+// converts).
 using ticks = std::uint64_t;
 
+// The current tick: cheap enough to read around every observed call.
 inline ticks now() noexcept {
 #if (defined(__x86_64__) || defined(__i386__)) && !defined(__CUDA_ARCH__)
   return __builtin_ia32_rdtsc();  // invariant TSC on every x86-64 made since 2008
@@ -115,14 +123,20 @@ inline double ns_per_tick() noexcept {
 class counter {
  public:
   counter() = default;
+  // Copies the value (a relaxed load), so a stage holding counters can move.
   counter(const counter& o) noexcept : v_(o.get()) {}
+  // Takes o's value (relaxed).
   counter& operator=(const counter& o) noexcept {
     v_.store(o.get(), std::memory_order_relaxed);
     return *this;
   }
+  // Adds d; for the one thread writing this counter now.
   void add(std::uint64_t d) noexcept { v_.store(v_.load(std::memory_order_relaxed) + d, std::memory_order_relaxed); }
+  // Adds d atomically; for counters several threads add to.
   void add_shared(std::uint64_t d) noexcept { v_.fetch_add(d, std::memory_order_relaxed); }
+  // Sets the value (reset, first and last ticks).
   void set(std::uint64_t v) noexcept { v_.store(v, std::memory_order_relaxed); }
+  // The value, from any thread.
   std::uint64_t get() const noexcept { return v_.load(std::memory_order_relaxed); }
 
  private:
@@ -139,6 +153,7 @@ struct stage_counters {
   counter wait_down;  // worker side: blocked because the output queue was full (threaded stages)
   counter first;      // start of the first observed call (0: none yet)
   counter last;       // end of the last observed call
+  // Zeroes every counter (reset_stats).
   void reset() noexcept {
     for (counter* c : {&elements, &bytes, &incl, &work, &wait_up, &wait_down, &first, &last}) c->set(0);
   }
@@ -154,9 +169,10 @@ enum class stage_mode { inline_stage, threaded_stage, source_stage };
 
 // A snapshot of one stage's counters, upstream first (what report() is computed from).
 struct raw_stage {
-  const char* kind = "";
-  stage_mode mode = stage_mode::inline_stage;
-  std::size_t threads = 1;
+  const char* kind = "";  // the stage's name ("map", "batch"; "source" for a probe)
+  stage_mode mode = stage_mode::inline_stage;  // how its own time is worked out
+  std::size_t threads = 1;  // threads doing its work (map's workers), for busy fractions
+  // The stage_counters' values of the same names, read once (ticks for times).
   std::uint64_t elements = 0, bytes = 0, incl = 0, work = 0, wait_up = 0, wait_down = 0, first = 0, last = 0;
   std::uint64_t upstreams_incl = 0;  // with joined: the upstreams' incl summed
   bool joined = false;               // several upstreams: self = incl - upstreams_incl
@@ -166,7 +182,10 @@ struct raw_stage {
 // then adds itself, so stages arrive in pipeline order.
 class stage_visitor {
  public:
+  // reset = true: each stage's add() zeroes its counters instead of recording them
+  // (reset_stats).
   explicit stage_visitor(bool reset = false) : reset_(reset) {}
+  // A stage adds itself after its upstream: a snapshot of c, or c zeroed when resetting.
   void add(const char* kind, const stage_counters& c, stage_mode m, std::size_t threads) {
     if (reset_) {
       const_cast<stage_counters&>(c).reset();
@@ -189,6 +208,7 @@ class stage_visitor {
   std::uint64_t upstream_incl(std::size_t n) const noexcept {
     return stages_.size() > n ? stages_.back().incl : 0;
   }
+  // The snapshots so far, in pipeline order (source first).
   const std::vector<raw_stage>& stages() const noexcept { return stages_; }
 
  private:
@@ -201,6 +221,8 @@ concept observable = requires(const S& s, stage_visitor& v) { s.visit_stages(v);
 
 // ---- bytes of an element ---------------------------------------------------------------
 
+// An element's payload bytes for the report: a batch's payload, a contiguous range's
+// bytes (record, vector), sizeof for trivially copyable types, else 0.
 template <class T>
 std::uint64_t bytes_of(const T& x) noexcept {
   if constexpr (requires { { x.payload_bytes() } -> std::convertible_to<std::uint64_t>; })
@@ -214,6 +236,7 @@ std::uint64_t bytes_of(const T& x) noexcept {
   else
     return 0;
 }
+// The payload bytes of a run of elements (next_bulk's), as the sum of bytes_of of each.
 template <class T>
 std::uint64_t bytes_of(std::span<const T> xs) noexcept {
   if constexpr (std::is_trivially_copyable_v<T> && !std::ranges::contiguous_range<T> &&
@@ -228,21 +251,22 @@ std::uint64_t bytes_of(std::span<const T> xs) noexcept {
 
 // ---- trace events ----------------------------------------------------------------------
 
+// One span of a trace: what ran, on which thread, from when to when.
 struct trace_event {
   const char* name;  // a string literal: the stage kind or "<kind>: <activity>"
-  std::uint32_t tid;
-  ticks t0, t1;
+  std::uint32_t tid;  // ferry's number for the thread (names in trace_buffer::thread_names)
+  ticks t0, t1;  // start and end
 };
 
 // The open tracing session's buffer (ferry/trace.hpp owns it): a fixed array filled
 // lock-free; events past its end are counted as dropped.
 struct trace_buffer {
-  std::vector<trace_event> events;
-  std::atomic<std::size_t> next{0};
-  std::atomic<std::uint64_t> dropped{0};
-  std::uint64_t generation = 0;
-  std::mutex names_m;
-  std::vector<std::pair<std::uint32_t, std::string>> thread_names;
+  std::vector<trace_event> events;  // sized when the session opens; never grows
+  std::atomic<std::size_t> next{0};  // the next free place (may pass the end)
+  std::atomic<std::uint64_t> dropped{0};  // events that found no place
+  std::uint64_t generation = 0;  // which session: threads name themselves once per session
+  std::mutex names_m;  // guards thread_names
+  std::vector<std::pair<std::uint32_t, std::string>> thread_names;  // (tid, name) of each thread seen
 };
 
 namespace detail {
@@ -287,6 +311,7 @@ inline void record(const char* name, ticks t0, ticks t1) noexcept {
 
 // ---- what stages call ------------------------------------------------------------------
 
+// Adds the span [t0, t1) to c's inclusive time and first/last ticks.
 inline void note_span(stage_counters& c, ticks t0, ticks t1) noexcept {
   c.incl.add(t1 - t0);
   if (c.first.get() == 0) c.first.set(t0);
@@ -305,6 +330,8 @@ void note_next(stage_counters& c, const char* kind, ticks t0, const Opt& e) noex
   if (tracing()) record(kind, t0, t1);
 }
 
+// After an observed call that handed on `elements` elements of `bytes` bytes: counts them
+// and the time since t0; traces it.
 inline void note_count(stage_counters& c, const char* kind, ticks t0, std::uint64_t elements,
                        std::uint64_t bytes) noexcept {
   const ticks t1 = now();
@@ -314,16 +341,21 @@ inline void note_count(stage_counters& c, const char* kind, ticks t0, std::uint6
   if (tracing()) record(kind, t0, t1);
 }
 
+// After an observed next_bulk() or next_view() that gave `out`: note_count of its elements.
 template <class T>
 void note_bulk(stage_counters& c, const char* kind, ticks t0, std::span<const T> out) noexcept {
   note_count(c, kind, t0, out.size(), bytes_of(out));
 }
 
 #if defined(__GNUC__)
+// The hooks' fast path: always inlined into the stage's call.
 #define FERRY_OBSERVE_INLINE [[gnu::always_inline]] inline
+// The measured path: out of line and cold, so the fast path stays small.
 #define FERRY_OBSERVE_COLD [[gnu::noinline, gnu::cold]]
 #else
+// The hooks' fast path (no attribute to force inlining on this compiler).
 #define FERRY_OBSERVE_INLINE inline
+// The measured path (no attribute to keep it out of line on this compiler).
 #define FERRY_OBSERVE_COLD
 #endif
 
@@ -336,6 +368,7 @@ FERRY_OBSERVE_COLD auto observed_next_slow(stage_counters& c, const char* kind, 
   note_next(c, kind, t0, e);
   return e;
 }
+// observed_borrow's measured path: counts the views f() appended and their bytes.
 template <class Out, class F>
 FERRY_OBSERVE_COLD std::size_t observed_borrow_slow(stage_counters& c, const char* kind, Out& out, F& f) {
   const ticks t0 = now();
@@ -345,6 +378,7 @@ FERRY_OBSERVE_COLD std::size_t observed_borrow_slow(stage_counters& c, const cha
   note_count(c, kind, t0, n, bytes);
   return n;
 }
+// observed_bulk's measured path: counts the elements f() wrote into out.
 template <class T, class F>
 FERRY_OBSERVE_COLD std::size_t observed_bulk_slow(stage_counters& c, const char* kind, std::span<T> out, F& f) {
   const ticks t0 = now();
@@ -377,8 +411,9 @@ FERRY_OBSERVE_INLINE std::size_t observed_borrow(stage_counters& c, const char* 
 
 // Time spent blocked: measured only when stats are on and the wait really blocks.
 struct wait_timer {
-  ticks t0 = 0;
-  bool active = false;
+  ticks t0 = 0;  // when the wait began
+  bool active = false;  // start() measured (stats were on)
+  // Call before blocking: notes the time when stats are on.
   void start() noexcept {
     if (on()) {
       t0 = now();
@@ -403,13 +438,16 @@ struct wait_timer {
 // times the upstream from here, reporting it as a stage of kind "source".
 template <class Up>
 struct upstream_probe {
-  stage_counters c;
+  stage_counters c;  // the plain source's counters, reported as kind "source"
 
+  // up.next(), counted and timed.
   auto pull(Up& up) { return observed_next(c, "source", [&] { return up.next(); }); }
+  // up.next_bulk(out), counted and timed.
   template <class T>
   std::size_t pull_bulk(Up& up, std::span<T> out) {
     return observed_bulk(c, "source", out, [&] { return up.next_bulk(out); });
   }
+  // up.next_view(max), counted and timed.
   auto pull_view(Up& up, std::size_t max) {
     if (!on()) [[likely]]
       return up.next_view(max);
@@ -418,24 +456,32 @@ struct upstream_probe {
     note_bulk(c, "source", t0, v);
     return v;
   }
+  // up.next_borrowed(out, max), counted and timed.
   template <class Out>
   std::size_t pull_borrowed(Up& up, Out& out, std::size_t max) {
     return observed_borrow(c, "source", out, [&] { return up.next_borrowed(out, max); });
   }
+  // Adds the plain source's row to the report.
   void visit(const Up&, stage_visitor& v) const { v.add("source", c, stage_mode::source_stage, 1); }
 };
+// The probe of a ferry stage (observable: it counts itself): empty, forwards every call.
 template <observable Up>
 struct upstream_probe<Up> {
+  // up.next().
   auto pull(Up& up) { return up.next(); }
+  // up.next_bulk(out).
   template <class T>
   std::size_t pull_bulk(Up& up, std::span<T> out) {
     return up.next_bulk(out);
   }
+  // up.next_view(max).
   auto pull_view(Up& up, std::size_t max) { return up.next_view(max); }
+  // up.next_borrowed(out, max).
   template <class Out>
   std::size_t pull_borrowed(Up& up, Out& out, std::size_t max) {
     return up.next_borrowed(out, max);
   }
+  // The upstream's own rows (its visit_stages).
   void visit(const Up& up, stage_visitor& v) const { up.visit_stages(v); }
 };
 

@@ -67,6 +67,8 @@ struct parse_example_t;
 // byte of the payload where parsing failed.
 class example_error : public format_error {
  public:
+  // `what` says what was wrong; path and record_offset name the record, payload_offset the
+  // byte inside it.
   example_error(std::string path, std::uint64_t record_offset, std::uint64_t payload_offset,
                 const std::string& what)
       : format_error(std::move(path), record_offset, what), payload_(payload_offset) {}
@@ -78,8 +80,10 @@ class example_error : public format_error {
   std::uint64_t payload_;
 };
 
+// Which list a feature holds (the Feature oneof); none when the oneof was not set.
 enum class feature_kind : std::uint8_t { none, bytes_list, float_list, int64_list };
 
+// The kind's name as in the .proto ("bytes_list", ...; "none"), for messages.
 inline const char* to_string(feature_kind k) {
   switch (k) {
     case feature_kind::bytes_list: return "bytes_list";
@@ -94,9 +98,13 @@ inline const char* to_string(feature_kind k) {
 class float_values {
  public:
   float_values() = default;
+  // A view of n floats stored little-endian at p (4 * n bytes, any alignment).
   float_values(const std::byte* p, std::size_t n) noexcept : p_(p), n_(n) {}
+  // The number of floats.
   std::size_t size() const noexcept { return n_; }
+  // Whether there is none.
   bool empty() const noexcept { return n_ == 0; }
+  // Float i (i < size(), unchecked), read byte by byte.
   float operator[](std::size_t i) const noexcept {
     std::uint32_t v = 0;
     for (int b = 3; b >= 0; --b) v = (v << 8) | std::to_integer<std::uint32_t>(p_[4 * i + b]);
@@ -113,43 +121,63 @@ class float_values {
       for (std::size_t i = 0; i < n_; ++i) out[i] = (*this)[i];
     }
   }
+  // The values in a new vector.
   std::vector<float> to_vector() const {
     std::vector<float> v(n_);
     copy_to(v);
     return v;
   }
 
+  // A random-access iterator over the values, yielding floats by value (they are not
+  // stored as floats, so there is no float& to give).
   class iterator {
    public:
-    using iterator_category = std::random_access_iterator_tag;
-    using value_type = float;
-    using difference_type = std::ptrdiff_t;
-    using reference = float;
-    using pointer = void;
+    using iterator_category = std::random_access_iterator_tag;  // random access
+    using value_type = float;                                   // a float
+    using difference_type = std::ptrdiff_t;                     // a distance in floats
+    using reference = float;                                    // by value: no float is stored
+    using pointer = void;                                       // no address to give
     iterator() = default;
+    // At float i of v.
     iterator(const float_values* v, std::size_t i) : v_(v), i_(i) {}
+    // The current float.
     float operator*() const { return (*v_)[i_]; }
+    // The float d places on.
     float operator[](difference_type d) const { return (*v_)[i_ + d]; }
+    // The next float.
     iterator& operator++() { ++i_; return *this; }
+    // The next float; returns the iterator before the step.
     iterator operator++(int) { auto t = *this; ++i_; return t; }
+    // The float before.
     iterator& operator--() { --i_; return *this; }
+    // The float before; returns the iterator before the step.
     iterator operator--(int) { auto t = *this; --i_; return t; }
+    // d floats on.
     iterator& operator+=(difference_type d) { i_ += d; return *this; }
+    // d floats back.
     iterator& operator-=(difference_type d) { i_ -= d; return *this; }
+    // a moved d floats on.
     friend iterator operator+(iterator a, difference_type d) { return a += d; }
+    // a moved d floats on.
     friend iterator operator+(difference_type d, iterator a) { return a += d; }
+    // a moved d floats back.
     friend iterator operator-(iterator a, difference_type d) { return a -= d; }
+    // The distance from b to a, in floats.
     friend difference_type operator-(iterator a, iterator b) {
       return static_cast<difference_type>(a.i_) - static_cast<difference_type>(b.i_);
     }
+    // The same place (iterators of the same float_values).
     friend bool operator==(iterator a, iterator b) { return a.i_ == b.i_; }
+    // Ordered by place.
     friend auto operator<=>(iterator a, iterator b) { return a.i_ <=> b.i_; }
 
    private:
     const float_values* v_ = nullptr;
     std::size_t i_ = 0;
   };
+  // The first float; the iterators refer to this float_values, which must outlive them.
   iterator begin() const { return {this, 0}; }
+  // Past the last float.
   iterator end() const { return {this, n_}; }
 
  private:
@@ -163,7 +191,9 @@ class example;
 // (bytes values stay valid as long as the record's chunk, i.e. any copy of the record).
 class feature {
  public:
+  // The feature's name (the map key), a view into the record.
   std::string_view name() const noexcept { return name_; }
+  // Which list it holds.
   feature_kind kind() const noexcept { return kind_; }
   // Number of values (0 for kind none).
   std::size_t size() const noexcept { return n_; }
@@ -187,6 +217,7 @@ class example {
 
   // Features sorted by name.
   std::span<const feature> features() const noexcept { return features_; }
+  // The number of features.
   std::size_t size() const noexcept { return features_.size(); }
   // nullptr when there is no feature of that name.
   const feature* find(std::string_view name) const noexcept {
@@ -194,6 +225,7 @@ class example {
                                [](const feature& f, std::string_view n) { return f.name_ < n; });
     return it != features_.end() && it->name_ == name ? &*it : nullptr;
   }
+  // Whether there is a feature of that name.
   bool contains(std::string_view name) const noexcept { return find(name) != nullptr; }
 
   // The values of one feature. Throw example_error when the feature is missing or of
@@ -201,7 +233,9 @@ class example {
   std::span<const std::string_view> bytes(std::string_view name) const {
     return bytes(get(name, feature_kind::bytes_list));
   }
+  // The float_list named `name`; throws example_error as bytes(name) does.
   float_values floats(std::string_view name) const { return floats(get(name, feature_kind::float_list)); }
+  // The int64_list named `name`; throws example_error as bytes(name) does.
   std::span<const std::int64_t> int64s(std::string_view name) const {
     return int64s(get(name, feature_kind::int64_list));
   }
@@ -210,15 +244,18 @@ class example {
     if (f.kind_ != feature_kind::bytes_list) return {};
     return {bytes_.data() + f.first_, f.n_};
   }
+  // f's floats (empty when f is not a float_list).
   float_values floats(const feature& f) const {
     if (f.kind_ != feature_kind::float_list) return {};
     return f.float_in_record_ ? float_values(f.floats_, f.n_) : float_values(floats_.data() + f.first_, f.n_);
   }
+  // f's int64s (empty when f is not an int64_list).
   std::span<const std::int64_t> int64s(const feature& f) const {
     if (f.kind_ != feature_kind::int64_list) return {};
     return {ints_.data() + f.first_, f.n_};
   }
 
+  // The record the example was parsed from (empty when parsed from a span of bytes).
   const ferry::record& record() const noexcept { return rec_; }
 
  private:
@@ -490,6 +527,8 @@ struct example_parser {
 
 }  // namespace detail
 
+// The type of ferry::parse_example, a function object for map(): map(parse_example).
+// Runs on the calling thread (a map worker); keeps no state between calls.
 struct parse_example_t {
   // Parses r's bytes; the example shares r's chunk (no copy). Throws example_error.
   example operator()(ferry::record r) const {
@@ -512,6 +551,7 @@ struct parse_example_t {
     return ex;
   }
 };
+// parse_example(record): the record's tf.train.Example (see the file's top).
 inline constexpr parse_example_t parse_example{};
 
 }  // namespace ferry

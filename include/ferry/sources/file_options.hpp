@@ -23,19 +23,24 @@
 
 namespace ferry {
 
+// The format of the files from_files reads: one of the format tags, with its options.
 using file_format = std::variant<tfrecord, npy, idx, fixed_length, text_lines>;
 
+// What a bad record or file does: raise throws it from next(); skip counts it, reports it
+// to on_skip and reads on (see from_files_options::on_error).
 enum class error_policy { raise, skip };
 
 // What a skip reports: the file, the offset where the bad record starts (in the
 // uncompressed stream for compressed files) and what was wrong.
 struct skipped_record {
-  std::string path;
-  std::uint64_t offset = 0;
-  std::string reason;
+  std::string path;  // the file
+  std::uint64_t offset = 0;  // where the bad record starts
+  std::string reason;  // what was wrong: a format_error's reason; for an io_error, "what (OS message)"
+  // "path: reason at offset n", as the default on_skip prints it (after "ferry: skipped ").
   std::string message() const { return path + ": " + reason + " at offset " + std::to_string(offset); }
 };
 
+// from_files' options, a braced list (the example above).
 struct from_files_options {
   // raise: the first bad record throws (format_error / io_error). skip: bad records are
   // counted, reported to on_skip, and reading goes on (a bad TFRecord data CRC skips that
@@ -62,7 +67,7 @@ struct from_files_options {
   // After shard(n, i), this shard's files are permuted: a rank keeps its files. Records
   // keep their order within a file; mix them with interleave and shuffle.
   bool shuffle_files = false;
-  std::uint64_t shuffle_seed = 0;
+  std::uint64_t shuffle_seed = 0;  // with the epoch, fixes shuffle_files' orders
 };
 
 }  // namespace ferry

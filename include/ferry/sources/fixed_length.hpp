@@ -21,10 +21,11 @@
 
 namespace ferry {
 
+// The fixed-length format tag, for from_files (see the file's top).
 struct fixed_length {
-  std::size_t record_bytes = 0;
-  std::size_t header_bytes = 0;
-  std::size_t footer_bytes = 0;
+  std::size_t record_bytes = 0;  // every record's size (required: 0 is a config_error)
+  std::size_t header_bytes = 0;  // bytes skipped at the start of each file
+  std::size_t footer_bytes = 0;  // bytes skipped at the end of each file
 };
 
 namespace detail {

@@ -14,8 +14,6 @@
 // files are read in the order given, or with options.shuffle_files in a new order every
 // epoch: a permutation seeded from (options.shuffle_seed, epoch), the same on every rank
 // and build, where rewind() starts the next epoch (tf.data's list_files(shuffle=True)).
-// The state holds the epoch, so a resumed job continues that epoch's order and the later
-// epochs' orders.
 //
 // Reading: each file is read sequentially with large read(2) calls into pooled chunks of
 // options.chunk_bytes (default 1 MiB); a record is a view into its chunk that owns a
@@ -42,14 +40,29 @@
 // j is the place in the list as given: with shuffle_files a shard keeps its files and
 // reads them in a new order every epoch.
 //
+// Threads: everything runs on the thread calling next() (on_skip included); only the
+// read(2)s of options.read_ahead run on the I/O threads, which run no user code.
+//
 // Errors: with error_policy::raise (default) next() throws io_error (missing file,
 // directory, read failure) or format_error (file, offset where the bad record starts,
 // what was wrong); reading can go on after the throw, past the bad record (a TFRecord
 // data CRC mismatch) or from the next file. With error_policy::skip those are counted
 // (skipped()) and reported through options.on_skip. from_files itself throws config_error
-// for a bad format option and io_error for a pattern matching no file.
-// Thread: everything runs on the thread calling next() (on_skip included); only the
-// read(2)s of options.read_ahead run on the I/O thread, which runs no user code.
+// for a bad format option and io_error for a pattern matching no file; shard_files
+// (`| shard(n, i)`) throws config_error for a bad count or index or more shards than files.
+//
+// Memory: bounded: the open file's current chunk of options.chunk_bytes (1 MiB), and with
+// read-ahead up to options.read_ahead more chunks (pooled and reused); a record larger
+// than a chunk takes a chunk of its size, at most options.max_record_bytes. A record
+// keeps its chunk alive for as long as it (or a copy) lives.
+//
+// Checkpoints: save() records the file list (a hash), the format, shuffle_files and
+// shuffle_seed, then the epoch, the place in this epoch's file order, whether a file is
+// open with its offset and record count, and whether the epoch has ended. restore()
+// throws config_error, naming what differs, for a state saved with another file list,
+// format or shuffling, and for a damaged one; the file is re-opened at the next next(),
+// at the saved offset (compressed files are inflated up to it). The state holds the
+// epoch, so a resumed job continues that epoch's order and the later epochs' orders.
 #pragma once
 
 #include <cstdint>
@@ -321,16 +334,20 @@ class file_source : public source_base<file_source, record> {
 
 }  // namespace detail
 
+// The type of ferry::from_files.
 struct from_files_t {
   // Throws config_error for a bad format option, io_error for a pattern matching nothing.
   auto operator()(const std::vector<std::string>& paths, file_format fmt, from_files_options o = {}) const {
     detail::check_format(fmt, o);
     return detail::file_source(detail::expand_paths(paths), std::move(fmt), std::move(o));
   }
+  // One path (or glob pattern); throws as the list form does.
   auto operator()(const char* path, file_format fmt, from_files_options o = {}) const {
     return (*this)(std::vector<std::string>{path}, std::move(fmt), std::move(o));
   }
 };
+// from_files(paths, format, options): records streamed from many files (see the file's
+// top).
 inline constexpr from_files_t from_files{};
 
 }  // namespace ferry

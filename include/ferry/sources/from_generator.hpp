@@ -3,9 +3,13 @@
 //   ferry::from_generator([](std::uint64_t i) -> std::optional<T> { ... })  // nullopt ends
 //   ferry::from_generator(n, [](std::uint64_t i) { return T{...}; })        // n elements
 //
-// The function is called with 0, 1, 2, ... on the thread that calls next() (a map or
-// prefetch worker when those stages sit downstream). Because elements are a function of
-// their index, save/restore and rewind are exact and free.
+// Because elements are a function of their index, save/restore and rewind are exact and
+// free.
+//
+// Threads: the function is called with 0, 1, 2, ... on the thread that calls next() (a
+// map or prefetch worker when those stages sit downstream); from_generator starts no
+// thread.
+//
 // Errors: if the function throws for index i, next() throws ferry::element_error
 // ("from_generator: user function threw at element i: ...") with the original exception
 // nested (std::rethrow_if_nested); ferry's own errors pass through unchanged. Both forms
@@ -13,6 +17,14 @@
 // would throw forever when the failure is a function of the index, as it should be). A
 // next_bulk() call (batch() pulling a run at once) throws the same error; the run's
 // elements before i go with it, as batch() drops the batch it was building on any error.
+// restore() throws config_error for a state past the count (Checkpoints).
+//
+// Memory: the function (moved in), the next index and whether the function has ended the
+// epoch (returned nullopt); no element is held.
+//
+// Checkpoints: save() records the next index and whether the epoch has ended; restore()
+// throws config_error for an index past this generator's count (a state saved from a
+// longer one).
 #pragma once
 
 #include <cstdint>
@@ -120,19 +132,25 @@ class generator_source
 
 }  // namespace detail
 
+// The type of ferry::from_generator.
 struct from_generator_t {
+  // from_generator(f): f(i) returns std::optional<T>; the first nullopt ends the epoch.
   template <class F>
     requires std::is_invocable_v<F&, std::uint64_t> &&
              detail::is_optional<std::invoke_result_t<F&, std::uint64_t>>::value
   auto operator()(F f) const {
     return detail::generator_source<F>(std::numeric_limits<std::uint64_t>::max(), std::move(f));
   }
+  // from_generator(count, f): the elements f(0) ... f(count - 1) (when f returns a
+  // std::optional, its first nullopt ends the epoch sooner).
   template <class F>
     requires std::is_invocable_v<F&, std::uint64_t>
   auto operator()(std::uint64_t count, F f) const {
     return detail::generator_source<F>(count, std::move(f));
   }
 };
+// from_generator(f) / from_generator(count, f): a source from a function of the element
+// index (see the file's top).
 inline constexpr from_generator_t from_generator{};
 
 }  // namespace ferry

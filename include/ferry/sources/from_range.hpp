@@ -5,8 +5,19 @@
 //   auto src = ferry::from_range(std::span(big_array));        // views it: keep it alive
 //
 // Each next() yields a copy of the next element; rewind() starts again from the first.
-// Runs on the thread that calls next(). Throws nothing itself, but restore() throws
-// config_error for a state past the range's end.
+//
+// Threads: runs on the thread that calls next() (a map or prefetch worker when those sit
+// downstream); from_range starts no thread and calls no user function (only the range's
+// own element copies and iterator operations).
+//
+// Errors: throws nothing itself, but restore() throws config_error for a state past the
+// range's end. What copying an element throws propagates.
+//
+// Memory: the range, moved in (a view refers to memory the caller keeps alive), and the
+// index of the next element.
+//
+// Checkpoints: save() records the index of the next element; restore() throws
+// config_error for an index past this range's end (a state saved from a longer range).
 #pragma once
 
 #include <algorithm>
@@ -73,13 +84,17 @@ class range_source : public source_base<range_source<R>, std::ranges::range_valu
 
 }  // namespace detail
 
+// The type of ferry::from_range.
 struct from_range_t {
+  // A source over r: an owning range (a vector) is moved or copied in, a view (std::span)
+  // refers to the caller's memory.
   template <std::ranges::random_access_range R>
     requires std::ranges::sized_range<R>
   auto operator()(R&& r) const {
     return detail::range_source<std::remove_cvref_t<R>>(std::forward<R>(r));
   }
 };
+// from_range(r): an in-memory random-access range as a source (see the file's top).
 inline constexpr from_range_t from_range{};
 
 }  // namespace ferry

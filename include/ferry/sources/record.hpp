@@ -32,17 +32,21 @@
 
 namespace ferry {
 
+// Where a record was read: what origin() returns (see above).
 struct record_origin {
   std::string_view file;     // "" when unknown
   std::uint64_t offset = 0;  // where the record starts in the file (its framing header)
   std::uint64_t data_offset = 0;  // where its first payload byte is
 };
 
+// One record: a read-only view of its bytes that keeps them alive (see above).
 class record {
  public:
-  using value_type = std::byte;
+  using value_type = std::byte;  // a contiguous range of bytes
 
   record() = default;
+  // size bytes at bytes.get(), kept alive by `bytes` (an aliasing shared_ptr into a chunk,
+  // or storage of its own); the origin is empty.
   record(std::shared_ptr<const std::byte> bytes, std::size_t size) noexcept
       : p_(std::move(bytes)), n_(size) {}
   // `file` must live as long as the bytes do (from_files keeps it in the chunk).
@@ -50,13 +54,21 @@ class record {
          std::uint64_t offset, std::uint32_t header_bytes) noexcept
       : p_(std::move(bytes)), n_(size), file_(file), off_(offset), head_(header_bytes) {}
 
+  // The first byte (null for an empty default record).
   const std::byte* data() const noexcept { return p_.get(); }
+  // The number of bytes.
   std::size_t size() const noexcept { return n_; }
+  // Whether it has no byte.
   bool empty() const noexcept { return n_ == 0; }
+  // The first byte, for range-for and ranges.
   const std::byte* begin() const noexcept { return p_.get(); }
+  // Past the last byte.
   const std::byte* end() const noexcept { return p_.get() + n_; }
+  // The bytes as a span.
   std::span<const std::byte> bytes() const noexcept { return {p_.get(), n_}; }
+  // The bytes as text (a text_lines line, a TFRecord of text).
   std::string_view str() const noexcept { return {reinterpret_cast<const char*>(p_.get()), n_}; }
+  // Where it was read: file, record offset and payload offset (file "" when built by hand).
   record_origin origin() const noexcept {
     return {file_ ? std::string_view(*file_) : std::string_view(), off_, off_ + head_};
   }
@@ -75,10 +87,12 @@ class record {
 // since it copies the bytes at once: a record's own reference is an atomic increment and
 // decrement per record, the larger part of reading 128-byte records.
 struct borrowed_records {
-  std::vector<std::span<const std::byte>> views;
-  std::vector<std::shared_ptr<const void>> owners;
+  std::vector<std::span<const std::byte>> views;  // each record's bytes, in order
+  std::vector<std::shared_ptr<const void>> owners;  // one reference per chunk the views point into
 
+  // The number of records lent.
   std::size_t size() const noexcept { return views.size(); }
+  // Drops the views and the references (the views are invalid after); keeps the capacity.
   void clear() noexcept {
     views.clear();
     owners.clear();

@@ -25,8 +25,9 @@
 
 namespace ferry {
 
+// The TFRecord format tag, for from_files (see the file's top).
 struct tfrecord {
-  bool verify_crc = true;
+  bool verify_crc = true;  // check both CRCs of every record (format_error on a mismatch)
 };
 
 namespace detail {

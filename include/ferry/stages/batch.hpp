@@ -14,16 +14,26 @@
 // from a borrowing_source (from_files) are lent as views and copied at once, with no
 // reference per record.
 //
-// Buffers come from a std::pmr::memory_resource, by default a buffer_pool private to the
-// stage, so batches in steady state reuse the same memory. The hook
-// set_buffer_resource(r) (called by distribute() before the first next()) makes batch
-// collate into pinned memory instead, without the user changing the pipeline.
+// Threads: runs on the thread calling next(), which pulls the upstream and collates;
+// batch runs no user code and starts no thread.
 //
-// Throws config_error for n == 0. Runs on the thread calling next(); upstream errors
-// propagate unchanged, and the elements already pulled into the batch being built are
-// dropped with it (as tf.data's batch drops them): the next batch starts after the
-// element that failed. To keep them, skip bad elements before batch (error_policy::skip
-// in from_files; a map function that catches, then filter).
+// Errors: throws config_error for n == 0, and for n rows whose bytes do not fit in a
+// size_t. Upstream errors propagate unchanged, and the elements already pulled into the
+// batch being built are dropped with it (as tf.data's batch drops them): the next batch
+// starts after the element that failed. To keep them, skip bad elements before batch
+// (error_policy::skip in from_files; a map function that catches, then filter).
+//
+// Memory: one batch being built. Buffers come from a std::pmr::memory_resource, by
+// default a buffer_pool private to the stage, so batches in steady state reuse the same
+// memory. The hook set_buffer_resource(r) (called by distribute() before the first
+// next()) makes batch collate into pinned memory instead, without the user changing the
+// pipeline. A batch's buffers start at n rows, or at 16 MiB of rows when that is less,
+// and grow as rows come. Ragged types hold the n elements of the batch being built before
+// collating them (that vector's capacity is reused batch to batch).
+//
+// Checkpoints: a batch is built whole inside one next(), so between calls batch holds no
+// element: save() records the upstream's state and batch's tag, and restore() resumes
+// with the next batch (config_error when the state has another stage at that place).
 #pragma once
 
 #include <array>
@@ -51,6 +61,7 @@
 
 namespace ferry {
 
+// batch()'s options, a braced list: batch(256, {.drop_remainder = true}).
 struct batch_options {
   bool drop_remainder = false;  // drop a last batch with fewer than n elements
   // Where batch buffers come from; null means a buffer_pool private to the stage.
@@ -176,17 +187,22 @@ inline void check_batch_args(std::size_t n) {
 // Not a stage_adaptor: its options are a braced list (batch(256, {.drop_remainder = true})),
 // which a template parameter pack cannot take.
 struct batch_t {
+  // batch(src, n, options): builds the stage over src (moved in); throws config_error for
+  // n == 0 or a batch too large to address.
   template <source S>
   auto operator()(S&& s, std::size_t n, batch_options o = {}) const {
     detail::require_rvalue_source<S>();
     detail::check_batch_args(n);
     return detail::batch_source<std::remove_cvref_t<S>>(std::forward<S>(s), n, std::move(o));
   }
+  // batch(n, options): a closure for `src | batch(n)`; throws config_error for n == 0 now.
   auto operator()(std::size_t n, batch_options o = {}) const {
     detail::check_batch_args(n);
     return make_closure([n, o]<class S>(S&& s) { return batch_t{}(std::forward<S>(s), n, o); });
   }
 };
+// batch(n, {.drop_remainder}): collates n elements into one buffer per field (see the
+// file's top).
 inline constexpr batch_t batch{};
 
 }  // namespace ferry

@@ -14,12 +14,6 @@
 // later epoch. Put the stages whose order should change each epoch (shuffle) after
 // cache(): the kept pass is replayed in its order.
 //
-// Memory: cache() keeps every element of the pass in memory: the whole dataset, after the
-// stages before it (records from from_files keep their read chunks; decode first, or
-// cache to a file). cache(path) streams the pass to a file and reads it back through
-// from_files' reader (1 MiB chunks, read ahead): bounded memory, for datasets larger than
-// memory (elements need a cache_codec, see ferry/cache_codec.hpp).
-//
 // The file: written as "<path>.partial-<pid>-<n>", synced and renamed to <path> when the
 // pass is whole, so <path> always holds a whole pass. A later run (or another pipeline)
 // that finds <path> with the same element type and key reads it and never pulls its
@@ -29,32 +23,40 @@
 // not a ferry cache, or one of another element type or key is never opened for reading
 // (when not a regular file) and never replaced: a config_error, restored or not.
 //
-// Iterator state: the upstream's position when the pass's fill began (for a file from an
-// earlier run, the upstream's own, untouched position), the number of elements and of
-// upstream errors handed out this pass, the file offset while replaying, and whether the
-// pass ended at a damaged file. Restoring a replay position of cache(path) seeks in the
-// file. Otherwise (in memory, mid-fill, or the file is gone) the fresh pipeline refills
-// from that upstream position and skips the elements already handed out (and the
-// upstream errors among them): the content and the order after the restore are exactly
-// those of the run that saved, at the price of re-reading up to one pass, the only stage
-// whose restore re-reads more than a window. The exception is a file from an earlier run
-// that is gone at the restore: what it held cannot be read again, and the refill is this
-// upstream's first pass. A state of cache() does not restore into cache(path), nor the
-// other way (config_error).
+// Threads: runs on the calling thread, user code (the upstream's, a cache_codec)
+// included; cache(path) reads its file with read_threads I/O threads that run no user
+// code and are joined when the pass's reader closes or the pipeline is destroyed.
 //
-// Throws: upstream exceptions pass through unchanged (that pass is then not kept).
-// cache(path): io_error (path, offset, errno) when the partial file cannot be created or
-// written: that error comes after the element it was writing (nothing is lost) and the
-// pass goes on uncached; config_error as above (on every next() until the file or the
-// pipeline changes); format_error (path, offset) for a damaged cache file: found when
-// opening it, the same pass fills the cache anew from the upstream; found while
-// replaying, that pass ends at the damaged element (the error says where) and the next
-// pass refills the cache from the upstream. Ending the pass there loses the rest of that
-// epoch, which the error reports: getting it back would need the upstream moved back to
-// the pass's start, which only a fresh pipeline (a restore) can do. Runs on the calling
-// thread, user code (the upstream's, a cache_codec) included; cache(path) reads its file
-// with read_threads I/O threads that run no user code and are joined when the pass's
-// reader closes or the pipeline is destroyed.
+// Errors: upstream exceptions pass through unchanged (that pass is then not kept).
+// cache(path): config_error at once for an empty path or a directory; io_error (path,
+// offset, errno) when the partial file cannot be created or written: that error comes
+// after the element it was writing (nothing is lost) and the pass goes on uncached;
+// config_error as above (on every next() until the file or the pipeline changes);
+// format_error (path, offset) for a damaged cache file: found when opening it, the same
+// pass fills the cache anew from the upstream; found while replaying, that pass ends at
+// the damaged element (the error says where) and the next pass refills the cache from the
+// upstream. Ending the pass there loses the rest of that epoch, which the error reports:
+// getting it back would need the upstream moved back to the pass's start, which only a
+// fresh pipeline (a restore) can do.
+//
+// Memory: cache() keeps every element of the pass in memory: the whole dataset, after the
+// stages before it (records from from_files keep their read chunks; decode first, or
+// cache to a file). cache(path) streams the pass to a file and reads it back through
+// from_files' reader (1 MiB chunks, read ahead): bounded memory, for datasets larger than
+// memory (elements need a cache_codec, see ferry/cache_codec.hpp).
+//
+// Checkpoints: save() records the upstream's position when the pass's fill began (for a
+// file from an earlier run, the upstream's own, untouched position), the number of
+// elements and of upstream errors handed out this pass, the file offset while replaying,
+// and whether the pass ended at a damaged file. Restoring a replay position of
+// cache(path) seeks in the file. Otherwise (in memory, mid-fill, or the file is gone) the
+// fresh pipeline refills from that upstream position and skips the elements already
+// handed out (and the upstream errors among them): the content and the order after the
+// restore are exactly those of the run that saved, at the price of re-reading up to one
+// pass, the only stage whose restore re-reads more than a window. The exception is a file
+// from an earlier run that is gone at the restore: what it held cannot be read again, and
+// the refill is this upstream's first pass. A state of cache() does not restore into
+// cache(path), nor the other way (config_error).
 #pragma once
 
 #include <concepts>
@@ -74,6 +76,7 @@
 
 namespace ferry {
 
+// cache(path)'s options, a braced list: cache(path, {.key = "decode v2"}).
 struct cache_options {
   // Stored in the file's header; a file written with another key is refused. Name what
   // the cached data depends on (a decode version, a dataset date).
@@ -81,7 +84,7 @@ struct cache_options {
   // Reading the file back: 1 MiB chunks filled ahead by I/O threads, as in
   // from_files_options (read_ahead 0: every read(2) on the consumer's thread).
   std::size_t read_ahead = 4;
-  std::size_t read_threads = 1;
+  std::size_t read_threads = 1;  // I/O threads filling those chunks (they run no user code)
 };
 
 namespace detail {
@@ -329,6 +332,8 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
 
 }  // namespace detail
 
+// The type of ferry::cache: cache(src) / cache(src, path, options), or cache() /
+// cache(path, options) for `src | cache(...)`.
 struct cache_t {
   // In memory.
   template <source S>
@@ -356,15 +361,19 @@ struct cache_t {
         std::forward<S>(s),
         detail::file_cache_store<T>(path.string(), std::move(o.key), o.read_ahead, o.read_threads));
   }
+  // cache(): the in-memory closure, for `src | cache()`.
   auto operator()() const {
     return make_closure([]<class S>(S&& s) { return cache_t{}(std::forward<S>(s)); });
   }
+  // cache(path, options): the file closure, for `src | cache(path)`; the path is checked
+  // when the closure is applied.
   auto operator()(std::filesystem::path path, cache_options o = {}) const {
     return make_closure([path = std::move(path), o = std::move(o)]<class S>(S&& s) {
       return cache_t{}(std::forward<S>(s), path, o);
     });
   }
 };
+// cache() / cache(path): keeps the first whole pass and replays it (see the file's top).
 inline constexpr cache_t cache{};
 
 }  // namespace ferry

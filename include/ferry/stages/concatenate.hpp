@@ -9,21 +9,28 @@
 // a single-pass source, inside what is otherwise a reusable, copyable value (closure |
 // closure chains are applied more than once), so concatenate(b) is refused with a message.
 // Nested calls concatenate more: concatenate(concatenate(a, b), c).
-// Runs both sources on the thread that calls next(); b is not pulled (nor are its threads
-// started) until a has ended. Throws nothing itself.
-// Errors: an exception from either source reaches the consumer unchanged, at its position;
-// the next call goes on with the same source (a's errors do not end a). next_bulk (both
-// sources bulk_source; batch() pulling a run) fills from a, then, when a ends inside the
-// run, goes on from b in the same call: fewer than out.size() only at the end of b. An
-// error inside a run drops the elements of the run written before it, as any bulk run's
-// (batch() drops the batch it was building), a's included when it came from b.
 // rewind() (both rewindable): rewinds both, so epoch e plays a's epoch e, then b's (a
 // shuffle on either side draws its order of that epoch), whether or not b was reached.
-// Checkpoints (both resumable): a's state, b's state, then which one is being read; a
-// restore goes on exactly there, at the boundary too. A state of another shape is a
-// config_error.
 // Stats: report() lists a's stages, then b's, then concatenate, whose own time excludes
 // both sides' (stage_visitor::add_joined).
+//
+// Threads: runs both sources on the thread that calls next(); b is not pulled (nor are its
+// threads started) until a has ended. concatenate runs no user code and starts no thread.
+//
+// Errors: concatenate throws nothing itself, but restore() refuses a damaged state
+// (Checkpoints). An exception from either source reaches the consumer unchanged, at its
+// position; the next call goes on with the same source (a's errors do not end a).
+// next_bulk (both sources bulk_source; batch() pulling a run) fills from a, then, when a
+// ends inside the run, goes on from b in the same call: fewer than out.size() only at the
+// end of b. An error inside a run drops the elements of the run written before it, as any
+// bulk run's (batch() drops the batch it was building), a's included when it came from b.
+//
+// Memory: no element is held: only which source is being read; next_bulk() runs go
+// straight into the caller's buffer.
+//
+// Checkpoints: when both sources are resumable, save() records a's state, b's state, then
+// which one is being read; a restore goes on exactly there, at the boundary too. A state
+// of another shape, or a damaged one, is a config_error.
 #pragma once
 
 #include <concepts>
@@ -89,7 +96,9 @@ class concatenate_source : public join_stage<concatenate_source<A, B>, value_t<A
 
 }  // namespace detail
 
+// The type of ferry::concatenate: concatenate(a, b) only (no pipe form).
 struct concatenate_t {
+  // Builds the stage over a, then b (both moved in, of the same value_type).
   template <source A, source B>
   auto operator()(A&& a, B&& b) const {
     detail::require_rvalue_source<A>();
@@ -102,6 +111,7 @@ struct concatenate_t {
       return detail::concatenate_source<std::remove_cvref_t<A>, std::remove_cvref_t<B>>(std::forward<A>(a),
                                                                                        std::forward<B>(b));
   }
+  // concatenate(b) alone: refused at compile time with a message (see the file's top).
   template <source B>
   void operator()(B&&) const {
     static_assert(detail::always_false<B>,
@@ -109,6 +119,7 @@ struct concatenate_t {
                   "(there is no a | concatenate(b) form)");
   }
 };
+// concatenate(a, b): every element of a, then every element of b (see the file's top).
 inline constexpr concatenate_t concatenate{};
 
 }  // namespace ferry

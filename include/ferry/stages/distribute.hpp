@@ -39,16 +39,9 @@
 //   cuda::devices{...} one replica per listed device: see ferry/cuda/devices.hpp for the
 //                      copies, streams and the release contract.
 //
-// Memory: before the first pull, distribute hands the backend's batch memory (the
-// process-wide pinned pool for CUDA, a private pool for host replicas, or
-// distribute_options::host_resource) up the pipeline with set_buffer_resource, so batch()
-// collates straight into it and each row is written once and copied to the GPU from there.
-//
 // Order: steps come in upstream order; within a step replica r holds the r-th slice.
-// save/restore/rewind forward to the upstream (plus this stage's step counter); a step
-// made ahead (steps_ahead) is not part of the saved position: a restore makes it again.
-// Errors: an upstream error met while making a step ahead is thrown by the next() that
-// would have returned that step, so errors come in the same place in the sequence.
+// rewind() forwards to the upstream and starts the step count again.
+//
 // Threads: runs on the thread calling next(), and so does everything upstream that has no
 // thread of its own, unless distribute_options::staging_thread is set for a backend that
 // copies (CUDA): then one thread of distribute's own, started by the first next(), pulls
@@ -56,10 +49,28 @@
 // enqueues their copies, up to steps_ahead ready; the consumer's next() takes a ready step,
 // releases the one before and orders its streams after the copies. The destructor,
 // rewind() and restore() stop that thread and join it at once (waiting only for a step
-// being made); errors met there come out of next() at their place, as above; save() gives
-// the position after the last step handed out.
-// Throws config_error as above, cuda_error from the CUDA backend; upstream errors propagate
-// unchanged.
+// being made).
+//
+// Errors: config_error as above, and when distribute() is called: pad with an element
+// type that is not default-constructible, or steps_ahead out of range (0 or 1; 1 to 64
+// with staging_thread); cuda_error from the CUDA backend. Upstream errors propagate
+// unchanged; one met while making a step ahead (or on the staging thread) is thrown by
+// the next() that would have returned that step, so errors come in the same place in the
+// sequence.
+//
+// Memory: before the first pull, distribute hands the backend's batch memory (the
+// process-wide pinned pool for CUDA, a private pool for host replicas, or
+// distribute_options::host_resource) up the pipeline with set_buffer_resource, so batch()
+// collates straight into it and each row is written once and copied to the GPU from there.
+// Besides the step the consumer holds, at most one step is made ahead (steps_ahead = 1),
+// or up to steps_ahead with the staging thread.
+//
+// Checkpoints: save() records the upstream's position after the last step handed out (a
+// step made ahead is not part of it: a restore makes it again), then distribute's tag and
+// the number of steps handed out this epoch; it throws config_error when the upstream
+// cannot be saved (an unordered map). restore() drops the steps made ahead (stopping the
+// staging thread) and restores the upstream and the step count; a state of another shape
+// is a config_error.
 #pragma once
 
 #include <algorithm>
@@ -94,10 +105,13 @@
 
 namespace ferry {
 
+// What distribute() does with a global batch shorter than G: drop, pad or partial (see
+// the file's top); every replica gets the same number of steps either way.
 enum class remainder_policy { drop, pad, partial };
 
+// distribute()'s options, a braced list: distribute(tag, {.remainder = remainder_policy::pad}).
 struct distribute_options {
-  remainder_policy remainder = remainder_policy::drop;
+  remainder_policy remainder = remainder_policy::drop;  // the last, short batch
   // Global batch size G; 0 means: ask batch() upstream (through pass-through stages), else
   // infer it from the first batch's size (wrong if that batch is short: set it then).
   std::size_t global_batch = 0;
@@ -443,7 +457,10 @@ class distribute_source
 
 }  // namespace detail
 
+// The type of ferry::distribute: distribute(src, tag, options), or distribute(tag, options)
+// for `src | distribute(tag)`. The tag (host_replicas, cuda::devices) picks the backend.
 struct distribute_t {
+  // Builds the stage over src (moved in); throws config_error for bad options.
   template <source S, class Tag>
     requires requires(const Tag& t) { make_distribute_backend(t); }
   auto operator()(S&& s, const Tag& tag, distribute_options o = {}) const {
@@ -452,12 +469,16 @@ struct distribute_t {
     return detail::distribute_source<std::remove_cvref_t<S>, Be>(
         std::forward<S>(s), make_distribute_backend(tag), std::move(o));
   }
+  // A closure for `src | distribute(tag, options)`; the options are checked when it is
+  // applied.
   template <class Tag>
     requires(!source<Tag>) && requires(const Tag& t) { make_distribute_backend(t); }
   auto operator()(const Tag& tag, distribute_options o = {}) const {
     return make_closure([tag, o]<class S>(S&& s) { return distribute_t{}(std::forward<S>(s), tag, o); });
   }
 };
+// distribute(tag, options): splits each global batch into one batch per replica (see the
+// file's top).
 inline constexpr distribute_t distribute{};
 
 }  // namespace ferry

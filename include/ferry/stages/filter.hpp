@@ -2,14 +2,22 @@
 //
 //   src | ferry::filter([](const rec& r) { return r.label != 0; })
 //
-// pred runs on the thread that calls next() (a map or prefetch worker when those sit
-// downstream).
+// Threads: pred runs on the thread that calls next() (a map or prefetch worker when those
+// sit downstream). filter starts no thread of its own.
+//
 // Errors: if pred throws on upstream element k (counting every element filter pulled this
 // epoch, kept or not), next() throws ferry::element_error ("filter: user function threw
 // at element k: ...") with the original exception nested (std::rethrow_if_nested);
 // ferry's own errors pass through unchanged. Element k is dropped; a consumer that
 // catches and goes on gets the elements after it. Upstream errors propagate unchanged,
 // and the next call goes on with whatever upstream gives next.
+//
+// Memory: one element at a time, the one pred is looking at; nothing is buffered.
+//
+// Checkpoints: save() records the upstream's state, filter's tag and the count of upstream
+// elements pulled this epoch (so an error after a restore names the same k); restore()
+// throws config_error when the state has another stage at that place (another pipeline
+// shape).
 #pragma once
 
 #include <cstdint>
@@ -57,9 +65,14 @@ class filter_source : public stage<filter_source<Up, P>, Up> {
 
 }  // namespace detail
 
+// The type of ferry::filter: filter(src, pred), or filter(pred) for `src | filter(pred)`.
 struct filter_t : stage_adaptor<filter_t> {
+  // stage_adaptor's argument check: any predicate is accepted here (its signature is
+  // checked by make, at compile time).
   template <class P>
   static void check(const P&) {}
+  // Builds the stage over s (stage_adaptor calls it); pred must be callable as
+  // pred(const E&) -> bool.
   template <source S, class P>
   static auto make(S&& s, P p) {
     static_assert(std::predicate<P&, const value_t<S>&>,
@@ -68,6 +81,7 @@ struct filter_t : stage_adaptor<filter_t> {
     return detail::filter_source<std::remove_cvref_t<S>, P>(std::forward<S>(s), std::move(p));
   }
 };
+// filter(pred): keeps the elements for which pred(element) is true (see the file's top).
 inline constexpr filter_t filter{};
 
 }  // namespace ferry

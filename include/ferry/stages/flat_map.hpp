@@ -5,8 +5,7 @@
 //   src | ferry::flat_map([](const rec& r) { return std::span(r.bytes); }) // a view into r
 //   lists | ferry::flat_map(std::identity{})     // elements that are ranges: flatten them
 //
-// value_type is the range's value type (std::ranges::range_value_t, cv dropped). fn runs
-// on the thread that calls next() (a map or prefetch worker when those sit downstream),
+// value_type is the range's value type (std::ranges::range_value_t, cv dropped). fn is
 // called with the element as an lvalue (take it as const T& or T&; a by-value parameter
 // copies it) when its first output is asked for. flat_map keeps the element, and the range
 // fn returned (moved in), alive until the next() after that range's last output, so fn may
@@ -19,16 +18,28 @@
 // they are copied (*it): flat_map cannot tell whose elements a view refers to, and moving
 // from a caller's table would empty it. A view that makes its values (transform) costs
 // no copy either way.
+// rewind() (rewindable upstream): rewinds the upstream and starts the epoch again, dropping
+// the current element and the rest of its outputs.
 //
-// Errors: if fn throws on upstream element k (k counts the elements flat_map pulled this
-// epoch, from 0; upstream errors are not elements), next() throws ferry::element_error
-// ("flat_map: user function threw at element k: ...") with the original nested
-// (std::rethrow_if_nested); ferry's own errors pass through unchanged. The same holds for
-// an exception while iterating k's range (a lazy view's function): the outputs of k not
-// handed out yet are dropped with it. Either way the next call goes on with element k + 1;
-// nothing else is lost. Upstream errors reach the consumer unchanged, at their position,
-// and the next call goes on with what upstream gives next.
-// Checkpoints (resumable upstream): exact at every output, also in the middle of an
+// Threads: fn runs on the thread that calls next() (a map or prefetch worker when those sit
+// downstream), as does the iteration of the range it returned; flat_map starts no thread.
+//
+// Errors: flat_map throws nothing of its own but std::bad_alloc and config_error (a
+// restore of a wrong or damaged state). If fn throws on upstream element k (k counts the
+// elements flat_map pulled this epoch, from 0; upstream errors are not elements), next()
+// throws ferry::element_error ("flat_map: user function threw at element k: ...") with
+// the original nested (std::rethrow_if_nested); ferry's own errors pass through
+// unchanged. The same holds for an exception while iterating k's range (a lazy view's
+// function): the outputs of k not handed out yet are dropped with it. Either way the next
+// call goes on with element k + 1; nothing else is lost. Upstream errors reach the
+// consumer unchanged, at their position, and the next call goes on with what upstream
+// gives next.
+//
+// Memory: one upstream element and its range (in one heap block allocated at the first
+// element, so the stage can move between next() calls while views point into it), plus
+// the anchor's words (below).
+//
+// Checkpoints: with a resumable upstream, exact at every output, also in the middle of an
 // element's outputs. flat_map does not save its upstream per element: every 64 upstream
 // pulls it keeps the upstream's words (an anchor), so a checkpoint holds that anchor, the
 // upstream pulls since it, the outputs of the current element handed out, and k. (An
@@ -39,17 +50,11 @@
 // restore_state() then re-reads (without calling fn) the pulls already fully handed out,
 // swallowing errors among them (they reached the consumer before the save), pulls the
 // current element, calls fn again and steps over the outputs already handed out, all in
-// the first next(): at most 64 upstream elements and one fn call. fn and the upstream must
-// be deterministic for this (as for any resume). If the upstream cannot save its state
-// (an unordered parallel map), iteration is unaffected; save() throws its error.
-// restore_state() must come before the first next(); a state of another pipeline shape
-// is a config_error.
-// rewind() (rewindable upstream): rewinds the upstream and starts the epoch again, dropping
-// the current element and the rest of its outputs.
-// Memory: one upstream element and its range (in one heap block allocated at the first
-// element, so the stage can move between next() calls while views point into it), plus
-// the anchor's words. Throws nothing of its own but std::bad_alloc and config_error (a
-// restore of a wrong or damaged state).
+// the first next(): at most 64 upstream elements and one fn call. fn and the upstream
+// must be deterministic for this (as for any resume). If the upstream cannot save its
+// state (an unordered parallel map), iteration is unaffected; save() throws its error.
+// restore_state() must come before the first next(); a state of another pipeline shape is
+// a config_error.
 #pragma once
 
 #include <concepts>
@@ -365,14 +370,20 @@ class flat_map_source
 
 }  // namespace detail
 
+// The type of ferry::flat_map: flat_map(src, fn), or flat_map(fn) for `src | flat_map(fn)`.
 struct flat_map_t : stage_adaptor<flat_map_t> {
+  // stage_adaptor's argument check: any fn is accepted here (its signature is checked at
+  // compile time).
   template <class F>
   static void check(const F&) {}
+  // Builds the stage over s (stage_adaptor calls it).
   template <source S, class F>
   static auto make(S&& s, F fn) {
     return detail::flat_map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn));
   }
 };
+// flat_map(fn): replaces each element e by the elements of the range fn(e) (see the
+// file's top).
 inline constexpr flat_map_t flat_map{};
 
 }  // namespace ferry

@@ -15,24 +15,6 @@
 // next upstream element (fn(e)); once the upstream has ended, empty slots are skipped and
 // the epoch ends when every slot is empty. The order is a function of the elements alone,
 // never of thread timing.
-// Threads (fn form): with .workers > 0, each open slot's source runs on a thread of its own
-// (detail/producer.hpp), up to .buffer elements ahead of the consumer (.buffer is 1024 by
-// default: lower it for large elements); the upstream and fn run on the consumer's thread.
-// With .workers = 0 everything runs on the consumer's thread. The destructor, rewind() and
-// restore_state stop and join the slots' threads, each waiting for a next() of its source
-// in progress.
-// Errors (fn form): an upstream error, or fn throwing (element_error naming interleave and
-// the upstream element), reaches the consumer at that slot's turn, which it keeps; the
-// next call takes the upstream element after it. A slot source's error reaches the
-// consumer at its place in that source's elements, and the slot goes on after it.
-// Checkpoints (fn form; upstream and slot sources resumable): positions, not elements: the
-// upstream's position before the oldest open slot's element (an anchor), then each slot's
-// distance from it in upstream pulls and its source's own state, the turn and the count
-// taken in it. A restore re-reads the upstream from the anchor (fn called again for the
-// open slots only) and restores each slot's source: the upstream elements pulled since
-// the oldest open slot was opened (cheap when they are paths). Restoring another cycle or
-// block is refused.
-// Memory: `cycle` sources open at once (and their read-ahead); the anchor's words.
 //
 // The file fast path (directly after from_files, and shard): slot s of the cycle reads
 // files s, s + cycle, s + 2*cycle, ... back to back, with readers of its own that pass
@@ -40,9 +22,45 @@
 // reference per chunk, not per record); batch() of records takes them through
 // next_borrowed. This order differs from the fn form's: a slot does not take the next
 // unread file when it ends, so its readers can read ahead across files.
-// stages/detail/interleave_files.hpp documents its threads, errors and checkpoints.
+// stages/detail/interleave_files.hpp says more of how.
 //
-// Throws config_error for cycle == 0 or block == 0.
+// Threads: fn form: with .workers > 0, each open slot's source runs on a thread of its own
+// (detail/producer.hpp), up to .buffer elements ahead of the consumer (.buffer is 1024 by
+// default: lower it for large elements); the upstream and fn run on the consumer's thread.
+// With .workers = 0 everything runs on the consumer's thread. The destructor, rewind() and
+// restore_state stop and join the slots' threads, each waiting for a next() of its source
+// in progress. File path: with .workers = w > 0, w threads read the slots' files ahead
+// (slot s on thread s % w), and on_skip runs on the reading thread; with .workers = 0
+// everything runs on the thread calling next(), which reads only the records it takes.
+// The destructor and rewind() stop and join the readers once each has finished the
+// record it is reading (a reader waiting on a pipe sees the stop within 50 ms).
+//
+// Errors: throws config_error for cycle == 0, cycle > 65536 or block == 0. fn form: an
+// upstream error, or fn throwing (element_error naming interleave and the upstream
+// element), reaches the consumer at that slot's turn, which it keeps; the next call takes
+// the upstream element after it. A slot source's error reaches the consumer at its place
+// in that source's elements, and the slot goes on after it. File path: as from_files
+// (error_policy raise: the error reaches next() at the record's place in the order; skip:
+// counted in skipped()); anything else thrown while reading (on_skip throwing,
+// std::bad_alloc) reaches next() the same way, and the slot goes on with its next file (or
+// record); a reader that cannot queue what it read (std::bad_alloc) stops its slot, whose
+// turns then throw that error until rewind() or restore_state.
+//
+// Memory: fn form: `cycle` sources open at once (and their read-ahead); the anchor's
+// words. File path: each slot buffers up to .buffer records (and about 4 read chunks of
+// bytes) while the consumer takes the run collected before, so at most 2 x .buffer
+// records per slot.
+//
+// Checkpoints: fn form (upstream and slot sources resumable): positions, not elements: the
+// upstream's position before the oldest open slot's element (an anchor), then each slot's
+// distance from it in upstream pulls and its source's own state, the turn and the count
+// taken in it. A restore re-reads the upstream from the anchor (fn called again for the
+// open slots only) and restores each slot's source: the upstream elements pulled since
+// the oldest open slot was opened (cheap when they are paths). Restoring another cycle or
+// block is refused, as is a damaged state (config_error). File path: from_files' own state
+// (its epoch and file list) first, then cycle and block (another cycle or block is a
+// config_error naming both), the turn and each slot's file, offset and record count; a
+// damaged state is a config_error. A pipe cannot be read again from a saved position.
 #pragma once
 
 #include <algorithm>
@@ -65,6 +83,7 @@
 
 namespace ferry {
 
+// interleave()'s options, a braced list: interleave(fn, {.cycle = 4, .block = 16}).
 struct interleave_options {
   std::size_t workers = 2;   // threads: fn form, one per open slot (0: none); files: readers
   std::size_t block = 1;     // elements taken from a slot before the turn moves on
@@ -368,6 +387,7 @@ struct interleave_t {
     detail::check_interleave_args(o.cycle, o.block);
     return detail::interleave_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), o);
   }
+  // The fn form's closure, for `src | interleave(fn, options)`; checks the options now.
   template <detail::not_a_count F>
     requires(!source<F>)
   auto operator()(F fn, interleave_options o = {}) const {
@@ -386,11 +406,14 @@ struct interleave_t {
     return detail::interleave_files_source<std::remove_cvref_t<S>>(std::forward<S>(s), cycle,
                                                                   detail::interleave_params{o.workers, o.block, o.buffer});
   }
+  // The file fast path's closure, for `from_files(...) | interleave(cycle, options)`.
   auto operator()(std::size_t cycle, interleave_options o = {}) const {
     detail::check_interleave_args(cycle, o.block);
     return make_closure([cycle, o]<class S>(S&& s) { return interleave_t{}(std::forward<S>(s), cycle, o); });
   }
 };
+// interleave(fn, options) or interleave(cycle, options): elements of several sources at
+// once, in a fixed order (see the file's top).
 inline constexpr interleave_t interleave{};
 
 }  // namespace ferry

@@ -5,6 +5,10 @@
 //   src | ferry::map(decode, {.workers = 4, .ordered = false})                // as they finish
 //   src | ferry::map(decode, {.workers = ferry::autotune})                    // it picks how many
 //
+// Order: ordered (the default) hands elements out in upstream order, so a parallel map
+// gives the same sequence as a sequential one; ordered = false hands them out as they
+// finish (less waiting behind a slow element, order not reproducible).
+//
 // Threads: with workers == 1, fn runs on the thread that calls next(). With workers > 1,
 // fn runs on the stage's worker threads (started by the first next()), at most `window`
 // elements ahead of the consumer; the upstream's next() is called on those workers too,
@@ -20,10 +24,14 @@
 // a new pipeline restored from one climbs again from one worker). Elements, order, errors and checkpoints are
 // those of a fixed worker count; only the speed depends on the count chosen. With a
 // ceiling of 1, fn runs inline.
-// Order: ordered (the default) hands elements out in upstream order, so a parallel map
-// gives the same sequence as a sequential one; ordered = false hands them out as they
-// finish (less waiting behind a slow element, order not reproducible).
-// Errors: if fn throws on element k, the consumer's next() for element k throws
+// Shutdown: the destructor and rewind() stop the workers and join them, waiting only for
+// fn calls already running.
+//
+// Errors: throws config_error for workers == 0, for more than 1024 workers or
+// max_workers, for a window over 2^32, and for max_workers set without autotune. The
+// first next() of a parallel map throws ferry::error when its ring or a worker thread
+// cannot be had (none is left running; the next next() tries again).
+// If fn throws on element k, the consumer's next() for element k throws
 // ferry::element_error ("map: user function threw at element k: ...") with the original
 // exception nested (std::rethrow_if_nested); ferry's own errors pass through unchanged.
 // The elements after k are still available to a consumer that catches and goes on
@@ -36,13 +44,20 @@
 // the other workers published; the elements in flight are lost. (An ordered map moves fn's
 // result straight into its place in the ring, so a move of the result that throws counts
 // as fn's error for that element.)
-// Shutdown: the destructor and rewind() stop the workers and join them, waiting only for
-// fn calls already running.
+//
+// Memory: inline, the element being mapped (and, driven in bulk by batch(), a run's
+// inputs in a vector reused from run to run). Parallel: at most `window` elements read
+// ahead of the consumer (default 16384, fewer when results are large: 4 MiB of them at
+// most, and never fewer than 4 per worker); an ordered map allocates its ring of `window`
+// result slots up front, at the first next().
+//
 // Checkpoints: exact for ordered maps: save() records the upstream position at the start
-// of the current window of `window` elements plus an offset; restore() re-reads (but does
-// not re-map) at most `window` elements. An unordered parallel map cannot be resumed
-// exactly: save() throws config_error.
-// Throws config_error for workers == 0, and for max_workers set without autotune.
+// of the current window of `window` elements plus an offset, and the index of the next
+// element (which names elements in errors); restore() re-reads (but does not re-map) at
+// most `window` elements. An unordered parallel map cannot be resumed exactly: save()
+// throws config_error. restore() must come before the first next(), and a state that
+// re-reads more than this map's window (saved with a larger window) is refused; both are
+// config_errors.
 #pragma once
 
 #include <algorithm>
@@ -294,6 +309,8 @@ inline void check_map_args(const map_options& o) {
 // Not a stage_adaptor: its options are a braced list (map(f, {.workers = 4})), which a
 // template parameter pack cannot take.
 struct map_t {
+  // map(src, fn, options): builds the stage over src (moved in); throws config_error for
+  // bad options (see the file's top).
   template <source S, class F>
   auto operator()(S&& s, F fn, map_options o = {}) const {
     detail::require_rvalue_source<S>();
@@ -303,6 +320,7 @@ struct map_t {
     detail::check_map_args(o);
     return detail::map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), o);
   }
+  // map(fn, options): a closure for `src | map(fn)`; checks the options now.
   template <class F>
     requires(!source<F>)
   auto operator()(F fn, map_options o = {}) const {
@@ -310,6 +328,7 @@ struct map_t {
     return make_closure([fn, o]<class S>(S&& s) { return map_t{}(std::forward<S>(s), fn, o); });
   }
 };
+// map(fn, {.workers, .ordered}): replaces each element e by fn(e) (see the file's top).
 inline constexpr map_t map{};
 
 }  // namespace ferry

@@ -5,19 +5,24 @@
 //
 // Threads: one producer thread, started by the first next(); everything upstream (sources,
 // filter and batch, user functions of stages without their own threads) runs on it.
-// Memory: at most depth + 2 elements alive (depth queued, one being built, one held by
-// the consumer).
-// Errors: an exception thrown upstream is re-thrown, unchanged, by the consumer's next()
-// at its place, after the elements produced before it; the producer goes on, so the next
-// next() gives what upstream gives after the error (as without prefetch: a consumer that
-// catches and goes on loses nothing prefetch held). A std::bad_alloc from queueing an
-// element on the producer thread ends the epoch instead (that element is lost).
 // Shutdown: the destructor (and rewind()) stops the producer and joins it at once, even
 // mid-epoch; it waits only for an upstream next() call already in progress.
+//
+// Errors: throws config_error for depth == 0. An exception thrown upstream is re-thrown,
+// unchanged, by the consumer's next() at its place, after the elements produced before
+// it; the producer goes on, so the next next() gives what upstream gives after the error
+// (as without prefetch: a consumer that catches and goes on loses nothing prefetch held).
+// A std::bad_alloc from queueing an element on the producer thread ends the epoch instead
+// (that element is lost). Starting the thread may throw what std::thread throws.
+//
+// Memory: at most depth + 2 elements alive (depth queued, one being built, one held by
+// the consumer).
+//
 // Checkpoints: save() records the upstream position after the last element handed to the
 // consumer (captured by the producer with each element), so queued elements are re-read
-// after restore, never stored.
-// Throws config_error for depth == 0.
+// after restore, never stored; it throws config_error when the upstream cannot be saved
+// (an unordered map upstream). restore() must come before the first next() (config_error
+// otherwise).
 #pragma once
 
 
@@ -78,17 +83,23 @@ class prefetch_source : public threaded_stage<prefetch_source<Up>, Up> {
 
 }  // namespace detail
 
+// The type of ferry::prefetch: prefetch(src, depth), or prefetch(depth) for
+// `src | prefetch(depth)`.
 struct prefetch_t : stage_adaptor<prefetch_t> {
+  // stage_adaptor's argument check: throws config_error for depth == 0.
   static void check(std::size_t depth) {
     if (depth == 0)
       throw config_error("prefetch: depth must be at least 1 (got 0); drop the stage to run inline");
   }
+  // Builds the stage over s (stage_adaptor calls it); checks depth as check() does.
   template <source S>
   static auto make(S&& s, std::size_t depth) {
     check(depth);
     return detail::prefetch_source<std::remove_cvref_t<S>>(std::forward<S>(s), depth);
   }
 };
+// prefetch(depth): runs the upstream on a thread of its own, depth elements ahead (see the
+// file's top).
 inline constexpr prefetch_t prefetch{};
 
 }  // namespace ferry

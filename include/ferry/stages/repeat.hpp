@@ -3,11 +3,23 @@
 //   src | ferry::shuffle(1024, seed) | ferry::repeat(3)   // three epochs, three orders
 //
 // Between epochs it calls upstream.rewind(), so a shuffle upstream draws a new order.
-// An empty dataset ends at once (never spins). Needs a rewindable upstream. Runs on the
-// calling thread; throws nothing itself.
-// Errors: an upstream exception reaches the consumer unchanged; the next call goes on in
-// the same epoch. An epoch that threw is not empty, even with no element (a file that
-// failed to open this time): repeat goes on to the next epoch rather than end early.
+// An empty dataset ends at once (never spins). Needs a rewindable upstream (a compile
+// error otherwise).
+//
+// Threads: runs on the thread that calls next(), which also runs the upstream's rewind()
+// between passes; repeat runs no user code and starts no thread.
+//
+// Errors: repeat throws nothing itself, but restore() refuses a state it cannot resume
+// (Checkpoints). An upstream exception reaches the consumer unchanged; the next call goes
+// on in the same epoch. An epoch that threw is not empty, even with no element (a file
+// that failed to open this time): repeat goes on to the next epoch rather than end early.
+//
+// Memory: no element is held: a pass count and whether this pass has seen anything.
+//
+// Checkpoints: save() records the upstream's state, then the number of completed passes
+// and whether the current pass has seen an element or an error; restore() resumes in that
+// pass. A state past this repeat's n (saved from a repeat of a larger n) or damaged is a
+// config_error naming the pass.
 #pragma once
 
 #include <cstdint>
@@ -75,9 +87,12 @@ class repeat_source : public stage<repeat_source<Up>, Up> {
 
 }  // namespace detail
 
+// The type of ferry::repeat: repeat(src, n), or repeat(n) / repeat() for `src | repeat(n)`.
 struct repeat_t : stage_adaptor<repeat_t> {
-  static constexpr std::uint64_t forever = std::numeric_limits<std::uint64_t>::max();
+  static constexpr std::uint64_t forever = std::numeric_limits<std::uint64_t>::max();  // repeat()'s n
+  // stage_adaptor's argument check: every n is valid (repeat(0) is an empty epoch).
   static void check(std::uint64_t = forever) {}
+  // Builds the stage over s (stage_adaptor calls it); s must be rewindable.
   template <source S>
   static auto make(S&& s, std::uint64_t n = forever) {
     static_assert(rewindable_source<S>,
@@ -86,6 +101,7 @@ struct repeat_t : stage_adaptor<repeat_t> {
     return detail::repeat_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
   }
 };
+// repeat(n): plays the upstream n times; repeat(): forever (see the file's top).
 inline constexpr repeat_t repeat{};
 
 }  // namespace ferry

@@ -30,23 +30,30 @@
 // stop_on_empty_dataset), and the other sources keep their unread elements. Either way a
 // source that ended is not called again this epoch, and after the end next() returns the
 // end without calling any source.
-// Threads: everything (every source's next(), the draws) runs on the thread that calls
-// next(); threaded upstreams (map with workers, prefetch) run their own threads as usual.
-// Throws: config_error from sample_from() for bad options (see above), naming the value;
-// nothing of its own from next().
-// Errors: a source's exception reaches the consumer unchanged. The draw that called it is
-// used up, so the next call draws again; the failing source keeps whatever position it
-// had after throwing (as it would without sample_from), and nothing else is lost.
-// Checkpoints (when every source is resumable): every source's state in argument order,
-// then the tag "sample_from", the source count, the epoch, the draws made this epoch, and
-// one bit per source (64 to a word) saying which have ended. restore() continues the
-// identical sequence; a state of another source count or shape is a config_error. The
-// options are not saved: a restore with other weights or seed goes on with the sources'
-// positions exact, under the new options (how a mixture schedule is changed mid-run).
 // rewind() (when every source is rewindable) rewinds every source and starts the next
 // epoch.
 // Stats: the sources appear in report() in argument order (each source's stages, then
 // the next source's), then "sample_from", whose own time excludes every source's time.
+//
+// Threads: everything (every source's next(), the draws) runs on the thread that calls
+// next(); threaded upstreams (map with workers, prefetch) run their own threads as usual.
+//
+// Errors: config_error from sample_from() for bad options (see above) or no sources,
+// naming the value; nothing of its own from next(). A source's exception reaches the
+// consumer unchanged. The draw that called it is used up, so the next call draws again;
+// the failing source keeps whatever position it had after throwing (as it would without
+// sample_from), and nothing else is lost.
+//
+// Memory: no element is held: the sources themselves, and per source its weight, a bit
+// saying whether it ended this epoch and its place in the active list.
+//
+// Checkpoints: when every source is resumable, save() records every source's state in
+// argument order, then the tag "sample_from", the source count, the epoch, the draws made
+// this epoch, and one bit per source (64 to a word) saying which have ended. restore()
+// continues the identical sequence; a state of another source count or shape is a
+// config_error. The options are not saved: a restore with other weights or seed goes on
+// with the sources' positions exact, under the new options (how a mixture schedule is
+// changed mid-run).
 #pragma once
 
 #include <array>
@@ -73,9 +80,10 @@
 
 namespace ferry {
 
+// sample_from()'s options, a braced list: sample_from({.weights = {0.7, 0.3}, .seed = 42}, ...).
 struct sample_from_options {
   std::vector<double> weights = {};  // one per source, >= 0; empty: equal weights
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0;  // with the epoch, fixes the order of draws
   bool stop_on_empty = false;  // end the epoch when the first drawn source ends
 };
 
@@ -239,6 +247,8 @@ class sample_from_source : public source_base<sample_from_source<Ups>, typename 
 
 }  // namespace detail
 
+// The type of ferry::sample_from: sample_from(options, a, b, ...) or
+// sample_from(options, std::move(vector)); no pipe form.
 struct sample_from_t {
   // The pack form: sources of any types with one value_type.
   template <source... S>
@@ -264,6 +274,7 @@ struct sample_from_t {
     return detail::sample_from_source<detail::sample_list<S>>(detail::sample_list<S>(std::move(sources)),
                                                              std::move(w), o.seed, o.stop_on_empty);
   }
+  // An lvalue vector of sources: refused at compile time (move the sources in).
   template <source S>
   void operator()(sample_from_options, const std::vector<S>&) const {
     static_assert(detail::always_false<S>,
@@ -297,6 +308,8 @@ struct sample_from_t {
     return w;
   }
 };
+// sample_from(options, sources...): mixes several sources by weighted draws (see the
+// file's top).
 inline constexpr sample_from_t sample_from{};
 
 }  // namespace ferry

@@ -9,9 +9,20 @@
 // Elsewhere, or when asked for element level, element k goes to shard k % count
 // (AutoShardPolicy.DATA): every element reaches exactly one shard.
 //
-// Throws config_error when count == 0 or index >= count, and (from the file source) when
-// file-level sharding has more shards than files: pass ferry::by_element then.
-// Runs on the calling thread.
+// Threads: runs on the thread that calls next(); shard runs no user code and starts no
+// thread.
+//
+// Errors: throws config_error when count == 0 or index >= count, and (from the file source)
+// when file-level sharding has more shards than files: pass ferry::by_element then.
+// Upstream errors propagate unchanged; the next call goes on.
+//
+// Memory: no element is held: element-level sharding counts the upstream's elements and
+// drops the other shards' as they come; file-level sharding is the file source's own.
+//
+// Checkpoints: element level: save() records the upstream's state, then count and index
+// and the number of upstream elements pulled this epoch; restore() throws config_error
+// naming both values when count or index differ (another rank's checkpoint would repeat
+// and lose elements). File level: the file source's checkpoint (sources/from_files.hpp).
 #pragma once
 
 #include <cstdint>
@@ -29,6 +40,7 @@ namespace ferry {
 struct by_element_t {
   explicit by_element_t() = default;
 };
+// The tag's value: shard(count, index, ferry::by_element).
 inline constexpr by_element_t by_element{};
 
 namespace detail {
@@ -68,6 +80,8 @@ concept file_shardable = requires(S&& s, std::uint64_t c) { std::move(s).shard_f
 
 }  // namespace detail
 
+// The type of ferry::shard: shard(src, count, index [, by_element]), or the same without
+// src for `src | shard(...)`.
 struct shard_t : stage_adaptor<shard_t> {
   // Throws config_error for count == 0 or index >= count.
   static void check(std::uint64_t count, std::uint64_t index, by_element_t = by_element_t{}) {
@@ -76,6 +90,8 @@ struct shard_t : stage_adaptor<shard_t> {
       throw config_error("shard: index must be in [0, count): got index " + std::to_string(index) +
                          " with count " + std::to_string(count));
   }
+  // Builds the stage over s (stage_adaptor calls it): the file source's own shard_files()
+  // when s can split its files, element-level sharding otherwise. Checks as check() does.
   template <source S>
   static auto make(S&& s, std::uint64_t count, std::uint64_t index) {
     check(count, index);
@@ -84,12 +100,14 @@ struct shard_t : stage_adaptor<shard_t> {
     else
       return detail::shard_source<std::remove_cvref_t<S>>(std::forward<S>(s), count, index);
   }
+  // Builds element-level sharding over s, whatever s is. Checks as check() does.
   template <source S>
   static auto make(S&& s, std::uint64_t count, std::uint64_t index, by_element_t) {
     check(count, index);
     return detail::shard_source<std::remove_cvref_t<S>>(std::forward<S>(s), count, index);
   }
 };
+// shard(count, index): keeps one of `count` disjoint parts (see the file's top).
 inline constexpr shard_t shard{};
 
 }  // namespace ferry

@@ -14,21 +14,28 @@
 // to store its contents (or replay the epoch) to resume. For global mixing, combine with
 // file-order shuffling and interleave, as with tf.data.
 //
-// Errors: an exception from upstream ends the window early. The elements pulled before it
-// are shuffled as a (shorter) window and handed out first; then next() re-throws the
-// exception unchanged, at the same position as in the upstream sequence (as many elements
-// before it); then a new window starts. A consumer that catches and goes on gets every
-// other element exactly once. Why the error ends the window instead of the window filling
-// on past it: a checkpoint re-reads the window from its start, and that re-read must not
-// run into the error again. (Windows are shorter only where errors are.)
-// Checkpoints: save() records the upstream position at the window's start, the window's
-// length and the offset inside it; restore() re-reads exactly that many elements (never
-// reaching an error that ended the window). A deterministic upstream error (a missing
-// file) then fails again at the same position after restore, so resume is exact at any
-// point, between an error and the next element included.
+// Threads: runs on the thread that calls next() (restore() re-reads a window on the
+// thread that calls it); shuffle runs no user code and starts no thread.
 //
-// Memory: at most `buffer` elements held. Throws config_error for buffer == 0. Runs on
-// the calling thread.
+// Errors: throws config_error for buffer == 0. An exception from upstream ends the window
+// early. The elements pulled before it are shuffled as a (shorter) window and handed out
+// first; then next() re-throws the exception unchanged, at the same position as in the
+// upstream sequence (as many elements before it); then a new window starts. A consumer
+// that catches and goes on gets every other element exactly once. Why the error ends the
+// window instead of the window filling on past it: a checkpoint re-reads the window from
+// its start, and that re-read must not run into the error again. (Windows are shorter
+// only where errors are.)
+//
+// Memory: at most `buffer` elements held (the window), and the upstream's state words at
+// the window's start.
+//
+// Checkpoints: save() records the upstream position at the window's start, then the
+// buffer size and seed, the epoch, the window number, the window's length and the offset
+// inside it; restore() re-reads exactly that many elements (never reaching an error that
+// ended the window). A deterministic upstream error (a missing file) then fails again at
+// the same position after restore, so resume is exact at any point, between an error and
+// the next element included. A state saved with another buffer or seed (which would hand
+// out another order) is a config_error naming both values, as is a damaged one.
 #pragma once
 
 #include <cstdint>
@@ -163,17 +170,23 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
 
 }  // namespace detail
 
+// The type of ferry::shuffle: shuffle(src, buffer, seed), or shuffle(buffer, seed) for
+// `src | shuffle(buffer, seed)`.
 struct shuffle_t : stage_adaptor<shuffle_t> {
+  // stage_adaptor's argument check: throws config_error for buffer == 0.
   static void check(std::size_t buffer, std::uint64_t /*seed*/) {
     if (buffer == 0)
       throw config_error("shuffle: the buffer must hold at least 1 element (got 0; 1 means no shuffling)");
   }
+  // Builds the stage over s (stage_adaptor calls it); checks as check() does.
   template <source S>
   static auto make(S&& s, std::size_t buffer, std::uint64_t seed) {
     check(buffer, seed);
     return detail::shuffle_source<std::remove_cvref_t<S>>(std::forward<S>(s), buffer, seed);
   }
 };
+// shuffle(buffer, seed): reorders elements within windows of `buffer`, anew each epoch
+// (see the file's top).
 inline constexpr shuffle_t shuffle{};
 
 }  // namespace ferry

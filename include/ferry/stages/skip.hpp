@@ -5,16 +5,24 @@
 //   src | ferry::skip(1000)   // the training split: everything after it
 //
 // Every epoch (every pass after rewind()) drops its own first n elements; skip(0) hands
-// everything on, and an epoch of n elements or fewer is empty (not an error). Runs on the
-// calling thread; throws nothing itself.
-// Errors: an upstream exception reaches the consumer unchanged, at its position, and does
-// not count toward n (no element was skipped); the next call goes on. next() skips
-// element by element, so this holds exactly. next_bulk() (batch() pulling a run) skips
-// in runs, into the caller's own buffer (no allocation): if the upstream throws inside a
-// run being skipped, skip cannot tell how many of that run's elements the upstream used
-// up before the error (they go with it, as any bulk run's do: batch() drops the batch it
-// was building), so it counts none of them. It may then drop more than n, never fewer:
-// an element among the first n is never handed on.
+// everything on, and an epoch of n elements or fewer is empty (not an error).
+//
+// Threads: runs on the thread that calls next(); skip runs no user code and starts no
+// thread.
+//
+// Errors: skip throws nothing itself, but restore() refuses a state it cannot resume
+// (Checkpoints). An upstream exception reaches the consumer unchanged, at its position,
+// and does not count toward n (no element was skipped); the next call goes on. next()
+// skips element by element, so this holds exactly. next_bulk() (batch() pulling a run)
+// skips in runs, into the caller's own buffer (no allocation): if the upstream throws
+// inside a run being skipped, skip cannot tell how many of that run's elements the
+// upstream used up before the error (they go with it, as any bulk run's do: batch() drops
+// the batch it was building), so it counts none of them. It may then drop more than n,
+// never fewer: an element among the first n is never handed on.
+//
+// Memory: no element is held: skipped elements are dropped as they come, and next_bulk()
+// skips in runs pulled into the caller's own buffer (no allocation).
+//
 // Checkpoints: the upstream's state, then how many elements this epoch skipped so far;
 // a restore mid-skip drops only the rest of the n. A state that skipped more than this
 // skip's n (saved from a skip of a larger n) is a config_error naming both.
@@ -81,13 +89,17 @@ class skip_source : public stage<skip_source<Up>, Up> {
 
 }  // namespace detail
 
+// The type of ferry::skip: skip(src, n), or skip(n) for `src | skip(n)`.
 struct skip_t : stage_adaptor<skip_t> {
+  // stage_adaptor's argument check: every n is valid (skip(0) hands everything on).
   static void check(std::uint64_t) {}
+  // Builds the stage over s (stage_adaptor calls it).
   template <source S>
   static auto make(S&& s, std::uint64_t n) {
     return detail::skip_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
   }
 };
+// skip(n): drops the first n elements of every epoch (see the file's top).
 inline constexpr skip_t skip{};
 
 }  // namespace ferry

@@ -7,19 +7,28 @@
 // Pulls at most n elements from upstream (never one more), and once n are taken it calls
 // the upstream no more until rewind(): take(0) never pulls at all (nor starts a parallel
 // map's workers upstream). Every epoch (every pass after rewind()) hands on its own first
-// n. Runs on the calling thread; throws nothing itself, but restore() refuses a state it
-// cannot resume (below).
-// Errors: an upstream exception reaches the consumer unchanged, at its position, and does
-// not count toward n (no element was taken); the next call goes on. next() takes element
-// by element, so this holds exactly: take(n) and skip(n) over the same (deterministic)
-// upstream hand on, between them, every element once. next_bulk() (batch() pulling a
-// run) takes in runs of at most what is left of n, into the caller's own buffer: if the
-// upstream throws inside a run, take cannot tell how many of that run's elements the
-// upstream used up before the error (they go with it, as any bulk run's do: batch() drops
-// the batch it was building), so it counts all it may have: the run less one, as the
-// error is no element (next_bulk stops at an error as next() calls would). It may then
-// hand on fewer than n, never more: an element after the first n is never handed on, so
-// take(n) never shares one with skip(n), which errs the other way. A run of one is exact.
+// n.
+//
+// Threads: runs on the thread that calls next(); take runs no user code and starts no
+// thread.
+//
+// Errors: take throws nothing itself, but restore() refuses a state it cannot resume
+// (Checkpoints). An upstream exception reaches the consumer unchanged, at its position,
+// and does not count toward n (no element was taken); the next call goes on. next() takes
+// element by element, so this holds exactly: take(n) and skip(n) over the same
+// (deterministic) upstream hand on, between them, every element once. next_bulk()
+// (batch() pulling a run) takes in runs of at most what is left of n, into the caller's
+// own buffer: if the upstream throws inside a run, take cannot tell how many of that
+// run's elements the upstream used up before the error (they go with it, as any bulk
+// run's do: batch() drops the batch it was building), so it counts all it may have: the
+// run less one, as the error is no element (next_bulk stops at an error as next() calls
+// would). It may then hand on fewer than n, never more: an element after the first n is
+// never handed on, so take(n) never shares one with skip(n), which errs the other way. A
+// run of one is exact.
+//
+// Memory: no element is held: a count of what was taken, and next_bulk() runs go straight
+// into the caller's buffer.
+//
 // Checkpoints: the upstream's state, then how many elements this epoch took so far (with
 // what a failed run counted); a restore hands on only the rest of the n. A state that took
 // more than this take's n (saved from a take of a larger n) is a config_error naming both.
@@ -88,13 +97,17 @@ class take_source : public stage<take_source<Up>, Up> {
 
 }  // namespace detail
 
+// The type of ferry::take: take(src, n), or take(n) for `src | take(n)`.
 struct take_t : stage_adaptor<take_t> {
+  // stage_adaptor's argument check: every n is valid (take(0) is an empty epoch).
   static void check(std::uint64_t) {}
+  // Builds the stage over s (stage_adaptor calls it).
   template <source S>
   static auto make(S&& s, std::uint64_t n) {
     return detail::take_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
   }
 };
+// take(n): the first n elements of every epoch (see the file's top).
 inline constexpr take_t take{};
 
 }  // namespace ferry

@@ -6,17 +6,26 @@
 // Unlike Python's zip and tf.data's Dataset.zip, sources of different lengths are an
 // error, not a silent truncation: zipped sources are almost always parallel files (images
 // and labels), and a missing tail means they do not match. next() then throws
-// ferry::error naming the element at which one source ended.
-// Runs both sources on the thread that calls next(); their errors propagate unchanged.
-// rewind(), save() and restore() apply to both sources. In report(): the first source's
-// stages, the second's, then zip.
+// ferry::error naming the element at which one source ended. rewind() applies to both
+// sources. In report(): the first source's stages, the second's, then zip.
 //
-// Errors: once either source throws (or the lengths differ), zip cannot know how to pair
-// what follows: a failing source may have skipped any number of its elements (a whole
-// missing file), so going on would pair a[i] with b[j != i] silently. The error is
-// re-thrown unchanged, and every later next() (and save()) throws ferry::error saying
-// the sources are out of step since that error (which source, at which pair, and the
-// original message) until rewind() or restore_state() starts them again together.
+// Threads: runs both sources on the thread that calls next(); zip runs no user code and
+// starts no thread.
+//
+// Errors: the sources' errors propagate unchanged. Once either source throws (or the
+// lengths differ), zip cannot know how to pair what follows: a failing source may have
+// skipped any number of its elements (a whole missing file), so going on would pair a[i]
+// with b[j != i] silently. The error is re-thrown unchanged, and every later next() (and
+// save()) throws ferry::error saying the sources are out of step since that error (which
+// source, at which pair, and the original message) until rewind() or restore_state()
+// starts them again together.
+//
+// Memory: no element is held beyond the pair being made (one element of each source).
+//
+// Checkpoints: save() records the first source's state, the second's, then the number of
+// pairs handed out this epoch; after an error it throws ferry::error instead (the saved
+// positions would pair the wrong elements). restore() restores both sources and starts
+// them in step again; a state of another shape is a config_error.
 #pragma once
 
 #include <cstdint>
@@ -121,7 +130,9 @@ class zip_source : public join_stage<zip_source<A, B>, std::pair<value_t<A>, val
 
 }  // namespace detail
 
+// The type of ferry::zip: zip(a, b) only (no pipe form).
 struct zip_t {
+  // Builds the stage over a and b (both moved in).
   template <source A, source B>
   auto operator()(A&& a, B&& b) const {
     detail::require_rvalue_source<A>();
@@ -130,6 +141,7 @@ struct zip_t {
                                                                              std::forward<B>(b));
   }
 };
+// zip(a, b): pairs the i-th elements of two sources of equal length (see the file's top).
 inline constexpr zip_t zip{};
 
 }  // namespace ferry

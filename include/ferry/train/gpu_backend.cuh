@@ -64,9 +64,11 @@ struct flat_2d {
 };
 }  // namespace detail
 
+// A replica's backend on one CUDA device: cuBLAS and Thrust on the replica's stream (see
+// the file's top).
 class gpu_backend {
  public:
-  static constexpr bool on_device = true;
+  static constexpr bool on_device = true;  // its memory is device memory (the communicator's buffers too)
 
   // Context: anything with .device and .stream (replica_context).
   template <class Context>
@@ -96,9 +98,13 @@ class gpu_backend {
     if (prev >= 0 && prev != dev_) FERRY_CUDA_LOG(cudaSetDevice(prev));
   }
 
+  // The CUDA device ordinal.
   int device() const { return dev_; }
+  // The stream every operation is enqueued on.
   cuda_stream stream() const { return stream_; }
 
+  // n floats of device memory, zeroed on the stream, freed with the backend; throws
+  // cuda_error.
   float* alloc(std::size_t n) {
     float* p = nullptr;
     make_current();
@@ -125,6 +131,7 @@ class gpu_backend {
     detail::blas_check(cublasSgemv(blas_, CUBLAS_OP_N, cols, rows, &one, a, cols, x, 1, &zero, y, 1),
                        "cublasSgemv", dev_);
   }
+  // f(i) for i < n, one device thread per index, on the stream (no wait).
   template <class F>
   void for_each(std::size_t n, F f) {
     make_current();
@@ -136,6 +143,7 @@ class gpu_backend {
   void for_each_2d(std::size_t rows, std::size_t cols, F f) {
     for_each(rows * cols, detail::flat_2d<F>{f, cols});
   }
+  // p[0, n) = v, on the stream (no wait).
   void fill(float* p, std::size_t n, float v) { for_each(n, detail::fill_fn{p, v}); }
   // Device-to-device copy on the stream (no wait).
   void copy(void* dst, const void* src, std::size_t bytes) {
@@ -148,7 +156,9 @@ class gpu_backend {
   class graph {
    public:
     graph() = default;
+    // Takes o's graph; o is left empty.
     graph(graph&& o) noexcept : g_(std::exchange(o.g_, nullptr)), dev_(o.dev_) {}
+    // Destroys this graph, then takes o's.
     graph& operator=(graph&& o) noexcept {
       if (this != &o) {
         reset();
@@ -214,23 +224,26 @@ class gpu_backend {
     make_current();
     FERRY_CUDA_TRY(cudaGraphLaunch(g.g_, stream_));
   }
+  // Host-to-device copy, waited for (src may be a temporary); throws cuda_error.
   void upload(void* dst, const void* src, std::size_t bytes) {
     make_current();
     FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     sync();  // src may be a temporary on the caller's stack
   }
+  // Device-to-host copy, waited for; throws cuda_error (also for an earlier fault on the
+  // stream).
   void download(void* dst, const void* src, std::size_t bytes) {
     make_current();
     FERRY_CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     sync();
   }
+  // Waits for the stream; throws cuda_error for a fault its work met.
   void sync() { FERRY_CUDA_TRY(cudaStreamSynchronize(stream_)); }
-  // True once the stream has run everything enqueued on it (cudaStreamQuery, no wait).
-  // Throws cuda_error for a fault the stream's work met.
   // Step marks, in a ring of `marks` events on the stream: mirrored_trainer records one
   // after each step and, with NCCL, polls the one `marks` steps back before enqueuing
   // another (at most `marks` steps in flight). Events made on first use.
   static constexpr std::uint64_t marks = 3;
+  // Records step's mark on the stream (no wait); throws cuda_error.
   void mark(std::uint64_t step) {
     cudaEvent_t& e = marks_[step % marks];
     make_current();
@@ -242,6 +255,8 @@ class gpu_backend {
     const cudaEvent_t e = marks_[step % marks];
     return !e || ready(cudaEventQuery(e), "cudaEventQuery(step mark)");
   }
+  // True once the stream has run everything enqueued on it (cudaStreamQuery, no wait).
+  // Throws cuda_error for a fault the stream's work met.
   bool idle() const { return ready(cudaStreamQuery(stream_), "cudaStreamQuery(replica stream)"); }
 
  private:

@@ -33,16 +33,19 @@
 
 namespace ferry::train {
 
+// A replica's backend on the CPU (see the file's top).
 class host_backend {
  public:
-  static constexpr bool on_device = false;
+  static constexpr bool on_device = false;  // its memory is host memory
 
   host_backend() = default;
+  // From a replica_context, which the host ignores.
   template <class Context>
   explicit host_backend(const Context&) {}  // host replicas need no device or stream
   host_backend(const host_backend&) = delete;
   host_backend& operator=(const host_backend&) = delete;
 
+  // n zeroed floats, freed with the backend; throws std::bad_alloc.
   float* alloc(std::size_t n) {
     blocks_.push_back(std::make_unique<float[]>(n ? n : 1));  // value-initialised: zeros
     return blocks_.back().get();
@@ -81,13 +84,17 @@ class host_backend {
                        for (std::size_t c = 0; c < cols; ++c) f(r, c);
                      });
   }
+  // p[0, n) = v.
   void fill(float* p, std::size_t n, float v) {
     for (std::size_t i = 0; i < n; ++i) p[i] = v;
   }
   // Host <-> backend memory: plain copies here.
   void upload(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  // Backend -> host memory: a plain copy.
   void download(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
+  // Nothing to wait for: every call above has finished when it returns.
   void sync() {}
+  // No stream: null.
   cuda_stream stream() const { return nullptr; }
 
   // OpenBLAS's own thread count (process-wide): 1 when replicas run on their own threads.

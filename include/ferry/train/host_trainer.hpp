@@ -12,5 +12,6 @@
 #include "ferry/train/mirrored_trainer.hpp"
 
 namespace ferry::train {
+// The mirrored trainer on host replicas (see the file's top).
 using host_trainer = mirrored_trainer<host_backend, thread_communicator>;
 }  // namespace ferry::train

@@ -19,15 +19,18 @@
 
 namespace ferry::train {
 
+// The loss, its gradient and its statistics for one row i (see the file's top): run over
+// the n rows of a slice.
 struct softmax_xent_rows {
   const float* logits;        // n x classes
   const std::int32_t* labels; // n
   const float* class_weights; // classes, or null for all ones
   float* dlogits;             // n x classes: gradient of the summed loss
   float* stats;               // n x 4: weighted loss, weight, correct, valid
-  int classes;
+  int classes;                // the number of classes (logits per row)
   int valid;                  // rows [valid, n) are padding
 
+  // Row i: writes dlogits' row i and stats' row i.
   FERRY_HOST_DEVICE void operator()(std::size_t i) const {
     const float* z = logits + i * classes;
     float* d = dlogits + i * classes;
@@ -56,9 +59,10 @@ struct softmax_xent_rows {
 
 // Sums column k of an n x 4 stats array into out[k] (k < 4): launched with 4 indices.
 struct sum_stats {
-  const float* stats;
-  float* out;
-  int n;
+  const float* stats;  // n x 4, from softmax_xent_rows
+  float* out;  // 4 floats
+  int n;  // rows
+  // Column k.
   FERRY_HOST_DEVICE void operator()(std::size_t k) const {
     float s = 0.0f;
     for (int i = 0; i < n; ++i) s += stats[i * 4 + k];
@@ -72,8 +76,9 @@ struct sum_stats {
 // steps, this one stays about as exact as a double sum of the steps' floats. Read it as
 // double(sum[k]) + double(sum[4 + k]). Launched with 4 indices.
 struct add_stats {
-  const float* step;
+  const float* step;  // the step's 4 reduced statistics
   float* sum;  // 8 floats
+  // Statistic k.
   FERRY_HOST_DEVICE void operator()(std::size_t k) const {
     const float x = step[k], s = sum[k], t = s + x;
     const float as = s < 0.0f ? -s : s, ax = x < 0.0f ? -x : x;

@@ -105,11 +105,14 @@
 #include "ferry/train/replica.hpp"
 #include "ferry/train/weights_file.hpp"
 
+// The mirrored trainer of an MLP and what it is built from: backends, replicas, optimizer,
+// loss, weights files and a progress bar.
 namespace ferry::train {
 
+// A trainer's options, a braced list: {.opt = {.lr = 1e-3f}, .seed = 1, .max_rows = 64}.
 struct trainer_options {
-  optimizer_config opt{};
-  std::uint64_t seed = 0;
+  optimizer_config opt{};  // the optimizer (optimizer.hpp)
+  std::uint64_t seed = 0;  // seeds the initial weights, the same on every replica
   int max_rows = 256;  // the most rows one replica's slice may have
   // Backends with their own BLAS threads (host_backend: OpenBLAS, process-wide): threads per
   // GEMM. 0 = auto: 1, since every replica already runs on its own thread and the input
@@ -130,8 +133,8 @@ struct trainer_options {
 
 // Where a replica runs: passed to the backend's constructor (-1 / null for host).
 struct replica_context {
-  int device = -1;
-  cuda_stream stream = nullptr;
+  int device = -1;  // the CUDA device ordinal; -1 for host
+  cuda_stream stream = nullptr;  // the stream the replica's work goes on (a distribute() step's)
 };
 
 // The replica inputs of a step as distribute() hands it out (field 0 the inputs as floats,
@@ -166,6 +169,8 @@ void step_inputs(Step& step, std::size_t replicas, int inputs, std::vector<repli
   }
 }
 
+// One MLP replicated on every local replica (see the file's top): Backend runs each
+// replica's math, Comm all-reduces their gradients.
 template <class Backend, communicator Comm>
 class mirrored_trainer {
   // abort() callable from any thread while the others wait in a collective, and reset()
@@ -215,9 +220,13 @@ class mirrored_trainer {
     }
   }
 
+  // The number of replicas.
   int replicas() const { return static_cast<int>(reps_.size()); }
+  // The model's shape and parameter offsets.
   const mlp_layout& layout() const { return reps_[0]->layout(); }
+  // Replica r, for tests and tools (r < replicas(), unchecked).
   replica<Backend>& replica_at(int r) { return *reps_[r]; }
+  // Training steps taken so far.
   std::uint64_t steps() const { return steps_; }
 
   // One training step on one slice per replica (in each replica's backend memory).
@@ -296,6 +305,7 @@ class mirrored_trainer {
     settle();
     return reps_[0]->read_eval();
   }
+  // evaluate() of a distribute() step (field 0 the inputs, field 1 the labels).
   template <class Step>
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
   step_stats evaluate(Step& step) {
@@ -316,6 +326,8 @@ class mirrored_trainer {
     reps_[0]->add_eval_to_totals();  // after run_all: an evaluation that throws adds nothing
     mark();
   }
+  // evaluate_async() of a distribute() step; a step on other streams than the trainer's
+  // is a config_error.
   template <class Step>
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
   void evaluate_async(Step& step) {
@@ -363,7 +375,10 @@ class mirrored_trainer {
     }
   }
 
+  // Writes the parameters to a weights file (weights_file.hpp); throws io_error.
   void save(const std::string& path) { save_weights(path, cfg_.layers, parameters()); }
+  // Reads a weights file into every replica (as set_parameters); throws what load_weights
+  // throws, and config_error when the file's layers are not the model's.
   void load(const std::string& path) {
     mlp_weights w = load_weights(path);
     if (w.layers != cfg_.layers) {

@@ -24,19 +24,24 @@
 
 namespace ferry::train {
 
+// The model: its layer sizes and optional class weights (a braced list, as above).
 struct mlp_config {
   std::vector<int> layers;           // input size, hidden sizes..., number of classes
   std::vector<float> class_weights;  // empty: every class weighs 1
 };
 
+// Where each layer's parameters lie in the flat array, and the sizes derived from the
+// config (see the file's top).
 struct mlp_layout {
   static constexpr std::size_t extras = 4;  // loss_sum, weight_sum, correct, valid
+  // The place of each step statistic after the gradients (at params + extra).
   enum extra : std::size_t { loss_sum = 0, weight_sum = 1, correct = 2, valid = 3 };
 
-  std::vector<int> sizes;
+  std::vector<int> sizes;  // mlp_config::layers
   std::vector<std::size_t> w_off, b_off;  // per layer l (0-based, l < layers())
-  std::size_t params = 0;
+  std::size_t params = 0;  // the number of parameters (floats)
 
+  // Checks c and lays it out; throws config_error as the file's top says.
   explicit mlp_layout(const mlp_config& c) : sizes(c.layers) {
     if (sizes.size() < 2)
       throw config_error("mlp_config: layers needs at least an input size and a class count (got " +
@@ -61,16 +66,23 @@ struct mlp_layout {
       params += std::size_t(sizes[l + 1]);
     }
   }
+  // The number of layers (weight matrices): sizes - 1.
   std::size_t layers() const { return sizes.size() - 1; }
+  // Layer l's input width.
   int in(std::size_t l) const { return sizes[l]; }
+  // Layer l's output width.
   int out(std::size_t l) const { return sizes[l + 1]; }
+  // The model's input width.
   int inputs() const { return sizes.front(); }
+  // The number of classes (the last layer's width).
   int classes() const { return sizes.back(); }
+  // The widest layer (what activation scratch buffers are sized for).
   int widest() const {
     int m = 0;
     for (int s : sizes) m = s > m ? s : m;
     return m;
   }
+  // The gradient buffer's size: the parameters' gradients, then the step statistics.
   std::size_t grad_floats() const { return params + extras; }
 };
 

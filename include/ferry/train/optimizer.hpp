@@ -33,14 +33,18 @@
 
 namespace ferry::train {
 
+// Which optimizer a trainer runs: SGD with momentum, or Adam.
 enum class optimizer_kind { sgd, adam };
 
+// The optimizer and its hyperparameters (a braced list, as in the examples above).
 struct optimizer_config {
-  optimizer_kind kind = optimizer_kind::adam;
-  float lr = 1e-3f;
+  optimizer_kind kind = optimizer_kind::adam;  // which update
+  float lr = 1e-3f;  // the learning rate, > 0
   float momentum = 0.9f;  // sgd
   float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  // adam
 
+  // Throws config_error for lr not > 0 (or not finite), momentum or betas outside [0, 1),
+  // or eps not > 0.
   void validate() const {
     auto unit = [](float v) { return v >= 0.0f && v < 1.0f; };
     if (!(lr > 0.0f) || !std::isfinite(lr))
@@ -55,13 +59,16 @@ struct optimizer_config {
 
 // v = momentum * v + g / W;  p -= lr * v   (PyTorch's SGD momentum form)
 struct sgd_update {
-  float* p;
-  const float* g;
-  float* v;
+  float* p;  // the parameters, updated in place
+  const float* g;  // the gradient of the summed loss
+  float* v;  // the momentum buffer (optimizer state, one float per parameter)
   const float* weight_sum;  // the global weight sum, in the gradient buffer
-  float lr, momentum;
+  float lr, momentum;  // from optimizer_config
+  // The weight sum W, read once (the host backend's loop).
   FERRY_HOST_DEVICE float scalar() const { return *weight_sum; }
+  // Updates parameter i, reading W from memory (the GPU path).
   FERRY_HOST_DEVICE void operator()(std::size_t i) const { apply(i, *weight_sum); }
+  // Updates parameter i with W = w; nothing when w is not > 0.
   FERRY_HOST_DEVICE void apply(std::size_t i, float w) const {
     if (!(w > 0.0f)) return;
     const float gi = g[i] / w;
@@ -75,6 +82,7 @@ struct sgd_update {
 // the step count t (as two exact float halves, t = hi * 2^24 + lo, since a float counts
 // exactly only to 2^24) and the bias-corrected step sizes of step t.
 struct adam_schedule {
+  // The indices of t's halves, step and inv_sqrt_bc2 in it, and its size (floats).
   static constexpr std::size_t t_lo = 0, t_hi = 1, step = 2, inv_sqrt_bc2 = 3, floats = 4;
 };
 
@@ -82,9 +90,10 @@ struct adam_schedule {
 // with bc1 = 1 - beta1^t, bc2 = 1 - beta2^t: step = lr / bc1, inv_sqrt_bc2 = 1 / sqrt(bc2).
 // A step of weight 0 leaves t alone, so later bias corrections stay those of the real steps.
 struct adam_advance {
-  float* sched;
-  const float* weight_sum;
-  float lr, beta1, beta2;
+  float* sched;  // the adam_schedule floats, in backend memory
+  const float* weight_sum;  // the global weight sum, in the gradient buffer
+  float lr, beta1, beta2;  // from optimizer_config
+  // Advances the schedule (run for one index only).
   FERRY_HOST_DEVICE void operator()(std::size_t) const {
     if (!(*weight_sum > 0.0f)) return;
     constexpr float half = 16777216.0f;  // 2^24
@@ -106,7 +115,7 @@ struct adam_advance {
 
 // What adam_update reads once per call: the weight sum and the step sizes of this step.
 struct adam_scalars {
-  float w, step, inv_sqrt_bc2;
+  float w, step, inv_sqrt_bc2;  // the weight sum; the schedule's floats of the same names
 };
 
 // Adam (Kingma & Ba) with bias correction, in PyTorch's arrangement (one sqrt and one
@@ -115,17 +124,20 @@ struct adam_scalars {
 // step = lr / bc1 and inv_sqrt_bc2 = 1 / sqrt(bc2) are read from the schedule that
 // adam_advance wrote for this step.
 struct adam_update {
-  float* p;
-  const float* g;
-  float* m;
-  float* v;
-  const float* weight_sum;
+  float* p;  // the parameters, updated in place
+  const float* g;  // the gradient of the summed loss
+  float* m;  // the first-moment estimates (optimizer state)
+  float* v;  // the second-moment estimates (optimizer state)
+  const float* weight_sum;  // the global weight sum, in the gradient buffer
   const float* sched;  // adam_schedule::floats floats
-  float beta1, beta2, eps;
+  float beta1, beta2, eps;  // from optimizer_config
+  // The weight sum and this step's step sizes, read once (the host backend's loop).
   FERRY_HOST_DEVICE adam_scalars scalar() const {
     return {*weight_sum, sched[adam_schedule::step], sched[adam_schedule::inv_sqrt_bc2]};
   }
+  // Updates parameter i, reading the scalars from memory (the GPU path).
   FERRY_HOST_DEVICE void operator()(std::size_t i) const { apply(i, scalar()); }
+  // Updates parameter i with the scalars s; nothing when s.w is not > 0.
   FERRY_HOST_DEVICE void apply(std::size_t i, adam_scalars s) const {
     if (!(s.w > 0.0f)) return;
     const float gi = g[i] * (1.0f / s.w);

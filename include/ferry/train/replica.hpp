@@ -39,10 +39,10 @@ namespace ferry::train {
 // One replica's slice of a global batch: `rows` rows of inputs() floats and labels, in the
 // backend's memory; rows [valid, rows) are padding and carry no loss or gradient.
 struct replica_input {
-  const float* x = nullptr;
-  const std::int32_t* y = nullptr;
-  int rows = 0;
-  int valid = 0;
+  const float* x = nullptr;  // rows x inputs() floats, row-major
+  const std::int32_t* y = nullptr;  // rows class labels
+  int rows = 0;  // rows in the slice, at most the replica's max_rows
+  int valid = 0;  // leading rows that are real data (the rest is padding)
 };
 
 // Global figures of one step or evaluation, identical on every replica.
@@ -56,10 +56,11 @@ struct step_stats {
 // z = z + b (per column), then ReLU unless this is the last layer; run over (row, column)
 // with for_each_2d so the host loops a row at a time (vectorized) and the GPU flat.
 struct bias_act {
-  float* z;
-  const float* b;
-  int out;
-  bool relu;
+  float* z;  // the layer's pre-activations, rows x out, updated in place
+  const float* b;  // the layer's bias, out floats
+  int out;  // the layer's width
+  bool relu;  // apply ReLU (every layer but the last)
+  // Element (r, c).
   FERRY_HOST_DEVICE void operator()(std::size_t r, std::size_t c) const {
     const std::size_t i = r * std::size_t(out) + c;
     const float v = z[i] + b[c];
@@ -70,14 +71,19 @@ struct bias_act {
 // d = d * (a > 0): the ReLU's backward, from its output (a select, not a branch, so the
 // host loop vectorizes).
 struct relu_backward {
-  float* d;
-  const float* a;
+  float* d;  // the gradient flowing back, updated in place
+  const float* a;  // the ReLU's output in the forward pass
+  // Element i.
   FERRY_HOST_DEVICE void operator()(std::size_t i) const { d[i] = a[i] > 0.0f ? d[i] : 0.0f; }
 };
 
+// One replica of the MLP on one Backend (host_backend, gpu_backend): see the file's top.
 template <class Backend>
 class replica {
  public:
+  // Allocates everything for max_rows rows on the backend built from args, and uploads
+  // init (the parameters). Throws config_error for a bad optimizer_config, max_rows < 1 or
+  // init of the wrong size; backend errors propagate.
   template <class... BackendArgs>
   replica(const mlp_config& cfg, const optimizer_config& opt, const std::vector<float>& init,
           int max_rows, BackendArgs&&... args)
@@ -110,10 +116,16 @@ class replica {
     be_.sync();
   }
 
+  // The model's shape and parameter offsets.
   const mlp_layout& layout() const { return lay_; }
+  // The backend the replica runs on.
   Backend& backend() { return be_; }
+  // The packed gradient buffer (gradients, then the step statistics), backend memory:
+  // what the communicator all-reduces.
   std::span<float> gradient_buffer() { return {grads_, lay_.grad_floats()}; }
+  // The parameters, backend memory.
   std::span<float> parameters() { return {params_, lay_.params}; }
+  // The most rows a slice may have.
   int max_rows() const { return max_rows_; }
 
   // Forward, loss and backward: the gradient of the SUMMED loss of this slice, and its
@@ -146,12 +158,13 @@ class replica {
     }
   }
 
+  // Whether the backend has CUDA graphs (a Backend::graph type: gpu_backend).
+  static constexpr bool has_graphs = requires { typename Backend::graph; };
+  static constexpr std::size_t max_graphs = 4;  // slice shapes whose graphs are kept
   // A training step: forward_backward, then reduce_and_update. With `graphs`, on a backend
   // with CUDA graphs and a slice of at least one row, through the slice shape's graph
   // (captured on its first use; see the top of this file); the same work and the same
   // weights either way. Elsewhere `graphs` is ignored.
-  static constexpr bool has_graphs = requires { typename Backend::graph; };
-  static constexpr std::size_t max_graphs = 4;
   template <communicator Comm>
   void step(const replica_input& in, Comm& comm, bool graphs) {
     if constexpr (has_graphs) {
@@ -198,6 +211,7 @@ class replica {
   step_stats take_totals() { return take(totals_); }
   // The same for evaluations: the (reduced) eval buffer added into totals of their own.
   void add_eval_to_totals() { be_.for_each(mlp_layout::extras, add_stats{eval_, eval_totals_}); }
+  // The evaluation totals since the last take, as take_totals() does for steps.
   step_stats take_eval_totals() { return take(eval_totals_); }
 
  private:
@@ -227,11 +241,13 @@ class replica {
     be_.for_each(mlp_layout::extras, sum_stats{stats_, eval_, in.rows});
     return {eval_, mlp_layout::extras};
   }
+  // The (reduced) eval buffer, read back to the host (waits for the backend).
   step_stats read_eval() { return to_stats(eval_); }
 
   // The logits of the last forward pass (rows x classes), backend memory.
   const float* logits() const { return acts_.back(); }
 
+  // The parameters, copied to the host (waits for the backend).
   std::vector<float> download_params() {
     std::vector<float> p(lay_.params);
     be_.download(p.data(), params_, p.size() * sizeof(float));

@@ -39,14 +39,20 @@ namespace ferry::train {
 static_assert(std::endian::native == std::endian::little,
               "ferry weights files are little-endian; add byte swapping for this target");
 
+// The file's first 8 bytes, "FERRYMLP".
 inline constexpr char weights_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'M', 'L', 'P'};
+// The format version written, and the only one read.
 inline constexpr std::uint32_t weights_version = 1;
 
+// What load_weights returns: the layer sizes and the parameters, as save_weights took them.
 struct mlp_weights {
-  std::vector<int> layers;
-  std::vector<float> params;
+  std::vector<int> layers;  // input size, hidden sizes..., number of classes
+  std::vector<float> params;  // in mlp_layout order
 };
 
+// Writes layers and params to path (through "<path>.tmp" and a rename). Throws
+// config_error for bad sizes or a params count the layers do not imply, io_error when the
+// file cannot be written or renamed.
 inline void save_weights(const std::string& path, const std::vector<int>& layers,
                          const std::vector<float>& params) {
   const mlp_layout lay(mlp_config{layers, {}});
@@ -82,6 +88,7 @@ inline void save_weights(const std::string& path, const std::vector<int>& layers
   if (ec) throw io_error(path, 0, ec, "cannot rename " + tmp + " to");
 }
 
+// Reads a weights file; throws io_error or format_error as the file's top says.
 inline mlp_weights load_weights(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw io_error(path, 0, std::error_code(errno, std::generic_category()), "cannot open");
