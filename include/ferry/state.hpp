@@ -135,6 +135,19 @@ class state_reader {
   }
   // The next word; throws config_error when the state has no more (another pipeline shape).
   std::uint64_t get() { return get_raw(); }
+  // The next word as a count a stage of parameter n can have reached (take(n) took at most
+  // n elements); over n, config_error "restore_state: take: the state took 8 elements,
+  // more than this take(5) hands on (saved from a take of a larger n?)".
+  std::uint64_t get_count(std::uint64_t n, std::string_view stage, std::string_view did,
+                          std::string_view does) {
+    const std::uint64_t v = get_raw();
+    if (v > n)
+      throw config_error("restore_state: " + std::string(stage) + ": the state " + std::string(did) + " " +
+                         std::to_string(v) + " elements, more than this " + std::string(stage) + "(" +
+                         std::to_string(n) + ") " + std::string(does) + " (saved from a " +
+                         std::string(stage) + " of a larger n?)");
+    return v;
+  }
   // Whether every word was read (restore_state refuses a state longer than the pipeline's).
   bool done() const { return pos_ == s_->words.size(); }
 

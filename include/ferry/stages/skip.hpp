@@ -74,14 +74,7 @@ class skip_source : public stage<skip_source<Up>, Up> {
   void start_epoch() { skipped_ = 0; }
   void save_words(state_writer& w) const { w.put(skipped_); }
   // Throws config_error for a state that skipped more than n.
-  void restore_words(state_reader& r) {
-    const std::uint64_t skipped = r.get();
-    if (skipped > n_)
-      throw config_error("restore_state: skip: the state skipped " + std::to_string(skipped) +
-                         " elements, more than this skip(" + std::to_string(n_) +
-                         ") drops (saved from a skip of a larger n?)");
-    skipped_ = skipped;
-  }
+  void restore_words(state_reader& r) { skipped_ = r.get_count(n_, name, "skipped", "drops"); }
 
   std::uint64_t n_;
   std::uint64_t skipped_ = 0;  // elements dropped this epoch (at most n_)

@@ -82,14 +82,7 @@ class take_source : public stage<take_source<Up>, Up> {
   void start_epoch() { taken_ = 0; }
   void save_words(state_writer& w) const { w.put(taken_); }
   // Throws config_error for a state that took more than n.
-  void restore_words(state_reader& r) {
-    const std::uint64_t taken = r.get();
-    if (taken > n_)
-      throw config_error("restore_state: take: the state took " + std::to_string(taken) +
-                         " elements, more than this take(" + std::to_string(n_) +
-                         ") hands on (saved from a take of a larger n?)");
-    taken_ = taken;
-  }
+  void restore_words(state_reader& r) { taken_ = r.get_count(n_, name, "took", "hands on"); }
 
   std::uint64_t n_;
   std::uint64_t taken_ = 0;  // elements handed on this epoch, or counted for a failed run (at most n_)
