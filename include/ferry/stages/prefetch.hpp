@@ -13,7 +13,7 @@
 // it; the producer goes on, so the next next() gives what upstream gives after the error
 // (as without prefetch: a consumer that catches and goes on loses nothing prefetch held).
 // A std::bad_alloc from queueing an element on the producer thread ends the epoch instead
-// (that element is lost). Starting the thread may throw what std::thread throws.
+// (that element is lost). A thread that cannot start is a ferry::error naming it.
 //
 // Memory: at most depth + 2 elements alive (depth queued, one being built, one held by
 // the consumer).
