@@ -10,6 +10,8 @@
 // A batch is move-only; its buffers return to the memory resource they came from (a pool)
 // when it is destroyed. No threads; nothing runs user code. Throws: the collator what its
 // memory resource throws (std::bad_alloc, or a pinned upstream's cuda_error).
+// Compile-time errors: field<I>() past the last field is a static_assert naming I, the
+// field count and T (detail::batch_field_index_out_of_range<I, Count, T>).
 #pragma once
 
 #include <array>
@@ -119,6 +121,15 @@ decltype(auto) get_field(T& e) {
     return (e);
 }
 
+// field<I>() with I >= Count, named with T, the element type (source.hpp says how).
+template <std::size_t I, std::size_t Count, class T>
+struct batch_field_index_out_of_range {
+  static_assert(I < Count,
+                "ferry::batch_of::field<I>: I is past the batch's last field (I and the field count "
+                "are the first two arguments of batch_field_index_out_of_range<I, Count, T> above, "
+                "T the element type); fields count from 0");
+};
+
 }  // namespace detail
 
 // A collated batch of `size()` elements of T. Move-only; its buffers return to their pool
@@ -147,20 +158,25 @@ class batch_of {
   // Field I: a span of values (fixed fields) or a ragged_view (ragged fields).
   template <std::size_t I = 0>
   auto field() const {
-    using E = typename detail::field_traits<field_t<I>>::element;
-    if constexpr (is_ragged<I>) {
+    if constexpr (I >= field_count) {  // a misuse stops here, before <tuple>'s errors
+      return typename detail::batch_field_index_out_of_range<I, field_count, T>::error_above{};
+    } else if constexpr (is_ragged<I>) {
+      using E = typename detail::field_traits<field_t<I>>::element;
       auto off = reinterpret_cast<const std::uint64_t*>(offsets_[I].data());
       return ragged_view<E>{
           std::span<const E>(reinterpret_cast<const E*>(data_[I].data()), n_ ? off[n_] : 0),
           std::span<const std::uint64_t>(off, n_ ? n_ + 1 : 0)};
     } else {
+      using E = field_t<I>;
       return std::span<const E>(reinterpret_cast<const E*>(data_[I].data()), n_);
     }
   }
   // Fixed field I, writable (to fix up values in place, e.g. to normalise).
+  // The count first, and no field_t<I> in the signature (clang substitutes it before the
+  // constraint): out of range, the const one above reports it.
   template <std::size_t I = 0>
-    requires(!is_ragged<I>)
-  std::span<field_t<I>> field() {
+    requires(I < field_count && !is_ragged<I>)
+  auto field() {
     return std::span<field_t<I>>(reinterpret_cast<field_t<I>*>(data_[I].data()), n_);
   }
 

@@ -89,6 +89,11 @@ class element_error : public error, public std::nested_exception {
   std::uint64_t element_;
 };
 
+// What from_files does with a bad record (from_files_options::on_error). Declared here, not
+// in sources/file_options.hpp, so that it precedes every stage header's `ferry::skip`: GCC
+// 12's -Wshadow takes a scoped enumerator declared after it for a shadow.
+enum class error_policy { raise, skip };
+
 namespace detail {
 // Rethrows `original` on this thread wrapped as an element_error naming the stage and
 // element; ferry's own errors (already carrying file and offset) pass through unchanged.

@@ -210,16 +210,29 @@ closure<F> make_closure(F f) {
 }
 
 namespace detail {
-template <class>
+template <class...>
 inline constexpr bool always_false = false;
 
-// Stages take their upstream by value: an lvalue source would be copied mid-epoch (or
-// not at all, for threaded stages), so it is refused with a message.
+// Compile errors that say what is wrong (tests/compile_fail/): a misuse instantiates a
+// class template named for it, whose arguments name the types (the element type first)
+// and whose static_assert says what to do; the caller then returns
+// `typename that<...>::error_above{}`, a type that does not exist, so the pipeline's type
+// is erroneous and the compiler reports nothing more about it (else its next error comes
+// from deep inside the stage, and dozens follow).
 template <class S>
-constexpr void require_rvalue_source() {
-  static_assert(!std::is_lvalue_reference_v<S>,
+struct pipeline_is_an_lvalue {
+  static_assert(always_false<S>,
                 "ferry: a pipeline is a single-pass value: move it into the next stage, "
                 "e.g. std::move(src) | ferry::map(f)");
+};
+
+// Stages take their upstream by value: an lvalue source would be copied mid-epoch (or
+// not at all, for threaded stages), so it is refused with a message. consteval: checked
+// where it is called, before the copy's own errors (a constexpr body waits for the end of
+// the translation unit).
+template <class S>
+consteval void require_rvalue_source() {
+  if constexpr (std::is_lvalue_reference_v<S>) (void)sizeof(pipeline_is_an_lvalue<S>);
 }
 }  // namespace detail
 
@@ -227,8 +240,10 @@ constexpr void require_rvalue_source() {
 // compile error with a message). Throws what building the stage throws.
 template <source S, pipe_closure C>
 auto operator|(S&& s, C&& c) {
-  detail::require_rvalue_source<S>();
-  return std::forward<C>(c)(std::forward<S>(s));
+  if constexpr (std::is_lvalue_reference_v<S>)
+    return typename detail::pipeline_is_an_lvalue<S>::error_above{};
+  else
+    return std::forward<C>(c)(std::forward<S>(s));
 }
 
 // closure | closure: a reusable chain of stages, e.g. auto prep = map(f) | batch(32);

@@ -449,14 +449,18 @@ struct first_is_source<A0, A...> : std::bool_constant<source<A0>> {};
 template <class Derived>
 struct stage_adaptor {
   // take(src, n): builds the stage over src (moved in); throws config_error for bad
-  // arguments.
-  // D: Derived, named through a parameter so that clang looks it up at the call, when
-  // Derived is complete (clang 14 otherwise finds no make/check in it).
+  // arguments. Constrained by check(), which takes the same arguments: asking for make()
+  // would instantiate its body to deduce its type, and a misuse it reports
+  // (tests/compile_fail/) would come out as "no match for call" after it. D: Derived,
+  // named through a parameter so that clang looks it up at the call, when Derived is
+  // complete (clang 14 otherwise finds no check() in it).
   template <source S, class... A, class D = Derived>
-    requires requires(S&& s, A&&... a) { D::make(std::forward<S>(s), std::forward<A>(a)...); }
+    requires requires(const A&... a) { D::check(a...); }
   auto operator()(S&& s, A&&... a) const {
-    detail::require_rvalue_source<S>();
-    return Derived::make(std::forward<S>(s), std::forward<A>(a)...);
+    if constexpr (std::is_lvalue_reference_v<S>)
+      return typename detail::pipeline_is_an_lvalue<S>::error_above{};
+    else
+      return Derived::make(std::forward<S>(s), std::forward<A>(a)...);
   }
   // take(n): checks the arguments now (config_error), then returns a closure holding
   // copies of them, for `src | take(n)`.

@@ -11,7 +11,8 @@
 //
 // A step is move-only; it keeps its host batch (and a backend's device buffers) until it is
 // destroyed or the next step is asked for. No threads; nothing runs user code. Throws:
-// config_error from host_replicas_backend for 0 replicas.
+// config_error from host_replicas_backend for 0 replicas. field<I>() past the last field
+// is a compile-time error naming I and the field count, as batch_of's.
 #pragma once
 
 #include <array>
@@ -82,9 +83,13 @@ class replica_batch {
   // Field I of this slice: host memory for host replicas, device memory for CUDA (do not
   // dereference it on the host then).
   template <std::size_t I = 0>
-  std::span<const field_t<I>> field() const {
-    static_assert(!B::template is_ragged<I>, "ferry::distribute: ragged fields cannot be split");
-    return {reinterpret_cast<const field_t<I>*>(data_[I]), size_};
+  auto field() const {
+    if constexpr (I >= field_count) {  // a misuse stops here, before <tuple>'s errors
+      return typename detail::batch_field_index_out_of_range<I, field_count, T>::error_above{};
+    } else {
+      static_assert(!B::template is_ragged<I>, "ferry::distribute: ragged fields cannot be split");
+      return std::span<const field_t<I>>(reinterpret_cast<const field_t<I>*>(data_[I]), size_);
+    }
   }
   // Raw bytes of field f: size() * sizeof(field f).
   std::span<const std::byte> field_bytes(std::size_t f) const {

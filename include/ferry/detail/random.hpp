@@ -10,6 +10,9 @@
 
 namespace ferry::detail {
 
+// GCC's and clang's 128-bit integer; __extension__: an extension -Wpedantic need not report.
+__extension__ using uint128 = unsigned __int128;
+
 // SplitMix64 (Steele, Lea, Flood 2014): a fast generator and a good mixer of seeds.
 class splitmix64 {
  public:
@@ -22,12 +25,12 @@ class splitmix64 {
   }
   // Uniform in [0, n), n > 0 (Lemire's multiply-shift with rejection: no modulo bias).
   constexpr std::uint64_t below(std::uint64_t n) {
-    unsigned __int128 m = static_cast<unsigned __int128>((*this)()) * n;
+    uint128 m = static_cast<uint128>((*this)()) * n;
     auto lo = static_cast<std::uint64_t>(m);
     if (lo < n) {
       const std::uint64_t t = (0 - n) % n;
       while (lo < t) {
-        m = static_cast<unsigned __int128>((*this)()) * n;
+        m = static_cast<uint128>((*this)()) * n;
         lo = static_cast<std::uint64_t>(m);
       }
     }

@@ -14,6 +14,7 @@
 #include <string>
 #include <variant>
 
+#include "ferry/error.hpp"
 #include "ferry/sources/compression.hpp"
 #include "ferry/sources/fixed_length.hpp"
 #include "ferry/sources/idx.hpp"
@@ -26,9 +27,7 @@ namespace ferry {
 // The format of the files from_files reads: one of the format tags, with its options.
 using file_format = std::variant<tfrecord, npy, idx, fixed_length, text_lines>;
 
-// What a bad record or file does: raise throws it from next(); skip counts it, reports it
-// to on_skip and reads on (see from_files_options::on_error).
-enum class error_policy { raise, skip };
+// error_policy (raise, skip): in ferry/error.hpp.
 
 // What a skip reports: the file, the offset where the bad record starts (in the
 // uncompressed stream for compressed files) and what was wrong.

@@ -22,6 +22,8 @@
 // batch being built are dropped with it (as tf.data's batch drops them): the next batch
 // starts after the element that failed. To keep them, skip bad elements before batch
 // (error_policy::skip in from_files; a map function that catches, then filter).
+// Compile-time errors: a batch's field<I>() past its last field is a static_assert naming
+// I and the field count (batch_of.hpp).
 //
 // Memory: one batch being built. Buffers come from a std::pmr::memory_resource, by
 // default a buffer_pool private to the stage, so batches in steady state reuse the same

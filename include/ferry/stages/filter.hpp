@@ -11,6 +11,9 @@
 // ferry's own errors pass through unchanged. Element k is dropped; a consumer that
 // catches and goes on gets the elements after it. Upstream errors propagate unchanged,
 // and the next call goes on with whatever upstream gives next.
+// Compile-time errors: a pred that cannot take the element as const E&, or whose result
+// does not convert to bool, is a static_assert naming E (detail::
+// filter_predicate_cannot_take<E, P>, filter_predicate_result_is_not_bool<E, Result>).
 //
 // Memory: one element at a time, the one pred is looking at; nothing is buffered.
 //
@@ -20,6 +23,7 @@
 // shape).
 #pragma once
 
+#include <concepts>
 #include <cstdint>
 #include <exception>
 #include <optional>
@@ -63,6 +67,20 @@ class filter_source : public stage<filter_source<Up, P>, Up> {
   std::uint64_t n_ = 0;  // upstream elements pulled this epoch: names the element in errors
 };
 
+// Compile errors naming the element type E (source.hpp says how).
+template <class E, class P>
+struct filter_predicate_cannot_take {
+  static_assert(always_false<E, P>,
+                "ferry::filter: the predicate cannot be called with the upstream's element as const E& (E "
+                "is the first type of filter_predicate_cannot_take<E, P> above): take it as const E& or E");
+};
+template <class E, class Result>
+struct filter_predicate_result_is_not_bool {
+  static_assert(always_false<E, Result>,
+                "ferry::filter: the predicate's result does not convert to bool (its type is the second "
+                "of filter_predicate_result_is_not_bool<E, Result> above)");
+};
+
 }  // namespace detail
 
 // The type of ferry::filter: filter(src, pred), or filter(pred) for `src | filter(pred)`.
@@ -75,10 +93,14 @@ struct filter_t : stage_adaptor<filter_t> {
   // pred(const E&) -> bool.
   template <source S, class P>
   static auto make(S&& s, P p) {
-    static_assert(std::predicate<P&, const value_t<S>&>,
-                  "ferry::filter: the predicate must be callable as pred(const E&) -> bool, E being the "
-                  "upstream's element type (ferry::value_t<decltype(src)>)");
-    return detail::filter_source<std::remove_cvref_t<S>, P>(std::forward<S>(s), std::move(p));
+    using E = value_t<S>;
+    // A misuse stops here, so the stage below is not instantiated with it.
+    if constexpr (!std::invocable<P&, const E&>)
+      return typename detail::filter_predicate_cannot_take<E, P>::error_above{};
+    else if constexpr (!std::predicate<P&, const E&>)
+      return typename detail::filter_predicate_result_is_not_bool<E, std::invoke_result_t<P&, const E&>>::error_above{};
+    else
+      return detail::filter_source<std::remove_cvref_t<S>, P>(std::forward<S>(s), std::move(p));
   }
 };
 // filter(pred): keeps the elements for which pred(element) is true (see the file's top).

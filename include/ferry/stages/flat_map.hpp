@@ -34,6 +34,10 @@
 // call goes on with element k + 1; nothing else is lost. Upstream errors reach the
 // consumer unchanged, at their position, and the next call goes on with what upstream
 // gives next.
+// Compile-time errors: an fn that cannot take the element as E&, or that returns no range,
+// is a static_assert naming E (detail::flat_map_function_cannot_take<E, F>,
+// flat_map_function_must_return_a_range<E, Result>).
+// Checkpoints (resumable upstream): exact at every output, also in the middle of an
 //
 // Memory: one upstream element and its range (in one heap block allocated at the first
 // element, so the stage can move between next() calls while views point into it), plus
@@ -90,15 +94,11 @@ class flat_map_source
     : public stage<flat_map_source<Up, F>, Up,
                    std::remove_cv_t<std::ranges::range_value_t<typename flat_map_range<Up, F>::type>>> {
   using In = value_t<Up>;
-  static_assert(std::invocable<F&, In&>,
-                "ferry::flat_map: fn is called with the element as an lvalue: take it as const T& or T&");
+  // flat_map_t::make checks that fn takes In& and returns a range.
   using Result = std::invoke_result_t<F&, In&>;
   // An lvalue result (std::identity, a member) is held by reference, not copied.
   static constexpr bool by_ref = std::is_lvalue_reference_v<Result>;
   using Rng = std::conditional_t<by_ref, std::remove_reference_t<Result>, std::remove_cvref_t<Result>>;
-  static_assert(std::ranges::input_range<Rng>,
-                "ferry::flat_map: fn must return a range of the elements to hand out (a std::vector, a "
-                "std::array, a view...); to make one element of each, use ferry::map");
   static_assert(by_ref || std::move_constructible<Rng>, "ferry::flat_map: the range fn returns must be movable");
   using It = std::ranges::iterator_t<Rng>;
   using Sent = std::ranges::sentinel_t<Rng>;
@@ -368,6 +368,23 @@ class flat_map_source
   mutable std::uint64_t saved_since_ = 0, saved_given_ = 0;  // from save_upstream to save_words
 };
 
+// Compile errors naming the element type E (source.hpp says how).
+template <class E, class F>
+struct flat_map_function_cannot_take {
+  static_assert(always_false<E, F>,
+                "ferry::flat_map: the function cannot be called with the upstream's element as an lvalue, "
+                "E& (E is the first type of flat_map_function_cannot_take<E, F> above): take it as const "
+                "E& or E&");
+};
+template <class E, class Result>
+struct flat_map_function_must_return_a_range {
+  static_assert(always_false<E, Result>,
+                "ferry::flat_map: the function must return a range of the elements to hand out (a "
+                "std::vector, a std::array, a view...), not the second type of "
+                "flat_map_function_must_return_a_range<E, Result> above; to make one element of each, "
+                "use ferry::map");
+};
+
 }  // namespace detail
 
 // The type of ferry::flat_map: flat_map(src, fn), or flat_map(fn) for `src | flat_map(fn)`.
@@ -379,7 +396,14 @@ struct flat_map_t : stage_adaptor<flat_map_t> {
   // Builds the stage over s (stage_adaptor calls it).
   template <source S, class F>
   static auto make(S&& s, F fn) {
-    return detail::flat_map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn));
+    using E = value_t<S>;
+    // A misuse stops here, so the stage below is not instantiated with it.
+    if constexpr (!std::invocable<F&, E&>)
+      return typename detail::flat_map_function_cannot_take<E, F>::error_above{};
+    else if constexpr (!std::ranges::input_range<std::remove_reference_t<std::invoke_result_t<F&, E&>>>)
+      return typename detail::flat_map_function_must_return_a_range<E, std::invoke_result_t<F&, E&>>::error_above{};
+    else
+      return detail::flat_map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn));
   }
 };
 // flat_map(fn): replaces each element e by the elements of the range fn(e) (see the

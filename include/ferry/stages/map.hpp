@@ -44,6 +44,9 @@
 // the other workers published; the elements in flight are lost. (An ordered map moves fn's
 // result straight into its place in the ring, so a move of the result that throws counts
 // as fn's error for that element.)
+// Compile-time errors: a fn that cannot take the element as E&&, or that returns void, is
+// a static_assert naming E and fn's type (detail::map_function_cannot_take<E, F>,
+// map_function_returns_void<E, F>), the first error and nearly the only one.
 //
 // Memory: inline, the element being mapped (and, driven in bulk by batch(), a run's
 // inputs in a vector reused from run to run). Parallel: at most `window` elements read
@@ -90,9 +93,6 @@ template <source Up, class F>
 class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, value_t<Up>>> {
   using In = value_t<Up>;
   using Out = map_result_t<F, In>;
-  static_assert(!std::is_void_v<Out>,
-                "ferry::map: the function must return the new element; to drop elements use "
-                "ferry::filter");
   using base = threaded_stage<map_source<Up, F>, Up, Out>;
   friend base;
   using workers_t = map_workers<typename base::puller, F, In, Out>;
@@ -286,6 +286,20 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
   mutable std::uint64_t saved_skip_ = 0, saved_index_ = 0;  // from save_upstream to save_words
 };
 
+// Compile errors naming the element type E and the function F (source.hpp says how).
+template <class E, class F>
+struct map_function_cannot_take {
+  static_assert(always_false<E, F>,
+                "ferry::map: the function cannot be called with the upstream's element, E&& (E is the "
+                "first type of map_function_cannot_take<E, F> above): take it as E, const E& or E&&");
+};
+template <class E, class F>
+struct map_function_returns_void {
+  static_assert(always_false<E, F>,
+                "ferry::map: the function returns void; it must return the new element (to drop "
+                "elements, use ferry::filter)");
+};
+
 inline constexpr std::size_t max_map_workers = 1024;
 
 inline void check_map_args(const map_options& o) {
@@ -313,12 +327,18 @@ struct map_t {
   // bad options (see the file's top).
   template <source S, class F>
   auto operator()(S&& s, F fn, map_options o = {}) const {
-    detail::require_rvalue_source<S>();
-    static_assert(std::invocable<F&, value_t<S>&&>,
-                  "ferry::map: the function must be callable with the upstream's element, E&& (take it "
-                  "as E, const E& or E&&), E being ferry::value_t<decltype(src)>");
-    detail::check_map_args(o);
-    return detail::map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), o);
+    using E = value_t<S>;
+    // A misuse stops here, so the stage below is not instantiated with it.
+    if constexpr (std::is_lvalue_reference_v<S>) {
+      return typename detail::pipeline_is_an_lvalue<S>::error_above{};
+    } else if constexpr (!std::invocable<F&, E&&>) {
+      return typename detail::map_function_cannot_take<E, F>::error_above{};
+    } else if constexpr (std::is_void_v<std::invoke_result_t<F&, E&&>>) {
+      return typename detail::map_function_returns_void<E, F>::error_above{};
+    } else {
+      detail::check_map_args(o);
+      return detail::map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), o);
+    }
   }
   // map(fn, options): a closure for `src | map(fn)`; checks the options now.
   template <class F>

@@ -108,8 +108,8 @@ class map_workers {
   };
 
  public:
-  map_workers(Puller pull, F fn, observe::stage_counters* stats, const map_options& o, bool tuned)
-      : c_(std::make_unique<core>(pull, std::move(fn), stats)), o_(o), tuned_(tuned) {
+  map_workers(Puller pull, F f, observe::stage_counters* stats, const map_options& o, bool tuned)
+      : c_(std::make_unique<core>(pull, std::move(f), stats)), o_(o), tuned_(tuned) {
     c_->active = tuned_ ? 1 : o_.workers;  // kept across epochs; what report() shows (any thread)
   }
   map_workers(map_workers&&) noexcept = default;
@@ -406,12 +406,12 @@ class map_workers {
         ++c_->next_out;
       }
     }
-    const bool none = o_.ordered ? cons_ == c_->next_out : local_.empty();
-    if (none && failed()) {
+    const bool empty = o_.ordered ? cons_ == c_->next_out : local_.empty();
+    if (empty && failed()) {
       c_->end_seq = c_->next_out;  // `ended` is set: later calls see the end of the epoch
       std::rethrow_exception(std::exchange(c_->failure, nullptr));
     }
-    return !none;
+    return !empty;
   }
 
   // Ordered, with c_->m held: the run starting at next_out is published. A stale entry
@@ -562,7 +562,7 @@ class map_workers {
         }
       }
       if (got) {  // adapt the run length toward ~200 us of fn time
-        const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() / got;
+        const double per = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count() / static_cast<double>(got);
         const double ideal = per > 0 ? target_run_seconds / per : double(run_cap);
         run = std::clamp<std::uint64_t>(ideal >= double(run_cap) ? run_cap : std::uint64_t(ideal), 1, run_cap);
       }
