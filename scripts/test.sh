@@ -103,21 +103,22 @@ if command -v clang++ >/dev/null && [ -f tests/fuzz/meson.build ]; then
   part "fuzzers" $((t1 - t0)) $((SECONDS - t1))
 fi
 
-echo "== consumers (Meson subproject, pkg-config, CMake find_package; install-only, C++20, options)"
-t0=$SECONDS
-consumers_log=$(mktemp)
-bash scripts/check_consumers.sh 2>&1 | tee "$consumers_log"
-consumers=$(tail -n 1 "$consumers_log")
-rm -f "$consumers_log"
-part "consumers" 0 $((SECONDS - t0))
-
+# extra_check NAME SCRIPT: runs a check that is not a Meson test, records its time, and
+# keeps its last line ("...: N passed, N failed") for the closing count in $extra_result.
+extra_check() {
+  local t0=$SECONDS log
+  log=$(mktemp)
+  bash "$2" 2>&1 | tee "$log"
+  extra_result=$(tail -n 1 "$log")
+  rm -f "$log"
+  part "$1" 0 $((SECONDS - t0))
+}
+echo "== consumers (Meson subproject, pkg-config, CMake find_package; install-only, C++20, options, warnings)"
+extra_check "consumers" scripts/check_consumers.sh
+consumers=$extra_result
 echo "== API reference (Doxygen: no warnings, no undocumented public entity; stage header blocks)"
-t0=$SECONDS
-api_log=$(mktemp)
-bash scripts/api_docs.sh 2>&1 | tee "$api_log"
-api=$(tail -n 1 "$api_log")
-rm -f "$api_log"
-part "API docs" 0 $((SECONDS - t0))
+extra_check "API docs" scripts/api_docs.sh
+api=$extra_result
 
 echo "== time per part (wall; ninja -j $jobs on $(nproc) cores)"
 for p in "${parts[@]}"; do
