@@ -3,7 +3,9 @@
 // cache must stay bounded while upstream allocation stops after warm-up.
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -16,6 +18,23 @@
 #include "ferry/memory/buffer.hpp"
 #include "ferry/sources/from_generator.hpp"
 #include "ferry/stages/batch.hpp"
+
+// Every operator new in this program, counted: the pool's own bookkeeping must not
+// allocate in steady state.
+namespace {
+std::atomic<std::uint64_t> global_news{0};
+}  // namespace
+// malloc/free behind new/delete is the point here, not a mismatch.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void* operator new(std::size_t n) {
+  global_news.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace {
 
@@ -234,4 +253,21 @@ TEST_CASE("buffer_pool: blocks go upstream outside the pool's lock (eviction and
   }
   CHECK(up.allocs == up.frees);
   CHECK(up.mismatched == 0);
+}
+
+TEST_CASE("buffer_pool: a steady allocate/deallocate cycle allocates nothing, not even bookkeeping") {
+  counting_resource up;
+  ferry::buffer_pool pool(&up);
+  auto cycle = [&] {  // one batch's buffers: two fields of different classes
+    void* a = pool.allocate(1024, 256);
+    void* b = pool.allocate(5000, 256);
+    pool.deallocate(a, 1024, 256);
+    pool.deallocate(b, 5000, 256);
+  };
+  for (int i = 0; i < 3; ++i) cycle();
+  const std::uint64_t news = global_news.load(), ups = up.allocs;
+  for (int i = 0; i < 1000; ++i) cycle();
+  CHECK(global_news.load() == news);  // the class entries and their vectors stay
+  CHECK(up.allocs == ups);
+  CHECK(pool.statistics().reuses >= 2000);
 }
