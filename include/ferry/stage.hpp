@@ -440,8 +440,8 @@ struct first_is_source<A0, A...> : std::bool_constant<source<A0>> {};
 
 }  // namespace detail
 
-// The callable a stage is used through (`inline constexpr take_t take{};`): take(src, n)
-// builds the stage, take(n) returns a closure for `src | take(n)`. A stage's `_t` derives
+// The callable a stage is used through (`inline constexpr shard_t shard{};`): shard(src, n, i)
+// builds the stage, shard(n, i) returns a closure for `src | shard(n, i)`. A stage's `_t` derives
 // from stage_adaptor<itself> and writes two static members: check(args...), which refuses
 // bad arguments (config_error) and whose parameters are what the closure form accepts, and
 // make(src, args...), which checks them too and builds the stage. Bad arguments throw where
@@ -469,6 +469,25 @@ struct stage_adaptor {
   auto operator()(A... a) const {
     Derived::check(a...);
     return make_closure([... a = std::move(a)]<class S>(S&& s) { return Derived{}(std::forward<S>(s), a...); });
+  }
+};
+
+// count_adaptor's Default when the count must be given.
+inline constexpr std::uint64_t no_default_count = 0;
+// The stage_adaptor of a stage built from a count alone, Stage<S>(src, n), every n valid:
+// take(n), skip(n), repeat(n). With Default, the count may be left out (repeat()).
+template <template <class> class Stage, std::uint64_t Default = no_default_count>
+struct count_adaptor : stage_adaptor<count_adaptor<Stage, Default>> {
+  // Every count is valid: throws nothing.
+  static void check(std::uint64_t) {}
+  // The count left out: valid only with a Default.
+  static void check()
+    requires(Default != no_default_count)
+  {}
+  // Builds the stage over s (stage_adaptor calls it).
+  template <source S>
+  static auto make(S&& s, std::uint64_t n = Default) {
+    return Stage<std::remove_cvref_t<S>>(std::forward<S>(s), n);
   }
 };
 

@@ -148,6 +148,15 @@ class state_reader {
                          std::string(stage) + " of a larger n?)");
     return v;
   }
+  // The next word as a flag (0 or 1); anything else is a damaged state: config_error
+  // "restore_state: repeat: a damaged state (a flag of 7 where 0 or 1 belongs)".
+  bool get_flag(std::string_view stage) {
+    const std::uint64_t v = get_raw();
+    if (v > 1)
+      throw config_error("restore_state: " + std::string(stage) + ": a damaged state (a flag of " +
+                         std::to_string(v) + " where 0 or 1 belongs)");
+    return v == 1;
+  }
   // Whether every word was read (restore_state refuses a state longer than the pipeline's).
   bool done() const { return pos_ == s_->words.size(); }
 

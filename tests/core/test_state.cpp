@@ -254,6 +254,9 @@ TEST_CASE("a crafted checkpoint cannot hang a pipeline: every restored count is 
     auto b = gen() | ferry::repeat(3);
     CHECK_THROWS_WITH_AS(ferry::restore_state(b, edited(st, after_tag(st, "repeat"), 7)),
                          doctest::Contains("repeat: the state is at pass 7"), ferry::config_error);
+    auto c = gen() | ferry::repeat(3);  // the pass's "seen" flag: 0 or 1
+    CHECK_THROWS_WITH_AS(ferry::restore_state(c, edited(st, after_tag(st, "repeat") + 1, 7)),
+                         doctest::Contains("repeat: a damaged state (a flag of 7"), ferry::config_error);
     auto f = gen() | ferry::flat_map([](std::uint64_t x) { return std::vector<std::uint64_t>{x, x}; });
     for (int i = 0; i < 3; ++i) REQUIRE(f.next());
     const auto fs = ferry::save_state(f);

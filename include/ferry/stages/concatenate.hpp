@@ -83,13 +83,7 @@ class concatenate_source : public join_stage<concatenate_source<A, B>, value_t<A
   void start_epoch() { in_b_ = false; }
   void save_words(state_writer& w) const { w.put(in_b_ ? 1 : 0); }
   // Throws config_error for a damaged state.
-  void restore_words(state_reader& r) {
-    const std::uint64_t which = r.get();
-    if (which > 1)
-      throw config_error("restore_state: concatenate: a damaged state (source " + std::to_string(which) +
-                         " of 2)");
-    in_b_ = which == 1;
-  }
+  void restore_words(state_reader& r) { in_b_ = r.get_flag(name); }
 
   bool in_b_ = false;  // a has ended this epoch
 };

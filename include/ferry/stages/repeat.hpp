@@ -32,10 +32,15 @@
 namespace ferry {
 namespace detail {
 
+inline constexpr std::uint64_t repeat_forever = std::numeric_limits<std::uint64_t>::max();  // repeat()'s n
+
 template <source Up>
 class repeat_source : public stage<repeat_source<Up>, Up> {
   using base = stage<repeat_source<Up>, Up>;
   friend base;
+  static_assert(rewindable_source<Up>,
+                "ferry::repeat: the upstream must be rewindable (have rewind()) to be played again; every "
+                "ferry source and stage is");
 
  public:
   static constexpr char name[] = "repeat";
@@ -71,13 +76,12 @@ class repeat_source : public stage<repeat_source<Up>, Up> {
   }
   // Throws config_error for a state past this repeat's n (saved from a repeat of a larger n).
   void restore_words(state_reader& r) {
-    const std::uint64_t epoch = r.get(), seen = r.get();
-    if (epoch > n_ || seen > 1)
-      throw config_error("restore_state: repeat: the state is at pass " + std::to_string(epoch) +
-                         (seen > 1 ? " (damaged)" : "") + " of this repeat(" + std::to_string(n_) +
-                         ") (saved from a repeat of a larger n?)");
+    const std::uint64_t epoch = r.get();
+    seen_in_epoch_ = r.get_flag(name);
+    if (epoch > n_)
+      throw config_error("restore_state: repeat: the state is at pass " + std::to_string(epoch) + " of this repeat(" +
+                         std::to_string(n_) + ") (saved from a repeat of a larger n?)");
     epoch_ = epoch;
-    seen_in_epoch_ = seen != 0;
   }
 
   std::uint64_t n_;
@@ -87,21 +91,8 @@ class repeat_source : public stage<repeat_source<Up>, Up> {
 
 }  // namespace detail
 
-// The type of ferry::repeat: repeat(src, n), or repeat(n) / repeat() for `src | repeat(n)`.
-struct repeat_t : stage_adaptor<repeat_t> {
-  static constexpr std::uint64_t forever = std::numeric_limits<std::uint64_t>::max();  // repeat()'s n
-  // stage_adaptor's argument check: every n is valid (repeat(0) is an empty epoch).
-  static void check(std::uint64_t = forever) {}
-  // Builds the stage over s (stage_adaptor calls it); s must be rewindable.
-  template <source S>
-  static auto make(S&& s, std::uint64_t n = forever) {
-    static_assert(rewindable_source<S>,
-                  "ferry::repeat: the upstream must be rewindable (have rewind()) to be "
-                  "played again; every ferry source and stage is");
-    return detail::repeat_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
-  }
-};
-// repeat(n): plays the upstream n times; repeat(): forever (see the file's top).
-inline constexpr repeat_t repeat{};
+// repeat(n) or repeat(src, n): plays the upstream n times; repeat(): forever (see the
+// file's top).
+inline constexpr count_adaptor<detail::repeat_source, detail::repeat_forever> repeat{};
 
 }  // namespace ferry

@@ -37,9 +37,7 @@ namespace ferry {
 
 // Tag: split elements round-robin even directly after a file source (when there are
 // fewer files than shards, or files differ a lot in size).
-struct by_element_t {
-  explicit by_element_t() = default;
-};
+struct by_element_t { explicit by_element_t() = default; };
 // The tag's value: shard(count, index, ferry::by_element).
 inline constexpr by_element_t by_element{};
 
@@ -91,20 +89,15 @@ struct shard_t : stage_adaptor<shard_t> {
                          " with count " + std::to_string(count));
   }
   // Builds the stage over s (stage_adaptor calls it): the file source's own shard_files()
-  // when s can split its files, element-level sharding otherwise. Checks as check() does.
-  template <source S>
-  static auto make(S&& s, std::uint64_t count, std::uint64_t index) {
+  // when s can split its files and by_element is not given, element-level sharding
+  // otherwise. Checks as check() does.
+  template <source S, class... By>
+  static auto make(S&& s, std::uint64_t count, std::uint64_t index, By...) {
     check(count, index);
-    if constexpr (detail::file_shardable<std::remove_cvref_t<S>>)
+    if constexpr (sizeof...(By) == 0 && detail::file_shardable<std::remove_cvref_t<S>>)
       return std::move(s).shard_files(count, index);
     else
       return detail::shard_source<std::remove_cvref_t<S>>(std::forward<S>(s), count, index);
-  }
-  // Builds element-level sharding over s, whatever s is. Checks as check() does.
-  template <source S>
-  static auto make(S&& s, std::uint64_t count, std::uint64_t index, by_element_t) {
-    check(count, index);
-    return detail::shard_source<std::remove_cvref_t<S>>(std::forward<S>(s), count, index);
   }
 };
 // shard(count, index): keeps one of `count` disjoint parts (see the file's top).

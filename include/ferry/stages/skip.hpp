@@ -82,17 +82,7 @@ class skip_source : public stage<skip_source<Up>, Up> {
 
 }  // namespace detail
 
-// The type of ferry::skip: skip(src, n), or skip(n) for `src | skip(n)`.
-struct skip_t : stage_adaptor<skip_t> {
-  // stage_adaptor's argument check: every n is valid (skip(0) hands everything on).
-  static void check(std::uint64_t) {}
-  // Builds the stage over s (stage_adaptor calls it).
-  template <source S>
-  static auto make(S&& s, std::uint64_t n) {
-    return detail::skip_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
-  }
-};
-// skip(n): drops the first n elements of every epoch (see the file's top).
-inline constexpr skip_t skip{};
+// skip(n) or skip(src, n): drops the first n elements of every epoch (see the file's top).
+inline constexpr count_adaptor<detail::skip_source> skip{};
 
 }  // namespace ferry

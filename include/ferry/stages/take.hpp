@@ -90,17 +90,7 @@ class take_source : public stage<take_source<Up>, Up> {
 
 }  // namespace detail
 
-// The type of ferry::take: take(src, n), or take(n) for `src | take(n)`.
-struct take_t : stage_adaptor<take_t> {
-  // stage_adaptor's argument check: every n is valid (take(0) is an empty epoch).
-  static void check(std::uint64_t) {}
-  // Builds the stage over s (stage_adaptor calls it).
-  template <source S>
-  static auto make(S&& s, std::uint64_t n) {
-    return detail::take_source<std::remove_cvref_t<S>>(std::forward<S>(s), n);
-  }
-};
-// take(n): the first n elements of every epoch (see the file's top).
-inline constexpr take_t take{};
+// take(n) or take(src, n): the first n elements of every epoch (see the file's top).
+inline constexpr count_adaptor<detail::take_source> take{};
 
 }  // namespace ferry
