@@ -81,6 +81,14 @@
 
 namespace ferry {
 
+// map()'s options, a braced list: map(fn, {.workers = 4, .ordered = false}).
+struct map_options {
+  std::size_t workers = 1;   // threads running fn; 1 runs it inline on the consumer's thread
+  bool ordered = true;       // hand out elements in upstream order
+  std::size_t window = 0;    // elements read ahead of the consumer; 0: 16384, or 4 MiB of large elements
+  std::size_t max_workers = 0;  // autotune's ceiling; 0: std::thread::hardware_concurrency()
+};
+
 // map_options::workers value: the stage chooses how many threads run fn (see above).
 inline constexpr std::size_t autotune = static_cast<std::size_t>(-1);
 
@@ -104,7 +112,8 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
 
   map_source(Up up, F fn, map_options o)
       : base(std::move(up)), o_(resolve(o)),
-        w_(this->upstream_puller(), std::move(fn), &this->stats(), o_, o.workers == autotune) {}
+        w_(this->upstream_puller(), std::move(fn), &this->stats(), {o_.workers, o_.ordered, o_.window},
+           o.workers == autotune) {}
 
   // The next element handed to sink(Out&) where it lies, not moved out first; false at the
   // end of the epoch. Throws as next() does (sink's own exceptions propagate, the element

@@ -1,16 +1,13 @@
 // ferry/stages/detail/map_workers.hpp: map's parallel machine (workers > 1 or autotune):
 // worker threads that claim runs of upstream elements, map them and publish them, either
-// into an ordered ring (elements handed out in upstream order) or into a queue in finishing
-// order (ordered = false). map.hpp documents what users see; this file is how.
+// into an ordered ring (map_ring.hpp: elements handed out in upstream order) or into a
+// queue in finishing order (map_queue.hpp: ordered = false); the autotuner
+// (map_autotune.hpp) sets how many work. map.hpp documents what users see; this is how.
 //
 // Runs: a worker claims a run of consecutive elements (pulled under the upstream lock),
 // maps them outside any lock, and publishes the run under one lock: synchronisation costs
 // once per run, not per element. The run length adapts so a run takes about 200 us of fn
 // time (1 element for slow fns, up to window / (2 x workers) for cheap ones).
-// Ordered: element seq lives at seq % window in the ring. A worker writes its run's values
-// (or errors) straight into the ring without the lock, as no one else touches those places
-// until it publishes the run (run_end under m); the consumer moves them out from there. So
-// an element is moved once on each side, with one lock per run.
 // Read-ahead: at most `window` elements pulled past what the consumer was handed.
 // Checkpoints (ordered only): every `window` elements a worker records the upstream's words
 // before the pull (an anchor); save() gives the newest anchor at or before what was handed
@@ -45,17 +42,17 @@
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 #include "ferry/stages/detail/map_autotune.hpp"
+#include "ferry/stages/detail/map_queue.hpp"
+#include "ferry/stages/detail/map_ring.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
-struct map_options {
-  std::size_t workers = 1;   // threads running fn; 1 runs it inline on the consumer's thread
-  bool ordered = true;       // hand out elements in upstream order
-  std::size_t window = 0;    // elements read ahead of the consumer; 0: 16384, or 4 MiB of large elements
-  std::size_t max_workers = 0;  // autotune's ceiling; 0: std::thread::hardware_concurrency()
+// What the machine runs with, resolved by map.hpp from the user's map_options.
+struct map_machine_options {
+  std::size_t workers = 2;  // threads
+  bool ordered = true;      // the ring, or the queue
+  std::size_t window = 16;  // elements read ahead of the consumer
 };
-
-namespace detail {
 
 // Puller: pulls the upstream through the stage's probe (threaded_stage's puller), and gives
 // the upstream itself for saves. F lives in the machine's heap block; the inline path
@@ -71,12 +68,7 @@ class map_workers {
   // A run should take long enough to amortise a thread sleep and wake (tens of us on a VM).
   static constexpr double target_run_seconds = 200e-6;
 
-  struct slot {  // unordered: a finished element, queued in `done`
-    std::optional<Out> value;
-    std::exception_ptr error;
-    bool from_upstream = false;
-  };
-  enum : std::uint8_t { ok, fn_threw, upstream_threw };  // ordered: what a ring place holds
+  using slot = typename map_queue<Out>::slot;
   struct core {
     core(Puller p, F f, observe::stage_counters* s) : pull(p), fn(std::move(f)), stats(s) {}
     Puller pull;
@@ -88,11 +80,8 @@ class map_workers {
     std::condition_variable park;          // autotune: workers numbered >= active wait here
     std::atomic<std::size_t> active{0};    // workers that may claim runs (changed under m)
     std::atomic<std::uint64_t> room_wait_ns{0};  // workers' total wait for room (autotune)
-    std::vector<std::optional<Out>> vals;  // ordered: the ring
-    std::vector<std::exception_ptr> errs;
-    std::vector<std::uint8_t> kind;       // what seq % window holds: a value, or an error (which)
-    std::vector<std::uint64_t> run_end;   // at a published run's first place: the seq past it
-    std::deque<std::pair<std::uint64_t, slot>> done;    // unordered: in finishing order
+    map_ring<Out> ring;    // ordered
+    map_queue<Out> queue;  // unordered
     std::deque<std::pair<std::uint64_t, pipeline_state>> anchors;  // upstream state before seq
     // next_out: elements the consumer has taken from the ring (published runs) or from done
     // (into its local queue); handed: elements it has handed out (what bounds the read-ahead).
@@ -108,7 +97,7 @@ class map_workers {
   };
 
  public:
-  map_workers(Puller pull, F f, observe::stage_counters* stats, const map_options& o, bool tuned)
+  map_workers(Puller pull, F f, observe::stage_counters* stats, const map_machine_options& o, bool tuned)
       : c_(std::make_unique<core>(pull, std::move(f), stats)), o_(o), tuned_(tuned) {
     c_->active = tuned_ ? 1 : o_.workers;  // kept across epochs; what report() shows (any thread)
   }
@@ -120,8 +109,6 @@ class map_workers {
       threads_ = std::move(o.threads_);
       o_ = o.o_;
       started_ = o.started_;
-      local_ = std::move(o.local_);
-      cons_ = o.cons_;
       tuned_ = o.tuned_;
       tu_ = o.tu_;
     }
@@ -137,96 +124,21 @@ class map_workers {
   // base + seq, the upstream's unchanged.
   std::optional<Out> next(std::uint64_t base) {
     if (!started_) start();
-    if (o_.ordered) {
-      if (cons_ == c_->next_out && !take_ready()) return std::nullopt;
-      const std::uint64_t seq = cons_++;
-      const std::size_t i = static_cast<std::size_t>(seq % o_.window);
-      const std::uint8_t kind = c_->kind[i];
-      std::exception_ptr err;
-      std::optional<Out> v;
-      if (kind == ok) {
-        v.emplace(std::move(*c_->vals[i]));
-        c_->vals[i].reset();
-      } else {
-        err = std::exchange(c_->errs[i], nullptr);  // no reference stays in the ring
-      }
-      hand_out(1);  // only after the place is read: a worker may refill it after this
-      if (kind == upstream_threw) std::rethrow_exception(err);
-      if (kind == fn_threw) rethrow_element(err, "map", base + seq);
-      return v;
-    }
-    if (local_.empty() && !take_ready()) return std::nullopt;
-    auto [seq, s] = std::move(local_.front());
-    local_.pop_front();
-    hand_out(1);
-    if (s.error) {
-      if (s.from_upstream) std::rethrow_exception(s.error);
-      rethrow_element(s.error, "map", base + seq);
-    }
-    return std::move(s.value);
+    return o_.ordered ? c_->ring.next(*this, base) : c_->queue.next(*this, base);
   }
 
   // Ordered: the next element handed to sink where it lies in the ring. False at the end.
   template <class Sink>
   bool next_into(Sink& sink, std::uint64_t base) {
     if (!started_) start();
-    if (cons_ == c_->next_out && !take_ready()) return false;
-    const std::size_t i = static_cast<std::size_t>(cons_ % o_.window);
-    if (c_->kind[i] != ok) {
-      next(base);  // an error at the front: throws as next() would
-      return false;
-    }
-    ++cons_;
-    auto give_back = [&] {  // after sink, even if it throws: the place is free for a worker
-      c_->vals[i].reset();
-      hand_out(1);
-    };
-    try {
-      sink(*c_->vals[i]);
-    } catch (...) {
-      give_back();
-      throw;
-    }
-    give_back();
-    return true;
+    return c_->ring.next_into(*this, sink, base);
   }
 
-  // Moves runs of ready elements straight into `out`, counting each run as handed out at
-  // once. An element whose fn threw goes through next(), which throws exactly as
-  // out.size() next() calls would.
+  // Moves runs of ready elements straight into `out`; an element whose fn threw throws
+  // exactly as out.size() next() calls would.
   std::size_t bulk(std::span<Out> out, std::uint64_t base) {
     if (!started_) start();
-    std::size_t k = 0;
-    if (o_.ordered) {
-      while (k < out.size()) {
-        if (cons_ == c_->next_out && !take_ready()) break;
-        const std::uint64_t end = std::min<std::uint64_t>(c_->next_out, cons_ + (out.size() - k));
-        std::uint64_t seq = cons_;
-        std::size_t i = static_cast<std::size_t>(seq % o_.window);
-        for (; seq < end && c_->kind[i] == ok; ++seq) {
-          out[k++] = std::move(*c_->vals[i]);
-          c_->vals[i].reset();  // what the value held goes now, not a lap later
-          if (++i == o_.window) i = 0;
-        }
-        const std::uint64_t took = seq - cons_;
-        cons_ = seq;
-        if (took) hand_out(took);  // after the moves: workers may refill those places
-        if (k < out.size() && cons_ < c_->next_out) next(base);  // an error at the front: throws
-      }
-      return k;
-    }
-    while (k < out.size()) {
-      if (local_.empty() && !take_ready()) break;
-      std::size_t took = 0;
-      while (k < out.size() && !local_.empty() && !local_.front().second.error) {
-        out[k++] = std::move(*local_.front().second.value);
-        local_.pop_front();
-        ++took;
-      }
-      if (took) hand_out(took);
-      if (k < out.size() && !local_.empty()) next(base);  // an error at the front: throws
-    }
-    return k;
+    return o_.ordered ? c_->ring.bulk(*this, out, base) : c_->queue.bulk(*this, out, base);
   }
 
   // Ordered, started: the newest anchor at or before what was handed out, written to w, and
@@ -268,33 +180,30 @@ class map_workers {
   // halt(), and a new epoch: what was read ahead goes.
   void reset() noexcept {
     halt();
-    c_->vals.clear();
-    c_->errs.clear();
-    c_->kind.clear();
-    c_->run_end.clear();
-    c_->done.clear();
+    c_->ring.clear();
+    c_->queue.clear();
     c_->anchors.clear();
     c_->next_pull = c_->next_out = 0;
     c_->handed = 0;
     c_->end_seq = none;
     c_->failure = nullptr;
-    local_.clear();
-    cons_ = 0;
     c_->ended = c_->stop = false;
     started_ = false;
   }
 
  private:
+  template <class>
+  friend struct map_ring;
+  template <class>
+  friend struct map_queue;
+  std::uint64_t next_out() const noexcept { return c_->next_out; }
+
   // Throws ferry::error naming the window or the thread that could not be had (none is
   // left running then: the next next() tries again).
   void start() {
     if (o_.ordered) {
       try {
-        c_->vals.clear();  // not assign(n, nullopt): that copies, and results may be move-only
-        c_->vals.resize(o_.window);
-        c_->errs.assign(o_.window, nullptr);
-        c_->kind.assign(o_.window, ok);
-        c_->run_end.assign(o_.window, 0);
+        c_->ring.allocate(o_.window);
       } catch (const std::exception& e) {
         reset();
         throw error("map: the ring of a window of " + std::to_string(o_.window) + " elements (" +
@@ -370,8 +279,8 @@ class map_workers {
     auto failed = [&] { return c_->failure && c_->workers_alive == 0; };
     auto have = [&] {
       if (failed()) return true;
-      if (o_.ordered) return run_ready() || (c_->ended && c_->next_out >= c_->end_seq);
-      return !c_->done.empty() || (c_->ended && c_->next_out >= c_->end_seq);
+      const bool r = o_.ordered ? c_->ring.ready(c_->next_out) : c_->queue.ready(c_->next_out);
+      return r || (c_->ended && c_->next_out >= c_->end_seq);
     };
     if (tuned_) {
       const auto now = clock::now();
@@ -397,27 +306,17 @@ class map_workers {
       while (a.size() >= 2 && a[1].first <= h) a.pop_front();
     }
     c_->next_out_seen = c_->published.load(std::memory_order_relaxed);
-    if (o_.ordered) {
-      while (run_ready()) c_->next_out = c_->run_end[c_->next_out % o_.window];
-    } else {
-      while (!c_->done.empty()) {
-        local_.push_back(std::move(c_->done.front()));
-        c_->done.pop_front();
-        ++c_->next_out;
-      }
-    }
-    const bool empty = o_.ordered ? cons_ == c_->next_out : local_.empty();
+    if (o_.ordered)
+      c_->ring.collect(c_->next_out);
+    else
+      c_->queue.collect(c_->next_out);
+    const bool empty = o_.ordered ? c_->ring.empty(c_->next_out) : c_->queue.empty(c_->next_out);
     if (empty && failed()) {
       c_->end_seq = c_->next_out;  // `ended` is set: later calls see the end of the epoch
       std::rethrow_exception(std::exchange(c_->failure, nullptr));
     }
     return !empty;
   }
-
-  // Ordered, with c_->m held: the run starting at next_out is published. A stale entry
-  // from an earlier lap of the ring ends at or before next_out (a run is at most window
-  // long), so it does not count.
-  bool run_ready() const { return c_->run_end[c_->next_out % o_.window] > c_->next_out; }
 
   // Autotune, on the consumer's thread with c_->m held (park's waiters check `active`
   // under it). Called from take_ready (also every 20 ms while the consumer waits) and
@@ -431,7 +330,7 @@ class map_workers {
     }
   }
 
-  static void work(core& c, const map_options o, std::size_t index) {
+  static void work(core& c, const map_machine_options o, std::size_t index) {
     {
       std::lock_guard lk(c.m);
       ++c.workers_alive;
@@ -452,7 +351,7 @@ class map_workers {
     c.park.notify_all();
   }
 
-  static void work_loop(core& c, const map_options o, const std::size_t index) {
+  static void work_loop(core& c, const map_machine_options o, const std::size_t index) {
     observe::name_this_thread("ferry map worker");
     const std::uint64_t window = o.window;
     std::uint64_t run = 1;
@@ -539,21 +438,12 @@ class map_workers {
       std::size_t at = static_cast<std::size_t>(first % window);
       for (std::uint64_t i = 0; i < got; ++i) {
         const observe::ticks t0 = timed ? observe::now() : 0;
+        auto apply = [&] { return std::invoke(c.fn, std::move(ins[i])); };
         if (o.ordered) {
-          try {
-            c.vals[at].emplace(std::invoke(c.fn, std::move(ins[i])));
-            c.kind[at] = ok;
-          } catch (...) {
-            c.errs[at] = std::current_exception();
-            c.kind[at] = fn_threw;
-          }
+          c.ring.make(at, apply);
           if (++at == window) at = 0;
         } else {
-          try {
-            outs[i].value.emplace(std::invoke(c.fn, std::move(ins[i])));
-          } catch (...) {
-            outs[i].error = std::current_exception();
-          }
+          map_queue<Out>::make(outs[i], apply);
         }
         if (timed) {
           const observe::ticks t1 = observe::now();
@@ -568,22 +458,18 @@ class map_workers {
       }
       const std::uint64_t made = got + (uerr ? 1 : 0);  // an upstream error holds a place
       if (uerr) {  // no reference stays here: the consumer takes the last
-        if (o.ordered) {
-          c.errs[at] = std::move(uerr);
-          c.kind[at] = upstream_threw;
-        } else {
-          outs[got].error = std::move(uerr);
-          outs[got].from_upstream = true;
-        }
+        if (o.ordered)
+          c.ring.upstream_error(at, std::move(uerr));
+        else
+          map_queue<Out>::upstream_error(outs[got], std::move(uerr));
       }
       bool wake_consumer;
       {
         std::lock_guard lk(c.m);
-        if (o.ordered) {
-          if (made) c.run_end[first % window] = first + made;
-        } else {
-          for (std::uint64_t i = 0; i < made; ++i) c.done.emplace_back(first + i, std::move(outs[i]));
-        }
+        if (o.ordered)
+          c.ring.publish(first, made);
+        else
+          c.queue.publish(first, outs);
         wake_consumer = c.consumer_waiting > 0 || c.ended;
         c.published.fetch_add(1, std::memory_order_release);
       }
@@ -596,14 +482,11 @@ class map_workers {
   }
 
   std::unique_ptr<core> c_;
-  map_options o_;
+  map_machine_options o_;
   std::vector<std::thread> threads_;
   bool started_ = false;
-  std::deque<std::pair<std::uint64_t, slot>> local_;  // unordered: taken from done, not yet handed out
-  std::uint64_t cons_ = 0;  // ordered: the next seq to hand out; [cons_, next_out) are taken
   bool tuned_ = false;      // workers = autotune
   map_tuner tu_;
 };
 
-}  // namespace detail
-}  // namespace ferry
+}  // namespace ferry::detail
