@@ -35,6 +35,10 @@ struct host_replicas {
   std::size_t n = 1;  // the number of replicas, at least 1
 };
 
+// What distribute() does with a global batch shorter than G: drop, pad or partial (see
+// stages/distribute.hpp); every replica gets the same number of steps either way.
+enum class remainder_policy { drop, pad, partial };
+
 template <class T>
 class step;
 

@@ -457,3 +457,63 @@ TEST_CASE("distribute: nothing runs before the first next()") {
   REQUIRE(steps.next());
   CHECK(calls->load() == 8);
 }
+
+TEST_CASE("plan_slices against a row-by-row oracle: every policy, every short length, 1 to 8 replicas") {
+  using ferry::remainder_policy;
+  for (std::size_t R = 1; R <= 8; ++R)
+    for (std::size_t per = 1; per <= 5; ++per) {
+      const std::size_t G = R * per;
+      for (std::size_t m = 1; m <= G; ++m)
+        for (auto pol : {remainder_policy::drop, remainder_policy::pad, remainder_policy::partial}) {
+          CAPTURE(R);
+          CAPTURE(m);
+          CAPTURE(static_cast<int>(pol));
+          std::vector<ferry::detail::replica_slice> s(R);
+          const bool kept = ferry::detail::plan_slices(m, G, pol, s);
+          if (m < G && pol == remainder_policy::drop) {
+            CHECK_FALSE(kept);
+            continue;
+          }
+          REQUIRE(kept);
+          // The oracle: deal rows out one by one. Whole and padded batches: replica r owns
+          // rows [r*per, (r+1)*per), its valid ones those below m. Partial: rows go round
+          // the replicas in blocks, sizes differing by at most one, the larger first.
+          std::vector<std::size_t> owner(G, R), valid(R, 0), width(R, 0);
+          if (m == G || pol == remainder_policy::pad) {
+            for (std::size_t i = 0; i < G; ++i) {
+              owner[i] = i / per;
+              ++width[i / per];
+              if (i < m) ++valid[i / per];
+            }
+          } else {
+            std::vector<std::size_t> rows(R, 0);
+            for (std::size_t i = 0; i < m; ++i) ++rows[i % R];
+            std::size_t at = 0;
+            for (std::size_t r = 0; r < R; ++r)
+              for (std::size_t k = 0; k < rows[r]; ++k, ++at) {
+                owner[at] = r;
+                ++width[r];
+                ++valid[r];
+              }
+          }
+          for (std::size_t r = 0; r < R; ++r) {
+            CHECK(s[r].rows == width[r]);
+            CHECK(s[r].valid == valid[r]);
+            for (std::size_t i = s[r].first; i < s[r].first + s[r].rows; ++i) CHECK(owner[i] == r);
+          }
+        }
+    }
+}
+
+TEST_CASE("check_global_batch and check_batch_rows name the sizes") {
+  CHECK_NOTHROW(ferry::detail::check_global_batch(12, 3, false));
+  CHECK_THROWS_WITH_AS(ferry::detail::check_global_batch(10, 3, false),
+                       doctest::Contains("global batch size 10 does not divide among 3 replicas"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::detail::check_global_batch(10, 3, true), doctest::Contains("inferred from the first batch"),
+                       ferry::config_error);
+  CHECK_NOTHROW(ferry::detail::check_batch_rows(12, 12, false));
+  CHECK_THROWS_WITH_AS(ferry::detail::check_batch_rows(13, 12, false),
+                       doctest::Contains("batch of 13 rows, larger than the global batch size 12"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::detail::check_batch_rows(13, 12, true), doctest::Contains("that first batch was short"),
+                       ferry::config_error);
+}

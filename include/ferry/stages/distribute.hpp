@@ -101,13 +101,10 @@
 #include "ferry/observe/hooks.hpp"
 #include "ferry/stage.hpp"
 #include "ferry/stages/batch.hpp"
+#include "ferry/stages/detail/distribute_plan.hpp"
 #include "ferry/step.hpp"
 
 namespace ferry {
-
-// What distribute() does with a global batch shorter than G: drop, pad or partial (see
-// the file's top); every replica gets the same number of steps either way.
-enum class remainder_policy { drop, pad, partial };
 
 // distribute()'s options, a braced list: distribute(tag, {.remainder = remainder_policy::pad}).
 struct distribute_options {
@@ -181,7 +178,7 @@ class distribute_source
       throw config_error("distribute: remainder_policy::pad fills with value-initialised "
                          "elements, and this element type is not default-constructible; "
                          "use drop or partial");
-    if (opt.global_batch != 0) check_global(*s_, opt.global_batch);
+    if (opt.global_batch != 0) check_global_batch(opt.global_batch, replicas(), false);
     if (opt.staging_thread && (opt.steps_ahead == 0 || opt.steps_ahead > 64))
       throw config_error("distribute: with staging_thread, steps_ahead is the number of steps made ahead: "
                          "1 to 64 (got " + std::to_string(opt.steps_ahead) + ")");
@@ -296,40 +293,22 @@ class distribute_source
       std::size_t global = c.global.load(std::memory_order_relaxed);
       if (global == 0) {
         c.inferred = true;
-        check_global(c, m);
+        check_global_batch(m, R, true);
         global = m;
         c.global.store(m, std::memory_order_relaxed);
       }
-      if (m > global && c.inferred)  // the first batch was short, so G was inferred wrong
-        throw config_error("distribute: got a batch of " + std::to_string(m) + " rows after a first batch of " +
-                           std::to_string(global) + ", from which the global batch size had been inferred (no "
-                           "batch() visible upstream); that first batch was short: pass "
-                           "distribute_options::global_batch");
-      if (m > global)
-        throw config_error("distribute: got a batch of " + std::to_string(m) +
-                           " rows, larger than the global batch size " + std::to_string(global));
-      const std::size_t per = global / R;
+      check_batch_rows(m, global, c.inferred);
       c.slices.resize(R);
-      if (m == global) {
-        for (std::size_t r = 0; r < R; ++r) c.slices[r] = {r * per, per, per};
-      } else if (c.o.remainder == remainder_policy::drop) {
+      if (!plan_slices(m, global, c.o.remainder, c.slices)) {
         c.dropped.fetch_add(1, std::memory_order_relaxed);
         continue;
-      } else if (c.o.remainder == remainder_policy::pad) {
-        b = pad(c, *b);
-        for (std::size_t r = 0; r < R; ++r)
-          c.slices[r] = {r * per, per, std::min(per, m > r * per ? m - r * per : 0)};
-      } else {  // partial
-        std::size_t first = 0;
-        for (std::size_t r = 0; r < R; ++r) {
-          const std::size_t rows = m / R + (r < m % R ? 1 : 0);
-          c.slices[r] = {first, rows, rows};
-          first += rows;
-        }
+      }
+      if (m < global && c.o.remainder == remainder_policy::pad) {
+        if constexpr (std::is_default_constructible_v<T>) b = pad_batch(c.res, global, *b);
       }
       auto host = std::make_shared<const in_t>(std::move(*b));
       cuda::nvtx_range range("ferry distribute: copy to replicas");
-      value_type st = c.be.template make_step<T>(std::move(host), c.slices, per, c.index);
+      value_type st = c.be.template make_step<T>(std::move(host), c.slices, global / R, c.index);
       ++c.index;  // counts steps made, not attempts
       return st;
     }
@@ -385,7 +364,7 @@ class distribute_source
     if (c.global.load(std::memory_order_relaxed) == 0) c.global.store(c.o.global_batch, std::memory_order_relaxed);
     if constexpr (sized_batches<Up>) {
       if (const std::size_t b = this->up().batch_size(); c.global.load(std::memory_order_relaxed) == 0 && b != 0) {
-        check_global(c, b);  // 0: unknown (any_source)
+        check_global_batch(b, c.be.replicas(), false);  // 0: unknown (any_source)
         c.global.store(b, std::memory_order_relaxed);
       }
     }
@@ -402,37 +381,6 @@ class distribute_source
     p_.start(c.o.steps_ahead, c.o.steps_ahead / 2, names, &this->stats(), &c.stager_stats, std::move(make),
              this->upstream_saver());
     started_ = true;
-  }
-
-  static void check_global(const shared& c, std::size_t g) {
-    const std::size_t R = c.be.replicas();
-    if (g % R != 0)
-      throw config_error("distribute: the global batch size " + std::to_string(g) +
-                         (c.inferred ? " (inferred from the first batch: no batch() visible upstream)" : "") +
-                         " does not divide among " + std::to_string(R) +
-                         " replicas; use a batch size that is a multiple of " + std::to_string(R) +
-                         (c.inferred ? ", and if that first batch was short (fewer rows than one batch), "
-                                       "pass distribute_options::global_batch"
-                                     : ""));
-  }
-
-  // The short batch copied into a full-size one whose tail rows are value-initialised T.
-  static in_t pad(shared& c, const in_t& b) {
-    if constexpr (std::is_default_constructible_v<T>) {
-      const std::size_t global = c.global.load(std::memory_order_relaxed);
-      batch_collator<T> col;
-      in_t p = col.start(c.res, global);
-      T zero{};
-      for (std::size_t i = 0; i < global; ++i) col.put(p, zero);
-      [&]<std::size_t... I>(std::index_sequence<I...>) {
-        ((std::memcpy(p.template field<I>().data(), b.template field<I>().data(),
-                      b.size() * sizeof(typename in_t::template field_t<I>))),
-         ...);
-      }(std::make_index_sequence<in_t::field_count>{});
-      return p;
-    } else {
-      throw config_error("distribute: cannot pad a batch of non-default-constructible elements");
-    }
   }
 
   void release_previous() noexcept {
