@@ -185,13 +185,29 @@ class stage_base : public source_interface<Derived> {
  public:
   using value_type = Value;
 
-  std::optional<Value> next() {
+  // A small element's optional comes back in registers, which GCC builds through the stack
+  // when next() is a call (a store-forwarding stall per element: from_range | map over
+  // uint32, pulled element by element, 10 ns instead of 4): inlined at every call.
+  [[gnu::always_inline]] std::optional<Value> next()
+    requires(std::is_trivially_copyable_v<Value> && sizeof(std::optional<Value>) <= 16)
+  {
+    return next_body();
+  }
+  std::optional<Value> next()
+    requires(!(std::is_trivially_copyable_v<Value> && sizeof(std::optional<Value>) <= 16))
+  {
+    return next_body();
+  }
+
+ private:
+  [[gnu::always_inline]] std::optional<Value> next_body() {
     static_assert(source<Derived>,
                   "ferry stage: the stage must stay a source (do not hide the base's public value_type)");
     check_live();
     return observe::observed_next(n().stats, Derived::name, [&] { return self().pull(); });
   }
 
+ public:
   std::size_t next_bulk(std::span<Value> out)
     requires(has_pull_bulk())
   {

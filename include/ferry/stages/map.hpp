@@ -165,7 +165,16 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
   std::optional<Out> pull() {
     skip_pending();
     if (o_.workers == 1) return next_inline();
-    return pull_parallel();
+    if constexpr (std::is_trivially_copyable_v<Out> && sizeof(Out) <= 8) {
+      // A small result comes back packed in a register; rebuilt here, GCC merges it with
+      // the inline path's in registers instead of through the stack (a store-forwarding
+      // stall on every element of the inline path: 10 ns instead of 3).
+      std::optional<Out> r = pull_parallel();
+      if (!r) return std::nullopt;
+      return std::optional<Out>(*r);
+    } else {
+      return pull_parallel();
+    }
   }
   [[gnu::noinline]] std::optional<Out> pull_parallel() { return w_.next(base_); }
 
