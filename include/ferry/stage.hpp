@@ -507,6 +507,26 @@ struct count_adaptor : stage_adaptor<count_adaptor<Stage, Default>> {
   }
 };
 
+// The stage_adaptor of a stage built from one user function, Stage<S, F>(src, fn): filter,
+// flat_map. Misuse<E, F>'s member `type` names the compile error of fn over elements E (a struct
+// whose static_assert says what is wrong; void when fn fits), which make() returns
+// instead of building the stage, so that error is the first and nearly the only one.
+template <template <class, class> class Stage, template <class, class> class Misuse>
+struct fn_adaptor : stage_adaptor<fn_adaptor<Stage, Misuse>> {
+  // Any fn is accepted here: its signature is checked by make(), at compile time.
+  template <class F>
+  static void check(const F&) {}
+  // Builds the stage over s (stage_adaptor calls it), or names fn's misuse.
+  template <source S, class F>
+  static auto make(S&& s, F fn) {
+    using misuse = typename Misuse<value_t<S>, F>::type;
+    if constexpr (!std::is_void_v<misuse>)
+      return typename misuse::error_above{};
+    else
+      return Stage<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn));
+  }
+};
+
 // One upstream, kept in the stage object: stages that run on the caller's thread.
 template <class Derived, source Up, class Value = value_t<Up>>
 using stage = detail::stage_base<Derived, Value, detail::upstream_storage::in_place, Up>;

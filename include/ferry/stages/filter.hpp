@@ -32,6 +32,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
+#include "ferry/stages/detail/diagnostics.hpp"
 
 namespace ferry {
 namespace detail {
@@ -67,43 +68,10 @@ class filter_source : public stage<filter_source<Up, P>, Up> {
   std::uint64_t n_ = 0;  // upstream elements pulled this epoch: names the element in errors
 };
 
-// Compile errors naming the element type E (source.hpp says how).
-template <class E, class P>
-struct filter_predicate_cannot_take {
-  static_assert(always_false<E, P>,
-                "ferry::filter: the predicate cannot be called with the upstream's element as const E& (E "
-                "is the first type of filter_predicate_cannot_take<E, P> above): take it as const E& or E");
-};
-template <class E, class Result>
-struct filter_predicate_result_is_not_bool {
-  static_assert(always_false<E, Result>,
-                "ferry::filter: the predicate's result does not convert to bool (its type is the second "
-                "of filter_predicate_result_is_not_bool<E, Result> above)");
-};
-
 }  // namespace detail
 
-// The type of ferry::filter: filter(src, pred), or filter(pred) for `src | filter(pred)`.
-struct filter_t : stage_adaptor<filter_t> {
-  // stage_adaptor's argument check: any predicate is accepted here (its signature is
-  // checked by make, at compile time).
-  template <class P>
-  static void check(const P&) {}
-  // Builds the stage over s (stage_adaptor calls it); pred must be callable as
-  // pred(const E&) -> bool.
-  template <source S, class P>
-  static auto make(S&& s, P p) {
-    using E = value_t<S>;
-    // A misuse stops here, so the stage below is not instantiated with it.
-    if constexpr (!std::invocable<P&, const E&>)
-      return typename detail::filter_predicate_cannot_take<E, P>::error_above{};
-    else if constexpr (!std::predicate<P&, const E&>)
-      return typename detail::filter_predicate_result_is_not_bool<E, std::invoke_result_t<P&, const E&>>::error_above{};
-    else
-      return detail::filter_source<std::remove_cvref_t<S>, P>(std::forward<S>(s), std::move(p));
-  }
-};
-// filter(pred): keeps the elements for which pred(element) is true (see the file's top).
-inline constexpr filter_t filter{};
+// filter(pred) or filter(src, pred): keeps the elements for which pred(element) is true;
+// pred(const E&) -> bool (see the file's top).
+inline constexpr fn_adaptor<detail::filter_source, detail::filter_misuse> filter{};
 
 }  // namespace ferry

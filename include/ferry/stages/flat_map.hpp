@@ -76,6 +76,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
+#include "ferry/stages/detail/diagnostics.hpp"
 
 namespace ferry {
 namespace detail {
@@ -94,7 +95,7 @@ class flat_map_source
     : public stage<flat_map_source<Up, F>, Up,
                    std::remove_cv_t<std::ranges::range_value_t<typename flat_map_range<Up, F>::type>>> {
   using In = value_t<Up>;
-  // flat_map_t::make checks that fn takes In& and returns a range.
+  // flat_map's adaptor checks that fn takes In& and returns a range (flat_map_misuse).
   using Result = std::invoke_result_t<F&, In&>;
   // An lvalue result (std::identity, a member) is held by reference, not copied.
   static constexpr bool by_ref = std::is_lvalue_reference_v<Result>;
@@ -368,46 +369,10 @@ class flat_map_source
   mutable std::uint64_t saved_since_ = 0, saved_given_ = 0;  // from save_upstream to save_words
 };
 
-// Compile errors naming the element type E (source.hpp says how).
-template <class E, class F>
-struct flat_map_function_cannot_take {
-  static_assert(always_false<E, F>,
-                "ferry::flat_map: the function cannot be called with the upstream's element as an lvalue, "
-                "E& (E is the first type of flat_map_function_cannot_take<E, F> above): take it as const "
-                "E& or E&");
-};
-template <class E, class Result>
-struct flat_map_function_must_return_a_range {
-  static_assert(always_false<E, Result>,
-                "ferry::flat_map: the function must return a range of the elements to hand out (a "
-                "std::vector, a std::array, a view...), not the second type of "
-                "flat_map_function_must_return_a_range<E, Result> above; to make one element of each, "
-                "use ferry::map");
-};
-
 }  // namespace detail
 
-// The type of ferry::flat_map: flat_map(src, fn), or flat_map(fn) for `src | flat_map(fn)`.
-struct flat_map_t : stage_adaptor<flat_map_t> {
-  // stage_adaptor's argument check: any fn is accepted here (its signature is checked at
-  // compile time).
-  template <class F>
-  static void check(const F&) {}
-  // Builds the stage over s (stage_adaptor calls it).
-  template <source S, class F>
-  static auto make(S&& s, F fn) {
-    using E = value_t<S>;
-    // A misuse stops here, so the stage below is not instantiated with it.
-    if constexpr (!std::invocable<F&, E&>)
-      return typename detail::flat_map_function_cannot_take<E, F>::error_above{};
-    else if constexpr (!std::ranges::input_range<std::remove_reference_t<std::invoke_result_t<F&, E&>>>)
-      return typename detail::flat_map_function_must_return_a_range<E, std::invoke_result_t<F&, E&>>::error_above{};
-    else
-      return detail::flat_map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn));
-  }
-};
-// flat_map(fn): replaces each element e by the elements of the range fn(e) (see the
-// file's top).
-inline constexpr flat_map_t flat_map{};
+// flat_map(fn) or flat_map(src, fn): replaces each element e by the elements of the range
+// fn(e) (see the file's top).
+inline constexpr fn_adaptor<detail::flat_map_source, detail::flat_map_misuse> flat_map{};
 
 }  // namespace ferry

@@ -77,6 +77,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
+#include "ferry/stages/detail/diagnostics.hpp"
 #include "ferry/stages/detail/map_workers.hpp"
 
 namespace ferry {
@@ -302,20 +303,6 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
   std::uint64_t base_ = 0;  // epoch index of element seq 0 (inline: of the next element)
   std::vector<In> scratch_;  // pull_bulk's inputs, reused
   mutable std::uint64_t saved_skip_ = 0, saved_index_ = 0;  // from save_upstream to save_words
-};
-
-// Compile errors naming the element type E and the function F (source.hpp says how).
-template <class E, class F>
-struct map_function_cannot_take {
-  static_assert(always_false<E, F>,
-                "ferry::map: the function cannot be called with the upstream's element, E&& (E is the "
-                "first type of map_function_cannot_take<E, F> above): take it as E, const E& or E&&");
-};
-template <class E, class F>
-struct map_function_returns_void {
-  static_assert(always_false<E, F>,
-                "ferry::map: the function returns void; it must return the new element (to drop "
-                "elements, use ferry::filter)");
 };
 
 inline constexpr std::size_t max_map_workers = 1024;
