@@ -145,7 +145,7 @@ class buffer_pool : public std::pmr::memory_resource {
   static std::size_t size_class(std::size_t bytes) noexcept {
     if (bytes <= min_class_bytes) return min_class_bytes;
     // step = 2^shift: shifts, not a 64-bit division (tens of cycles, three per batch).
-    const int shift = std::bit_width(bytes) - 1 - 3;
+    const int shift = static_cast<int>(std::bit_width(bytes)) - 4;
     const std::size_t steps = ((bytes - 1) >> shift) + 1;
     if (steps > (std::numeric_limits<std::size_t>::max() >> shift)) return bytes;
     return steps << shift;
