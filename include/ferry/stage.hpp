@@ -5,11 +5,10 @@
 //
 //   template <ferry::source Up, class P>
 //   class filter_source : public ferry::stage<filter_source<Up, P>, Up> {
-//     using base = ferry::stage<filter_source<Up, P>, Up>;
-//     friend base;
+//     friend ferry::stage<filter_source, Up>;      // the base calls the private hooks
 //    public:
 //     static constexpr char name[] = "filter";     // report() rows, checkpoint tags, errors
-//     filter_source(Up up, P p) : base(std::move(up)), p_(std::move(p)) {}
+//     filter_source(Up up, P p) : ferry::stage<filter_source, Up>(std::move(up)), p_(std::move(p)) {}
 //    private:
 //     std::optional<value_t<Up>> pull();          // required: the next element, or the end
 //     void save_words(state_writer&) const;       // its own position words (with restore_words)
@@ -524,6 +523,47 @@ struct fn_adaptor : stage_adaptor<fn_adaptor<Stage, Misuse>> {
       return typename misuse::error_above{};
     else
       return Stage<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn));
+  }
+};
+
+namespace detail {
+// zip(b) or concatenate(b) alone (join_adaptor's one-source call).
+template <class B>
+struct join_takes_both_sources {
+  static_assert(always_false<B>,
+                "ferry::zip and ferry::concatenate take both sources: f(std::move(a), std::move(b)) "
+                "(there is no a | f(b) form)");
+};
+}  // namespace detail
+
+// No misuse: any two sources join (join_adaptor's default).
+template <class A, class B>
+struct no_join_misuse {
+  using type = void;
+};
+
+// The type of a stage joining two sources, Stage<A, B>(a, b): zip(a, b), concatenate(a, b).
+// Only the call form: a pipe closure would have to carry b, a single-pass source, inside
+// what is otherwise a reusable, copyable value, so f(b) alone is refused with a message.
+// Misuse<value_t<A>, value_t<B>>'s member `type` names the compile error of joining the
+// two (void when they fit; as fn_adaptor's).
+template <template <class, class> class Stage, template <class, class> class Misuse = no_join_misuse>
+struct join_adaptor {
+  // Builds the stage over a and b (both moved in); throws what its constructor throws.
+  template <source A, source B>
+  auto operator()(A&& a, B&& b) const {
+    detail::require_rvalue_source<A>();
+    detail::require_rvalue_source<B>();
+    using misuse = typename Misuse<value_t<A>, value_t<B>>::type;
+    if constexpr (!std::is_void_v<misuse>)
+      return typename misuse::error_above{};
+    else
+      return Stage<std::remove_cvref_t<A>, std::remove_cvref_t<B>>(std::forward<A>(a), std::forward<B>(b));
+  }
+  // f(b) alone: refused at compile time with a message.
+  template <source B>
+  auto operator()(B&&) const {
+    return typename detail::join_takes_both_sources<B>::error_above{};
   }
 };
 

@@ -84,8 +84,7 @@ namespace ferry {
 namespace detail {
 
 class file_source : public source_base<file_source, record> {
-  using base = source_base<file_source, record>;
-  friend base;
+  friend source_base<file_source, record>;
 
  public:
   static constexpr char name[] = "from_files";

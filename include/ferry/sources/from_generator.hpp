@@ -55,8 +55,7 @@ class generator_source
     : public source_base<generator_source<F>, typename is_optional<std::invoke_result_t<F&, std::uint64_t>>::element> {
   using result = std::invoke_result_t<F&, std::uint64_t>;
   using T = typename is_optional<result>::element;
-  using base = source_base<generator_source<F>, T>;
-  friend base;
+  friend source_base<generator_source, T>;
 
  public:
   static constexpr char name[] = "from_generator";

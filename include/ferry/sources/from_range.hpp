@@ -35,8 +35,7 @@ namespace detail {
 
 template <std::ranges::random_access_range R>
 class range_source : public source_base<range_source<R>, std::ranges::range_value_t<R>> {
-  using base = source_base<range_source<R>, std::ranges::range_value_t<R>>;
-  friend base;
+  friend source_base<range_source, std::ranges::range_value_t<R>>;
   using T = std::ranges::range_value_t<R>;
 
  public:

@@ -75,8 +75,7 @@ namespace detail {
 
 template <source Up>
 class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
-  using base = stage<batch_source<Up>, Up, batch_of<value_t<Up>>>;
-  friend base;
+  friend stage<batch_source, Up, batch_of<value_t<Up>>>;
   using T = value_t<Up>;
   using B = batch_of<T>;
 
@@ -84,7 +83,7 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
   static constexpr char name[] = "batch";
   // Throws config_error for n rows whose bytes do not fit in a size_t.
   batch_source(Up up, std::size_t n, batch_options o)
-      : base(std::move(up)), n_(n), drop_(o.drop_remainder), res_(std::move(o.resource)) {
+      : stage<batch_source, Up, batch_of<value_t<Up>>>(std::move(up)), n_(n), drop_(o.drop_remainder), res_(std::move(o.resource)) {
     constexpr std::size_t row = batch_collator<T>::row_bytes();
     if (n_ > std::numeric_limits<std::size_t>::max() / (row + 1))
       throw config_error("batch: a batch of " + std::to_string(n_) + " rows of " + std::to_string(row) +

@@ -91,14 +91,13 @@ namespace detail {
 
 template <source Up, class Store>
 class cache_source : public stage<cache_source<Up, Store>, Up> {
-  using base = stage<cache_source<Up, Store>, Up>;
-  friend base;
+  friend stage<cache_source, Up>;
 
  public:
   using value_type = value_t<Up>;
   static constexpr char name[] = "cache";
   static constexpr const char* state_tag = Store::state_tag;  // a memory state never restores into a file cache
-  cache_source(Up up, Store store) : base(std::move(up)), store_(std::move(store)) {}
+  cache_source(Up up, Store store) : stage<cache_source, Up>(std::move(up)), store_(std::move(store)) {}
 
   // The next pass: replays a kept pass from its first element; otherwise drops what the
   // pass kept so far and rewinds the upstream. (Not the base's rewind: a replay leaves the

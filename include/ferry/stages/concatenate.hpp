@@ -44,19 +44,19 @@
 
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
+#include "ferry/stages/detail/diagnostics.hpp"
 
 namespace ferry {
 namespace detail {
 
 template <source A, source B>
 class concatenate_source : public join_stage<concatenate_source<A, B>, value_t<A>, A, B> {
-  using base = join_stage<concatenate_source<A, B>, value_t<A>, A, B>;
-  friend base;
+  friend join_stage<concatenate_source, value_t<A>, A, B>;
   using T = value_t<A>;
 
  public:
   static constexpr char name[] = "concatenate";
-  concatenate_source(A a, B b) : base(std::move(a), std::move(b)) {}
+  concatenate_source(A a, B b) : join_stage<concatenate_source, value_t<A>, A, B>(std::move(a), std::move(b)) {}
 
   // True once a has ended this epoch (what is handed out now comes from b).
   bool in_second() const { return in_b_; }
@@ -90,30 +90,7 @@ class concatenate_source : public join_stage<concatenate_source<A, B>, value_t<A
 
 }  // namespace detail
 
-// The type of ferry::concatenate: concatenate(a, b) only (no pipe form).
-struct concatenate_t {
-  // Builds the stage over a, then b (both moved in, of the same value_type).
-  template <source A, source B>
-  auto operator()(A&& a, B&& b) const {
-    detail::require_rvalue_source<A>();
-    detail::require_rvalue_source<B>();
-    if constexpr (!std::same_as<value_t<A>, value_t<B>>)
-      static_assert(detail::always_false<A>,
-                    "ferry::concatenate: both sources must have the same value_type; map one to the "
-                    "other's type first (b | ferry::map(...))");
-    else
-      return detail::concatenate_source<std::remove_cvref_t<A>, std::remove_cvref_t<B>>(std::forward<A>(a),
-                                                                                       std::forward<B>(b));
-  }
-  // concatenate(b) alone: refused at compile time with a message (see the file's top).
-  template <source B>
-  void operator()(B&&) const {
-    static_assert(detail::always_false<B>,
-                  "ferry::concatenate takes both sources: ferry::concatenate(std::move(a), std::move(b)) "
-                  "(there is no a | concatenate(b) form)");
-  }
-};
 // concatenate(a, b): every element of a, then every element of b (see the file's top).
-inline constexpr concatenate_t concatenate{};
+inline constexpr join_adaptor<detail::concatenate_source, detail::concatenate_misuse> concatenate{};
 
 }  // namespace ferry

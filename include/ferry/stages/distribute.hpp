@@ -143,8 +143,7 @@ class distribute_source
   static_assert(batch_collator<T>::all_fixed,
                 "ferry::distribute: only fixed-size fields can be split across replicas; map "
                 "ragged fields (vectors, strings) to fixed-size std::arrays before batch()");
-  using base = threaded_stage<distribute_source<Up, Backend>, Up, step<T>>;
-  friend base;
+  friend threaded_stage<distribute_source, Up, step<T>>;
   static constexpr bool backend_copies = requires { Backend::copies_to_devices; };
   static constexpr bool resumable = resumable_source<Up>;
 
@@ -172,7 +171,7 @@ class distribute_source
 
  public:
   distribute_source(Up up, Backend be, distribute_options o)
-      : base(std::move(up)), s_(std::make_unique<shared>(std::move(be), std::move(o))) {
+      : threaded_stage<distribute_source, Up, step<T>>(std::move(up)), s_(std::make_unique<shared>(std::move(be), std::move(o))) {
     const distribute_options& opt = s_->o;
     if (opt.remainder == remainder_policy::pad && !std::is_default_constructible_v<T>)
       throw config_error("distribute: remainder_policy::pad fills with value-initialised "

@@ -39,12 +39,11 @@ namespace detail {
 
 template <source Up, class P>
 class filter_source : public stage<filter_source<Up, P>, Up> {
-  using base = stage<filter_source<Up, P>, Up>;
-  friend base;
+  friend stage<filter_source, Up>;
 
  public:
   static constexpr char name[] = "filter";
-  filter_source(Up up, P p) : base(std::move(up)), p_(std::move(p)) {}
+  filter_source(Up up, P p) : stage<filter_source, Up>(std::move(up)), p_(std::move(p)) {}
 
  private:
   std::optional<value_t<Up>> pull() {

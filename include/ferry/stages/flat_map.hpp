@@ -145,11 +145,10 @@ class flat_map_source
                     std::constructible_from<value_type, std::iter_rvalue_reference_t<It>>,
                 "ferry::flat_map: the range's elements must convert to its value type");
 
-  flat_map_source(Up up, F fn) : base(std::move(up)), fn_(std::move(fn)) {}
+  flat_map_source(Up up, F fn) : stage<flat_map_source, Up, value_type>(std::move(up)), fn_(std::move(fn)) {}
 
  private:
-  using base = stage<flat_map_source<Up, F>, Up, value_type>;
-  friend base;
+  friend stage<flat_map_source, Up, value_type>;
 
   std::optional<value_type> pull() { return next_impl(); }
 

@@ -102,8 +102,7 @@ class interleave_source
   using S = interleave_inner_t<Up, F>;
   static_assert(source<S>, "ferry::interleave: fn must return a source (a pipeline) for each upstream element");
   using T = value_t<S>;
-  using base = stage<interleave_source<Up, F>, Up, T>;
-  friend base;
+  friend stage<interleave_source, Up, T>;
   static constexpr bool resumable = resumable_source<Up> && resumable_source<S>;
 
   // One open slot. The source lives at a fixed address: its thread (if any) pulls it.
@@ -122,7 +121,7 @@ class interleave_source
   static constexpr bool cannot_save = !resumable;
 
   interleave_source(Up up, F fn, interleave_options o)
-      : base(std::move(up)), fn_(std::move(fn)), o_(o), slots_(o.cycle) {}
+      : stage<interleave_source, Up, T>(std::move(up)), fn_(std::move(fn)), o_(o), slots_(o.cycle) {}
 
  private:
   std::optional<T> pull() {

@@ -102,9 +102,8 @@ template <source Up, class F>
 class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, value_t<Up>>> {
   using In = value_t<Up>;
   using Out = map_result_t<F, In>;
-  using base = threaded_stage<map_source<Up, F>, Up, Out>;
-  friend base;
-  using workers_t = map_workers<typename base::puller, F, In, Out>;
+  friend threaded_stage<map_source, Up, Out>;
+  using workers_t = map_workers<typename threaded_stage<map_source, Up, Out>::puller, F, In, Out>;
 
  public:
   static constexpr char name[] = "map";
@@ -112,7 +111,7 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
   static constexpr bool changes_batch_size = true;
 
   map_source(Up up, F fn, map_options o)
-      : base(std::move(up)), o_(resolve(o)),
+      : threaded_stage<map_source, Up, Out>(std::move(up)), o_(resolve(o)),
         w_(this->upstream_puller(), std::move(fn), &this->stats(), {o_.workers, o_.ordered, o_.window},
            o.workers == autotune) {}
 

@@ -40,17 +40,15 @@ namespace detail {
 
 template <source Up>
 class prefetch_source : public threaded_stage<prefetch_source<Up>, Up> {
-  using base = threaded_stage<prefetch_source<Up>, Up>;
-  friend base;
-  using T = value_t<Up>;
+  friend threaded_stage<prefetch_source, Up>;
   static constexpr bool resumable = resumable_source<Up>;
 
  public:
   static constexpr char name[] = "prefetch";
-  prefetch_source(Up up, std::size_t depth) : base(std::move(up)), depth_(depth) {}
+  prefetch_source(Up up, std::size_t depth) : threaded_stage<prefetch_source, Up>(std::move(up)), depth_(depth) {}
 
  private:
-  std::optional<T> pull() {
+  std::optional<value_t<Up>> pull() {
     if (!started_) start();
     return p_.take();
   }
@@ -78,7 +76,7 @@ class prefetch_source : public threaded_stage<prefetch_source<Up>, Up> {
   static constexpr producer_names names{"ferry prefetch", "prefetch: wait upstream", "prefetch: wait downstream"};
   std::size_t depth_;
   bool started_ = false;
-  producer<T> p_;
+  producer<value_t<Up>> p_;
 };
 
 }  // namespace detail

@@ -36,15 +36,14 @@ inline constexpr std::uint64_t repeat_forever = std::numeric_limits<std::uint64_
 
 template <source Up>
 class repeat_source : public stage<repeat_source<Up>, Up> {
-  using base = stage<repeat_source<Up>, Up>;
-  friend base;
+  friend stage<repeat_source, Up>;
   static_assert(rewindable_source<Up>,
                 "ferry::repeat: the upstream must be rewindable (have rewind()) to be played again; every "
                 "ferry source and stage is");
 
  public:
   static constexpr char name[] = "repeat";
-  repeat_source(Up up, std::uint64_t n) : base(std::move(up)), n_(n) {}
+  repeat_source(Up up, std::uint64_t n) : stage<repeat_source, Up>(std::move(up)), n_(n) {}
 
   // The number of completed passes over the upstream dataset.
   std::uint64_t epoch() const { return epoch_; }

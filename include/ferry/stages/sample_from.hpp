@@ -99,8 +99,7 @@ inline double sample_draw(std::uint64_t key, std::uint64_t d) {
 
 template <class Ups>
 class sample_from_source : public source_base<sample_from_source<Ups>, typename Ups::value_type> {
-  using base = source_base<sample_from_source<Ups>, typename Ups::value_type>;
-  friend base;
+  friend source_base<sample_from_source, typename Ups::value_type>;
 
  public:
   using value_type = typename Ups::value_type;

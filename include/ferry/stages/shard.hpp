@@ -45,13 +45,12 @@ namespace detail {
 
 template <source Up>
 class shard_source : public stage<shard_source<Up>, Up> {
-  using base = stage<shard_source<Up>, Up>;
-  friend base;
+  friend stage<shard_source, Up>;
 
  public:
   static constexpr char name[] = "shard";
   shard_source(Up up, std::uint64_t count, std::uint64_t index)
-      : base(std::move(up)), count_(count), index_(index) {}
+      : stage<shard_source, Up>(std::move(up)), count_(count), index_(index) {}
 
  private:
   std::optional<value_t<Up>> pull() {

@@ -53,14 +53,13 @@ namespace detail {
 
 template <source Up>
 class shuffle_source : public stage<shuffle_source<Up>, Up> {
-  using base = stage<shuffle_source<Up>, Up>;
-  friend base;
+  friend stage<shuffle_source, Up>;
   using T = value_t<Up>;
 
  public:
   static constexpr char name[] = "shuffle";
   shuffle_source(Up up, std::size_t buffer, std::uint64_t seed)
-      : base(std::move(up)), cap_(buffer), seed_(seed) {}
+      : stage<shuffle_source, Up>(std::move(up)), cap_(buffer), seed_(seed) {}
 
   std::uint64_t epoch() const { return epoch_; }
 

@@ -34,61 +34,9 @@
 // more than this take's n (saved from a take of a larger n) is a config_error naming both.
 #pragma once
 
-#include <cstdint>
-#include <optional>
-#include <span>
-#include <string>
-#include <utility>
-
-#include "ferry/error.hpp"
-#include "ferry/stage.hpp"
+#include "ferry/stages/detail/count_source.hpp"
 
 namespace ferry {
-namespace detail {
-
-template <source Up>
-class take_source : public stage<take_source<Up>, Up> {
-  using base = stage<take_source<Up>, Up>;
-  friend base;
-
- public:
-  static constexpr char name[] = "take";
-  take_source(Up up, std::uint64_t n) : base(std::move(up)), n_(n) {}
-
- private:
-  std::optional<value_t<Up>> pull() {
-    if (taken_ >= n_) return std::nullopt;
-    std::optional<value_t<Up>> e = this->pull_up();
-    if (e) ++taken_;
-    return e;
-  }
-  // Pulls one run of at most what is left of n, into `out` itself.
-  std::size_t pull_bulk(std::span<value_t<Up>> out)
-    requires bulk_source<Up>
-  {
-    if (out.empty() || taken_ >= n_) return 0;  // n taken: the upstream is not called
-    const std::uint64_t left = n_ - taken_;
-    const std::size_t want = out.size() < left ? out.size() : static_cast<std::size_t>(left);
-    std::size_t k;
-    try {
-      k = this->pull_up_bulk(out.first(want));
-    } catch (...) {
-      taken_ += want - 1;  // all the run may have used up, the error not (see the header)
-      throw;
-    }
-    taken_ += k;
-    return k;
-  }
-  void start_epoch() { taken_ = 0; }
-  void save_words(state_writer& w) const { w.put(taken_); }
-  // Throws config_error for a state that took more than n.
-  void restore_words(state_reader& r) { taken_ = r.get_count(n_, name, "took", "hands on"); }
-
-  std::uint64_t n_;
-  std::uint64_t taken_ = 0;  // elements handed on this epoch, or counted for a failed run (at most n_)
-};
-
-}  // namespace detail
 
 // take(n) or take(src, n): the first n elements of every epoch (see the file's top).
 inline constexpr count_adaptor<detail::take_source> take{};

@@ -42,13 +42,12 @@ namespace detail {
 
 template <source A, source B>
 class zip_source : public join_stage<zip_source<A, B>, std::pair<value_t<A>, value_t<B>>, A, B> {
-  using base = join_stage<zip_source<A, B>, std::pair<value_t<A>, value_t<B>>, A, B>;
-  friend base;
+  friend join_stage<zip_source, std::pair<value_t<A>, value_t<B>>, A, B>;
   using T = std::pair<value_t<A>, value_t<B>>;
 
  public:
   static constexpr char name[] = "zip";
-  zip_source(A a, B b) : base(std::move(a), std::move(b)) {}
+  zip_source(A a, B b) : join_stage<zip_source, std::pair<value_t<A>, value_t<B>>, A, B>(std::move(a), std::move(b)) {}
 
  private:
   void start_epoch() {
@@ -130,18 +129,7 @@ class zip_source : public join_stage<zip_source<A, B>, std::pair<value_t<A>, val
 
 }  // namespace detail
 
-// The type of ferry::zip: zip(a, b) only (no pipe form).
-struct zip_t {
-  // Builds the stage over a and b (both moved in).
-  template <source A, source B>
-  auto operator()(A&& a, B&& b) const {
-    detail::require_rvalue_source<A>();
-    detail::require_rvalue_source<B>();
-    return detail::zip_source<std::remove_cvref_t<A>, std::remove_cvref_t<B>>(std::forward<A>(a),
-                                                                             std::forward<B>(b));
-  }
-};
 // zip(a, b): pairs the i-th elements of two sources of equal length (see the file's top).
-inline constexpr zip_t zip{};
+inline constexpr join_adaptor<detail::zip_source> zip{};
 
 }  // namespace ferry

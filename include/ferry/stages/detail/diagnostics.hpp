@@ -1,5 +1,5 @@
 // ferry/stages/detail/diagnostics.hpp: the compile errors of the stages that take a user
-// function (map, filter, flat_map), one struct per mistake. Each is a static_assert whose
+// function (map, filter, flat_map) or join two sources (concatenate), one struct per mistake. Each is a static_assert whose
 // struct name and first template argument (the element type E) are what the compiler
 // shows first; the adaptor returns `typename X<E, F>::error_above{}` instead of building
 // the stage, so the error is the first and nearly the only one (source.hpp says how;
@@ -86,6 +86,20 @@ struct flat_map_misuse {
       return std::type_identity<void>{};
   }
   using type = typename decltype(pick())::type;
+};
+
+// concatenate(a, b): the two sources hand out different types.
+template <class A, class B>
+struct concatenate_sources_differ_in_value_type {
+  static_assert(always_false<A, B>,
+                "ferry::concatenate: both sources must have the same value_type (the two types of "
+                "concatenate_sources_differ_in_value_type<A, B> above); map one to the other's type "
+                "first (b | ferry::map(...))");
+};
+// concatenate's misuse (join_adaptor's Misuse), void when A and B are one type.
+template <class A, class B>
+struct concatenate_misuse {
+  using type = std::conditional_t<std::same_as<A, B>, void, concatenate_sources_differ_in_value_type<A, B>>;
 };
 
 }  // namespace ferry::detail

@@ -81,8 +81,7 @@ struct interleave_params {
 
 template <class Up>
 class interleave_files_source : public stage<interleave_files_source<Up>, Up, record> {
-  using base = stage<interleave_files_source<Up>, Up, record>;
-  friend base;
+  friend stage<interleave_files_source, Up, record>;
   struct pos {
     std::uint64_t ord = 0;  // index into the slot's files
     bool open = false;
@@ -143,13 +142,13 @@ class interleave_files_source : public stage<interleave_files_source<Up>, Up, re
   static constexpr char name[] = "interleave";
 
   interleave_files_source(Up up, std::size_t cycle, interleave_params o)
-      : base(std::move(up)), cycle_(cycle), o_(o),
+      : stage<interleave_files_source, Up, record>(std::move(up)), cycle_(cycle), o_(o),
         pool_(std::make_shared<chunk_pool>(std::max<std::size_t>(this->up().options().chunk_bytes, 64))) {
     reset_slots();
   }
   // The readers hold `this`: they stop before the move (and start again at the next pull).
   interleave_files_source(interleave_files_source&& other) noexcept(false)
-      : base((other.stop_threads(), std::move(other))), cycle_(other.cycle_), o_(other.o_), pool_(other.pool_) {
+      : stage<interleave_files_source, Up, record>((other.stop_threads(), std::move(other))), cycle_(other.cycle_), o_(other.o_), pool_(other.pool_) {
     slots_ = std::move(other.slots_);
     for (slot& s : slots_)
       if (s.reader) s.reader->set_cancel(&stop_);  // this object's flag now
