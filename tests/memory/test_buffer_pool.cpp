@@ -1,23 +1,18 @@
-// buffer_pool: size classes, the cache bound and eviction, statistics; batch_pool, the
-// lock-free slots in front of it. The ragged-batch case is the audit's: every batch of
-// random-length vectors has a new byte count, and the cache must stay bounded while
-// upstream allocation stops after warm-up.
+// buffer_pool: size classes, the cache bound and eviction, statistics. The ragged-batch
+// case is the audit's: every batch of random-length vectors has a new byte count, and the
+// cache must stay bounded while upstream allocation stops after warm-up.
 #include <doctest/doctest.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdlib>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <limits>
 #include <memory>
 #include <memory_resource>
-#include <mutex>
 #include <new>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "ferry/memory/buffer.hpp"
@@ -275,111 +270,4 @@ TEST_CASE("buffer_pool: a steady allocate/deallocate cycle allocates nothing, no
   CHECK(global_news.load() == news);  // the class entries and their vectors stay
   CHECK(up.allocs == ups);
   CHECK(pool.statistics().reuses >= 2000);
-}
-
-// batch_pool, the resource a batch stage makes when given none: the pulling thread's
-// blocks park in a slot per class (no lock); every other thread's go through the pool.
-TEST_CASE("batch_pool: the pulling thread's batches reuse their blocks with no allocation at all") {
-  counting_resource up;
-  {
-    ferry::detail::batch_pool pool(&up);
-    void* first = nullptr;
-    auto cycle = [&] {  // two batches live at once (the consumer's and the next), two fields each
-      void* a = pool.allocate(1000, 256);
-      void* b = pool.allocate(5000, 256);
-      void* c = pool.allocate(1010, 256);  // the same class as a's
-      void* d = pool.allocate(5000, 256);
-      std::memset(c, 1, 1010);
-      std::memset(d, 2, 5000);
-      CHECK(a != c);
-      if (!first) first = a;
-      pool.deallocate(a, 1000, 256);
-      pool.deallocate(b, 5000, 256);
-      pool.deallocate(c, 1010, 256);
-      pool.deallocate(d, 5000, 256);
-    };
-    for (int i = 0; i < 3; ++i) cycle();
-    const std::uint64_t news = global_news.load(), ups = up.allocs;
-    for (int i = 0; i < 1000; ++i) cycle();
-    CHECK(global_news.load() == news);
-    CHECK(up.allocs == ups);
-    CHECK(ups == 4);  // four blocks live at most: each made once
-    void* again = pool.allocate(1000, 256);  // the block parked last of its class
-    CHECK((again == first || up.live.size() == 4));
-    pool.deallocate(again, 1000, 256);
-  }
-  CHECK(up.held == 0);  // the parked blocks and the pool's cache all went back
-  CHECK(up.allocs == up.frees);
-  CHECK(up.mismatched == 0);  // each at the size it was taken at
-}
-
-namespace {
-// counting_resource for several threads: buffer_pool calls upstream outside its lock.
-struct locked_counting_resource : counting_resource {
-  std::mutex m;
-  void* do_allocate(std::size_t b, std::size_t a) override {
-    std::lock_guard lk(m);
-    return counting_resource::do_allocate(b, a);
-  }
-  void do_deallocate(void* p, std::size_t b, std::size_t a) override {
-    std::lock_guard lk(m);
-    counting_resource::do_deallocate(p, b, a);
-  }
-};
-}  // namespace
-
-TEST_CASE("batch_pool: blocks freed on other threads go through the pool, and all come back" *
-          doctest::timeout(60)) {
-  locked_counting_resource up;
-  {
-    ferry::detail::batch_pool pool(&up);
-    std::mutex m;
-    std::condition_variable cv;
-    std::deque<std::pair<void*, std::size_t>> handed;
-    bool done = false;
-    std::atomic<std::uint64_t> corrupt{0};
-    // Another thread frees half the blocks (as a consumer after prefetch would), and
-    // allocates some of its own, while the owner allocates and frees the rest.
-    std::thread other([&] {
-      std::mt19937 g(7);
-      for (;;) {
-        std::unique_lock lk(m);
-        cv.wait(lk, [&] { return done || !handed.empty(); });
-        if (handed.empty()) return;
-        auto [p, n] = handed.front();
-        handed.pop_front();
-        lk.unlock();
-        const auto* bytes = static_cast<const unsigned char*>(p);
-        if (bytes[0] != static_cast<unsigned char>(n) || bytes[n - 1] != static_cast<unsigned char>(n)) ++corrupt;
-        pool.deallocate(p, n, 256);
-        const std::size_t own = 300 + g() % 4000;
-        void* q = pool.allocate(own, 256);
-        std::memset(q, 0, own);
-        pool.deallocate(q, own, 256);
-      }
-    });
-    std::mt19937 g(11);
-    for (int i = 0; i < 20000; ++i) {
-      const std::size_t n = 300 + g() % 4000;
-      void* p = pool.allocate(n, 256);
-      std::memset(p, static_cast<unsigned char>(n), n);
-      if (g() % 2) {
-        std::lock_guard lk(m);
-        handed.emplace_back(p, n);
-        cv.notify_one();
-      } else {
-        pool.deallocate(p, n, 256);
-      }
-    }
-    {
-      std::lock_guard lk(m);
-      done = true;
-    }
-    cv.notify_one();
-    other.join();
-    CHECK(corrupt.load() == 0);
-  }
-  CHECK(up.held == 0);
-  CHECK(up.allocs == up.frees);
-  CHECK(up.mismatched == 0);
 }

@@ -13,7 +13,6 @@
 // pinned upstream: cuda_error); freeing, trim() and the destructors throw nothing.
 #pragma once
 
-#include <array>
 #include <atomic>
 #include <bit>
 #include <cstddef>
@@ -24,7 +23,6 @@
 #include <memory_resource>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -287,69 +285,6 @@ class buffer_pool : public std::pmr::memory_resource {
 };
 
 namespace detail {
-
-// The resource a batch stage makes when it is given none: a buffer_pool, plus one parked
-// block per size class (up to four: a batch's fields) kept for the thread that makes the
-// batches. When that thread also frees them (a pipeline consumed on the thread that pulls
-// it, the common case), a batch's buffers come and go with no lock and no bookkeeping:
-// the locked pool was about a third of `from_range | map | batch(256)` (bench_overhead).
-// Blocks freed on other threads (after prefetch or distribute) go through the pool as
-// before. The first thread to allocate owns the slots for good. The resource is private
-// to its stage, so the parked blocks show in no statistics; they go back to the pool when
-// the last batch and the stage are gone.
-// allocate throws what buffer_pool throws; deallocate never throws.
-class batch_pool final : public std::pmr::memory_resource {
- public:
-  // Its pool takes blocks from upstream (which must outlive it).
-  explicit batch_pool(std::pmr::memory_resource* upstream = std::pmr::new_delete_resource()) : pool_(upstream) {}
-  batch_pool(const batch_pool&) = delete;
-  batch_pool& operator=(const batch_pool&) = delete;
-  ~batch_pool() override {
-    for (slot& s : slots_)
-      if (s.p) pool_.deallocate(s.p, s.bytes, s.align);
-  }
-
- private:
-  struct slot {
-    void* p = nullptr;
-    std::size_t bytes = 0, align = 0;
-  };
-  static constexpr std::size_t slot_count = 4;
-
-  bool owner() const noexcept { return owner_.load(std::memory_order_relaxed) == std::this_thread::get_id(); }
-
-  // Blocks are taken from the pool at their class's size, so a block parked for one
-  // request size serves every size of its class, and returns to the pool as what it is.
-  void* do_allocate(std::size_t bytes, std::size_t align) override {
-    const std::size_t c = buffer_pool::size_class(bytes);
-    if (owner()) {
-      for (slot& s : slots_)
-        if (s.p && s.bytes == c && s.align == align) return std::exchange(s.p, nullptr);
-    } else if (owner_.load(std::memory_order_relaxed) == std::thread::id{}) {
-      std::thread::id none{};
-      (void)owner_.compare_exchange_strong(none, std::this_thread::get_id(), std::memory_order_relaxed);
-    }
-    return pool_.allocate(c, align);
-  }
-
-  void do_deallocate(void* p, std::size_t bytes, std::size_t align) override {
-    const std::size_t c = buffer_pool::size_class(bytes);
-    if (owner())
-      for (slot& s : slots_)
-        if (!s.p) {
-          s = {p, c, align};
-          return;
-        }
-    pool_.deallocate(p, c, align);
-  }
-
-  bool do_is_equal(const std::pmr::memory_resource& o) const noexcept override { return this == &o; }
-
-  buffer_pool pool_;
-  std::atomic<std::thread::id> owner_{};  // set once, by the first allocate
-  std::array<slot, slot_count> slots_{};  // the owner's alone
-};
-
 // Passes a batch-buffer resource up the pipeline to the batch stage (see batch.hpp).
 // Returns whether some upstream stage took it.
 template <class Up>

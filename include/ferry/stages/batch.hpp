@@ -26,8 +26,7 @@
 // I and the field count (batch_of.hpp).
 //
 // Memory: one batch being built. Buffers come from a std::pmr::memory_resource, by
-// default a pool private to the stage (detail::batch_pool: a buffer_pool with a lock-free
-// slot per field for the thread that pulls), so batches in steady state reuse the same
+// default a buffer_pool private to the stage, so batches in steady state reuse the same
 // memory. The hook set_buffer_resource(r) (called by distribute() before the first
 // next()) makes batch collate into pinned memory instead, without the user changing the
 // pipeline. A batch's buffers start at n rows, or at 16 MiB of rows when that is less,
@@ -67,7 +66,7 @@ namespace ferry {
 // batch()'s options, a braced list: batch(256, {.drop_remainder = true}).
 struct batch_options {
   bool drop_remainder = false;  // drop a last batch with fewer than n elements
-  // Where batch buffers come from; null means a pool private to the stage.
+  // Where batch buffers come from; null means a buffer_pool private to the stage.
   std::shared_ptr<std::pmr::memory_resource> resource = nullptr;
 };
 
@@ -91,7 +90,7 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
     // A batch's buffers start at the batch size, or at 16 MiB of rows when that is less,
     // and grow as rows come: batch(2^34) over ten elements allocates for ten.
     first_rows_ = std::min<std::size_t>(n_, std::max<std::size_t>(1, (std::size_t(16) << 20) / std::max<std::size_t>(row, 1)));
-    if (!res_) res_ = std::make_shared<detail::batch_pool>();
+    if (!res_) res_ = std::make_shared<buffer_pool>();
   }
 
   // Where batches are collated from now on (distribute's pinned pool).
