@@ -18,8 +18,9 @@
 //   Move assignment halts the thread being replaced first.
 // - The producer sleeps when the queue is full until the consumer has taken it down to
 //   `refill_at` items (depth - 1: any room; depth / 2: woken once per half queue, not per
-//   item, for a consumer whose every futex wake-up counts); the consumer spins briefly before it sleeps on an empty queue (a futex
-//   sleep and wake would cost more than a wait of a few microseconds).
+//   item, for a consumer whose every futex wake-up counts); the consumer spins briefly
+//   before it sleeps on an empty queue (a futex sleep and wake would cost more than a wait
+//   of a few microseconds), unless set_spin(0) says items are slow to make.
 // - Waits are counted in the stage's counters when stats are on: the consumer's in
 //   wait_up, the producer's in wait_down (of the counters the stage passes).
 // Runs make() (and through it the upstream's user code) on the producer thread. Throws
@@ -74,7 +75,7 @@ class producer {
     observe::stage_counters* producer_stats = nullptr;
     producer_names names{};
   };
-  static constexpr int spin_iterations = 2000;  // a few microseconds of pause
+  static constexpr int default_spin = 2000;  // a few microseconds of pause
 
  public:
   producer() = default;
@@ -87,10 +88,16 @@ class producer {
       last_ = std::move(o.last_);
       has_last_ = o.has_last_;
       finished_ = o.finished_;
+      spin_ = o.spin_;
     }
     return *this;
   }
   ~producer() { halt(); }
+
+  // How long take() spins on an empty queue before it sleeps (pause instructions): 0 for
+  // items that take far longer to make than a sleep and a wake-up (a 1 MiB read), where
+  // spinning would only hold a core the producer needs.
+  void set_spin(int iterations) noexcept { spin_ = iterations; }
 
   bool started() const noexcept { return th_.joinable() || finished_; }
   bool finished() const noexcept { return finished_; }
@@ -139,7 +146,7 @@ class producer {
     observe::wait_timer wt;  // an empty queue: the producer is slower
     if (c.queued.load(std::memory_order_acquire) == 0) {
       wt.start();
-      for (int i = 0; i < spin_iterations && c.queued.load(std::memory_order_acquire) == 0; ++i) cpu_relax();
+      for (int i = 0; i < spin_ && c.queued.load(std::memory_order_acquire) == 0; ++i) cpu_relax();
     }
     bool wake = false;
     {
@@ -276,6 +283,7 @@ class producer {
   pipeline_state last_;
   bool has_last_ = false;
   bool finished_ = false;
+  int spin_ = default_spin;
 };
 
 }  // namespace ferry::detail

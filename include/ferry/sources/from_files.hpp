@@ -26,7 +26,8 @@
 // rewind().
 // Read-ahead: a plain regular file with more than two chunks left is read by
 // options.read_threads I/O threads (default 2) that keep up to options.read_ahead chunks
-// (default 4; 0 turns read-ahead off) filled ahead with pread(2), so the kernel's copy out
+// (default 4, or two per thread when that is more; 0 turns read-ahead off) filled ahead
+// with pread(2), each thread a producer engine (detail/producer.hpp), so the kernel's copy out
 // of the page cache runs beside the framing, CRC checks and batching, and on more than
 // one core. On the 2-core machine (bench_read 256 1024, benchmarks/results/
 // read-vm-2026-11-21T173819.json and T203019.json): TFRecord with CRC 0.71-0.72x `cat`
@@ -52,7 +53,8 @@
 // (`| shard(n, i)`) throws config_error for a bad count or index or more shards than files.
 //
 // Memory: bounded: the open file's current chunk of options.chunk_bytes (1 MiB), and with
-// read-ahead up to options.read_ahead more chunks (pooled and reused); a record larger
+// read-ahead up to options.read_ahead more chunks, or two per I/O thread when that is more
+// (pooled and reused); a record larger
 // than a chunk takes a chunk of its size, at most options.max_record_bytes. A record
 // keeps its chunk alive for as long as it (or a copy) lives.
 //

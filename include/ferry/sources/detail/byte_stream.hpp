@@ -57,6 +57,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/detail/producer.hpp"
 #include "ferry/error.hpp"
 #include "ferry/sources/compression.hpp"
 
@@ -153,16 +154,19 @@ class chunk_pool : public std::enable_shared_from_this<chunk_pool> {
   std::vector<chunk*> free_;
 };
 
-// Background reads of a plain file (from_files_options::read_ahead, read_threads): I/O
-// threads fill pooled chunks with pread(2), each claiming the next block of the file
-// (block k covers bytes [from + k * room, from + (k + 1) * room)), and the reader takes
-// the blocks in file order. Each chunk leaves `headroom` bytes free at its front, so the
+// Background reads of a plain file (from_files_options::read_ahead, read_threads), on the
+// producer engine (ferry/detail/producer.hpp): block k of the file covers bytes
+// [from + k * room, from + (k + 1) * room), and with t I/O threads thread i reads blocks
+// i, i + t, i + 2t, ... with pread(2) into pooled chunks, each thread one producer that
+// queues its blocks in order; the reader takes block k from producer k mod t, so the
+// blocks come in file order. Each chunk leaves `headroom` bytes free at its front, so the
 // reader can put the unconsumed tail of the previous chunk there (records stay contiguous
-// without copying the new data). No block is claimed more than `depth` ahead of the one
-// the reader waits for, so memory stays bounded. The threads run no user code; they
-// stop and are joined in the destructor (which may wait for a read(2) each). A read error
-// becomes a block carrying the io_error, thrown by the reader when it gets there, after
-// the bytes before it; a short block is the end of the file.
+// without copying the new data). At most depth chunks are in flight (queued or being
+// read), or two per thread when depth is less than that. The threads run no user
+// code; they stop and are joined in the destructor (which may wait for a read(2) each). A
+// read error is queued as that block's error, at its place: the reader gets the bytes
+// before it, then a block carrying the io_error, and the thread reads no further. A short
+// block is the end of the file.
 class read_ahead {
  public:
   struct block {
@@ -172,119 +176,89 @@ class read_ahead {
     std::exception_ptr err;
   };
 
+  // Throws ferry::error naming the file when a thread cannot be started (none is left
+  // running then).
   read_ahead(int fd, std::uint64_t from, std::size_t depth, std::size_t threads,
              std::shared_ptr<chunk_pool> pool, std::shared_ptr<const std::string> file)
-      : fd_(fd), from_(from), depth_(depth ? depth : 1), pool_(std::move(pool)), file_(std::move(file)),
-        start_(headroom(pool_->chunk_bytes())), room_(pool_->chunk_bytes() - start_),
-        slots_(depth_) {
-    const std::size_t n = std::min(threads ? threads : 1, depth_);
-    try {
-      for (std::size_t t = 0; t < n; ++t) th_.emplace_back([this] { run(); });
-    } catch (const std::system_error& e) {  // no thread to be had: said with the file's name
-      const std::size_t made = th_.size();
-      stop();
-      throw error("from_files: " + (file_ ? *file_ : std::string("?")) + ": could not start read-ahead thread " +
-                  std::to_string(made + 1) + " of " + std::to_string(n) + ": " + e.what());
-    } catch (...) {
-      stop();
-      throw;
+      : fd_(fd), from_(from), pool_(std::move(pool)), file_(std::move(file)),
+        start_(headroom(pool_->chunk_bytes())), room_(pool_->chunk_bytes() - start_) {
+    depth = depth ? depth : 1;
+    const std::size_t n = std::min(threads ? threads : 1, depth);
+    // Each thread queues `queued` blocks and holds one more being read: depth in all, or
+    // two per thread when depth is less than that.
+    const std::size_t queued = depth / n > 1 ? depth / n - 1 : 1;
+    lanes_.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      lanes_[i].set_spin(0);  // a block takes far longer than a wake-up: spinning would hold a core
+      try {
+        lanes_[i].start(queued, queued - 1, names, nullptr, nullptr,
+                        [this, k = std::uint64_t(i), n, ended = false]() mutable { return read_block(k, n, ended); },
+                        nullptr);
+      } catch (const std::exception& e) {  // no thread to be had: said with the file's name
+        lanes_.clear();  // joins those started
+        throw error("from_files: " + (file_ ? *file_ : std::string("?")) + ": could not start read-ahead thread " +
+                    std::to_string(i + 1) + " of " + std::to_string(n) + ": " + e.what());
+      }
     }
   }
   read_ahead(const read_ahead&) = delete;
   read_ahead& operator=(const read_ahead&) = delete;
-  ~read_ahead() { stop(); }
+  ~read_ahead() = default;  // each producer halts and joins its thread
   static std::size_t headroom(std::size_t chunk_bytes) { return chunk_bytes / 16; }
 
   // The next block, in file order; waits for the I/O threads. After the last block, an
   // empty one (the end of the file).
   block take() {
     if (taken_last_) return block{.c = nullptr, .start = 0, .bytes = 0, .last = true, .err = nullptr};
-    std::unique_lock lk(m_);
-    slot& sl = slots_[next_ % depth_];
-    cv_.wait(lk, [&] { return sl.full; });
-    block b = std::move(sl.b);
-    sl = slot{};
+    std::optional<block> b;
+    try {
+      b = lanes_[next_ % lanes_.size()].take();
+    } catch (...) {
+      b = block{.c = nullptr, .start = 0, .bytes = 0, .last = true, .err = std::current_exception()};
+    }
     ++next_;
-    lk.unlock();
-    cv_.notify_all();
-    taken_last_ = b.last;
-    return b;
+    if (!b) b = block{.c = nullptr, .start = 0, .bytes = 0, .last = true, .err = nullptr};  // past an error
+    taken_last_ = b->last;
+    return std::move(*b);
   }
 
  private:
-  struct slot {
+  static constexpr producer_names names{"ferry readahead", "read-ahead wait", "read-ahead full"};
+
+  // Block k on its I/O thread, then k + n next time; nothing after the end or an error.
+  std::optional<block> read_block(std::uint64_t& k, std::size_t n, bool& ended) {
+    if (ended) return std::nullopt;
+    const std::uint64_t at = from_ + k * room_;
+    k += n;
     block b;
-    bool full = false;
-  };
-
-  void stop() noexcept {
-    {
-      std::lock_guard lk(m_);
-      stop_ = true;
+    ended = true;  // unless the whole block is read
+    b.c = pool_->acquire(pool_->chunk_bytes());
+    b.c->file = file_;
+    b.start = start_;
+    while (b.bytes < room_) {
+      const ssize_t r = ::pread(fd_, b.c->data + b.start + b.bytes, room_ - b.bytes, static_cast<off_t>(at + b.bytes));
+      if (r > 0) {
+        b.bytes += static_cast<std::size_t>(r);
+      } else if (r == 0) {
+        break;
+      } else if (errno != EINTR) {
+        const int e = errno;
+        throw io_error(*file_, at + b.bytes, std::error_code(e, std::generic_category()), "read failed");
+      }
     }
-    cv_.notify_all();
-    for (auto& t : th_) t.join();
-    th_.clear();
-  }
-
-  void run() noexcept {
-    for (;;) {
-      std::uint64_t k;
-      {
-        std::unique_lock lk(m_);
-        cv_.wait(lk, [&] { return stop_ || done_ || claimed_ < next_ + depth_; });
-        if (stop_ || done_) return;
-        k = claimed_++;
-      }
-      block b;
-      const std::uint64_t at = from_ + k * room_;
-      try {
-        b.c = pool_->acquire(pool_->chunk_bytes());
-        b.c->file = file_;
-        b.start = start_;
-        while (b.bytes < room_) {
-          const ssize_t r = ::pread(fd_, b.c->data + b.start + b.bytes, room_ - b.bytes,
-                                    static_cast<off_t>(at + b.bytes));
-          if (r > 0) {
-            b.bytes += static_cast<std::size_t>(r);
-          } else if (r == 0) {
-            break;
-          } else if (errno != EINTR) {
-            const int e = errno;
-            throw io_error(*file_, at + b.bytes, std::error_code(e, std::generic_category()), "read failed");
-          }
-        }
-        b.last = b.bytes < room_;
-      } catch (...) {
-        b = block{};
-        b.last = true;
-        b.err = std::current_exception();
-      }
-      {
-        std::lock_guard lk(m_);
-        if (b.last) done_ = true;  // claim nothing further (blocks already claimed still land)
-        slot& sl = slots_[k % depth_];
-        sl.b = std::move(b);
-        sl.full = true;
-      }
-      cv_.notify_all();
-    }
+    b.last = b.bytes < room_;
+    ended = b.last;
+    return b;
   }
 
   int fd_;
   std::uint64_t from_;
-  std::size_t depth_;
   std::shared_ptr<chunk_pool> pool_;
   std::shared_ptr<const std::string> file_;
   std::size_t start_, room_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::vector<slot> slots_;        // block k in slots_[k % depth_]
-  std::uint64_t next_ = 0;         // the block take() hands out next
-  std::uint64_t claimed_ = 0;      // blocks claimed by the threads
-  bool stop_ = false, done_ = false;
-  bool taken_last_ = false;        // the reader's: take() handed out the last block
-  std::vector<std::thread> th_;
+  std::uint64_t next_ = 0;    // the block take() hands out next
+  bool taken_last_ = false;   // take() handed out the last block
+  std::vector<producer<block>> lanes_;  // last: their threads stop before the rest goes
 };
 
 inline bool name_says_compressed(const std::string& p) {
