@@ -199,6 +199,16 @@ class stage_base : public source_interface<Derived> {
   }
 
  private:
+  // next() as the downstream stage's probe calls it: without the moved-from check, which
+  // the downstream has made (a stage's upstream moves with it, so a live stage's upstream
+  // is live). One load and branch fewer per element and stage (bench_overhead's typed
+  // element-by-element next()).
+  template <class>
+  friend struct observe::upstream_probe;
+  [[gnu::always_inline]] std::optional<Value> next_from_downstream() {
+    return observe::observed_next(n().stats, Derived::name, [&] { return self().pull(); });
+  }
+
   [[gnu::always_inline]] std::optional<Value> next_body() {
     static_assert(source<Derived>,
                   "ferry stage: the stage must stay a source (do not hide the base's public value_type)");

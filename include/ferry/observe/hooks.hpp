@@ -467,8 +467,14 @@ struct upstream_probe {
 // The probe of a ferry stage (observable: it counts itself): empty, forwards every call.
 template <observable Up>
 struct upstream_probe<Up> {
-  // up.next().
-  auto pull(Up& up) { return up.next(); }
+  // up.next(), less its moved-from check where up is a ferry stage (stage.hpp's
+  // next_from_downstream: a live stage's upstream is live).
+  auto pull(Up& up) {
+    if constexpr (requires { up.next_from_downstream(); })
+      return up.next_from_downstream();
+    else
+      return up.next();
+  }
   // up.next_bulk(out).
   template <class T>
   std::size_t pull_bulk(Up& up, std::span<T> out) {
