@@ -549,7 +549,7 @@ struct join_takes_both_sources {
 // No misuse: any two sources join (join_adaptor's default).
 template <class A, class B>
 struct no_join_misuse {
-  using type = void;
+  using type = void;  // no compile error to name
 };
 
 // The type of a stage joining two sources, Stage<A, B>(a, b): zip(a, b), concatenate(a, b).
