@@ -42,9 +42,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
-#include <condition_variable>
 #include <cstddef>
-#include <deque>
 #include <exception>
 #include <cstdint>
 #include <utility>
@@ -54,7 +52,6 @@
 #include <optional>
 #include <string>
 #include <system_error>
-#include <thread>
 #include <vector>
 
 #include "ferry/detail/producer.hpp"
