@@ -1,11 +1,13 @@
 // ferry/batch_of.hpp: batch_of<T>, what batch() hands out: n elements of T collated into
-// one contiguous buffer per field (a ragged field: its values and n+1 offsets), and the
-// collator that builds one (for batch(), distribute()'s padding, and tests that need a
+// one contiguous buffer per field (a ragged field: its values and n+1 offsets; a padded
+// field, from padded_batch(): n rows of L values and n lengths), and the collator that
+// builds one (for batch(), padded_batch(), distribute()'s padding, and tests that need a
 // batch without a pipeline).
 //
 //   batch_of<std::tuple<std::array<float, 784>, std::int32_t>> b = ...;
 //   std::span<const std::array<float, 784>> x = b.field<0>();
 //   ferry::ragged_view<char> words = text_batch.field<0>();   // words[i]: a span
+//   ferry::padded_view<std::int32_t> t = padded.field<0>();   // t[i]: L values, t.lengths[i] real
 //
 // A batch is move-only; its buffers return to the memory resource they came from (a pool)
 // when it is destroyed. No threads; nothing runs user code. Throws: the collator what its
@@ -14,6 +16,7 @@
 // field count and T (detail::batch_field_index_out_of_range<I, Count, T>).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -49,7 +52,35 @@ struct ragged_view {
   }
 };
 
+// The field type padded_batch() gives a ragged field of values E: n rows of the same
+// length L (the real values, then padding) and each row's real length. Never an element
+// itself: it only names the field's kind in batch_of<T>.
+template <class E>
+struct padded {
+  using value_type = E;  // the values' type
+};
+
+// The n rows of a padded field: row i is values[i*width .. (i+1)*width), of which the first
+// lengths[i] are real and the rest padding.
+template <class E>
+struct padded_view {
+  std::span<const E> values;  // n * width values, row after row
+  std::size_t width = 0;  // L, values per row
+  std::span<const std::uint32_t> lengths;  // n real lengths, each <= width
+  // The number of rows n.
+  std::size_t size() const { return lengths.size(); }
+  // Row i, padding included (i < size(), unchecked).
+  std::span<const E> operator[](std::size_t i) const { return values.subspan(i * width, width); }
+  // Row i's real values (i < size(), unchecked).
+  std::span<const E> valid(std::size_t i) const { return values.subspan(i * width, lengths[i]); }
+};
+
 namespace detail {
+
+template <class T>
+struct is_padded_field : std::false_type {};
+template <class E>
+struct is_padded_field<padded<E>> : std::true_type {};
 
 template <class T>
 struct is_std_array : std::false_type {};
@@ -62,14 +93,17 @@ concept ragged_field = std::ranges::contiguous_range<T> && std::ranges::sized_ra
                        std::is_trivially_copyable_v<std::ranges::range_value_t<T>>;
 
 template <class T>
-concept fixed_field = std::is_trivially_copyable_v<T> && !ragged_field<T>;
+concept padded_field = is_padded_field<T>::value && std::is_trivially_copyable_v<typename T::value_type>;
+
+template <class T>
+concept fixed_field = std::is_trivially_copyable_v<T> && !ragged_field<T> && !is_padded_field<T>::value;
 
 // A concept, so the byte check is never asked of a field that is not a range (clang does).
 template <class T>
 concept byte_ragged = ragged_field<T> && std::same_as<std::ranges::range_value_t<T>, std::byte>;
 
 template <class T>
-concept field_type = ragged_field<T> || fixed_field<T>;
+concept field_type = ragged_field<T> || fixed_field<T> || padded_field<T>;
 
 template <class T>
 struct field_list {
@@ -101,17 +135,52 @@ template <class F>
 struct field_traits {  // fixed
   using element = F;
   static constexpr bool ragged = false;
+  static constexpr bool padded = false;
 };
 template <ragged_field F>
 struct field_traits<F> {
   using element = std::ranges::range_value_t<F>;
   static constexpr bool ragged = true;
+  static constexpr bool padded = false;
+};
+template <class E>
+struct field_traits<padded<E>> {
+  using element = E;
+  static constexpr bool ragged = false;
+  static constexpr bool padded = true;
 };
 
 template <class FL>
 struct no_ragged : std::false_type {};
 template <class... Fs>
 struct no_ragged<std::tuple<Fs...>> : std::bool_constant<(!field_traits<Fs>::ragged && ...)> {};
+template <class FL>
+struct no_padded : std::false_type {};
+template <class... Fs>
+struct no_padded<std::tuple<Fs...>> : std::bool_constant<(!field_traits<Fs>::padded && ...)> {};
+
+// The element type padded_batch() names its batches by: each ragged field of T becomes
+// padded<its value type>; fixed fields stay. A pair becomes a tuple.
+template <class F>
+struct pad_field {
+  using type = F;
+};
+template <ragged_field F>
+struct pad_field<F> {
+  using type = padded<std::ranges::range_value_t<F>>;
+};
+template <class T, class FL = typename field_list<T>::type>
+struct padded_element;
+template <class T, class F>
+  requires(!field_list<T>::is_tuple)
+struct padded_element<T, std::tuple<F>> {
+  using type = typename pad_field<F>::type;
+};
+template <class T, class... Fs>
+  requires(field_list<T>::is_tuple)
+struct padded_element<T, std::tuple<Fs...>> {
+  using type = std::tuple<typename pad_field<Fs>::type...>;
+};
 
 template <std::size_t I, class T>
 decltype(auto) get_field(T& e) {
@@ -147,6 +216,9 @@ class batch_of {
   // Whether field I is ragged (a contiguous range: values plus offsets).
   template <std::size_t I>
   static constexpr bool is_ragged = detail::field_traits<field_t<I>>::ragged;
+  // Whether field I is padded (padded_batch(): rows of one length L plus real lengths).
+  template <std::size_t I>
+  static constexpr bool is_padded = detail::field_traits<field_t<I>>::padded;
 
   batch_of() = default;
 
@@ -155,11 +227,17 @@ class batch_of {
   // Whether it has none.
   bool empty() const noexcept { return n_ == 0; }
 
-  // Field I: a span of values (fixed fields) or a ragged_view (ragged fields).
+  // Field I: a span of values (fixed fields), a ragged_view (ragged fields) or a
+  // padded_view (padded fields).
   template <std::size_t I = 0>
   auto field() const {
     if constexpr (I >= field_count) {  // a misuse stops here, before <tuple>'s errors
       return typename detail::batch_field_index_out_of_range<I, field_count, T>::error_above{};
+    } else if constexpr (is_padded<I>) {
+      using E = typename detail::field_traits<field_t<I>>::element;
+      const std::size_t w = elem_bytes_[I] / sizeof(E);
+      return padded_view<E>{std::span<const E>(reinterpret_cast<const E*>(data_[I].data()), n_ * w), w,
+                            std::span<const std::uint32_t>(reinterpret_cast<const std::uint32_t*>(offsets_[I].data()), n_)};
     } else if constexpr (is_ragged<I>) {
       using E = typename detail::field_traits<field_t<I>>::element;
       auto off = reinterpret_cast<const std::uint64_t*>(offsets_[I].data());
@@ -175,7 +253,7 @@ class batch_of {
   // The count first, and no field_t<I> in the signature (clang substitutes it before the
   // constraint): out of range, the const one above reports it.
   template <std::size_t I = 0>
-    requires(I < field_count && !is_ragged<I>)
+    requires(I < field_count && !is_ragged<I> && !is_padded<I>)
   auto field() {
     return std::span<field_t<I>>(reinterpret_cast<field_t<I>*>(data_[I].data()), n_);
   }
@@ -188,7 +266,8 @@ class batch_of {
   }
 
   // Raw view of field f's bytes for elements [first, first + count): what distribute()
-  // copies to a replica. Ragged fields give their values' bytes.
+  // copies to a replica. Ragged fields give their values' bytes; padded fields their rows'
+  // (element_bytes(f) = L values a row).
   std::span<const std::byte> field_bytes(std::size_t f, std::size_t first, std::size_t count) const {
     const std::size_t es = elem_bytes_[f];
     if (!ragged_[f]) return {data_[f].data() + first * es, count * es};
@@ -201,6 +280,14 @@ class batch_of {
   std::size_t element_bytes(std::size_t f) const { return elem_bytes_[f]; }
   // Whether field f is ragged (is_ragged, at run time).
   bool field_is_ragged(std::size_t f) const { return ragged_[f]; }
+  // Whether field f is padded (is_padded, at run time).
+  bool field_is_padded(std::size_t f) const { return padded_[f]; }
+  // A padded field's real lengths for rows [first, first + count), as bytes (uint32 each);
+  // empty for other fields. distribute() copies them beside the rows.
+  std::span<const std::byte> lengths_bytes(std::size_t f, std::size_t first, std::size_t count) const {
+    if (!padded_[f]) return {};
+    return {offsets_[f].data() + first * sizeof(std::uint32_t), count * sizeof(std::uint32_t)};
+  }
   // The buffer behind field f: to check where a batch lives (pinned, pooled).
   const buffer& field_buffer(std::size_t f) const { return data_[f]; }
   // The bytes of every field's values (offsets not counted): what report() counts.
@@ -217,8 +304,9 @@ class batch_of {
   std::size_t n_ = 0;
   std::array<buffer, field_count> data_;
   std::array<buffer, field_count> offsets_;
-  std::array<std::size_t, field_count> elem_bytes_{};
+  std::array<std::size_t, field_count> elem_bytes_{};  // a padded field: L values' bytes
   std::array<bool, field_count> ragged_{};
+  std::array<bool, field_count> padded_{};  // offsets_ then holds n uint32 lengths
 };
 
 // Builds batch_of<T> from elements; used by the batch stage and by tests that need a batch
@@ -232,8 +320,9 @@ struct batch_collator {
                 "elements to such a type before batch()");
   using B = batch_of<T>;  // the batch it builds
   static constexpr std::size_t nf = B::field_count;  // its number of fields
-  // No ragged field: start(), put() and whole() apply.
-  static constexpr bool all_fixed = detail::no_ragged<typename detail::field_list<T>::type>::value;
+  // No ragged or padded field: start(), put() and whole() apply.
+  static constexpr bool all_fixed = detail::no_ragged<typename detail::field_list<T>::type>::value &&
+                                    detail::no_padded<typename detail::field_list<T>::type>::value;
 
   // Fixed-only types: allocate for `capacity` elements, then put() each one in place.
   B start(const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
@@ -297,7 +386,91 @@ struct batch_collator {
     return b;
   }
 
+  // Padded types (padded_batch()): the rows of `elems`, elements of Src whose ragged fields
+  // are T's padded fields. Padded field I's rows are width[I] values long: a row's first
+  // values (at most width[I]: a longer row is cut, the caller has decided it may be), then
+  // `pad` converted to the value type (value-initialised values for a non-arithmetic one).
+  template <class Src>
+  B collate_padded(const std::shared_ptr<std::pmr::memory_resource>& res, std::span<Src> elems,
+                   const std::array<std::size_t, nf>& width, double pad) const {
+    B b;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (collate_padded_field<I>(b, res, elems, width[I], pad), ...);
+    }(std::make_index_sequence<nf>{});
+    b.n_ = elems.size();
+    return b;
+  }
+
+  // b's rows, then value-initialised rows up to `global` (padded fields: zero values and
+  // length 0): distribute()'s short batch under remainder_policy::pad. b.size() <= global.
+  B pad_rows(const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t global, const B& b) const {
+    B p;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (pad_field_rows<I>(p, res, global, b), ...);
+    }(std::make_index_sequence<nf>{});
+    p.n_ = global;
+    return p;
+  }
+
  private:
+  template <class E>
+  static E pad_as(double v) {
+    if constexpr (std::is_arithmetic_v<E>)
+      return static_cast<E>(v);
+    else
+      return E{};
+  }
+
+  template <std::size_t I, class Src>
+  void collate_padded_field(B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::span<Src> elems,
+                            std::size_t width, double pad) const {
+    using F = typename B::template field_t<I>;
+    const std::size_t n = elems.size();
+    if constexpr (B::template is_padded<I>) {
+      using E = typename F::value_type;
+      b.padded_[I] = true;
+      b.elem_bytes_[I] = width * sizeof(E);
+      b.offsets_[I] = buffer(res, n * sizeof(std::uint32_t));
+      b.data_[I] = buffer(res, n * width * sizeof(E));
+      auto* len = reinterpret_cast<std::uint32_t*>(b.offsets_[I].data());
+      E* out = reinterpret_cast<E*>(b.data_[I].data());
+      const E fill = pad_as<E>(pad);
+      for (std::size_t i = 0; i < n; ++i, out += width) {
+        auto&& r = detail::get_field<I>(elems[i]);
+        const std::size_t k = std::min<std::size_t>(std::ranges::size(r), width);
+        if (k) std::memcpy(out, std::ranges::data(r), k * sizeof(E));
+        std::fill(out + k, out + width, fill);
+        len[i] = static_cast<std::uint32_t>(k);
+      }
+    } else {
+      b.elem_bytes_[I] = sizeof(F);
+      b.data_[I] = buffer(res, n * sizeof(F));
+      for (std::size_t i = 0; i < n; ++i)
+        std::memcpy(b.data_[I].data() + i * sizeof(F), &detail::get_field<I>(elems[i]), sizeof(F));
+    }
+  }
+
+  template <std::size_t I>
+  void pad_field_rows(B& p, const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t global,
+                      const B& b) const {
+    using F = typename B::template field_t<I>;
+    const std::size_t es = b.elem_bytes_[I], n = b.n_;
+    p.elem_bytes_[I] = es;
+    p.data_[I] = buffer(res, global * es);
+    if (n != 0 && es != 0) std::memcpy(p.data_[I].data(), b.data_[I].data(), n * es);
+    if constexpr (B::template is_padded<I>) {
+      p.padded_[I] = true;
+      if (global > n) std::memset(p.data_[I].data() + n * es, 0, (global - n) * es);
+      p.offsets_[I] = buffer(res, global * sizeof(std::uint32_t));
+      if (n) std::memcpy(p.offsets_[I].data(), b.offsets_[I].data(), n * sizeof(std::uint32_t));
+      if (global > n) std::memset(p.offsets_[I].data() + n * sizeof(std::uint32_t), 0, (global - n) * sizeof(std::uint32_t));
+    } else {
+      static_assert(!B::template is_ragged<I>, "pad_rows: ragged fields are not padded by rows");
+      const F zero{};
+      for (std::size_t i = n; i < global; ++i) std::memcpy(p.data_[I].data() + i * es, &zero, es);
+    }
+  }
+
   template <std::size_t I>
   void grow_field(B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
     constexpr std::size_t es = sizeof(typename B::template field_t<I>);

@@ -16,6 +16,7 @@
 #include "ferry/sources/from_generator.hpp"
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
+#include "ferry/stages/padded_batch.hpp"
 #include "ferry/stages/cache.hpp"
 #include "ferry/stages/concatenate.hpp"
 #include "ferry/stages/filter.hpp"

@@ -85,24 +85,36 @@ class replica_batch {
   cuda_stream stream() const noexcept { return stream_; }
 
   // Field I of this slice: host memory for host replicas, device memory for CUDA (do not
-  // dereference it on the host then).
+  // dereference it on the host then). A padded field (padded_batch()) is a padded_view of
+  // this slice's rows and their lengths, its width the step's L.
   template <std::size_t I = 0>
   auto field() const {
     if constexpr (I >= field_count) {  // a misuse stops here, before <tuple>'s errors
       return typename detail::batch_field_index_out_of_range<I, field_count, T>::error_above{};
+    } else if constexpr (B::template is_padded<I>) {
+      using E = typename field_t<I>::value_type;
+      const std::size_t w = elem_bytes_[I] / sizeof(E);
+      return padded_view<E>{std::span<const E>(reinterpret_cast<const E*>(data_[I]), size_ * w), w,
+                            std::span<const std::uint32_t>(reinterpret_cast<const std::uint32_t*>(lengths_[I]), size_)};
     } else {
       static_assert(!B::template is_ragged<I>, "ferry::distribute: ragged fields cannot be split");
       return std::span<const field_t<I>>(reinterpret_cast<const field_t<I>*>(data_[I]), size_);
     }
   }
-  // Raw bytes of field f: size() * sizeof(field f).
+  // Raw bytes of field f: size() * the field's row bytes (a padded field: L values a row).
   std::span<const std::byte> field_bytes(std::size_t f) const {
     return {data_[f], size_ * elem_bytes_[f]};
+  }
+  // A padded field's lengths as bytes (size() uint32 values); empty for other fields.
+  std::span<const std::byte> lengths_bytes(std::size_t f) const {
+    if (!lengths_[f]) return {};
+    return {lengths_[f], size_ * sizeof(std::uint32_t)};
   }
 
  private:
   friend struct detail::step_access;
   std::array<const std::byte*, field_count> data_{};
+  std::array<const std::byte*, field_count> lengths_{};  // padded fields only
   std::array<std::size_t, field_count> elem_bytes_{};
   std::size_t size_ = 0, valid_ = 0;
   int device_ = -1;
@@ -185,11 +197,13 @@ struct step_access {
   static const std::shared_ptr<step_lease>& lease(const step<T>& s) {
     return s.lease_;
   }
+  // data[f]: field f's rows; lengths[f]: a padded field's lengths (null otherwise).
   template <class T>
-  static void set_replica(replica_batch<T>& rb, const std::byte* const* data, const batch_of<T>& host,
-                          const replica_slice& sl, int device, cuda_stream stream) {
+  static void set_replica(replica_batch<T>& rb, const std::byte* const* data, const std::byte* const* lengths,
+                          const batch_of<T>& host, const replica_slice& sl, int device, cuda_stream stream) {
     for (std::size_t f = 0; f < batch_of<T>::field_count; ++f) {
       rb.data_[f] = data[f];
+      rb.lengths_[f] = lengths[f];
       rb.elem_bytes_[f] = host.element_bytes(f);
     }
     rb.size_ = sl.rows;
@@ -215,10 +229,12 @@ class host_replicas_backend {
     constexpr std::size_t nf = batch_of<T>::field_count;
     step<T> s = step_access::make<T>(host, n_, index);
     for (std::size_t r = 0; r < n_; ++r) {
-      std::array<const std::byte*, nf> data{};
-      for (std::size_t f = 0; f < nf; ++f)
+      std::array<const std::byte*, nf> data{}, lengths{};
+      for (std::size_t f = 0; f < nf; ++f) {
         data[f] = host->field_buffer(f).data() + slices[r].first * host->element_bytes(f);
-      step_access::set_replica(s[r], data.data(), *host, slices[r], -1, nullptr);
+        if (host->field_is_padded(f)) lengths[f] = host->lengths_bytes(f, slices[r].first, 0).data();
+      }
+      step_access::set_replica(s[r], data.data(), lengths.data(), *host, slices[r], -1, nullptr);
     }
     return s;
   }

@@ -76,6 +76,16 @@ std::vector<u64> flat(const ferry::batch_of<u64>& b) {
   auto f = b.field<0>();
   return {f.begin(), f.end()};
 }
+// A padded batch: each row's length, then its L values (padding included).
+std::vector<u64> flat(const ferry::batch_of<ferry::padded<u64>>& b) {
+  ferry::padded_view<u64> t = b.field<0>();
+  std::vector<u64> out;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    out.push_back(t.lengths[i]);
+    out.insert(out.end(), t[i].begin(), t[i].end());
+  }
+  return out;
+}
 std::vector<u64> flat(const ferry::step<u64>& s) {
   std::vector<u64> out;
   for (std::size_t r = 0; r < s.replicas(); ++r) {
@@ -350,6 +360,34 @@ struct case_batch {
   static auto make(u64 bad) { return gen(N, bad) | ferry::batch(5); }
   static events oracle(u64 bad) { return batch_oracle(gen_events(N, bad), 5); }
   static std::vector<std::string> names() { return {"from_generator", "batch"}; }
+};
+
+// Element x becomes x % 3 copies of x, padded to each batch's longest row with 9.
+struct case_padded_batch {
+  static constexpr const char* label = "padded_batch";
+  static auto make(u64 bad) {
+    return gen(N, bad) | ferry::map([](u64 x) { return std::vector<u64>(x % 3, x); }) |
+           ferry::padded_batch(5, {.pad_value = 9});
+  }
+  static events oracle(u64 bad) {
+    events out;
+    for (const ev& e : batch_oracle(gen_events(N, bad), 5)) {
+      if (e.error) {
+        out.push_back(e);
+        continue;
+      }
+      u64 width = 0;
+      for (u64 x : e.v) width = std::max(width, x % 3);
+      ev p;
+      for (u64 x : e.v) {
+        p.v.push_back(x % 3);
+        for (u64 j = 0; j < width; ++j) p.v.push_back(j < x % 3 ? x : 9);
+      }
+      out.push_back(p);
+    }
+    return out;
+  }
+  static std::vector<std::string> names() { return {"from_generator", "map", "padded_batch"}; }
 };
 
 struct case_prefetch {
@@ -754,7 +792,7 @@ void conform() {
 TEST_CASE_TEMPLATE("conformance: every stage and source" * doctest::timeout(300), C,
                    case_from_range, case_from_generator, case_filter, case_take, case_skip, case_shard,
                    case_repeat, case_shuffle, case_map_inline, case_map_workers, case_map_unordered,
-                   case_flat_map, case_batch, case_prefetch, case_cache, case_concatenate, case_zip,
+                   case_flat_map, case_batch, case_padded_batch, case_prefetch, case_cache, case_concatenate, case_zip,
                    case_sample_from, case_distribute, case_from_files, case_interleave,
                    case_interleave_fn<0>, case_interleave_fn<2>, case_any_source) {
   conform<C>();

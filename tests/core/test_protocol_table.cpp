@@ -92,6 +92,11 @@ std::vector<std::string> table_from_code() {
   t.push_back(row("flat_map", "stages/flat_map.hpp", up() | ferry::flat_map([](u64 x) { return std::vector<u64>{x}; }),
                   nullptr, "-"));
   t.push_back(row("batch", "stages/batch.hpp", up() | ferry::batch(4), up() | ferry::batch(5), "-"));
+  {
+    auto seqs = [] { return up() | ferry::map([](u64 x) { return std::vector<u64>(x % 3, x); }); };
+    t.push_back(row("padded_batch", "stages/padded_batch.hpp", seqs() | ferry::padded_batch(4),
+                    seqs() | ferry::padded_batch(5), "-"));
+  }
   t.push_back(row("prefetch", "stages/prefetch.hpp", up() | ferry::prefetch(2), up_batches() | ferry::prefetch(2), "one"));
   t.push_back(row("cache", "stages/cache.hpp", up() | ferry::cache(), nullptr, "-"));
   t.push_back(row("concatenate", "stages/concatenate.hpp", ferry::concatenate(up(), up()),

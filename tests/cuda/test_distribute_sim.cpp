@@ -9,11 +9,13 @@
 
 #include <cuda_runtime_api.h>  // the simulator's (this test's include path puts it first)
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/doubles.hpp"
@@ -25,6 +27,7 @@
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/map.hpp"
+#include "ferry/stages/padded_batch.hpp"
 #include "ferry/stages/prefetch.hpp"
 
 namespace {
@@ -552,4 +555,71 @@ TEST_CASE("sim: a block whose reuse wait failed keeps its event: the next user s
     CHECK(sim::violations().empty());
   }
   CHECK(sim::stats().live_device_blocks == 0);
+}
+
+// Padded batches (padded_batch): each replica's rows of L values and their lengths reach its
+// device, read by a kernel when the simulated GPU runs it; L changes from step to step, and
+// after the longest step the pools allocate nothing more.
+TEST_CASE("sim: padded batches of changing L reach every replica; no allocation after the longest step" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  using seq = std::pair<std::vector<std::int32_t>, std::int32_t>;
+  constexpr std::size_t R = 2, per = 4, G = R * per, steps = 30, longest_step = 5;
+  std::vector<seq> rows(G * steps);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::size_t len = i / G == longest_step && i % G == 3 ? 40 : (i * 7) % 13;
+    for (std::size_t j = 0; j < len; ++j) rows[i].first.push_back(std::int32_t(i * 100 + j));
+    rows[i].second = std::int32_t(i);
+  }
+  for (const making mk : makings) {
+    INFO("ahead " << mk.ahead << ", staging " << mk.staging);
+    sim::reset(11, 4);
+    std::mutex m;
+    std::vector<std::string> wrong;
+    std::uint64_t rows_checked = 0, allocs_after_longest = 0;
+    {
+      ferry::cuda::devices dev({0, 1});
+      auto p = ferry::from_range(rows) | ferry::padded_batch(G) |
+               ferry::distribute(dev, {.host_resource = ferry::make_pinned_pool(), .steps_ahead = mk.ahead,
+                                       .staging_thread = mk.staging});
+      std::size_t k = 0;
+      for (auto& st : p) {
+        if (k == longest_step + 1) allocs_after_longest = sim::stats().device_allocs;
+        std::size_t width = 0;
+        for (std::size_t i = k * G; i < (k + 1) * G; ++i) width = std::max(width, rows[i].first.size());
+        for (std::size_t r = 0; r < R; ++r) {
+          auto& rb = st[r];
+          REQUIRE(cudaSetDevice(rb.device()) == cudaSuccess);
+          ferry::padded_view<std::int32_t> t = rb.field<0>();
+          auto labels = rb.field<1>();
+          REQUIRE(t.width == width);
+          const std::size_t first = k * G + r * per;
+          sim::launch(rb.stream(), "padded kernel",
+                      {{t.values.data(), t.values.size_bytes()}, {t.lengths.data(), t.lengths.size_bytes()},
+                       {labels.data(), labels.size_bytes()}},
+                      {}, [&, t, labels, first] {
+                        std::lock_guard lk(m);
+                        for (std::size_t i = 0; i < t.size(); ++i, ++rows_checked) {
+                          const auto& want = rows[first + i];
+                          bool ok = t.lengths[i] == want.first.size() && labels[i] == want.second;
+                          for (std::size_t j = 0; ok && j < t.width; ++j)
+                            ok = t[i][j] == (j < want.first.size() ? want.first[j] : 0);
+                          if (!ok) wrong.push_back("row " + std::to_string(first + i));
+                        }
+                      });
+        }
+        ++k;
+      }
+      CHECK(k == steps);
+      if (!mk.staging)  // all on this thread: nothing at all after the longest step
+        CHECK(sim::stats().device_allocs == allocs_after_longest);
+      else  // the staging thread's pool grows to the blocks in flight (grow_below), then stops
+        CHECK(sim::stats().device_allocs - allocs_after_longest <= R * (mk.ahead + 3));
+      sim::drain();
+    }
+    for (const auto& w : wrong) FAIL_CHECK(w);
+    CHECK(rows_checked == rows.size());
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    CHECK(sim::stats().live_device_blocks == 0);
+  }
 }

@@ -301,6 +301,7 @@ class devices_backend {
 
   devices_backend(devices_backend&& o) noexcept
       : ord_(std::move(o.ord_)), streams_(std::move(o.streams_)), max_pending_(o.max_pending_), grow_below_(o.grow_below_),
+        block_bytes_(o.block_bytes_),
         backpressure_waits_(o.backpressure_waits_.load(std::memory_order_relaxed)), st_(std::move(o.st_)) {}
 
   std::size_t replicas() const noexcept { return ord_.size(); }
@@ -316,14 +317,22 @@ class devices_backend {
     st_->poll();
     backpressure_waits_.fetch_add(st_->wait_while_more_than(max_pending_), std::memory_order_relaxed);
 
-    // One block per replica, each field's full per-replica rows at an aligned offset:
-    // every step asks for the same size, so the pool always reuses.
-    std::array<std::size_t, nf> off{};
+    // One block per replica, each field's full per-replica rows (and a padded field's
+    // lengths) at an aligned offset. Fixed fields: every step asks for the same size, so
+    // the pool always reuses. Padded fields' L changes from step to step: blocks are the
+    // largest size seen, so after the longest step nothing more is allocated.
+    auto aligned = [](std::size_t b) { return (b + field_alignment - 1) / field_alignment * field_alignment; };
+    std::array<std::size_t, nf> off{}, len_off{};
     std::size_t total = 0;
     for (std::size_t f = 0; f < nf; ++f) {
       off[f] = total;
-      total += (per * host->element_bytes(f) + field_alignment - 1) / field_alignment * field_alignment;
+      total += aligned(per * host->element_bytes(f));
+      if (host->field_is_padded(f)) {
+        len_off[f] = total;
+        total += aligned(per * sizeof(std::uint32_t));
+      }
     }
+    block_bytes_ = std::max(block_bytes_, total);
 
     auto lease = std::make_shared<devices_lease>(st_, host);
     step<T> s = access::make<T>(host, ord_.size(), index);
@@ -331,10 +340,10 @@ class devices_backend {
       auto& rep = st_->at(r);
       device_guard g(rep.device);
       auto& h = lease->at(r);
-      h.p = rep.pool->acquire(total, rep.copy.get(), grow_below_);
-      h.bytes = total;
+      h.p = rep.pool->acquire(block_bytes_, rep.copy.get(), grow_below_);
+      h.bytes = block_bytes_;
       auto* base = static_cast<std::byte*>(h.p);
-      std::array<const std::byte*, nf> data{};
+      std::array<const std::byte*, nf> data{}, lengths{};
       for (std::size_t f = 0; f < nf; ++f) {
         data[f] = base + off[f];
         const std::size_t es = host->element_bytes(f);
@@ -342,10 +351,17 @@ class devices_backend {
         if (bytes)
           FERRY_CUDA_TRY(cudaMemcpyAsync(base + off[f], host->field_buffer(f).data() + slices[r].first * es,
                                          bytes, cudaMemcpyHostToDevice, rep.copy.get()));
+        if (host->field_is_padded(f)) {
+          lengths[f] = base + len_off[f];
+          const auto lb = host->lengths_bytes(f, slices[r].first, slices[r].rows);
+          if (!lb.empty())
+            FERRY_CUDA_TRY(cudaMemcpyAsync(base + len_off[f], lb.data(), lb.size(), cudaMemcpyHostToDevice,
+                                           rep.copy.get()));
+        }
       }
       h.copied = rep.pool->take_event();
       FERRY_CUDA_TRY(cudaEventRecord(h.copied, rep.copy.get()));
-      access::set_replica(s[r], data.data(), *host, slices[r], rep.device, rep.compute.get());
+      access::set_replica(s[r], data.data(), lengths.data(), *host, slices[r], rep.device, rep.compute.get());
     }
     access::set_lease(s, std::move(lease));
     return s;
@@ -384,6 +400,7 @@ class devices_backend {
   std::vector<cuda_stream> streams_;
   std::size_t max_pending_;
   std::size_t grow_below_ = 0;
+  std::size_t block_bytes_ = 0;  // the largest step's block: touched by the thread making steps
   std::atomic<std::uint64_t> backpressure_waits_{0};  // counted on the thread making steps
   std::shared_ptr<devices_state> st_;  // created by the first step (nothing runs before)
 };

@@ -140,9 +140,10 @@ class distribute_source
                 "ferry::distribute: the upstream must yield batches: put batch(global_size) "
                 "(and prefetch) before distribute()");
   using T = typename in_t::element_type;
-  static_assert(batch_collator<T>::all_fixed,
-                "ferry::distribute: only fixed-size fields can be split across replicas; map "
-                "ragged fields (vectors, strings) to fixed-size std::arrays before batch()");
+  static_assert(no_ragged<typename field_list<T>::type>::value,
+                "ferry::distribute: ragged fields (vectors, strings) cannot be split across replicas "
+                "yet: collate them with padded_batch() instead of batch(), or map them to "
+                "fixed-size std::arrays before batch()");
   friend threaded_stage<distribute_source, Up, step<T>>;
   static constexpr bool backend_copies = requires { Backend::copies_to_devices; };
   static constexpr bool resumable = resumable_source<Up>;

@@ -72,21 +72,12 @@ inline bool plan_slices(std::size_t m, std::size_t global, remainder_policy poli
 }
 
 // A short batch copied into a batch of `global` rows from `res`, its tail rows
-// value-initialised T. Throws what the resource throws.
+// value-initialised (a padded field's: zero values, length 0). Throws what the resource
+// throws.
 template <class T>
 batch_of<T> pad_batch(const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t global,
                       const batch_of<T>& b) {
-  using B = batch_of<T>;
-  batch_collator<T> col;
-  B p = col.start(res, global);
-  T zero{};
-  for (std::size_t i = 0; i < global; ++i) col.put(p, zero);
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    ((std::memcpy(p.template field<I>().data(), b.template field<I>().data(),
-                  b.size() * sizeof(typename B::template field_t<I>))),
-     ...);
-  }(std::make_index_sequence<B::field_count>{});
-  return p;
+  return batch_collator<T>{}.pad_rows(res, global, b);
 }
 
 }  // namespace ferry::detail

@@ -1,0 +1,227 @@
+// ferry/stages/padded_batch.hpp: padded_batch(n, {...}) collates n elements as batch()
+// does, except that each ragged field (a std::vector, std::string, span of values) becomes
+// a padded field: n rows of the same length L, each row its values then padding, and each
+// row's real length. Fixed fields pass unchanged. tf.data's padded_batch.
+//
+//   // elements: std::pair<std::vector<std::int32_t>, std::int32_t> (tokens, label)
+//   auto p = src | ferry::padded_batch(64);                          // L: the batch's longest row
+//   auto q = src | ferry::padded_batch(64, {.multiple_of = 8});      // ... rounded up to 8
+//   auto r = src | ferry::padded_batch(64, {.length = 128, .truncate = true, .pad_value = -1});
+//   for (auto& b : p) {
+//     ferry::padded_view<std::int32_t> t = b.field<0>();   // t.width == L, t[i] a row of L
+//     std::span<const std::uint32_t> len = t.lengths;       // real lengths, each <= L
+//   }
+//
+// The batch's type is batch_of<padded_element_t<T>>: each ragged field of T named
+// ferry::padded<its value type>. distribute() splits such batches across replicas as it
+// does fixed ones: each replica gets its rows (L values each) and their lengths, on the
+// device for CUDA, with L free to change from step to step (replica_batch::field<I>() is a
+// padded_view there too).
+//
+// L, for each padded field on its own: `length` when set (every batch the same L), else
+// the longest row of the batch rounded up to a multiple of `multiple_of`. A row longer
+// than a set `length` is cut to it with `truncate = true`, else a config_error names the
+// row. Padding values are `pad_value` converted to the field's value type (value
+// initialised for a non-arithmetic one). Lengths are uint32: a row of 2^32 values or more
+// is a config_error.
+//
+// Threads: runs on the thread calling next(), which pulls the upstream and collates;
+// padded_batch runs no user code and starts no thread.
+//
+// Errors: config_error for n == 0, `length` == 0, `multiple_of` == 0, a batch too large to
+// address, and a row longer than `length` without truncate ("padded_batch: row 1234 of the
+// epoch has 70 values in field 0, more than length = 64 ..."). Upstream errors propagate
+// unchanged. Either way the elements already pulled into the batch being built are
+// dropped with it, as batch() drops them: the next batch starts after the element that
+// failed.
+//
+// Memory: the n elements of the batch being built (that vector's capacity is reused), and
+// the batch: n × L values and n lengths per padded field, n values per fixed field, from a
+// std::pmr::memory_resource: a buffer_pool private to the stage unless distribute() hands
+// it its pinned pool (set_buffer_resource), as for batch().
+//
+// Checkpoints: a batch is built whole inside one next(): save() records the upstream's
+// state, the stage's tag and options (a restore into other options is a config_error),
+// and the count of rows this epoch (so an error names the same row after a restore).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <memory_resource>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/batch_of.hpp"
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
+#include "ferry/state.hpp"
+
+namespace ferry {
+
+// padded_batch()'s options, a braced list: padded_batch(64, {.multiple_of = 8}).
+struct padded_batch_options {
+  // L for every batch; unset: each batch's longest row (then rounded up to multiple_of).
+  std::optional<std::size_t> length = std::nullopt;
+  std::size_t multiple_of = 1;  // the longest row rounded up to a multiple of this (>= 1)
+  bool truncate = false;  // cut rows longer than `length` (else they are a config_error)
+  double pad_value = 0;  // padding, converted to each padded field's value type
+  bool drop_remainder = false;  // drop a last batch with fewer than n elements
+  // Where batch buffers come from; null means a buffer_pool private to the stage.
+  std::shared_ptr<std::pmr::memory_resource> resource = nullptr;
+};
+
+// The element type padded_batch()'s batches are named by (batch_of<padded_element_t<T>>):
+// T's ragged fields as ferry::padded<value type>.
+template <class T>
+using padded_element_t = typename detail::padded_element<T>::type;
+
+namespace detail {
+
+template <source Up>
+class padded_batch_source
+    : public stage<padded_batch_source<Up>, Up, batch_of<padded_element_t<value_t<Up>>>> {
+  using T = value_t<Up>;
+  using P = padded_element_t<T>;
+  using B = batch_of<P>;
+  friend stage<padded_batch_source, Up, B>;
+  static_assert(batchable<T>,
+                "ferry::padded_batch: each field must be trivially copyable (a struct, number or "
+                "std::array) or a contiguous range of trivially-copyable values (std::vector<int>, "
+                "std::string)");
+  static_assert(!no_ragged<typename field_list<T>::type>::value,
+                "ferry::padded_batch: the elements have no ragged field (vector, string) to pad; "
+                "use batch()");
+  static constexpr std::size_t nf = B::field_count;
+
+ public:
+  static constexpr char name[] = "padded_batch";
+  // Throws config_error for bad options (see the file's top).
+  padded_batch_source(Up up, std::size_t n, padded_batch_options o)
+      : stage<padded_batch_source, Up, B>(std::move(up)), n_(n), o_(std::move(o)) {
+    if (n_ > std::numeric_limits<std::size_t>::max() / 64)
+      throw config_error("padded_batch: a batch of " + std::to_string(n_) +
+                         " rows does not fit in memory's address range; use a smaller batch size");
+    if (!o_.resource) o_.resource = std::make_shared<buffer_pool>();
+  }
+
+  // Where batches are collated from now on (distribute's pinned pool).
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    this->check_live();
+    o_.resource = r;
+    return true;
+  }
+  // The batch size n, for distribute().
+  std::size_t batch_size() const { return n_; }
+
+ private:
+  std::optional<B> pull() {
+    hold_.clear();
+    while (hold_.size() < n_) {
+      std::optional<T> e = this->pull_up();
+      if (!e) break;
+      ++rows_;
+      hold_.push_back(std::move(*e));
+    }
+    if (hold_.empty() || (o_.drop_remainder && hold_.size() < n_)) return std::nullopt;
+    std::array<std::size_t, nf> width{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((width[I] = field_width<I>()), ...);
+    }(std::make_index_sequence<nf>{});
+    return collator_.collate_padded(o_.resource, std::span<T>(hold_), width, o_.pad_value);
+  }
+
+  // Field I's L for the batch in hold_ (0 for a fixed field: unused); checks each row.
+  template <std::size_t I>
+  std::size_t field_width() const {
+    if constexpr (!B::template is_padded<I>) {
+      return 0;
+    } else {
+      using E = typename field_traits<typename B::template field_t<I>>::element;
+      std::size_t longest = 0;
+      for (std::size_t i = 0; i < hold_.size(); ++i) {
+        const std::size_t len = std::ranges::size(get_field<I>(hold_[i]));
+        if (len > std::numeric_limits<std::uint32_t>::max() && !(o_.length && o_.truncate))
+          throw config_error(row_name(i) + " has " + std::to_string(len) + " values in field " + std::to_string(I) +
+                             ": padded_batch's lengths are uint32; cut such rows before padded_batch");
+        if (o_.length && len > *o_.length && !o_.truncate)
+          throw config_error(row_name(i) + " has " + std::to_string(len) + " values in field " + std::to_string(I) +
+                             ", more than length = " + std::to_string(*o_.length) +
+                             "; set truncate = true to cut such rows, or a larger length");
+        longest = std::max(longest, len);
+      }
+      std::size_t w = o_.length ? *o_.length : (longest + o_.multiple_of - 1) / o_.multiple_of * o_.multiple_of;
+      if (w > std::numeric_limits<std::size_t>::max() / sizeof(E) / hold_.size())
+        throw config_error("padded_batch: a batch of " + std::to_string(hold_.size()) + " rows of " +
+                           std::to_string(w) + " values does not fit in memory's address range");
+      return w;
+    }
+  }
+  std::string row_name(std::size_t i) const {
+    return "padded_batch: row " + std::to_string(rows_ - hold_.size() + i) + " of the epoch";
+  }
+
+  template <class F>
+  void config(F&& f) const {
+    f("batch", n_);
+    f("length", o_.length ? *o_.length : 0);
+    f("multiple_of", o_.multiple_of);
+    f("truncate", std::uint64_t(o_.truncate));
+    f("drop_remainder", std::uint64_t(o_.drop_remainder));
+  }
+  void save_words(state_writer& w) const { w.put(rows_); }
+  void restore_words(state_reader& r) { rows_ = r.get(); }
+  void start_epoch() { rows_ = 0; }
+
+  std::size_t n_;
+  padded_batch_options o_;
+  std::uint64_t rows_ = 0;  // elements pulled this epoch (names a row in errors)
+  batch_collator<P> collator_;
+  std::vector<T> hold_;  // the batch being built; capacity reused batch to batch
+};
+
+inline void check_padded_batch_args(std::size_t n, const padded_batch_options& o) {
+  if (n == 0) throw config_error("padded_batch: the batch size must be at least 1 (got 0)");
+  if (o.length && *o.length == 0)
+    throw config_error("padded_batch: length must be at least 1 (got 0); leave it unset to pad to each "
+                       "batch's longest row");
+  if (o.multiple_of == 0) throw config_error("padded_batch: multiple_of must be at least 1 (got 0)");
+  if (o.truncate && !o.length)
+    throw config_error("padded_batch: truncate needs a length to cut rows to (got truncate = true and no "
+                       "length)");
+}
+
+}  // namespace detail
+
+// Not a stage_adaptor: its options are a braced list, which a template parameter pack
+// cannot take.
+struct padded_batch_t {
+  // padded_batch(src, n, options): builds the stage over src (moved in); throws
+  // config_error for bad options (see the file's top).
+  template <source S>
+  auto operator()(S&& s, std::size_t n, padded_batch_options o = {}) const {
+    detail::require_rvalue_source<S>();
+    detail::check_padded_batch_args(n, o);
+    return detail::padded_batch_source<std::remove_cvref_t<S>>(std::forward<S>(s), n, std::move(o));
+  }
+  // padded_batch(n, options): a closure for `src | padded_batch(n)`; throws config_error
+  // for bad options now.
+  auto operator()(std::size_t n, padded_batch_options o = {}) const {
+    detail::check_padded_batch_args(n, o);
+    return make_closure([n, o]<class S>(S&& s) { return padded_batch_t{}(std::forward<S>(s), n, o); });
+  }
+};
+// padded_batch(n, {...}): collates n elements, ragged fields padded to one length (see the
+// file's top).
+inline constexpr padded_batch_t padded_batch{};
+
+}  // namespace ferry
