@@ -46,7 +46,7 @@ padded_rows pad_by_hand(const std::vector<seq>& rows, std::size_t first, std::si
   padded_rows p;
   std::size_t longest = 0;
   for (std::size_t i = first; i < first + count; ++i) longest = std::max(longest, rows[i].first.size());
-  p.width = o.length ? *o.length : (longest + o.multiple_of - 1) / o.multiple_of * o.multiple_of;
+  p.width = o.length != ferry::longest_row ? o.length : (longest + o.multiple_of - 1) / o.multiple_of * o.multiple_of;
   for (std::size_t i = first; i < first + count; ++i) {
     const auto& t = rows[i].first;
     const std::size_t k = std::min(t.size(), p.width);
