@@ -13,6 +13,7 @@
 #include <cstring>
 #include <optional>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "common/doubles.hpp"
@@ -26,6 +27,7 @@
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "ferry/stages/padded_batch.hpp"
 #include "ferry/stages/prefetch.hpp"
 
 
@@ -129,6 +131,64 @@ TEST_CASE("device contents equal the host batch, byte for byte, for every policy
       CHECK(cursor == (pol == ferry::remainder_policy::drop ? n / G * G : n));
       CHECK(nsteps == (pol == ferry::remainder_policy::drop ? n / G : (n + G - 1) / G));
     }
+  }
+}
+
+TEST_CASE("padded batches: each replica's rows and lengths on the device equal the host batch's; "
+          "no allocation after the longest step" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(120s, "padded test");
+  using seq = std::pair<std::vector<std::int32_t>, std::int32_t>;
+  constexpr std::size_t R = 3, per = 8, G = R * per, nsteps = 40, longest = 7;
+  std::vector<seq> rows(G * nsteps);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::size_t len = i / G == longest && i % G == 5 ? 300 : (i * 11) % 37;
+    for (std::size_t j = 0; j < len; ++j) rows[i].first.push_back(std::int32_t(i * 1000 + j));
+    rows[i].second = std::int32_t(i);
+  }
+  for (bool staging : {false, true}) {
+    CAPTURE(staging);
+    ferry::cuda::devices dev(std::vector<int>(R, 0));
+    auto steps = ferry::from_range(rows) | ferry::padded_batch(G) | ferry::prefetch(2) |
+                 ferry::distribute(dev, {.steps_ahead = staging ? 3u : 1u, .staging_thread = staging});
+    std::size_t k = 0;
+    std::uint64_t allocs_after_longest = 0;
+    for (auto& st : steps) {
+      if (k == longest + 1)
+        for (std::size_t r = 0; r < R; ++r) allocs_after_longest += steps.backend().pool_stats(r).allocations;
+      const auto& hb = st.host_batch();
+      std::size_t first = 0;
+      for (std::size_t r = 0; r < R; ++r) {
+        auto& rb = st[r];
+        ferry::padded_view<std::int32_t> t = rb.field<0>();
+        std::vector<std::int32_t> vals(t.values.size());
+        std::vector<std::uint32_t> lens(t.size());
+        std::vector<std::int32_t> labels(rb.size());
+        FERRY_CUDA_TRY(cudaMemcpyAsync(vals.data(), t.values.data(), t.values.size_bytes(), cudaMemcpyDeviceToHost,
+                                       rb.stream()));
+        FERRY_CUDA_TRY(cudaMemcpyAsync(lens.data(), t.lengths.data(), t.lengths.size_bytes(), cudaMemcpyDeviceToHost,
+                                       rb.stream()));
+        FERRY_CUDA_TRY(cudaMemcpyAsync(labels.data(), rb.field<1>().data(), rb.field_bytes(1).size(),
+                                       cudaMemcpyDeviceToHost, rb.stream()));
+        FERRY_CUDA_TRY(cudaStreamSynchronize(rb.stream()));
+        CHECK(t.width == hb.field<0>().width);
+        CHECK(std::memcmp(vals.data(), hb.field_bytes(0, first, rb.size()).data(), t.values.size_bytes()) == 0);
+        CHECK(std::memcmp(lens.data(), hb.lengths_bytes(0, first, rb.size()).data(), t.lengths.size_bytes()) == 0);
+        for (std::size_t i = 0; i < rb.size(); ++i) {
+          const auto& want = rows[k * G + first + i];
+          CHECK(lens[i] == want.first.size());
+          CHECK(labels[i] == want.second);
+        }
+        first += rb.size();
+      }
+      ++k;
+    }
+    CHECK(k == nsteps);
+    std::uint64_t allocs_end = 0;
+    for (std::size_t r = 0; r < R; ++r) allocs_end += steps.backend().pool_stats(r).allocations;
+    if (!staging)
+      CHECK(allocs_end == allocs_after_longest);
+    else  // the staging thread's pools grow to the blocks in flight (grow_below), then stop
+      CHECK(allocs_end - allocs_after_longest <= R * (3 + 3));
   }
 }
 
