@@ -17,6 +17,7 @@
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/padded_batch.hpp"
+#include "ferry/stages/bucket_by_sequence_length.hpp"
 #include "ferry/stages/cache.hpp"
 #include "ferry/stages/concatenate.hpp"
 #include "ferry/stages/filter.hpp"

@@ -390,6 +390,57 @@ struct case_padded_batch {
   static std::vector<std::string> names() { return {"from_generator", "map", "padded_batch"}; }
 };
 
+// Element x becomes x % 5 copies of x, bucketed by that length into [0, 2), [2, 4), [4, inf)
+// with batch sizes 3, 2, 4; rows padded with 0 to each batch's longest. An error arrives
+// when its element is pulled; the buckets keep their rows.
+struct case_bucket {
+  static constexpr const char* label = "bucket_by_sequence_length";
+  static auto make(u64 bad) {
+    return gen(N, bad) | ferry::map([](u64 x) { return std::vector<u64>(x % 5, x); }) |
+           ferry::bucket_by_sequence_length([](const std::vector<u64>& v) { return v.size(); }, {2, 4}, {3, 2, 4});
+  }
+  static events oracle(u64 bad) {
+    const std::size_t size[3] = {3, 2, 4};
+    std::vector<std::vector<u64>> held(3);
+    std::vector<std::pair<std::size_t, u64>> first;  // (bucket, first row's index) of partial buckets
+    events out;
+    auto emit = [&](std::size_t b) {
+      u64 width = 0;
+      for (u64 x : held[b]) width = std::max(width, x % 5);
+      ev p;
+      for (u64 x : held[b]) {
+        p.v.push_back(x % 5);
+        for (u64 j = 0; j < width; ++j) p.v.push_back(j < x % 5 ? x : 0);
+      }
+      out.push_back(p);
+      held[b].clear();
+    };
+    std::vector<u64> started(3, 0);
+    u64 i = 0;
+    for (const ev& e : gen_events(N, bad)) {
+      const u64 idx = i++;
+      if (e.error) {
+        out.push_back(e);
+        continue;
+      }
+      const u64 x = e.v[0], len = x % 5;
+      const std::size_t b = len < 2 ? 0 : len < 4 ? 1 : 2;
+      if (held[b].empty()) started[b] = idx;
+      held[b].push_back(x);
+      if (held[b].size() == size[b]) emit(b);
+    }
+    for (;;) {  // the partial buckets, oldest first
+      std::size_t best = 3;
+      for (std::size_t b = 0; b < 3; ++b)
+        if (!held[b].empty() && (best == 3 || started[b] < started[best])) best = b;
+      if (best == 3) break;
+      emit(best);
+    }
+    return out;
+  }
+  static std::vector<std::string> names() { return {"from_generator", "map", "bucket_by_sequence_length"}; }
+};
+
 struct case_prefetch {
   static constexpr const char* label = "prefetch";
   static auto make(u64 bad) { return gen(N, bad) | ferry::prefetch(3); }
@@ -792,7 +843,7 @@ void conform() {
 TEST_CASE_TEMPLATE("conformance: every stage and source" * doctest::timeout(300), C,
                    case_from_range, case_from_generator, case_filter, case_take, case_skip, case_shard,
                    case_repeat, case_shuffle, case_map_inline, case_map_workers, case_map_unordered,
-                   case_flat_map, case_batch, case_padded_batch, case_prefetch, case_cache, case_concatenate, case_zip,
+                   case_flat_map, case_batch, case_padded_batch, case_bucket, case_prefetch, case_cache, case_concatenate, case_zip,
                    case_sample_from, case_distribute, case_from_files, case_interleave,
                    case_interleave_fn<0>, case_interleave_fn<2>, case_any_source) {
   conform<C>();

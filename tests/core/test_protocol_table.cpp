@@ -96,6 +96,10 @@ std::vector<std::string> table_from_code() {
     auto seqs = [] { return up() | ferry::map([](u64 x) { return std::vector<u64>(x % 3, x); }); };
     t.push_back(row("padded_batch", "stages/padded_batch.hpp", seqs() | ferry::padded_batch(4),
                     seqs() | ferry::padded_batch(5), "-"));
+    auto len = [](const std::vector<u64>& v) { return v.size(); };
+    t.push_back(row("bucket_by_sequence_length", "stages/bucket_by_sequence_length.hpp",
+                    seqs() | ferry::bucket_by_sequence_length(len, {2}, {2, 3}),
+                    seqs() | ferry::bucket_by_sequence_length(len, {2}, {2, 3}), "-"));
   }
   t.push_back(row("prefetch", "stages/prefetch.hpp", up() | ferry::prefetch(2), up_batches() | ferry::prefetch(2), "one"));
   t.push_back(row("cache", "stages/cache.hpp", up() | ferry::cache(), nullptr, "-"));

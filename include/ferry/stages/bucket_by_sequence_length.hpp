@@ -1,0 +1,395 @@
+// ferry/stages/bucket_by_sequence_length.hpp: bucket_by_sequence_length(length_fn,
+// boundaries, batch_sizes, {...}) sends each element to the bucket of its length and
+// hands out a bucket's rows as one padded batch (padded_batch.hpp's batch_of) when it
+// holds its batch size. Rows of like length share a batch, so little of it is padding.
+// tf.data's bucket_by_sequence_length.
+//
+//   // elements: std::pair<std::vector<std::int32_t>, std::int32_t> (tokens, label)
+//   auto p = src | ferry::bucket_by_sequence_length(
+//                      [](const auto& e) { return e.first.size(); },
+//                      {8, 16, 32},           // buckets [0, 8), [8, 16), [16, 32), [32, inf)
+//                      {128, 64, 32, 16});    // a batch size per bucket
+//
+// Buckets: k boundaries b0 < b1 < ... make k+1 buckets, [0, b0), [b0, b1), ..., [b(k-1),
+// infinity), each with its batch size (k+1 of them). L, for each ragged field: the batch's
+// longest row rounded up to `multiple_of`; with pad_to_bucket_boundary, the bucket's upper
+// boundary minus 1 (every batch of a bucket the same shape; the last bucket: its longest
+// row). The length length_fn gives picks the bucket; the ragged fields' own sizes set L.
+//
+// Order: a batch is handed out when its bucket fills, so the order is the upstream's,
+// regrouped: deterministic for a deterministic upstream (a seeded shuffle). At the end of
+// the epoch the partial buckets are handed out, oldest first, unless drop_remainder. A
+// partial batch whose first row was pulled more than `max_wait` rows ago is handed out
+// then, short, so a rare bucket does not hold its rows for the whole epoch (and a
+// checkpoint's refill stays bounded, below).
+//
+// With distribute(): batch_size() is the largest batch size, which distribute takes as
+// its global batch G; the smaller buckets' batches are short batches then, so use
+// remainder_policy::partial (each replica gets its share of every batch; drop would drop
+// them, pad would pad them to G).
+//
+// Threads: runs on the thread calling next(); length_fn runs there, once per element.
+// Errors: config_error for boundaries that do not increase (or start at 0), a number of
+// batch sizes other than boundaries + 1, a batch size or multiple_of of 0. What length_fn
+// throws arrives from next() at its element's place; that element is dropped, and the
+// next call goes on after it. Upstream errors likewise; rows already in buckets stay.
+//
+// Memory: at most one partial batch per bucket (the sum of the batch sizes, less the
+// buckets' count, elements), plus the batch handed out; checkpoint snapshots of the
+// upstream's position, at most 6 of them.
+//
+// Checkpoints: exact, and holding positions, not rows: the upstream's position as of a
+// snapshot taken at or before the oldest row still in a bucket, the number of rows pulled
+// since, and the epoch indices of the rows in buckets. A restore restores the upstream to
+// the snapshot and pulls it forward again to where the save was (at most max_wait plus a
+// quarter of it rows, running the upstream's user code again), keeping the rows the
+// buckets held. Saving costs one upstream save() per max_wait/4 rows pulled.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <memory_resource>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ferry/batch_of.hpp"
+#include "ferry/error.hpp"
+#include "ferry/memory/buffer.hpp"
+#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
+#include "ferry/stages/padded_batch.hpp"
+#include "ferry/state.hpp"
+
+namespace ferry {
+
+// bucket_by_sequence_length()'s options, a braced list.
+struct bucket_options {
+  bool pad_to_bucket_boundary = false;  // L = the bucket's upper boundary - 1
+  std::size_t multiple_of = 1;  // otherwise the longest row rounded up to a multiple of this
+  double pad_value = 0;  // padding, converted to each ragged field's value type
+  bool drop_remainder = false;  // drop the partial buckets at the end of the epoch
+  // A partial batch whose first row came more than this many rows ago is handed out
+  // short; 0: 8 times the sum of the batch sizes.
+  std::size_t max_wait = 0;
+  // Where batch buffers come from; null means a buffer_pool private to the stage.
+  std::shared_ptr<std::pmr::memory_resource> resource = nullptr;
+};
+
+namespace detail {
+
+template <source Up, class LengthFn>
+class bucket_source
+    : public stage<bucket_source<Up, LengthFn>, Up, batch_of<padded_element_t<value_t<Up>>>> {
+  using T = value_t<Up>;
+  using P = padded_element_t<T>;
+  using B = batch_of<P>;
+  friend stage<bucket_source, Up, B>;
+  static_assert(batchable<T> && !no_ragged<typename field_list<T>::type>::value,
+                "ferry::bucket_by_sequence_length: the elements need a ragged field (vector, string) "
+                "to pad, and every field trivially copyable or a range of trivially-copyable values");
+  static_assert(std::is_invocable_v<LengthFn&, const T&> &&
+                    std::is_convertible_v<std::invoke_result_t<LengthFn&, const T&>, std::size_t>,
+                "ferry::bucket_by_sequence_length: length_fn must take const T& and return a length "
+                "(an unsigned integer)");
+  static constexpr std::size_t nf = B::field_count;
+
+  struct bucket {
+    std::vector<T> rows;
+    std::vector<std::uint64_t> index;  // each row's place in the epoch
+  };
+  struct snapshot {
+    std::uint64_t at = 0;  // rows pulled when it was taken
+    std::vector<std::uint64_t> words;  // the upstream's state then
+  };
+
+ public:
+  static constexpr char name[] = "bucket_by_sequence_length";
+  // Throws config_error for bad arguments (see the file's top).
+  bucket_source(Up up, LengthFn fn, std::vector<std::size_t> bounds, std::vector<std::size_t> sizes, bucket_options o)
+      : stage<bucket_source, Up, B>(std::move(up)), fn_(std::move(fn)), bounds_(std::move(bounds)),
+        sizes_(std::move(sizes)), o_(std::move(o)), buckets_(sizes_.size()) {
+    if (o_.max_wait == 0) o_.max_wait = 8 * std::accumulate(sizes_.begin(), sizes_.end(), std::size_t(0));
+    every_ = std::max<std::size_t>(1, o_.max_wait / 4);
+    if (!o_.resource) o_.resource = std::make_shared<buffer_pool>();
+  }
+
+  // Where batches are collated from now on (distribute's pinned pool).
+  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
+    this->check_live();
+    o_.resource = r;
+    return true;
+  }
+  // The largest batch size, for distribute() (see the file's top).
+  std::size_t batch_size() const { return *std::max_element(sizes_.begin(), sizes_.end()); }
+
+ private:
+  std::optional<B> pull() {
+    for (;;) {
+      if (std::size_t b = overdue(); b != none) return emit(b);
+      if (ended_) {
+        const std::size_t b = oldest();
+        if (b == none || o_.drop_remainder) {
+          for (auto& k : buckets_) k.rows.clear(), k.index.clear();
+          return std::nullopt;
+        }
+        return emit(b);
+      }
+      maybe_snapshot();
+      std::optional<T> e = pull_counted();
+      if (!e) {
+        ended_ = true;
+        continue;
+      }
+      const std::uint64_t idx = pulled_ - 1;
+      const std::size_t b = bucket_of(*e);  // length_fn may throw: the element goes
+      buckets_[b].rows.push_back(std::move(*e));
+      buckets_[b].index.push_back(idx);
+      if (buckets_[b].rows.size() == sizes_[b]) return emit(b);
+    }
+  }
+
+  static constexpr std::size_t none = ~std::size_t{0};
+
+  // The upstream's next element, counted as a row; an error counts as one too (it takes
+  // an element's place, here and when a restore pulls the same rows again).
+  std::optional<T> pull_counted() {
+    try {
+      std::optional<T> e = this->pull_up();
+      if (e) ++pulled_;
+      return e;
+    } catch (const config_error&) {
+      throw;
+    } catch (...) {
+      ++pulled_;
+      throw;
+    }
+  }
+  void maybe_snapshot() {
+    if (pulled_ % every_ == 0 && (snaps_.empty() || snaps_.back().at != pulled_)) take_snapshot();
+  }
+
+  std::size_t bucket_of(const T& e) {
+    const std::size_t len = static_cast<std::size_t>(fn_(e));
+    return static_cast<std::size_t>(std::upper_bound(bounds_.begin(), bounds_.end(), len) - bounds_.begin());
+  }
+  // The bucket whose partial batch began first, or none.
+  std::size_t oldest() const {
+    std::size_t best = none;
+    for (std::size_t b = 0; b < buckets_.size(); ++b)
+      if (!buckets_[b].index.empty() && (best == none || buckets_[b].index[0] < buckets_[best].index[0])) best = b;
+    return best;
+  }
+  std::size_t overdue() const {
+    const std::size_t b = oldest();
+    return b != none && pulled_ - buckets_[b].index[0] > o_.max_wait ? b : none;
+  }
+
+  B emit(std::size_t b) {
+    bucket& k = buckets_[b];
+    std::array<std::size_t, nf> width{};
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((width[I] = field_width<I>(b)), ...);
+    }(std::make_index_sequence<nf>{});
+    B out = collator_.collate_padded(o_.resource, std::span<const T>(k.rows), width, o_.pad_value);
+    k.rows.clear();
+    k.index.clear();
+    prune();
+    return out;
+  }
+  template <std::size_t I>
+  std::size_t field_width(std::size_t b) const {
+    if constexpr (!B::template is_padded<I>) {
+      return 0;
+    } else {
+      std::size_t longest = 0;
+      for (const T& e : buckets_[b].rows) longest = std::max<std::size_t>(longest, std::ranges::size(get_field<I>(e)));
+      if (longest > std::numeric_limits<std::uint32_t>::max())
+        throw config_error("bucket_by_sequence_length: a row of " + std::to_string(longest) + " values in field " +
+                           std::to_string(I) + ": lengths are uint32; cut such rows before bucketing");
+      if (o_.pad_to_bucket_boundary && b < bounds_.size()) {
+        if (longest > bounds_[b] - 1)  // length_fn said shorter than the field is
+          throw config_error("bucket_by_sequence_length: a row of bucket " + std::to_string(b) + " has " +
+                             std::to_string(longest) + " values in field " + std::to_string(I) +
+                             ", more than the bucket's boundary - 1 = " + std::to_string(bounds_[b] - 1) +
+                             " it is padded to (pad_to_bucket_boundary); length_fn must count the field's values");
+        return bounds_[b] - 1;
+      }
+      return (longest + o_.multiple_of - 1) / o_.multiple_of * o_.multiple_of;
+    }
+  }
+
+  // Snapshots: the newest one at or before the oldest row in a bucket, and those after.
+  void take_snapshot() {
+    pipeline_state ps;
+    state_writer w(ps);
+    this->up().save(w);
+    snaps_.push_back({pulled_, std::move(ps.words)});
+    prune();
+  }
+  void prune() {
+    const std::size_t b = oldest();
+    const std::uint64_t need = b == none ? pulled_ : buckets_[b].index[0];
+    while (snaps_.size() > 1 && snaps_[1].at <= need) snaps_.pop_front();
+  }
+  template <class F>
+  void config(F&& f) const {
+    std::uint64_t h = 0x9e3779b97f4a7c15ull;
+    for (std::size_t x : bounds_) h = splitmix64(h ^ x)();
+    for (std::size_t x : sizes_) h = splitmix64(h ^ (x + 0x100000000ull))();
+    f("boundaries and batch sizes", h, true);
+    f("pad_to_bucket_boundary", std::uint64_t(o_.pad_to_bucket_boundary));
+    f("multiple_of", o_.multiple_of);
+    f("drop_remainder", std::uint64_t(o_.drop_remainder));
+    f("max_wait", o_.max_wait);
+  }
+  // The upstream as of the snapshot the refill starts from (see the file's top).
+  void save_upstream(state_writer& w) const {
+    if (snaps_.empty()) {
+      this->up().save(w);  // nothing pulled this epoch
+      return;
+    }
+    w.put_words(snaps_.front().words);
+  }
+  void save_words(state_writer& w) const {
+    w.put(snaps_.empty() ? pulled_ : snaps_.front().at);
+    w.put(pulled_);
+    w.put(ended_);
+    for (const bucket& k : buckets_) {
+      w.put(k.index.size());
+      for (std::uint64_t i : k.index) w.put(i);
+    }
+  }
+  // Throws config_error for a damaged state; runs the upstream forward (its user code
+  // included) from the snapshot to where the save was.
+  void restore_words(state_reader& r) {
+    const std::uint64_t from = r.get(), to = r.get();
+    const bool ended = r.get_flag(name);
+    if (from > to || to - from > o_.max_wait + every_ + 1)
+      throw config_error("restore_state: bucket_by_sequence_length: a damaged state (a refill from row " +
+                         std::to_string(from) + " to " + std::to_string(to) + ")");
+    std::vector<std::vector<std::uint64_t>> want(buckets_.size());
+    for (std::size_t b = 0; b < buckets_.size(); ++b) {
+      const std::uint64_t n = r.get_count(sizes_[b], name, "held", "holds in a bucket");
+      for (std::uint64_t i = 0; i < n; ++i) {
+        want[b].push_back(r.get());
+        if (want[b].back() < from || want[b].back() >= to || (i && want[b][i] <= want[b][i - 1]))
+          throw config_error("restore_state: bucket_by_sequence_length: a damaged state (row " +
+                             std::to_string(want[b].back()) + " in a bucket, outside rows " + std::to_string(from) +
+                             " to " + std::to_string(to) + ")");
+      }
+    }
+    for (auto& k : buckets_) k.rows.clear(), k.index.clear();
+    snaps_.clear();
+    pulled_ = from;
+    ended_ = false;
+    take_snapshot();
+    std::vector<std::size_t> next(buckets_.size(), 0);
+    while (pulled_ < to) {
+      maybe_snapshot();
+      std::optional<T> e;
+      try {
+        e = pull_counted();
+      } catch (const config_error&) {
+        throw;
+      } catch (...) {  // handed out before the save, at its place
+        continue;
+      }
+      if (!e)
+        throw config_error("restore_state: bucket_by_sequence_length: the upstream ended at row " +
+                           std::to_string(pulled_) + ", before row " + std::to_string(to) +
+                           " where the state was saved (restored into another dataset?)");
+      const std::uint64_t idx = pulled_ - 1;
+      for (std::size_t b = 0; b < buckets_.size(); ++b)
+        if (next[b] < want[b].size() && want[b][next[b]] == idx) {
+          if (bucket_of(*e) != b)
+            throw config_error("restore_state: bucket_by_sequence_length: row " + std::to_string(idx) +
+                               " falls in another bucket than when the state was saved (another dataset, or "
+                               "another length_fn?)");
+          buckets_[b].rows.push_back(std::move(*e));
+          buckets_[b].index.push_back(idx);
+          ++next[b];
+          break;
+        }
+    }
+    ended_ = ended;
+    prune();
+  }
+  void start_epoch() {
+    for (auto& k : buckets_) k.rows.clear(), k.index.clear();
+    snaps_.clear();
+    pulled_ = 0;
+    ended_ = false;
+  }
+
+  LengthFn fn_;
+  std::vector<std::size_t> bounds_, sizes_;
+  bucket_options o_;
+  std::size_t every_ = 1;  // rows between snapshots
+  std::vector<bucket> buckets_;
+  std::deque<snapshot> snaps_;
+  std::uint64_t pulled_ = 0;  // rows pulled this epoch (errors included)
+  bool ended_ = false;  // the upstream has ended this epoch
+  batch_collator<P> collator_;
+};
+
+inline void check_bucket_args(const std::vector<std::size_t>& bounds, const std::vector<std::size_t>& sizes,
+                              const bucket_options& o) {
+  const std::string me = "bucket_by_sequence_length: ";
+  if (sizes.size() != bounds.size() + 1)
+    throw config_error(me + "give one batch size per bucket: " + std::to_string(bounds.size()) + " boundaries make " +
+                       std::to_string(bounds.size() + 1) + " buckets, and there are " + std::to_string(sizes.size()) +
+                       " batch sizes");
+  for (std::size_t i = 0; i < bounds.size(); ++i)
+    if (bounds[i] == 0 || (i && bounds[i] <= bounds[i - 1]))
+      throw config_error(me + "the boundaries must increase from at least 1 (boundary " + std::to_string(i) + " is " +
+                         std::to_string(bounds[i]) +
+                         (i ? ", after " + std::to_string(bounds[i - 1]) : std::string()) + ")");
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    if (sizes[i] == 0) throw config_error(me + "batch size " + std::to_string(i) + " is 0; each must be at least 1");
+  if (o.multiple_of == 0) throw config_error(me + "multiple_of must be at least 1 (got 0)");
+}
+
+}  // namespace detail
+
+// Not a stage_adaptor: its options are a braced list.
+struct bucket_by_sequence_length_t {
+  // bucket_by_sequence_length(src, length_fn, boundaries, batch_sizes, options): builds
+  // the stage over src (moved in); throws config_error for bad arguments.
+  template <source S, class F>
+  auto operator()(S&& s, F fn, std::vector<std::size_t> boundaries, std::vector<std::size_t> batch_sizes,
+                  bucket_options o = {}) const {
+    detail::require_rvalue_source<S>();
+    detail::check_bucket_args(boundaries, batch_sizes, o);
+    return detail::bucket_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), std::move(boundaries),
+                                                            std::move(batch_sizes), std::move(o));
+  }
+  // bucket_by_sequence_length(length_fn, boundaries, batch_sizes, options): a closure for
+  // `src | bucket_by_sequence_length(...)`; throws config_error for bad arguments now.
+  template <class F>
+    requires(!source<F>)
+  auto operator()(F fn, std::vector<std::size_t> boundaries, std::vector<std::size_t> batch_sizes,
+                  bucket_options o = {}) const {
+    detail::check_bucket_args(boundaries, batch_sizes, o);
+    return make_closure([fn = std::move(fn), boundaries = std::move(boundaries), batch_sizes = std::move(batch_sizes),
+                         o = std::move(o)]<class S>(S&& s) {
+      return bucket_by_sequence_length_t{}(std::forward<S>(s), fn, boundaries, batch_sizes, o);
+    });
+  }
+};
+// bucket_by_sequence_length(length_fn, boundaries, batch_sizes, {...}): rows grouped by
+// length into padded batches (see the file's top).
+inline constexpr bucket_by_sequence_length_t bucket_by_sequence_length{};
+
+}  // namespace ferry

@@ -1,0 +1,305 @@
+// bucket_by_sequence_length: against a naive bucketing loop, over random lengths, bucket
+// layouts and max_wait; invariants an oracle cannot fake (every row once, one bucket per
+// batch, upstream order within a batch); bad arguments; length_fn throwing; exact resume
+// from every position (refills included); and distribute() over its batches.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/detail/random.hpp"
+#include "ferry/ferry.hpp"
+#include "ferry/stages/distribute.hpp"
+
+namespace {
+
+using i32 = std::int32_t;
+using u64 = std::uint64_t;
+using seq = std::pair<std::vector<i32>, i32>;  // tokens (each the row's id), the row's id
+using batch_t = ferry::batch_of<std::tuple<ferry::padded<i32>, i32>>;
+
+std::size_t len_of(const seq& s) { return s.first.size(); }
+
+std::vector<seq> random_rows(ferry::detail::splitmix64& g, std::size_t n, std::size_t max_len) {
+  std::vector<seq> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i].first.assign(g.below(max_len + 1), i32(i));
+    v[i].second = i32(i);
+  }
+  return v;
+}
+
+// A batch as its row ids, its width and its lengths.
+struct got_batch {
+  std::vector<i32> ids;
+  std::size_t width = 0;
+  std::vector<std::uint32_t> lengths;
+  bool operator==(const got_batch&) const = default;
+};
+got_batch as_got(const batch_t& b, std::size_t pad_check = 0) {
+  got_batch g;
+  auto t = b.field<0>();
+  g.width = t.width;
+  g.lengths.assign(t.lengths.begin(), t.lengths.end());
+  auto ids = b.field<1>();
+  g.ids.assign(ids.begin(), ids.end());
+  for (std::size_t i = 0; i < t.size(); ++i)
+    for (std::size_t j = 0; j < t.width; ++j)
+      CHECK(t[i][j] == (j < t.lengths[i] ? ids[i] : i32(pad_check)));
+  return g;
+}
+
+// The naive loop: buckets as vectors; a full one goes out; the oldest partial one goes out
+// when its first row is more than max_wait rows back; at the end, partial ones oldest first.
+std::vector<got_batch> oracle(const std::vector<seq>& rows, const std::vector<std::size_t>& bounds,
+                              const std::vector<std::size_t>& sizes, const ferry::bucket_options& o) {
+  std::size_t max_wait = o.max_wait;
+  if (!max_wait)
+    for (std::size_t s : sizes) max_wait += 8 * s;
+  std::vector<std::vector<std::size_t>> held(sizes.size());
+  std::vector<got_batch> out;
+  auto emit = [&](std::size_t b) {
+    got_batch g;
+    std::size_t longest = 0;
+    for (std::size_t i : held[b]) longest = std::max(longest, rows[i].first.size());
+    g.width = o.pad_to_bucket_boundary && b < bounds.size() ? bounds[b] - 1
+                                                             : (longest + o.multiple_of - 1) / o.multiple_of * o.multiple_of;
+    for (std::size_t i : held[b]) g.ids.push_back(rows[i].second), g.lengths.push_back(std::uint32_t(rows[i].first.size()));
+    out.push_back(g);
+    held[b].clear();
+  };
+  auto oldest = [&] {
+    std::size_t best = held.size();
+    for (std::size_t b = 0; b < held.size(); ++b)
+      if (!held[b].empty() && (best == held.size() || held[b][0] < held[best][0])) best = b;
+    return best;
+  };
+  std::size_t pulled = 0;
+  for (;;) {
+    if (std::size_t b = oldest(); b < held.size() && pulled - held[b][0] > max_wait) {
+      emit(b);
+      continue;
+    }
+    if (pulled == rows.size()) break;
+    const std::size_t i = pulled++;
+    const std::size_t b = std::size_t(std::upper_bound(bounds.begin(), bounds.end(), rows[i].first.size()) - bounds.begin());
+    held[b].push_back(i);
+    if (held[b].size() == sizes[b]) emit(b);
+  }
+  if (!o.drop_remainder)
+    for (std::size_t b = oldest(); b < held.size(); b = oldest()) emit(b);
+  return out;
+}
+
+struct layout {
+  std::vector<std::size_t> bounds, sizes;
+  ferry::bucket_options o;
+};
+layout random_layout(ferry::detail::splitmix64& g) {
+  layout l;
+  const std::size_t k = g.below(4);
+  std::size_t b = 0;
+  for (std::size_t i = 0; i < k; ++i) l.bounds.push_back(b += 1 + g.below(12));
+  for (std::size_t i = 0; i <= k; ++i) l.sizes.push_back(1 + g.below(9));
+  l.o.multiple_of = 1 + g.below(4);
+  l.o.pad_to_bucket_boundary = g.below(3) == 0;
+  if (l.o.pad_to_bucket_boundary) l.o.multiple_of = 1;
+  l.o.drop_remainder = g.below(4) == 0;
+  l.o.max_wait = g.below(2) ? 0 : 1 + g.below(30);
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("bucket_by_sequence_length matches a naive bucketing loop, and every row comes once") {
+  for (u64 seed = 1; seed <= 150; ++seed) {
+    ferry::detail::splitmix64 g(seed);
+    const auto rows = random_rows(g, g.below(200), 1 + g.below(40));
+    const layout l = random_layout(g);
+    CAPTURE(seed);
+    auto p = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, l.bounds, l.sizes, l.o);
+    std::vector<got_batch> got;
+    std::vector<int> seen(rows.size(), 0);
+    for (auto& b : p) {
+      got.push_back(as_got(b));
+      const auto& ids = got.back().ids;
+      // One bucket per batch, at most its size, rows in upstream order.
+      std::size_t bucket = l.bounds.size() + 1;
+      for (std::size_t j = 0; j < ids.size(); ++j) {
+        ++seen[std::size_t(ids[j])];
+        const std::size_t bj = std::size_t(
+            std::upper_bound(l.bounds.begin(), l.bounds.end(), rows[std::size_t(ids[j])].first.size()) - l.bounds.begin());
+        if (j == 0) bucket = bj;
+        CHECK(bj == bucket);
+        if (j) CHECK(ids[j] > ids[j - 1]);
+      }
+      CHECK(ids.size() <= l.sizes[bucket]);
+    }
+    CHECK(got == oracle(rows, l.bounds, l.sizes, l.o));
+    if (!l.o.drop_remainder)
+      CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+    else
+      CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c <= 1; }));
+  }
+}
+
+TEST_CASE("bucket_by_sequence_length: bucketing pads less than one padded_batch over the same rows") {
+  ferry::detail::splitmix64 g(5);
+  std::vector<seq> rows(4000);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    rows[i] = {std::vector<i32>(1 + std::min({g.below(64), g.below(64), g.below(64)}), 1), i32(i)};
+  auto padding = [](auto&& p) {
+    double real = 0, all = 0;
+    for (auto& b : p) {
+      auto t = b.template field<0>();
+      for (auto l : t.lengths) real += l;
+      all += double(t.values.size());
+    }
+    return 1 - real / all;
+  };
+  const double plain = padding(ferry::from_range(rows) | ferry::padded_batch(32));
+  const double bucketed = padding(ferry::from_range(rows) |
+                                  ferry::bucket_by_sequence_length(len_of, {8, 16, 24, 32, 48}, {32, 32, 32, 32, 32, 32}));
+  CHECK(bucketed < plain / 2);
+}
+
+TEST_CASE("bucket_by_sequence_length: bad arguments are config_errors when the stage is written") {
+  auto bad = [](std::vector<std::size_t> bounds, std::vector<std::size_t> sizes, ferry::bucket_options o = {}) {
+    CHECK_THROWS_AS(ferry::bucket_by_sequence_length(len_of, bounds, sizes, o), ferry::config_error);
+  };
+  bad({8, 8}, {1, 2, 3});
+  bad({8, 4}, {1, 2, 3});
+  bad({0, 4}, {1, 2, 3});
+  bad({8}, {1, 2, 3});
+  bad({8}, {4});
+  bad({8}, {4, 0});
+  bad({8}, {4, 4}, {.multiple_of = 0});
+  CHECK_THROWS_WITH_AS(ferry::bucket_by_sequence_length(len_of, {8, 4}, {1, 2, 3}),
+                       doctest::Contains("boundary 1 is 4, after 8"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::bucket_by_sequence_length(len_of, {8}, {1, 2, 3}),
+                       doctest::Contains("1 boundaries make 2 buckets, and there are 3 batch sizes"), ferry::config_error);
+}
+
+TEST_CASE("bucket_by_sequence_length: length_fn throwing arrives at its place; no other row is lost") {
+  std::vector<seq> rows(40);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = {std::vector<i32>(i % 7, i32(i)), i32(i)};
+  auto fn = [](const seq& s) -> std::size_t {
+    if (s.second == 13) throw std::runtime_error("length_fn failed on row 13");
+    return s.first.size();
+  };
+  auto p = ferry::from_range(rows) | ferry::bucket_by_sequence_length(fn, {3}, {4, 4});
+  std::vector<int> seen(rows.size(), 0);
+  int errors = 0;
+  for (;;) {
+    try {
+      auto b = p.next();
+      if (!b) break;
+      for (i32 id : b->field<1>()) ++seen[std::size_t(id)];
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "length_fn failed on row 13");
+      ++errors;
+    }
+  }
+  CHECK(errors == 1);
+  for (std::size_t i = 0; i < rows.size(); ++i) CHECK(seen[i] == (i == 13 ? 0 : 1));
+}
+
+TEST_CASE("bucket_by_sequence_length: empty rows; pad_to_bucket_boundary; a length_fn that undercounts") {
+  std::vector<seq> rows = {{{}, 0}, {{}, 1}, {{5, 5}, 2}, {{6}, 3}};
+  auto p = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, {1, 4}, {2, 2, 2},
+                                                                       {.pad_to_bucket_boundary = true, .pad_value = -1});
+  auto b0 = *p.next();
+  CHECK(b0.field<0>().width == 0);
+  CHECK(b0.field<1>()[1] == 1);
+  auto b1 = *p.next();
+  CHECK(b1.field<0>().width == 3);
+  CHECK(b1.field<0>()[1][1] == -1);
+  CHECK(!p.next());
+  auto q = ferry::from_range(rows) |
+           ferry::bucket_by_sequence_length([](const seq&) { return std::size_t(0); }, {1}, {4, 4},
+                                            {.pad_to_bucket_boundary = true});
+  CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("more than the bucket's boundary - 1 = 0"), ferry::config_error);
+}
+
+TEST_CASE("bucket_by_sequence_length: a checkpoint at every position resumes exactly (refills included)" *
+          doctest::timeout(120)) {
+  for (u64 seed = 1; seed <= 25; ++seed) {
+    ferry::detail::splitmix64 g(seed * 77);
+    const auto rows = random_rows(g, 20 + g.below(120), 1 + g.below(30));
+    const layout l = random_layout(g);
+    const u64 bad = seed % 3 == 0 ? g.below(rows.size()) : ~u64{0};  // an upstream error, at its place
+    CAPTURE(seed);
+    CAPTURE(bad);
+    auto make = [&] {
+      return ferry::from_generator(rows.size(),
+                                   [&, bad](u64 i) {
+                                     if (i == bad) throw std::runtime_error("row failed");
+                                     return rows[i];
+                                   }) |
+             ferry::bucket_by_sequence_length(len_of, l.bounds, l.sizes, l.o);
+    };
+    auto events = [](auto& p, std::size_t cap) {
+      std::vector<std::string> out;
+      while (out.size() < cap) {
+        try {
+          auto b = p.next();
+          if (!b) break;
+          const got_batch gb = as_got(*b);
+          std::string s = std::to_string(gb.width) + ":";
+          for (i32 id : gb.ids) s += std::to_string(id) + ",";
+          out.push_back(s);
+        } catch (const std::runtime_error&) {
+          out.push_back("error");
+        }
+      }
+      return out;
+    };
+    auto whole = make();
+    const auto all = events(whole, 100000);
+    for (std::size_t at = 0; at <= all.size(); ++at) {
+      CAPTURE(at);
+      auto a = make();
+      const auto head = events(a, at);
+      const auto st = ferry::save_state(a);
+      auto b = make();
+      ferry::restore_state(b, st);
+      auto tail = events(b, 100000);
+      std::vector<std::string> joined = head;
+      joined.insert(joined.end(), tail.begin(), tail.end());
+      CHECK(joined == all);
+    }
+  }
+  // Another configuration is refused.
+  std::vector<seq> rows(30, seq{{1}, 0});
+  auto a = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, {4}, {3, 3});
+  a.next();
+  auto b = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, {4}, {3, 5});
+  CHECK_THROWS_AS(ferry::restore_state(b, ferry::save_state(a)), ferry::config_error);
+}
+
+TEST_CASE("bucket_by_sequence_length then distribute (partial): every row reaches one replica once") {
+  ferry::detail::splitmix64 g(8);
+  const auto rows = random_rows(g, 300, 40);
+  auto p = ferry::from_range(rows) |
+           ferry::bucket_by_sequence_length(len_of, {10, 20}, {16, 8, 4}) |
+           ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::partial});
+  std::vector<int> seen(rows.size(), 0);
+  for (auto& st : p) {
+    for (std::size_t r = 0; r < st.replicas(); ++r) {
+      ferry::padded_view<i32> t = st[r].field<0>();
+      for (std::size_t i = 0; i < st[r].size(); ++i) {
+        const i32 id = st[r].field<1>()[i];
+        ++seen[std::size_t(id)];
+        CHECK(t.lengths[i] == rows[std::size_t(id)].first.size());
+      }
+    }
+  }
+  CHECK(p.global_batch() == 16);  // the largest batch size
+  CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+}
