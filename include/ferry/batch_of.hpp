@@ -401,6 +401,30 @@ struct batch_collator {
     return b;
   }
 
+  // Types whose fields are all padded (pack()): buffers for `rows` rows of width[I] values
+  // per field, written in place through padded_values() and padded_lengths(), then
+  // set_size(). Throws what the resource throws.
+  B start_padded(const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t rows,
+                 const std::array<std::size_t, nf>& width) const {
+    B b;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((b.padded_[I] = true, b.elem_bytes_[I] = width[I] * sizeof(typename B::template field_t<I>::value_type),
+        b.data_[I] = buffer(res, rows * b.elem_bytes_[I]), b.offsets_[I] = buffer(res, rows * sizeof(std::uint32_t))),
+       ...);
+    }(std::make_index_sequence<nf>{});
+    return b;
+  }
+  // Padded field I's values, row after row, to write in place (start_padded()).
+  template <std::size_t I>
+  auto* padded_values(B& b) const {
+    return reinterpret_cast<typename B::template field_t<I>::value_type*>(b.data_[I].data());
+  }
+  // Padded field I's lengths, to write in place (start_padded()).
+  template <std::size_t I>
+  std::uint32_t* padded_lengths(B& b) const {
+    return reinterpret_cast<std::uint32_t*>(b.offsets_[I].data());
+  }
+
   // b's rows, then value-initialised rows up to `global` (padded fields: zero values and
   // length 0): distribute()'s short batch under remainder_policy::pad. b.size() <= global.
   B pad_rows(const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t global, const B& b) const {

@@ -18,6 +18,7 @@
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/padded_batch.hpp"
 #include "ferry/stages/bucket_by_sequence_length.hpp"
+#include "ferry/stages/pack.hpp"
 #include "ferry/stages/cache.hpp"
 #include "ferry/stages/concatenate.hpp"
 #include "ferry/stages/filter.hpp"

@@ -86,6 +86,19 @@ std::vector<u64> flat(const ferry::batch_of<ferry::padded<u64>>& b) {
   }
   return out;
 }
+// A packed batch: each row's length, then its L tokens, segment ids and positions.
+std::vector<u64> flat(const ferry::batch_of<ferry::packed_element_t<u64>>& b) {
+  ferry::padded_view<u64> t = b.field<0>();
+  ferry::padded_view<std::uint32_t> s = b.field<1>(), p = b.field<2>();
+  std::vector<u64> out;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    out.push_back(t.lengths[i]);
+    out.insert(out.end(), t[i].begin(), t[i].end());
+    out.insert(out.end(), s[i].begin(), s[i].end());
+    out.insert(out.end(), p[i].begin(), p[i].end());
+  }
+  return out;
+}
 std::vector<u64> flat(const ferry::step<u64>& s) {
   std::vector<u64> out;
   for (std::size_t r = 0; r < s.replicas(); ++r) {
@@ -439,6 +452,64 @@ struct case_bucket {
     return out;
   }
   static std::vector<std::string> names() { return {"from_generator", "map", "bucket_by_sequence_length"}; }
+};
+
+// Element x becomes x % 4 copies of x, packed into rows of 3 tokens, 2 rows a batch. An
+// error drops the batch being built (no sequence is being split then: errors come with
+// the pull of the next one).
+struct case_pack {
+  static constexpr const char* label = "pack";
+  static constexpr std::size_t L = 3, n = 2;
+  static auto make(u64 bad) {
+    return gen(N, bad) | ferry::map([](u64 x) { return std::vector<u64>(x % 4, x); }) | ferry::pack(L, n);
+  }
+  static events oracle(u64 bad) {
+    struct tok {
+      u64 t, seg, pos;
+    };
+    events out;
+    std::vector<std::vector<tok>> rows;
+    std::vector<tok> row;
+    u64 segment = 0;
+    auto close_row = [&] {
+      rows.push_back(row);
+      row.clear();
+      segment = 0;
+    };
+    auto emit = [&] {
+      ev e;
+      for (const auto& r : rows) {
+        e.v.push_back(r.size());
+        for (std::size_t j = 0; j < L; ++j) e.v.push_back(j < r.size() ? r[j].t : 0);
+        for (std::size_t j = 0; j < L; ++j) e.v.push_back(j < r.size() ? r[j].seg : 0);
+        for (std::size_t j = 0; j < L; ++j) e.v.push_back(j < r.size() ? r[j].pos : 0);
+      }
+      out.push_back(e);
+      rows.clear();
+    };
+    for (const ev& e : gen_events(N, bad)) {
+      if (e.error) {
+        out.push_back(e);
+        rows.clear(), row.clear(), segment = 0;
+        continue;
+      }
+      bool started = false;
+      u64 pos = 0;
+      for (u64 k = 0; k < e.v[0] % 4; ++k) {
+        if (!started) ++segment, pos = 0, started = true;
+        row.push_back({e.v[0], segment, pos++});
+        if (row.size() == L) {
+          close_row();
+          started = false;
+          if (rows.size() == n) emit();
+        }
+      }
+    }
+    if (!row.empty()) close_row();
+    if (!rows.empty()) emit();
+    return out;
+  }
+  static std::vector<std::string> names() { return {"from_generator", "map", "pack"}; }
 };
 
 struct case_prefetch {
@@ -843,7 +914,7 @@ void conform() {
 TEST_CASE_TEMPLATE("conformance: every stage and source" * doctest::timeout(300), C,
                    case_from_range, case_from_generator, case_filter, case_take, case_skip, case_shard,
                    case_repeat, case_shuffle, case_map_inline, case_map_workers, case_map_unordered,
-                   case_flat_map, case_batch, case_padded_batch, case_bucket, case_prefetch, case_cache, case_concatenate, case_zip,
+                   case_flat_map, case_batch, case_padded_batch, case_bucket, case_pack, case_prefetch, case_cache, case_concatenate, case_zip,
                    case_sample_from, case_distribute, case_from_files, case_interleave,
                    case_interleave_fn<0>, case_interleave_fn<2>, case_any_source) {
   conform<C>();

@@ -100,6 +100,7 @@ std::vector<std::string> table_from_code() {
     t.push_back(row("bucket_by_sequence_length", "stages/bucket_by_sequence_length.hpp",
                     seqs() | ferry::bucket_by_sequence_length(len, {2}, {2, 3}),
                     seqs() | ferry::bucket_by_sequence_length(len, {2}, {2, 3}), "-"));
+    t.push_back(row("pack", "stages/pack.hpp", seqs() | ferry::pack(3, 2), seqs() | ferry::pack(3, 2), "-"));
   }
   t.push_back(row("prefetch", "stages/prefetch.hpp", up() | ferry::prefetch(2), up_batches() | ferry::prefetch(2), "one"));
   t.push_back(row("cache", "stages/cache.hpp", up() | ferry::cache(), nullptr, "-"));
