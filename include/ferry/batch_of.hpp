@@ -282,6 +282,10 @@ class batch_of {
   bool field_is_ragged(std::size_t f) const { return ragged_[f]; }
   // Whether field f is padded (is_padded, at run time).
   bool field_is_padded(std::size_t f) const { return padded_[f]; }
+  // A ragged field's n+1 offsets (null for other fields, and for a batch of no rows).
+  const std::uint64_t* ragged_offsets(std::size_t f) const {
+    return ragged_[f] && n_ ? reinterpret_cast<const std::uint64_t*>(offsets_[f].data()) : nullptr;
+  }
   // A padded field's real lengths for rows [first, first + count), as bytes (uint32 each);
   // empty for other fields. distribute() copies them beside the rows.
   std::span<const std::byte> lengths_bytes(std::size_t f, std::size_t first, std::size_t count) const {
@@ -426,7 +430,8 @@ struct batch_collator {
   }
 
   // b's rows, then value-initialised rows up to `global` (padded fields: zero values and
-  // length 0): distribute()'s short batch under remainder_policy::pad. b.size() <= global.
+  // length 0; ragged fields: empty sequences): distribute()'s short batch under
+  // remainder_policy::pad. b.size() <= global.
   B pad_rows(const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t global, const B& b) const {
     B p;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -488,16 +493,27 @@ struct batch_collator {
     using F = typename B::template field_t<I>;
     const std::size_t es = b.elem_bytes_[I], n = b.n_;
     p.elem_bytes_[I] = es;
-    p.data_[I] = buffer(res, global * es);
-    if (n != 0 && es != 0) std::memcpy(p.data_[I].data(), b.data_[I].data(), n * es);
+    if constexpr (!B::template is_ragged<I>) {
+      p.data_[I] = buffer(res, global * es);
+      if (n != 0 && es != 0) std::memcpy(p.data_[I].data(), b.data_[I].data(), n * es);
+    }
     if constexpr (B::template is_padded<I>) {
       p.padded_[I] = true;
       if (global > n) std::memset(p.data_[I].data() + n * es, 0, (global - n) * es);
       p.offsets_[I] = buffer(res, global * sizeof(std::uint32_t));
       if (n) std::memcpy(p.offsets_[I].data(), b.offsets_[I].data(), n * sizeof(std::uint32_t));
       if (global > n) std::memset(p.offsets_[I].data() + n * sizeof(std::uint32_t), 0, (global - n) * sizeof(std::uint32_t));
+    } else if constexpr (B::template is_ragged<I>) {  // padding rows are empty sequences
+      const auto* from = b.ragged_offsets(I);
+      const std::uint64_t values = from ? from[n] : 0;
+      p.ragged_[I] = true;
+      p.elem_bytes_[I] = es;
+      p.data_[I] = buffer(res, values * es);
+      if (values && es) std::memcpy(p.data_[I].data(), b.data_[I].data(), values * es);
+      p.offsets_[I] = buffer(res, (global + 1) * sizeof(std::uint64_t));
+      auto* off = reinterpret_cast<std::uint64_t*>(p.offsets_[I].data());
+      for (std::size_t i = 0; i <= global; ++i) off[i] = i <= n && from ? from[i] : values;
     } else {
-      static_assert(!B::template is_ragged<I>, "pad_rows: ragged fields are not padded by rows");
       const F zero{};
       for (std::size_t i = n; i < global; ++i) std::memcpy(p.data_[I].data() + i * es, &zero, es);
     }

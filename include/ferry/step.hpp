@@ -86,7 +86,8 @@ class replica_batch {
 
   // Field I of this slice: host memory for host replicas, device memory for CUDA (do not
   // dereference it on the host then). A padded field (padded_batch()) is a padded_view of
-  // this slice's rows and their lengths, its width the step's L.
+  // this slice's rows and their lengths, its width the step's L. A ragged field is a
+  // ragged_view of this slice's values and its size()+1 offsets, rebased to start at 0.
   template <std::size_t I = 0>
   auto field() const {
     if constexpr (I >= field_count) {  // a misuse stops here, before <tuple>'s errors
@@ -95,26 +96,37 @@ class replica_batch {
       using E = typename field_t<I>::value_type;
       const std::size_t w = elem_bytes_[I] / sizeof(E);
       return padded_view<E>{std::span<const E>(reinterpret_cast<const E*>(data_[I]), size_ * w), w,
-                            std::span<const std::uint32_t>(reinterpret_cast<const std::uint32_t*>(lengths_[I]), size_)};
+                            std::span<const std::uint32_t>(reinterpret_cast<const std::uint32_t*>(aux_[I]), size_)};
+    } else if constexpr (B::template is_ragged<I>) {
+      using E = typename detail::field_traits<field_t<I>>::element;
+      return ragged_view<E>{std::span<const E>(reinterpret_cast<const E*>(data_[I]), values_[I]),
+                            std::span<const std::uint64_t>(reinterpret_cast<const std::uint64_t*>(aux_[I]), size_ + 1)};
     } else {
-      static_assert(!B::template is_ragged<I>, "ferry::distribute: ragged fields cannot be split");
       return std::span<const field_t<I>>(reinterpret_cast<const field_t<I>*>(data_[I]), size_);
     }
   }
-  // Raw bytes of field f: size() * the field's row bytes (a padded field: L values a row).
+  // Raw bytes of field f: size() * the field's row bytes (a padded field: L values a
+  // row); a ragged field's values.
   std::span<const std::byte> field_bytes(std::size_t f) const {
-    return {data_[f], size_ * elem_bytes_[f]};
+    return {data_[f], (ragged_[f] ? values_[f] : size_) * elem_bytes_[f]};
   }
   // A padded field's lengths as bytes (size() uint32 values); empty for other fields.
   std::span<const std::byte> lengths_bytes(std::size_t f) const {
-    if (!lengths_[f]) return {};
-    return {lengths_[f], size_ * sizeof(std::uint32_t)};
+    if (!aux_[f] || ragged_[f]) return {};
+    return {aux_[f], size_ * sizeof(std::uint32_t)};
+  }
+  // A ragged field's size()+1 offsets (rebased to 0) as bytes; empty for other fields.
+  std::span<const std::byte> offsets_bytes(std::size_t f) const {
+    if (!ragged_[f]) return {};
+    return {aux_[f], (size_ + 1) * sizeof(std::uint64_t)};
   }
 
  private:
   friend struct detail::step_access;
   std::array<const std::byte*, field_count> data_{};
-  std::array<const std::byte*, field_count> lengths_{};  // padded fields only
+  std::array<const std::byte*, field_count> aux_{};  // padded fields' lengths, ragged fields' offsets
+  std::array<std::size_t, field_count> values_{};  // ragged fields' value counts
+  std::array<bool, field_count> ragged_{};
   std::array<std::size_t, field_count> elem_bytes_{};
   std::size_t size_ = 0, valid_ = 0;
   int device_ = -1;
@@ -197,13 +209,17 @@ struct step_access {
   static const std::shared_ptr<step_lease>& lease(const step<T>& s) {
     return s.lease_;
   }
-  // data[f]: field f's rows; lengths[f]: a padded field's lengths (null otherwise).
+  // data[f]: field f's rows (a ragged field's values); aux[f]: a padded field's lengths or
+  // a ragged field's rebased offsets (null otherwise); values[f]: a ragged field's values.
   template <class T>
-  static void set_replica(replica_batch<T>& rb, const std::byte* const* data, const std::byte* const* lengths,
-                          const batch_of<T>& host, const replica_slice& sl, int device, cuda_stream stream) {
+  static void set_replica(replica_batch<T>& rb, const std::byte* const* data, const std::byte* const* aux,
+                          const std::size_t* values, const batch_of<T>& host, const replica_slice& sl, int device,
+                          cuda_stream stream) {
     for (std::size_t f = 0; f < batch_of<T>::field_count; ++f) {
       rb.data_[f] = data[f];
-      rb.lengths_[f] = lengths[f];
+      rb.aux_[f] = aux[f];
+      rb.values_[f] = values[f];
+      rb.ragged_[f] = host.field_is_ragged(f);
       rb.elem_bytes_[f] = host.element_bytes(f);
     }
     rb.size_ = sl.rows;
@@ -213,7 +229,29 @@ struct step_access {
   }
 };
 
-// The host backend: slices are views of the host batch; nothing is copied.
+// A ragged field's offsets for rows [first, first + rows) of b, rebased to start at 0
+// (rows + 1 of them) into out.
+template <class T>
+void rebase_offsets(const batch_of<T>& b, std::size_t f, std::size_t first, std::size_t rows, std::uint64_t* out) {
+  const std::uint64_t* off = b.ragged_offsets(f);
+  for (std::size_t i = 0; i <= rows; ++i) out[i] = off ? off[first + i] - off[first] : 0;
+}
+// The values of rows [first, first + rows) of ragged field f.
+template <class T>
+std::size_t ragged_values(const batch_of<T>& b, std::size_t f, std::size_t first, std::size_t rows) {
+  const std::uint64_t* off = b.ragged_offsets(f);
+  return off ? static_cast<std::size_t>(off[first + rows] - off[first]) : 0;
+}
+
+// What a host step keeps besides the host batch: its replicas' rebased offsets.
+struct host_offsets_lease final : step_lease {
+  buffer offsets;
+  explicit host_offsets_lease(buffer b) : offsets(std::move(b)) {}
+  void release() noexcept override {}
+};
+
+// The host backend: slices are views of the host batch; nothing is copied but a ragged
+// field's offsets, rebased for each replica (from a pool: no allocation after warm-up).
 class host_replicas_backend {
  public:
   explicit host_replicas_backend(host_replicas h) : n_(h.n) {
@@ -228,19 +266,42 @@ class host_replicas_backend {
                     std::size_t /*rows_per_replica*/, std::uint64_t index) {
     constexpr std::size_t nf = batch_of<T>::field_count;
     step<T> s = step_access::make<T>(host, n_, index);
+    std::uint64_t* rebased = nullptr;
+    if constexpr (!no_ragged<typename field_list<T>::type>::value) {
+      std::size_t words = 0;
+      for (std::size_t f = 0; f < nf; ++f)
+        if (host->field_is_ragged(f))
+          for (std::size_t r = 0; r < n_; ++r) words += slices[r].rows + 1;
+      if (!pool_) pool_ = std::make_shared<buffer_pool>();
+      auto lease = std::make_shared<host_offsets_lease>(buffer(pool_, words * sizeof(std::uint64_t)));
+      rebased = reinterpret_cast<std::uint64_t*>(lease->offsets.data());
+      step_access::set_lease(s, std::move(lease));
+    }
     for (std::size_t r = 0; r < n_; ++r) {
-      std::array<const std::byte*, nf> data{}, lengths{};
+      std::array<const std::byte*, nf> data{}, aux{};
+      std::array<std::size_t, nf> values{};
+      const std::size_t first = slices[r].first;
       for (std::size_t f = 0; f < nf; ++f) {
-        data[f] = host->field_buffer(f).data() + slices[r].first * host->element_bytes(f);
-        if (host->field_is_padded(f)) lengths[f] = host->lengths_bytes(f, slices[r].first, 0).data();
+        if (host->field_is_ragged(f)) {
+          const std::uint64_t* off = host->ragged_offsets(f);
+          data[f] = host->field_buffer(f).data() + (off ? off[first] : 0) * host->element_bytes(f);
+          values[f] = ragged_values(*host, f, first, slices[r].rows);
+          rebase_offsets(*host, f, first, slices[r].rows, rebased);
+          aux[f] = reinterpret_cast<const std::byte*>(rebased);
+          rebased += slices[r].rows + 1;
+          continue;
+        }
+        data[f] = host->field_buffer(f).data() + first * host->element_bytes(f);
+        if (host->field_is_padded(f)) aux[f] = host->lengths_bytes(f, first, 0).data();
       }
-      step_access::set_replica(s[r], data.data(), lengths.data(), *host, slices[r], -1, nullptr);
+      step_access::set_replica(s[r], data.data(), aux.data(), values.data(), *host, slices[r], -1, nullptr);
     }
     return s;
   }
 
  private:
   std::size_t n_;
+  std::shared_ptr<buffer_pool> pool_;  // rebased offsets; created by the first ragged step
 };
 
 }  // namespace detail

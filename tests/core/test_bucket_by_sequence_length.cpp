@@ -303,3 +303,62 @@ TEST_CASE("bucket_by_sequence_length then distribute (partial): every row reache
   CHECK(p.global_batch() == 16);  // the largest batch size
   CHECK(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
 }
+
+TEST_CASE("bucket_by_sequence_length with a token budget: rows x L within max_tokens, greedy, every row once") {
+  for (u64 seed = 1; seed <= 60; ++seed) {
+    ferry::detail::splitmix64 g(seed * 13);
+    const auto rows = random_rows(g, g.below(300), 1 + g.below(60));
+    std::vector<std::size_t> bounds;
+    for (std::size_t b = 0, k = g.below(4); bounds.size() < k;) bounds.push_back(b += 1 + g.below(15));
+    ferry::bucket_options o{.multiple_of = 1 + g.below(4), .max_tokens = 8 + g.below(200)};
+    CAPTURE(seed);
+    CAPTURE(o.max_tokens);
+    // The oracle: per bucket, a row that would take rows x L past the budget closes the batch.
+    std::vector<std::vector<std::size_t>> held(bounds.size() + 1);
+    std::vector<std::vector<i32>> want;
+    auto width = [&](const std::vector<std::size_t>& ids) {
+      std::size_t longest = 0;
+      for (std::size_t i : ids) longest = std::max(longest, rows[i].first.size());
+      return (longest + o.multiple_of - 1) / o.multiple_of * o.multiple_of;
+    };
+    auto emit = [&](std::vector<std::size_t>& ids, std::size_t count) {
+      std::vector<i32> b;
+      for (std::size_t j = 0; j < count; ++j) b.push_back(rows[ids[j]].second);
+      want.push_back(b);
+      ids.erase(ids.begin(), ids.begin() + std::ptrdiff_t(count));
+    };
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      auto& h = held[std::size_t(std::upper_bound(bounds.begin(), bounds.end(), rows[i].first.size()) - bounds.begin())];
+      h.push_back(i);
+      if (h.size() > 1 && h.size() * width(h) > o.max_tokens) emit(h, h.size() - 1);
+      else if (h.size() == o.max_tokens) emit(h, h.size());
+    }
+    for (;;) {  // the rest, oldest first
+      std::size_t best = held.size();
+      for (std::size_t b = 0; b < held.size(); ++b)
+        if (!held[b].empty() && (best == held.size() || held[b][0] < held[best][0])) best = b;
+      if (best == held.size()) break;
+      emit(held[best], held[best].size());
+    }
+    auto p = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, bounds, {}, o);
+    std::vector<std::vector<i32>> got;
+    for (auto& b : p) {
+      const got_batch gb = as_got(b);
+      CHECK((gb.ids.size() == 1 || gb.ids.size() * gb.width <= o.max_tokens));
+      got.push_back(gb.ids);
+    }
+    CHECK(got == want);
+    // Resume from every position, the budget's carried rows included (a third of the seeds).
+    for (std::size_t at = 0; seed % 3 == 0 && at <= got.size(); ++at) {
+      auto a = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, bounds, {}, o);
+      std::vector<std::vector<i32>> again;
+      for (std::size_t k = 0; k < at; ++k) again.push_back(as_got(*a.next()).ids);
+      auto b = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, bounds, {}, o);
+      ferry::restore_state(b, ferry::save_state(a));
+      while (auto x = b.next()) again.push_back(as_got(*x).ids);
+      CHECK(again == want);
+    }
+  }
+  CHECK_THROWS_WITH_AS(ferry::bucket_by_sequence_length(len_of, {4}, {2, 2}, {.max_tokens = 64}),
+                       doctest::Contains("not both"), ferry::config_error);
+}

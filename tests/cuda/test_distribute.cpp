@@ -517,3 +517,49 @@ TEST_CASE("check_global_batch and check_batch_rows name the sizes") {
   CHECK_THROWS_WITH_AS(ferry::detail::check_batch_rows(13, 12, true), doctest::Contains("that first batch was short"),
                        ferry::config_error);
 }
+
+TEST_CASE("distribute(host_replicas): ragged fields reach each replica as its rows, offsets rebased to 0, "
+          "for every policy") {
+  using row = std::tuple<std::vector<std::int32_t>, std::string, std::int32_t>;
+  std::mt19937 g(5);
+  std::vector<row> data(103);
+  for (std::size_t i = 0; i < data.size(); ++i) {
+    std::get<0>(data[i]).assign(g() % 9, std::int32_t(i));
+    std::get<1>(data[i]).assign(g() % 4, char('a' + i % 26));
+    std::get<2>(data[i]) = std::int32_t(i);
+  }
+  for (auto pol : {ferry::remainder_policy::drop, ferry::remainder_policy::pad, ferry::remainder_policy::partial})
+    for (std::size_t R : {1, 2, 3, 4}) {
+      CAPTURE(static_cast<int>(pol));
+      CAPTURE(R);
+      const std::size_t G = 4 * R;
+      auto steps = ferry::from_range(data) | ferry::batch(G) | ferry::prefetch(2) |
+                   ferry::distribute(ferry::host_replicas{R}, {.remainder = pol});
+      std::size_t next = 0;
+      for (auto& st : steps) {
+        for (std::size_t r = 0; r < R; ++r) {
+          auto& rb = st[r];
+          ferry::ragged_view<std::int32_t> xs = rb.field<0>();
+          ferry::ragged_view<char> words = rb.field<1>();
+          REQUIRE(xs.size() == rb.size());
+          REQUIRE(words.size() == rb.size());
+          CHECK(xs.offsets[0] == 0);
+          CHECK(xs.offsets.back() == xs.values.size());
+          CHECK(rb.field_bytes(0).size() == xs.values.size() * 4);
+          CHECK(rb.offsets_bytes(0).size() == (rb.size() + 1) * 8);
+          for (std::size_t i = 0; i < rb.size(); ++i) {
+            if (i >= rb.valid()) {  // pad: empty sequences
+              CHECK(xs[i].empty());
+              CHECK(words[i].empty());
+              continue;
+            }
+            const row& want = data[next++];
+            CHECK(std::vector<std::int32_t>(xs[i].begin(), xs[i].end()) == std::get<0>(want));
+            CHECK(std::string(words[i].begin(), words[i].end()) == std::get<1>(want));
+            CHECK(rb.field<2>()[i] == std::get<2>(want));
+          }
+        }
+      }
+      CHECK(next == (pol == ferry::remainder_policy::drop ? data.size() / G * G : data.size()));
+    }
+}

@@ -192,6 +192,49 @@ TEST_CASE("padded batches: each replica's rows and lengths on the device equal t
   }
 }
 
+TEST_CASE("ragged fields: each replica's values and rebased offsets on the device equal its rows" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(120s, "ragged test");
+  using seq = std::pair<std::vector<std::int32_t>, std::int32_t>;
+  constexpr std::size_t R = 3, per = 8, G = R * per, nsteps = 40;
+  std::vector<seq> rows(G * nsteps);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::size_t len = i == 7 * G + 5 ? 3000 : (i * 11) % 37;
+    for (std::size_t j = 0; j < len; ++j) rows[i].first.push_back(std::int32_t(i * 1000 + j));
+    rows[i].second = std::int32_t(i);
+  }
+  for (bool staging : {false, true}) {
+    CAPTURE(staging);
+    ferry::cuda::devices dev(std::vector<int>(R, 0));
+    auto steps = ferry::from_range(rows) | ferry::batch(G) | ferry::prefetch(2) |
+                 ferry::distribute(dev, {.steps_ahead = staging ? 3u : 1u, .staging_thread = staging});
+    std::size_t k = 0;
+    for (auto& st : steps) {
+      for (std::size_t r = 0; r < R; ++r) {
+        auto& rb = st[r];
+        ferry::ragged_view<std::int32_t> t = rb.field<0>();
+        std::vector<std::int32_t> vals(t.values.size());
+        std::vector<std::uint64_t> offs(t.offsets.size());
+        if (!vals.empty())
+          FERRY_CUDA_TRY(cudaMemcpyAsync(vals.data(), t.values.data(), t.values.size_bytes(), cudaMemcpyDeviceToHost,
+                                         rb.stream()));
+        FERRY_CUDA_TRY(cudaMemcpyAsync(offs.data(), t.offsets.data(), t.offsets.size_bytes(), cudaMemcpyDeviceToHost,
+                                       rb.stream()));
+        FERRY_CUDA_TRY(cudaStreamSynchronize(rb.stream()));
+        REQUIRE(offs.size() == rb.size() + 1);
+        CHECK(offs[0] == 0);
+        for (std::size_t i = 0; i < rb.size(); ++i) {
+          const auto& want = rows[k * G + r * per + i].first;
+          CHECK(std::equal(vals.begin() + std::ptrdiff_t(offs[i]), vals.begin() + std::ptrdiff_t(offs[i + 1]),
+                           want.begin(), want.end()));
+        }
+      }
+      ++k;
+    }
+    CHECK(k == nsteps);
+  }
+}
+
 TEST_CASE("the hot path never waits on the host, and device memory stops growing" *
           doctest::timeout(60)) {
   ferry_test::watchdog wd(120s, "sync test");

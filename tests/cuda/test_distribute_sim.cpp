@@ -623,3 +623,68 @@ TEST_CASE("sim: padded batches of changing L reach every replica; no allocation 
     CHECK(sim::stats().live_device_blocks == 0);
   }
 }
+
+// Ragged fields (batch() of vectors): each replica's values and its offsets, rebased to 0,
+// reach its device, read by a kernel when the simulated GPU runs it; blocks grow to the
+// largest step, then nothing more is allocated.
+TEST_CASE("sim: ragged fields reach every replica with rebased offsets; no allocation after the largest step" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  using seq = std::pair<std::vector<std::int32_t>, std::int32_t>;
+  constexpr std::size_t R = 2, per = 4, G = R * per, steps = 30, largest_step = 5;
+  std::vector<seq> rows(G * steps);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const std::size_t len = i / G == largest_step && i % G == 6 ? 500 : (i * 7) % 13;
+    for (std::size_t j = 0; j < len; ++j) rows[i].first.push_back(std::int32_t(i * 1000 + j));
+    rows[i].second = std::int32_t(i);
+  }
+  for (const making mk : makings) {
+    INFO("ahead " << mk.ahead << ", staging " << mk.staging);
+    sim::reset(13, 4);
+    std::mutex m;
+    std::vector<std::string> wrong;
+    std::uint64_t rows_checked = 0, allocs_after_largest = 0;
+    {
+      ferry::cuda::devices dev({0, 1});
+      auto p = ferry::from_range(rows) | ferry::batch(G) |
+               ferry::distribute(dev, {.host_resource = ferry::make_pinned_pool(), .steps_ahead = mk.ahead,
+                                       .staging_thread = mk.staging});
+      std::size_t k = 0;
+      for (auto& st : p) {
+        if (k == largest_step + 1) allocs_after_largest = sim::stats().device_allocs;
+        for (std::size_t r = 0; r < R; ++r) {
+          auto& rb = st[r];
+          REQUIRE(cudaSetDevice(rb.device()) == cudaSuccess);
+          ferry::ragged_view<std::int32_t> t = rb.field<0>();
+          auto labels = rb.field<1>();
+          const std::size_t first = k * G + r * per;
+          sim::launch(rb.stream(), "ragged kernel",
+                      {{t.values.data(), t.values.size_bytes()}, {t.offsets.data(), t.offsets.size_bytes()},
+                       {labels.data(), labels.size_bytes()}},
+                      {}, [&, t, labels, first] {
+                        std::lock_guard lk(m);
+                        if (t.offsets[0] != 0) wrong.push_back("offsets of row " + std::to_string(first));
+                        for (std::size_t i = 0; i < t.size(); ++i, ++rows_checked) {
+                          const auto& want = rows[first + i];
+                          const auto got = t[i];
+                          if (labels[i] != want.second ||
+                              !std::equal(got.begin(), got.end(), want.first.begin(), want.first.end()))
+                            wrong.push_back("row " + std::to_string(first + i));
+                        }
+                      });
+        }
+        ++k;
+      }
+      CHECK(k == steps);
+      if (!mk.staging)
+        CHECK(sim::stats().device_allocs == allocs_after_largest);
+      else
+        CHECK(sim::stats().device_allocs - allocs_after_largest <= R * (mk.ahead + 3));
+      sim::drain();
+    }
+    for (const auto& w : wrong) FAIL_CHECK(w);
+    CHECK(rows_checked == rows.size());
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    CHECK(sim::stats().live_device_blocks == 0);
+  }
+}

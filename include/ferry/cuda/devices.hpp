@@ -319,22 +319,45 @@ class devices_backend {
 
     // One block per replica, each field's full per-replica rows (and a padded field's
     // lengths) at an aligned offset. Fixed fields: every step asks for the same size, so
-    // the pool always reuses. Padded fields' L changes from step to step: blocks are the
-    // largest size seen, so after the longest step nothing more is allocated.
+    // the pool always reuses. Padded fields' L, and ragged fields' values, change from step
+    // to step: blocks are the largest size seen, so after the largest step nothing more is
+    // allocated. A ragged field: its values, then its offsets rebased to 0 (rebased on the
+    // host into one pinned buffer the step keeps until its copies are done).
     auto aligned = [](std::size_t b) { return (b + field_alignment - 1) / field_alignment * field_alignment; };
-    std::array<std::size_t, nf> off{}, len_off{};
+    std::array<std::size_t, nf> off{}, aux_off{};
     std::size_t total = 0;
+    constexpr bool has_ragged = !::ferry::detail::no_ragged<typename ::ferry::detail::field_list<T>::type>::value;
+    std::size_t rebased_words = 0;
     for (std::size_t f = 0; f < nf; ++f) {
       off[f] = total;
+      if (host->field_is_ragged(f)) {
+        std::size_t most = 0;
+        for (std::size_t r = 0; r < ord_.size(); ++r) {
+          most = std::max(most, ::ferry::detail::ragged_values(*host, f, slices[r].first, slices[r].rows));
+          rebased_words += slices[r].rows + 1;
+        }
+        total += aligned(most * host->element_bytes(f));
+        aux_off[f] = total;
+        total += aligned((per + 1) * sizeof(std::uint64_t));
+        continue;
+      }
       total += aligned(per * host->element_bytes(f));
       if (host->field_is_padded(f)) {
-        len_off[f] = total;
+        aux_off[f] = total;
         total += aligned(per * sizeof(std::uint32_t));
       }
     }
     block_bytes_ = std::max(block_bytes_, total);
+    std::shared_ptr<const void> keep = host;
+    std::uint64_t* rebased = nullptr;
+    if constexpr (has_ragged) {
+      auto k = std::make_shared<std::pair<std::shared_ptr<const batch_of<T>>, buffer>>(
+          host, buffer(pinned_pool(), rebased_words * sizeof(std::uint64_t)));
+      rebased = reinterpret_cast<std::uint64_t*>(k->second.data());
+      keep = std::move(k);
+    }
 
-    auto lease = std::make_shared<devices_lease>(st_, host);
+    auto lease = std::make_shared<devices_lease>(st_, std::move(keep));
     step<T> s = access::make<T>(host, ord_.size(), index);
     for (std::size_t r = 0; r < ord_.size(); ++r) {
       auto& rep = st_->at(r);
@@ -343,25 +366,40 @@ class devices_backend {
       h.p = rep.pool->acquire(block_bytes_, rep.copy.get(), grow_below_);
       h.bytes = block_bytes_;
       auto* base = static_cast<std::byte*>(h.p);
-      std::array<const std::byte*, nf> data{}, lengths{};
+      std::array<const std::byte*, nf> data{}, aux{};
+      std::array<std::size_t, nf> values{};
       for (std::size_t f = 0; f < nf; ++f) {
         data[f] = base + off[f];
         const std::size_t es = host->element_bytes(f);
+        if (host->field_is_ragged(f)) {
+          const std::size_t first = slices[r].first, rows = slices[r].rows;
+          values[f] = ::ferry::detail::ragged_values(*host, f, first, rows);
+          if (values[f])
+            FERRY_CUDA_TRY(cudaMemcpyAsync(base + off[f], host->field_bytes(f, first, rows).data(), values[f] * es,
+                                           cudaMemcpyHostToDevice, rep.copy.get()));
+          ::ferry::detail::rebase_offsets(*host, f, first, rows, rebased);
+          aux[f] = base + aux_off[f];
+          FERRY_CUDA_TRY(cudaMemcpyAsync(base + aux_off[f], rebased, (rows + 1) * sizeof(std::uint64_t),
+                                         cudaMemcpyHostToDevice, rep.copy.get()));
+          rebased += rows + 1;
+          continue;
+        }
         const std::size_t bytes = slices[r].rows * es;
         if (bytes)
           FERRY_CUDA_TRY(cudaMemcpyAsync(base + off[f], host->field_buffer(f).data() + slices[r].first * es,
                                          bytes, cudaMemcpyHostToDevice, rep.copy.get()));
         if (host->field_is_padded(f)) {
-          lengths[f] = base + len_off[f];
+          aux[f] = base + aux_off[f];
           const auto lb = host->lengths_bytes(f, slices[r].first, slices[r].rows);
           if (!lb.empty())
-            FERRY_CUDA_TRY(cudaMemcpyAsync(base + len_off[f], lb.data(), lb.size(), cudaMemcpyHostToDevice,
+            FERRY_CUDA_TRY(cudaMemcpyAsync(base + aux_off[f], lb.data(), lb.size(), cudaMemcpyHostToDevice,
                                            rep.copy.get()));
         }
       }
       h.copied = rep.pool->take_event();
       FERRY_CUDA_TRY(cudaEventRecord(h.copied, rep.copy.get()));
-      access::set_replica(s[r], data.data(), lengths.data(), *host, slices[r], rep.device, rep.compute.get());
+      access::set_replica(s[r], data.data(), aux.data(), values.data(), *host, slices[r], rep.device,
+                          rep.compute.get());
     }
     access::set_lease(s, std::move(lease));
     return s;

@@ -9,12 +9,20 @@
 //                      [](const auto& e) { return e.first.size(); },
 //                      {8, 16, 32},           // buckets [0, 8), [8, 16), [16, 32), [32, inf)
 //                      {128, 64, 32, 16});    // a batch size per bucket
+//   auto q = src | ferry::bucket_by_sequence_length(len, {8, 16, 32}, {}, {.max_tokens = 4096});
 //
 // Buckets: k boundaries b0 < b1 < ... make k+1 buckets, [0, b0), [b0, b1), ..., [b(k-1),
 // infinity), each with its batch size (k+1 of them). L, for each ragged field: the batch's
 // longest row rounded up to `multiple_of`; with pad_to_bucket_boundary, the bucket's upper
 // boundary minus 1 (every batch of a bucket the same shape; the last bucket: its longest
 // row). The length length_fn gives picks the bucket; the ragged fields' own sizes set L.
+//
+// A token budget instead of batch sizes (max_tokens, with no batch sizes given): a bucket
+// is handed out when one more row would make rows × L exceed max_tokens, L being its
+// longest length_fn value rounded as the padding is (multiple_of, or the boundary); it
+// keeps that row for its next batch. A row alone over the budget is a batch of one. So
+// batches of short rows have many rows, batches of long rows few, all about max_tokens
+// tokens (padding included).
 //
 // Order: a batch is handed out when its bucket fills, so the order is the upstream's,
 // regrouped: deterministic for a deterministic upstream (a seeded shuffle). At the end of
@@ -81,8 +89,12 @@ struct bucket_options {
   double pad_value = 0;  // padding, converted to each ragged field's value type
   bool drop_remainder = false;  // drop the partial buckets at the end of the epoch
   // A partial batch whose first row came more than this many rows ago is handed out
-  // short; 0: 8 times the sum of the batch sizes.
+  // short; 0: 8 times the sum of the batch sizes (with max_tokens: 8 times max_tokens
+  // times the buckets).
   std::size_t max_wait = 0;
+  // A token budget per batch instead of batch sizes (give no batch sizes then): rows × L
+  // stays at most this (see the file's top). 0: batch sizes.
+  std::size_t max_tokens = 0;
   // Where batch buffers come from; null means a buffer_pool private to the stage.
   std::shared_ptr<std::pmr::memory_resource> resource = nullptr;
 };
@@ -108,6 +120,8 @@ class bucket_source
   struct bucket {
     std::vector<T> rows;
     std::vector<std::uint64_t> index;  // each row's place in the epoch
+    std::vector<std::size_t> lens;  // each row's length_fn value
+    void clear() { rows.clear(), index.clear(), lens.clear(); }
   };
   struct snapshot {
     std::uint64_t at = 0;  // rows pulled when it was taken
@@ -119,7 +133,9 @@ class bucket_source
   // Throws config_error for bad arguments (see the file's top).
   bucket_source(Up up, LengthFn fn, std::vector<std::size_t> bounds, std::vector<std::size_t> sizes, bucket_options o)
       : stage<bucket_source, Up, B>(std::move(up)), fn_(std::move(fn)), bounds_(std::move(bounds)),
-        sizes_(std::move(sizes)), o_(std::move(o)), buckets_(sizes_.size()) {
+        sizes_(std::move(sizes)), o_(std::move(o)) {
+    if (o_.max_tokens) sizes_.assign(bounds_.size() + 1, o_.max_tokens);  // rows a batch can hold at most
+    buckets_.resize(sizes_.size());
     if (o_.max_wait == 0) o_.max_wait = 8 * std::accumulate(sizes_.begin(), sizes_.end(), std::size_t(0));
     every_ = std::max<std::size_t>(1, o_.max_wait / 4);
     if (!o_.resource) o_.resource = std::make_shared<buffer_pool>();
@@ -131,20 +147,21 @@ class bucket_source
     o_.resource = r;
     return true;
   }
-  // The largest batch size, for distribute() (see the file's top).
+  // The largest batch size (with max_tokens: max_tokens rows), for distribute() (see the
+  // file's top).
   std::size_t batch_size() const { return *std::max_element(sizes_.begin(), sizes_.end()); }
 
  private:
   std::optional<B> pull() {
     for (;;) {
-      if (std::size_t b = overdue(); b != none) return emit(b);
+      if (std::size_t b = overdue(); b != none) return emit(b, buckets_[b].rows.size());
       if (ended_) {
         const std::size_t b = oldest();
         if (b == none || o_.drop_remainder) {
-          for (auto& k : buckets_) k.rows.clear(), k.index.clear();
+          for (auto& k : buckets_) k.clear();
           return std::nullopt;
         }
-        return emit(b);
+        return emit(b, buckets_[b].rows.size());
       }
       maybe_snapshot();
       std::optional<T> e = pull_counted();
@@ -153,10 +170,14 @@ class bucket_source
         continue;
       }
       const std::uint64_t idx = pulled_ - 1;
-      const std::size_t b = bucket_of(*e);  // length_fn may throw: the element goes
-      buckets_[b].rows.push_back(std::move(*e));
-      buckets_[b].index.push_back(idx);
-      if (buckets_[b].rows.size() == sizes_[b]) return emit(b);
+      const auto [b, len] = bucket_of(*e);  // length_fn may throw: the element goes
+      bucket& k = buckets_[b];
+      k.rows.push_back(std::move(*e));
+      k.index.push_back(idx);
+      k.lens.push_back(len);
+      if (o_.max_tokens && k.rows.size() > 1 && k.rows.size() * budget_width(b) > o_.max_tokens)
+        return emit(b, k.rows.size() - 1);  // the new row starts the bucket's next batch
+      if (k.rows.size() == sizes_[b]) return emit(b, k.rows.size());
     }
   }
 
@@ -180,9 +201,16 @@ class bucket_source
     if (pulled_ % every_ == 0 && (snaps_.empty() || snaps_.back().at != pulled_)) take_snapshot();
   }
 
-  std::size_t bucket_of(const T& e) {
+  // e's bucket and length (length_fn's).
+  std::pair<std::size_t, std::size_t> bucket_of(const T& e) {
     const std::size_t len = static_cast<std::size_t>(fn_(e));
-    return static_cast<std::size_t>(std::upper_bound(bounds_.begin(), bounds_.end(), len) - bounds_.begin());
+    return {static_cast<std::size_t>(std::upper_bound(bounds_.begin(), bounds_.end(), len) - bounds_.begin()), len};
+  }
+  // Bucket b's L for the token budget: its longest length rounded as the padding is.
+  std::size_t budget_width(std::size_t b) const {
+    if (o_.pad_to_bucket_boundary && b < bounds_.size()) return bounds_[b] - 1;
+    const std::size_t longest = *std::max_element(buckets_[b].lens.begin(), buckets_[b].lens.end());
+    return (longest + o_.multiple_of - 1) / o_.multiple_of * o_.multiple_of;
   }
   // The bucket whose partial batch began first, or none.
   std::size_t oldest() const {
@@ -196,25 +224,28 @@ class bucket_source
     return b != none && pulled_ - buckets_[b].index[0] > o_.max_wait ? b : none;
   }
 
-  B emit(std::size_t b) {
+  // Bucket b's first `count` rows as a batch; the rest stay (a token budget's next batch).
+  B emit(std::size_t b, std::size_t count) {
     bucket& k = buckets_[b];
+    const std::span<const T> rows(k.rows.data(), count);
     std::array<std::size_t, nf> width{};
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((width[I] = field_width<I>(b)), ...);
+      ((width[I] = field_width<I>(b, rows)), ...);
     }(std::make_index_sequence<nf>{});
-    B out = collator_.collate_padded(o_.resource, std::span<const T>(k.rows), width, o_.pad_value);
-    k.rows.clear();
-    k.index.clear();
+    B out = collator_.collate_padded(o_.resource, rows, width, o_.pad_value);
+    k.rows.erase(k.rows.begin(), k.rows.begin() + std::ptrdiff_t(count));
+    k.index.erase(k.index.begin(), k.index.begin() + std::ptrdiff_t(count));
+    k.lens.erase(k.lens.begin(), k.lens.begin() + std::ptrdiff_t(count));
     prune();
     return out;
   }
   template <std::size_t I>
-  std::size_t field_width(std::size_t b) const {
+  std::size_t field_width(std::size_t b, std::span<const T> rows) const {
     if constexpr (!B::template is_padded<I>) {
       return 0;
     } else {
       std::size_t longest = 0;
-      for (const T& e : buckets_[b].rows) longest = std::max<std::size_t>(longest, std::ranges::size(get_field<I>(e)));
+      for (const T& e : rows) longest = std::max<std::size_t>(longest, std::ranges::size(get_field<I>(e)));
       if (longest > std::numeric_limits<std::uint32_t>::max())
         throw config_error("bucket_by_sequence_length: a row of " + std::to_string(longest) + " values in field " +
                            std::to_string(I) + ": lengths are uint32; cut such rows before bucketing");
@@ -248,7 +279,8 @@ class bucket_source
     std::uint64_t h = 0x9e3779b97f4a7c15ull;
     for (std::size_t x : bounds_) h = splitmix64(h ^ x)();
     for (std::size_t x : sizes_) h = splitmix64(h ^ (x + 0x100000000ull))();
-    f("boundaries and batch sizes", h, true);
+    h = splitmix64(h ^ o_.max_tokens)();
+    f("boundaries, batch sizes and token budget", h, true);
     f("pad_to_bucket_boundary", std::uint64_t(o_.pad_to_bucket_boundary));
     f("multiple_of", o_.multiple_of);
     f("drop_remainder", std::uint64_t(o_.drop_remainder));
@@ -290,7 +322,7 @@ class bucket_source
                              " to " + std::to_string(to) + ")");
       }
     }
-    for (auto& k : buckets_) k.rows.clear(), k.index.clear();
+    for (auto& k : buckets_) k.clear();
     snaps_.clear();
     pulled_ = from;
     ended_ = false;
@@ -313,12 +345,14 @@ class bucket_source
       const std::uint64_t idx = pulled_ - 1;
       for (std::size_t b = 0; b < buckets_.size(); ++b)
         if (next[b] < want[b].size() && want[b][next[b]] == idx) {
-          if (bucket_of(*e) != b)
+          const auto [bucket_now, len] = bucket_of(*e);
+          if (bucket_now != b)
             throw config_error("restore_state: bucket_by_sequence_length: row " + std::to_string(idx) +
                                " falls in another bucket than when the state was saved (another dataset, or "
                                "another length_fn?)");
           buckets_[b].rows.push_back(std::move(*e));
           buckets_[b].index.push_back(idx);
+          buckets_[b].lens.push_back(len);
           ++next[b];
           break;
         }
@@ -327,7 +361,7 @@ class bucket_source
     prune();
   }
   void start_epoch() {
-    for (auto& k : buckets_) k.rows.clear(), k.index.clear();
+    for (auto& k : buckets_) k.clear();
     snaps_.clear();
     pulled_ = 0;
     ended_ = false;
@@ -347,7 +381,11 @@ class bucket_source
 inline void check_bucket_args(const std::vector<std::size_t>& bounds, const std::vector<std::size_t>& sizes,
                               const bucket_options& o) {
   const std::string me = "bucket_by_sequence_length: ";
-  if (sizes.size() != bounds.size() + 1)
+  if (o.max_tokens && !sizes.empty())
+    throw config_error(me + "give batch sizes or a token budget (max_tokens), not both (got " +
+                       std::to_string(sizes.size()) + " batch sizes and max_tokens = " + std::to_string(o.max_tokens) +
+                       ")");
+  if (!o.max_tokens && sizes.size() != bounds.size() + 1)
     throw config_error(me + "give one batch size per bucket: " + std::to_string(bounds.size()) + " boundaries make " +
                        std::to_string(bounds.size() + 1) + " buckets, and there are " + std::to_string(sizes.size()) +
                        " batch sizes");

@@ -17,8 +17,11 @@
 // Inference is wrong when that first batch is short (a dataset or shard with fewer than
 // G rows): set global_batch when the pipeline hides batch(). A later batch larger than an
 // inferred G proves it was wrong, and is a config_error saying so. G not divisible by R
-// is a config_error; so is a batch larger than G. Only fixed-size fields can be split (a
-// ragged field is a compile error).
+// is a config_error; so is a batch larger than G. Fixed fields are split by rows; so are
+// padded fields (padded_batch, bucket_by_sequence_length, pack: each replica's rows of L
+// values and their lengths); a ragged field (batch() of vectors or strings) gives each
+// replica its rows' values and their offsets rebased to start at 0
+// (replica_batch::field<I>() is a ragged_view of them).
 //
 // The last batch (any batch shorter than G, m rows) follows remainder_policy; every
 // replica always gets the same NUMBER of steps, so collective training never hangs:
@@ -140,10 +143,6 @@ class distribute_source
                 "ferry::distribute: the upstream must yield batches: put batch(global_size) "
                 "(and prefetch) before distribute()");
   using T = typename in_t::element_type;
-  static_assert(no_ragged<typename field_list<T>::type>::value,
-                "ferry::distribute: ragged fields (vectors, strings) cannot be split across replicas "
-                "yet: collate them with padded_batch() instead of batch(), or map them to "
-                "fixed-size std::arrays before batch()");
   friend threaded_stage<distribute_source, Up, step<T>>;
   static constexpr bool backend_copies = requires { Backend::copies_to_devices; };
   static constexpr bool resumable = resumable_source<Up>;
