@@ -31,6 +31,7 @@
 #include "common/doubles.hpp"
 #include "sources/helpers.hpp"
 #include "ferry/any_source.hpp"
+#include "ferry/collective/communicator.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/detail/random.hpp"
 #include "ferry/sources/from_files.hpp"
@@ -603,6 +604,16 @@ struct case_distribute {
   static std::vector<std::string> names() { return {"from_generator", "batch", "distribute"}; }
 };
 
+// lockstep over one rank (a solo_communicator): distribute's steps, agreed one by one.
+struct case_lockstep : case_distribute {
+  static constexpr const char* label = "lockstep";
+  static auto make(u64 bad) {
+    static ferry::solo_communicator solo;
+    return case_distribute::make(bad) | ferry::lockstep(solo, ferry::step_policy::pad);
+  }
+  static std::vector<std::string> names() { return {"from_generator", "batch", "distribute", "lockstep"}; }
+};
+
 // Files: three TFRecord files of byte records (errors in user code come from the other
 // stages' cases; the file sources' own errors have their tests in tests/sources).
 struct record_files {
@@ -915,7 +926,7 @@ TEST_CASE_TEMPLATE("conformance: every stage and source" * doctest::timeout(300)
                    case_from_range, case_from_generator, case_filter, case_take, case_skip, case_shard,
                    case_repeat, case_shuffle, case_map_inline, case_map_workers, case_map_unordered,
                    case_flat_map, case_batch, case_padded_batch, case_bucket, case_pack, case_prefetch, case_cache, case_concatenate, case_zip,
-                   case_sample_from, case_distribute, case_from_files, case_interleave,
+                   case_sample_from, case_distribute, case_lockstep, case_from_files, case_interleave,
                    case_interleave_fn<0>, case_interleave_fn<2>, case_any_source) {
   conform<C>();
 }

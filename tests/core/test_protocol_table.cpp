@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/collective/communicator.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/sources/from_files.hpp"
 #include "ferry/stages/distribute.hpp"
@@ -101,6 +102,10 @@ std::vector<std::string> table_from_code() {
                     seqs() | ferry::bucket_by_sequence_length(len, {2}, {2, 3}),
                     seqs() | ferry::bucket_by_sequence_length(len, {2}, {2, 3}), "-"));
     t.push_back(row("pack", "stages/pack.hpp", seqs() | ferry::pack(3, 2), seqs() | ferry::pack(3, 2), "-"));
+    static ferry::solo_communicator solo;
+    auto steps = [] { return up_batches() | ferry::distribute(ferry::host_replicas{2}); };
+    t.push_back(row("lockstep", "stages/lockstep.hpp", steps() | ferry::lockstep(solo, ferry::step_policy::pad),
+                    nullptr, "-"));
   }
   t.push_back(row("prefetch", "stages/prefetch.hpp", up() | ferry::prefetch(2), up_batches() | ferry::prefetch(2), "one"));
   t.push_back(row("cache", "stages/cache.hpp", up() | ferry::cache(), nullptr, "-"));

@@ -10,6 +10,7 @@
 //   exactly once       uneven files, file-level shards, 2 local replicas per rank,
 //                      pad: every record seen exactly once; drop: equal full steps
 //   uneven + trainer   equal step counts agreed before the epoch, no hang
+//   lockstep           step counts no rank knows ahead (a filter), agreed step by step
 //   fewer files        file-level shard with fewer files than ranks is a config_error;
 //                      by_element is the explicit fallback
 #include <doctest/doctest.h>
@@ -37,6 +38,8 @@
 #include "ferry/sources/from_files.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "ferry/stages/filter.hpp"
+#include "ferry/stages/lockstep.hpp"
 #include "ferry/stages/map.hpp"
 #include "ferry/stages/shard.hpp"
 #include "ferry/train/host_backend.hpp"
@@ -451,6 +454,57 @@ TEST_CASE("uneven files with the trainer: pad with empty steps, no hang" * docte
     CHECK(c.world().all_reduce_sum(delivered_rows) == total);  // pad keeps every row
     CHECK(rows == doctest::Approx(double(total)));
     CHECK(t.steps() - trained_before == std::uint64_t(n));  // the trainer ran every step, empty ones too
+  }
+  c.world().barrier();
+  if (me == 0) fs::remove_all(dir);
+}
+
+TEST_CASE("lockstep: step counts no rank can know ahead (a filter), agreed step by step; no hang" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  auto& c = ctx();
+  const int W = c.world_size(), me = c.rank();
+  ferry::train::host_backend::set_blas_threads(1);
+  const fs::path dir = shared_dir("lockstep");
+  std::vector<int> sizes;
+  for (int j = 0; j < 2 * W; ++j) sizes.push_back(10 + 7 * j);
+  const auto files = strings(write_dataset(dir, sizes, 11));
+  const std::size_t b = 4;
+  ferry::train::mirrored_trainer<ferry::train::host_backend, ferry::mpi_communicator> t(
+      {.layers = {features, 8, classes}, .class_weights = {}}, {.opt = {.lr = 0.01f}, .seed = 5, .max_rows = int(b)},
+      ferry::one_replica_per_process(c));
+  // Rank r keeps rows whose class is not r % classes, plus all of rank 0's: counts differ
+  // by rank and by the data, and no rank counts them first.
+  auto keep = [me](const sample& s) { return me == 0 || std::get<1>(s) != me % classes; };
+  for (auto policy : {ferry::step_policy::pad, ferry::step_policy::drop}) {
+    CAPTURE(static_cast<int>(policy));
+    auto steps = ferry::from_files(files, ferry::fixed_length{.record_bytes = sizeof(row)}) | ferry::shard(W, me) |
+                 ferry::map(to_sample) | ferry::filter(keep) | ferry::batch(b) |
+                 ferry::distribute(ferry::host_replicas{1}, {.remainder = ferry::remainder_policy::partial}) |
+                 ferry::lockstep(c.world(), policy);
+    std::int64_t n = 0, rows = 0, empty = 0;
+    for (auto& st : steps) {
+      const auto s = t.train_step(st);
+      CHECK(std::isfinite(s.loss));
+      ++n;
+      rows += std::int64_t(st[0].size());
+      empty += st.global_size() == 0;
+    }
+    // Every rank took the same number of steps, and (pad) every kept row was trained on.
+    CHECK(c.world().all_reduce_min(n) == c.world().all_reduce_max(n));
+    auto mine = ferry::from_files(files, ferry::fixed_length{.record_bytes = sizeof(row)}) | ferry::shard(W, me) |
+                ferry::map(to_sample) | ferry::filter(keep);
+    std::int64_t kept = 0;
+    for (auto& x : mine) kept += (void(x), 1);
+    const std::int64_t local = (kept + std::int64_t(b) - 1) / std::int64_t(b);
+    if (policy == ferry::step_policy::pad) {
+      CHECK(rows == kept);
+      CHECK(n == c.world().all_reduce_max(local));
+      CHECK(empty == n - local);
+    } else {
+      CHECK(n == c.world().all_reduce_min(local));
+      CHECK(empty == 0);
+    }
   }
   c.world().barrier();
   if (me == 0) fs::remove_all(dir);

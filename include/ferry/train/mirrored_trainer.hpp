@@ -425,12 +425,12 @@ class mirrored_trainer {
     ++issued_;
   }
   // A distribute() step's slices must be ready on the replicas' own streams (see
-  // train_step_async(Step&)).
+  // train_step_async(Step&)); an empty slice (lockstep's empty steps) waits for nothing.
   template <class Step>
   void check_streams(Step& step) {
     if constexpr (requires { step[0].stream(); reps_[0]->backend().stream(); })
       for (std::size_t r = 0; r < reps_.size(); ++r)
-        if (step[r].stream() != reps_[r]->backend().stream())
+        if (step[r].size() != 0 && step[r].stream() != reps_[r]->backend().stream())
           throw config_error("mirrored_trainer: replica " + std::to_string(r) +
                              "'s slice is ready on another stream than the replica computes on; "
                              "distribute onto the trainer's streams (cuda::devices(ordinals, streams))");

@@ -1,0 +1,178 @@
+// ferry/stages/lockstep.hpp: lockstep(comm, policy) makes every rank of a communicator
+// take the same number of steps this epoch, agreed as they go: before handing out a step,
+// each rank says whether it has one, in one small all-reduce. No counting pass: ranks
+// whose step counts cannot be known ahead (bucket_by_sequence_length, filter, a token
+// budget) still end the epoch together, so no rank waits forever in an all-reduce another
+// rank never enters.
+//
+//   auto steps = from_files(...) | shard(world, rank) | ... | bucket_by_sequence_length(...)
+//              | distribute(ferry::host_replicas{1}, {.remainder = ferry::remainder_policy::partial})
+//              | ferry::lockstep(ctx.world(), ferry::step_policy::pad);
+//   for (auto& st : steps) trainer.train_step(st);   // the same count on every rank
+//
+// Policies (agree_steps.hpp's):
+//   pad   the epoch goes on while any rank has a step; a rank that has run out gets empty
+//         steps (every replica's slice has 0 rows: no loss, no gradient, and it still joins
+//         the trainer's all-reduce). Every row of the epoch is seen exactly once.
+//   drop  the epoch ends at the first step some rank lacks; the others' steps after it are
+//         not seen this epoch (every step is full everywhere).
+//
+// The elements are distribute()'s steps; an empty step has as many replicas as the
+// upstream's backend, index() continuing the epoch's count, and no host batch rows.
+// A trainer accepts it (empty slices wait for no copy, so their streams are not checked).
+//
+// Cost: one all_reduce_sum of two floats per step on `comm` (host memory: an MPI or
+// thread communicator, not NCCL's device buffers), on the thread calling next().
+//
+// Errors: an upstream error on one rank still joins that step's all-reduce, flagged: that
+// rank rethrows its error, and every other rank throws ferry::error ("lockstep: 1 other
+// rank(s) failed at step 17 ...") at the same step, keeping its own step for the next
+// call. So no rank hangs, the error is an event at the same place on every rank, and
+// nothing is lost: the epoch goes on at the next next(). Collective errors propagate.
+// Every rank must call next() the same number of times (a range-for does, and ends at the
+// first throw on every rank alike).
+//
+// Checkpoints: the upstream's state, then this rank's "ran out" flag and step count; ranks
+// restore their own checkpoints (saved at the same step). The communicator is not saved.
+// Saving right after another rank's failure, while this rank holds its step for the next
+// call, is a config_error (call next() first).
+// Threads: none of its own.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "ferry/batch_of.hpp"
+#include "ferry/collective/agree_steps.hpp"
+#include "ferry/error.hpp"
+#include "ferry/source.hpp"
+#include "ferry/stage.hpp"
+#include "ferry/step.hpp"
+
+namespace ferry {
+namespace detail {
+
+template <class S>
+struct is_step : std::false_type {};
+template <class T>
+struct is_step<step<T>> : std::true_type {
+  using element = T;
+};
+
+template <source Up, class Comm>
+class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
+  friend stage<lockstep_source, Up>;
+  using V = value_t<Up>;
+  static_assert(is_step<V>::value, "ferry::lockstep: put it after distribute(): its elements are steps");
+  using T = typename is_step<V>::element;
+
+ public:
+  static constexpr char name[] = "lockstep";
+  static constexpr bool changes_batch_size = true;  // steps, not batches
+  lockstep_source(Up up, Comm& comm, step_policy p) : stage<lockstep_source, Up>(std::move(up)), comm_(&comm), p_(p) {}
+
+ private:
+  std::optional<V> pull() {
+    if (over_) return std::nullopt;
+    std::optional<V> mine = std::move(held_);
+    held_.reset();
+    std::exception_ptr failed;
+    if (!mine && !ran_out_) {
+      try {
+        mine = this->pull_up();
+        if (!mine) ran_out_ = true;
+      } catch (...) {
+        failed = std::current_exception();
+      }
+    }
+    // [ranks with a step, ranks that failed], summed over the ranks.
+    std::array<float, 2> w{mine ? 1.0f : 0.0f, failed ? 1.0f : 0.0f};
+    comm_->all_reduce_sum(std::span<float>(w));
+    const std::size_t have = std::size_t(w[0] + 0.5f), errors = std::size_t(w[1] + 0.5f);
+    const std::uint64_t k = steps_++;
+    if (errors) {
+      if (failed) std::rethrow_exception(failed);
+      held_ = std::move(mine);  // handed out at the next call
+      throw error("lockstep: " + std::to_string(errors) + " other rank(s) failed at step " + std::to_string(k) +
+                  " of the epoch (see the failing rank's error); every rank goes on at the next call");
+    }
+    const std::size_t ranks = std::size_t(comm_->size());
+    if (have == 0 || (p_ == step_policy::drop && have < ranks)) {
+      over_ = true;
+      return std::nullopt;
+    }
+    if (mine) {
+      replicas_ = mine->replicas();
+      return mine;
+    }
+    return empty_step(k);
+  }
+
+  V empty_step(std::uint64_t k) {
+    std::size_t r = replicas_;
+    if constexpr (requires(Up& u) { u.backend().replicas(); })
+      if (r == 0) r = this->up().backend().replicas();
+    if (!empty_) empty_ = std::make_shared<const batch_of<T>>();
+    return step_access::make<T>(empty_, r == 0 ? 1 : r, k);
+  }
+
+  void save_words(state_writer& w) const {
+    if (held_)
+      throw config_error("lockstep: cannot save right after another rank failed, while this rank holds its step "
+                         "for the next call; call next() first");
+    w.put(ran_out_);
+    w.put(over_);
+    w.put(steps_);
+  }
+  void restore_words(state_reader& r) {
+    ran_out_ = r.get_flag(name);
+    over_ = r.get_flag(name);
+    steps_ = r.get();
+  }
+  void start_epoch() {
+    held_.reset();
+    ran_out_ = over_ = false;
+    steps_ = 0;
+  }
+
+  Comm* comm_;
+  step_policy p_;
+  bool ran_out_ = false;  // this rank's upstream has ended this epoch
+  bool over_ = false;  // the ranks have agreed the epoch is over
+  std::uint64_t steps_ = 0;  // steps agreed this epoch
+  std::size_t replicas_ = 0;  // from the last step this rank had
+  std::shared_ptr<const batch_of<T>> empty_;  // empty steps' host batch
+  std::optional<V> held_;  // this rank's step, kept when another rank failed
+};
+
+}  // namespace detail
+
+// lockstep(comm, policy): every rank of comm takes the same number of steps, agreed as
+// they go (see the file's top). comm must outlive the pipeline.
+struct lockstep_t {
+  // lockstep(src, comm, policy): the stage over src (moved in).
+  template <source S, class Comm>
+  auto operator()(S&& s, Comm& comm, step_policy p) const {
+    detail::require_rvalue_source<S>();
+    return detail::lockstep_source<std::remove_cvref_t<S>, Comm>(std::forward<S>(s), comm, p);
+  }
+  // lockstep(comm, policy): a closure for `steps | lockstep(comm, policy)`.
+  template <class Comm>
+    requires(!source<Comm>)
+  auto operator()(Comm& comm, step_policy p) const {
+    Comm* c = &comm;
+    return make_closure([c, p]<class S>(S&& s) { return lockstep_t{}(std::forward<S>(s), *c, p); });
+  }
+};
+// lockstep(comm, policy): equal step counts across ranks without a counting pass.
+inline constexpr lockstep_t lockstep{};
+
+}  // namespace ferry

@@ -1,0 +1,179 @@
+// lockstep: ranks of a thread_group, each with its own number of steps, take the same
+// number of steps (pad: the most, with empty steps; drop: the least), agreed step by
+// step; every row is seen once under pad; an error on one rank ends the epoch on every
+// rank at the same step, with no hang; checkpoints resume.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/doubles.hpp"
+#include "ferry/collective/thread_collective.hpp"
+#include "ferry/ferry.hpp"
+#include "ferry/stages/distribute.hpp"
+
+using namespace std::chrono_literals;
+
+namespace {
+
+using u64 = std::uint64_t;
+
+// Rank r's pipeline: rows[r] rows (ids from `first`), batches of 4, over 2 host replicas;
+// the generator throws at id `bad`.
+auto rank_steps(u64 first, u64 rows, u64 bad = ~u64{0}) {
+  return ferry::from_generator(rows,
+                               [first, bad](u64 i) -> std::uint64_t {
+                                 if (first + i == bad) throw std::runtime_error("row " + std::to_string(bad) + " failed");
+                                 return first + i;
+                               }) |
+         ferry::batch(4) | ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::partial});
+}
+
+struct rank_result {
+  std::size_t steps = 0, empty = 0;
+  std::vector<u64> ids;
+  std::string error;
+};
+
+// Runs `ranks` threads, each over its own pipeline with lockstep.
+std::vector<rank_result> run(const std::vector<u64>& rows, ferry::step_policy p, u64 bad = ~u64{0},
+                             int save_at = -1) {
+  const std::size_t W = rows.size();
+  ferry::thread_group g{int(W)};
+  std::vector<rank_result> out(W);
+  std::vector<std::thread> ts;
+  for (std::size_t r = 0; r < W; ++r)
+    ts.emplace_back([&, r] {
+      auto comm = g.communicator(int(r));
+      u64 first = 0;
+      for (std::size_t q = 0; q < r; ++q) first += rows[q];
+      auto steps = rank_steps(first, rows[r], bad) | ferry::lockstep(comm, p);
+      auto take = [&](auto& st) {
+        ++out[r].steps;
+        if (st.global_size() == 0) ++out[r].empty;
+        CHECK(st.replicas() == 2);
+        for (std::size_t k = 0; k < st.replicas(); ++k)
+          for (u64 x : st[k].template field<0>()) out[r].ids.push_back(x);
+      };
+      try {
+        if (save_at >= 0) {  // save after save_at steps, go on from a fresh pipeline
+          for (int k = 0; k < save_at; ++k) {
+            auto st = steps.next();
+            REQUIRE(st);
+            take(*st);
+          }
+          auto again = rank_steps(first, rows[r], bad) | ferry::lockstep(comm, p);
+          ferry::restore_state(again, ferry::save_state(steps));
+          while (auto st = again.next()) take(*st);
+        } else {
+          for (auto& st : steps) take(st);
+        }
+      } catch (const std::exception& e) {
+        out[r].error = e.what();
+      }
+    });
+  for (auto& t : ts) t.join();
+  return out;
+}
+
+std::size_t steps_of(u64 rows) { return (rows + 3) / 4; }
+
+}  // namespace
+
+TEST_CASE("lockstep pad: every rank takes the most steps, empty ones after its data; every row once" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  for (const auto& rows : std::vector<std::vector<u64>>{{10, 3}, {0, 7, 40, 13}, {5}, {8, 8, 8}}) {
+    const auto res = run(rows, ferry::step_policy::pad);
+    std::size_t most = 0;
+    u64 total = 0;
+    for (u64 n : rows) most = std::max(most, steps_of(n)), total += n;
+    std::vector<int> seen(total, 0);
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      CAPTURE(r);
+      CHECK(res[r].error.empty());
+      CHECK(res[r].steps == most);
+      CHECK(res[r].empty == most - steps_of(rows[r]));
+      for (u64 x : res[r].ids) ++seen[x];
+    }
+    for (int c : seen) CHECK(c == 1);
+  }
+}
+
+TEST_CASE("lockstep drop: every rank takes the fewest steps" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  const std::vector<u64> rows = {10, 30, 22};
+  const auto res = run(rows, ferry::step_policy::drop);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    CHECK(res[r].error.empty());
+    CHECK(res[r].steps == steps_of(10));
+    CHECK(res[r].empty == 0);
+  }
+}
+
+TEST_CASE("lockstep: an error on one rank is an error on every rank at that step; then all go on, "
+          "nothing lost, no hang" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  const std::vector<u64> rows = {12, 20, 9};
+  const u64 bad = 12 + 9;  // rank 1's tenth row: its third step
+  // A range-for ends at the first throw on every rank alike.
+  const auto res = run(rows, ferry::step_policy::pad, bad);
+  CHECK(res[1].error.find("row 21 failed") != std::string::npos);
+  for (std::size_t r : {0u, 2u}) {
+    CHECK(res[r].error.find("lockstep: 1 other rank(s) failed at step 2") != std::string::npos);
+    CHECK(res[r].steps == 2);
+  }
+  // next() after the error: every rank goes on; every row but rank 1's failed batch once.
+  ferry::thread_group g{3};
+  std::vector<std::vector<u64>> ids(3);
+  std::vector<int> errors(3, 0);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 3; ++r)
+    ts.emplace_back([&, r] {
+      auto comm = g.communicator(r);
+      const u64 first = r == 0 ? 0 : r == 1 ? 12 : 32;
+      auto steps = rank_steps(first, rows[std::size_t(r)], bad) | ferry::lockstep(comm, ferry::step_policy::pad);
+      for (;;) {
+        try {
+          auto st = steps.next();
+          if (!st) break;
+          for (std::size_t k = 0; k < st->replicas(); ++k)
+            for (u64 x : (*st)[k].field<0>()) ids[std::size_t(r)].push_back(x);
+        } catch (const std::exception&) {
+          ++errors[std::size_t(r)];
+        }
+      }
+    });
+  for (auto& t : ts) t.join();
+  std::vector<int> seen(41, 0);
+  for (int r = 0; r < 3; ++r) {
+    CHECK(errors[std::size_t(r)] == 1);
+    for (u64 x : ids[std::size_t(r)]) ++seen[x];
+  }
+  // Rank 1: row 21 failed, and row 20, pulled into the batch it broke, went with it (batch());
+  // the next batch starts at row 22.
+  for (u64 x = 0; x < 41; ++x) CHECK(seen[x] == (x == 20 || x == 21 ? 0 : 1));
+}
+
+TEST_CASE("lockstep: each rank's checkpoint resumes the agreed steps" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  const std::vector<u64> rows = {6, 25};
+  for (int at : {0, 1, 2, 4, 6}) {
+    CAPTURE(at);
+    const auto res = run(rows, ferry::step_policy::pad, ~u64{0}, at);
+    u64 total = 0;
+    for (u64 n : rows) total += n;
+    std::vector<int> seen(total, 0);
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      CHECK(res[r].error.empty());
+      CHECK(res[r].steps == steps_of(25));
+      for (u64 x : res[r].ids) ++seen[x];
+    }
+    for (int c : seen) CHECK(c == 1);
+  }
+}
