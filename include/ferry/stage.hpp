@@ -38,7 +38,9 @@
 //                          elements keep their type keeps batches whole unless it says
 //                          `static constexpr bool changes_batch_size = true;`. Several
 //                          upstreams: their common size, 0 (unknown) when they differ.
-//   set_buffer_resource(r) handed to every upstream (batch() takes it)
+//   set_buffer_resource(r) kept by a stage that collates batches (it has batch_resource(),
+//                          the reference it collates from: batch, padded_batch, ...),
+//                          else handed to every upstream
 //   visit_stages(v)        the upstreams' rows, then this stage's (report_mode(),
 //                          report_threads() and report_counters() when the stage has
 //                          threads of its own)
@@ -302,6 +304,10 @@ class stage_base : public source_interface<Derived> {
 
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     check_live();
+    if constexpr (requires(Derived& d) { d.batch_resource() = r; }) {  // distribute's pinned pool
+      self().batch_resource() = r;
+      return true;
+    }
     bool took = false;
     each_up([&](auto& u) { took = forward_buffer_resource(u, r) || took; });  // every upstream gets it
     return took;

@@ -93,17 +93,14 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
     if (!res_) res_ = std::make_shared<buffer_pool>();
   }
 
-  // Where batches are collated from now on (distribute's pinned pool).
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    this->check_live();
-    res_ = r;
-    return true;
-  }
   std::size_t batch_size() const { return n_; }
   bool drops_remainder() const { return drop_; }
   Up& upstream() { return this->up(); }
 
  private:
+  // Where batches are collated (the base's set_buffer_resource: distribute's pinned pool).
+  std::shared_ptr<std::pmr::memory_resource>& batch_resource() { return res_; }
+
   std::optional<B> pull() {
     Up& up = this->up();
     if constexpr (bulk_source<Up> && batch_collator<T>::all_fixed && B::field_count == 1 &&

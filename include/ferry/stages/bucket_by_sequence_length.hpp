@@ -37,6 +37,7 @@
 // them, pad would pad them to G).
 //
 // Threads: runs on the thread calling next(); length_fn runs there, once per element.
+//
 // Errors: config_error for boundaries that do not increase (or start at 0), a number of
 // batch sizes other than boundaries + 1, a batch size or multiple_of of 0. What length_fn
 // throws arrives from next() at its element's place; that element is dropped, and the
@@ -141,17 +142,14 @@ class bucket_source
     if (!o_.resource) o_.resource = std::make_shared<buffer_pool>();
   }
 
-  // Where batches are collated from now on (distribute's pinned pool).
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    this->check_live();
-    o_.resource = r;
-    return true;
-  }
   // The largest batch size (with max_tokens: max_tokens rows), for distribute() (see the
   // file's top).
   std::size_t batch_size() const { return *std::max_element(sizes_.begin(), sizes_.end()); }
 
  private:
+  // Where batches are collated (the base's set_buffer_resource: distribute's pinned pool).
+  std::shared_ptr<std::pmr::memory_resource>& batch_resource() { return o_.resource; }
+
   std::optional<B> pull() {
     for (;;) {
       if (std::size_t b = overdue(); b != none) return emit(b, buckets_[b].rows.size());

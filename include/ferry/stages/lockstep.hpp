@@ -24,6 +24,9 @@
 // Cost: one all_reduce_sum of two floats per step on `comm` (host memory: an MPI or
 // thread communicator, not NCCL's device buffers), on the thread calling next().
 //
+// Threads: none of its own; runs on the thread calling next(), which must be the one that
+// uses `comm` for this rank; no user code of its own.
+//
 // Errors: an upstream error on one rank still joins that step's all-reduce, flagged: that
 // rank rethrows its error, and every other rank throws ferry::error ("lockstep: 1 other
 // rank(s) failed at step 17 ...") at the same step, keeping its own step for the next
@@ -32,11 +35,13 @@
 // Every rank must call next() the same number of times (a range-for does, and ends at the
 // first throw on every rank alike).
 //
+// Memory: this rank's step held after another rank's failure, and one empty batch shared
+// by its empty steps.
+//
 // Checkpoints: the upstream's state, then this rank's "ran out" flag and step count; ranks
 // restore their own checkpoints (saved at the same step). The communicator is not saved.
 // Saving right after another rank's failure, while this rank holds its step for the next
 // call, is a config_error (call next() first).
-// Threads: none of its own.
 #pragma once
 
 #include <array>

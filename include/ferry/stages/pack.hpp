@@ -26,6 +26,7 @@
 // starts a new row.
 //
 // Threads: runs on the thread calling next(); no user code of its own.
+//
 // Errors: config_error for L == 0 or n == 0. An upstream error arrives at its place; the
 // batch being built is dropped with it, as batch() drops it (the sequence being split
 // stays: its rest starts the next batch).
@@ -103,16 +104,12 @@ class pack_source
     if (!o_.resource) o_.resource = std::make_shared<buffer_pool>();
   }
 
-  // Where batches are collated from now on (distribute's pinned pool).
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    this->check_live();
-    o_.resource = r;
-    return true;
-  }
   // The rows per batch n, for distribute().
   std::size_t batch_size() const { return n_; }
 
  private:
+  // Where batches are collated (the base's set_buffer_resource: distribute's pinned pool).
+  std::shared_ptr<std::pmr::memory_resource>& batch_resource() { return o_.resource; }
   std::optional<B> pull() {
     if (ended_) return std::nullopt;
     B b = col_.start_padded(o_.resource, n_, {len_, len_, len_});

@@ -119,16 +119,12 @@ class padded_batch_source
     if (!o_.resource) o_.resource = std::make_shared<buffer_pool>();
   }
 
-  // Where batches are collated from now on (distribute's pinned pool).
-  bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    this->check_live();
-    o_.resource = r;
-    return true;
-  }
   // The batch size n, for distribute().
   std::size_t batch_size() const { return n_; }
 
  private:
+  // Where batches are collated (the base's set_buffer_resource: distribute's pinned pool).
+  std::shared_ptr<std::pmr::memory_resource>& batch_resource() { return o_.resource; }
   std::optional<B> pull() {
     std::span<const T> rows;
     if constexpr (view_source<Up>) {
