@@ -6,7 +6,7 @@
 //   11_text_language [--epochs 3] [--replicas 2] [--dict /usr/share/dict] [--limit N]
 //
 // The pipeline: the words' bytes as views into one array (no copy per word)
-//   from_range | shuffle | bucket_by_sequence_length (words of like length together, 128 a
+//   from_range | shuffle (all the words) | bucket_by_sequence_length (words of like length together, 128 a
 //   batch: 5% padding instead of 51% for one padded_batch) | prefetch
 //   | distribute(host_replicas{R}, partial) -> each replica's padded rows and lengths.
 // The model: on each replica, an embedding bag over the row's real bytes (its lengths,
@@ -136,7 +136,10 @@ int main(int argc, char** argv) try {
   double real = 0, all = 0, accuracy = 0;
   for (int e = 1; e <= epochs; ++e) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto steps = ferry::from_range(std::span<const word>(train)) | ferry::shuffle(100000, 7 + std::uint64_t(e)) |
+    // The lists come one language after another: a shuffle buffer smaller than the data
+    // gives batches of one language at a time (loss 0.08, test accuracy 0.22 with 100000),
+    // so the buffer holds every word (each a 24-byte view).
+    auto steps = ferry::from_range(std::span<const word>(train)) | ferry::shuffle(train.size(), 7 + std::uint64_t(e)) |
                  ferry::bucket_by_sequence_length(len, bounds, sizes) | ferry::prefetch(4) |
                  ferry::distribute(ferry::host_replicas{replicas}, part);
     double loss = 0, weight = 0;
