@@ -473,7 +473,7 @@ struct batch_collator {
         auto&& r = detail::get_field<I>(elems[i]);
         const std::size_t k = std::min<std::size_t>(std::ranges::size(r), width);
         if (k) std::memcpy(out, std::ranges::data(r), k * sizeof(E));
-        if (zero)
+        if (zero && k < width)  // (width 0: no buffer, and memset may not take null)
           std::memset(out + k, 0, (width - k) * sizeof(E));
         else
           std::fill(out + k, out + width, fill);
@@ -499,7 +499,7 @@ struct batch_collator {
     }
     if constexpr (B::template is_padded<I>) {
       p.padded_[I] = true;
-      if (global > n) std::memset(p.data_[I].data() + n * es, 0, (global - n) * es);
+      if (global > n && es != 0) std::memset(p.data_[I].data() + n * es, 0, (global - n) * es);
       p.offsets_[I] = buffer(res, global * sizeof(std::uint32_t));
       if (n) std::memcpy(p.offsets_[I].data(), b.offsets_[I].data(), n * sizeof(std::uint32_t));
       if (global > n) std::memset(p.offsets_[I].data() + n * sizeof(std::uint32_t), 0, (global - n) * sizeof(std::uint32_t));
