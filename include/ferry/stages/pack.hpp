@@ -133,7 +133,7 @@ class pack_source
         off_ += take;
       }
       if (used == 0) break;
-      std::fill(tok + used, tok + len_, pad_as(o_.pad_value));
+      std::fill(tok + used, tok + len_, pad_as<E>(o_.pad_value));
       std::fill(seg + used, seg + len_, 0u);
       std::fill(pos + used, pos + len_, 0u);
       for (std::size_t f = 0; f < 3; ++f) lengths(b, f)[rows] = std::uint32_t(used);
@@ -173,12 +173,6 @@ class pack_source
       case 1: return col_.template padded_lengths<1>(b);
       default: return col_.template padded_lengths<2>(b);
     }
-  }
-  static E pad_as(double v) {
-    if constexpr (std::is_arithmetic_v<E>)
-      return static_cast<E>(v);
-    else
-      return E{};
   }
 
   template <class F>
