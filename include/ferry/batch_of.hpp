@@ -75,6 +75,17 @@ struct padded_view {
   std::span<const E> valid(std::size_t i) const { return values.subspan(i * width, lengths[i]); }
 };
 
+// padded_batch(n, ferry::with_mask), bucket_by_sequence_length(..., ferry::with_mask):
+// the batches get a mask field for each padded field, appended after the element's own
+// fields in their order: a padded<std::uint8_t> of the same L and lengths, each row 1 for a
+// real value and 0 for padding. It travels as any padded field does (distribute() splits
+// it and copies it to the replicas), so a model reads it where its rows land.
+struct with_mask_t {
+  explicit constexpr with_mask_t() = default;
+};
+// The tag that asks for mask fields (see with_mask_t).
+inline constexpr with_mask_t with_mask{};
+
 namespace detail {
 
 template <class T>
@@ -169,17 +180,43 @@ template <ragged_field F>
 struct pad_field<F> {
   using type = padded<std::ranges::range_value_t<F>>;
 };
-template <class T, class FL = typename field_list<T>::type>
+template <class T, bool Mask = false, class FL = typename field_list<T>::type>
 struct padded_element;
 template <class T, class F>
   requires(!field_list<T>::is_tuple)
-struct padded_element<T, std::tuple<F>> {
+struct padded_element<T, false, std::tuple<F>> {
   using type = typename pad_field<F>::type;
 };
 template <class T, class... Fs>
   requires(field_list<T>::is_tuple)
-struct padded_element<T, std::tuple<Fs...>> {
+struct padded_element<T, false, std::tuple<Fs...>> {
   using type = std::tuple<typename pad_field<Fs>::type...>;
+};
+// with_mask: T's fields padded, then a padded<std::uint8_t> per ragged field, in order.
+template <class F>
+struct mask_of {
+  using type = std::tuple<>;
+};
+template <ragged_field F>
+struct mask_of<F> {
+  using type = std::tuple<padded<std::uint8_t>>;
+};
+template <class T, class... Fs>
+struct padded_element<T, true, std::tuple<Fs...>> {
+  using type = decltype(std::tuple_cat(std::declval<std::tuple<typename pad_field<Fs>::type...>>(),
+                                       std::declval<typename mask_of<Fs>::type>()...));
+};
+// The field list's k-th ragged field (a mask field's source).
+template <class FL>
+struct ragged_index;
+template <class... Fs>
+struct ragged_index<std::tuple<Fs...>> {
+  static constexpr std::size_t nth(std::size_t k) {
+    constexpr bool r[] = {field_traits<Fs>::ragged...};
+    for (std::size_t i = 0; i < sizeof...(Fs); ++i)
+      if (r[i] && k-- == 0) return i;
+    return sizeof...(Fs);
+  }
 };
 
 template <std::size_t I, class T>
@@ -404,12 +441,13 @@ struct batch_collator {
   // are T's padded fields. Padded field I's rows are width[I] values long: a row's first
   // values (at most width[I]: a longer row is cut, the caller has decided it may be), then
   // `pad` converted to the value type (value-initialised values for a non-arithmetic one).
+  // With with_mask, B's fields past Src's are masks: width[] is read for Src's fields only.
   template <class Src>
   B collate_padded(const std::shared_ptr<std::pmr::memory_resource>& res, std::span<const Src> elems,
                    const std::array<std::size_t, nf>& width, double pad) const {
     B b;
     [&]<std::size_t... I>(std::index_sequence<I...>) {
-      (collate_padded_field<I>(b, res, elems, width[I], pad), ...);
+      (collate_padded_field<I>(b, res, elems, width, pad), ...);
     }(std::make_index_sequence<nf>{});
     b.n_ = elems.size();
     return b;
@@ -454,10 +492,27 @@ struct batch_collator {
  private:
   template <std::size_t I, class Src>
   void collate_padded_field(B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::span<const Src> elems,
-                            std::size_t width, double pad) const {
+                            const std::array<std::size_t, nf>& widths, double pad) const {
     using F = typename B::template field_t<I>;
+    using SL = typename detail::field_list<Src>::type;
     const std::size_t n = elems.size();
-    if constexpr (B::template is_padded<I>) {
+    if constexpr (I >= std::tuple_size_v<SL>) {  // with_mask: the mask of Src's ragged field r
+      constexpr std::size_t r = detail::ragged_index<SL>::nth(I - std::tuple_size_v<SL>);
+      const std::size_t width = widths[r];
+      b.padded_[I] = true;
+      b.elem_bytes_[I] = width;
+      b.offsets_[I] = buffer(res, n * sizeof(std::uint32_t));
+      b.data_[I] = buffer(res, n * width);
+      auto* len = reinterpret_cast<std::uint32_t*>(b.offsets_[I].data());
+      std::byte* out = b.data_[I].data();
+      for (std::size_t i = 0; i < n; ++i, out += width) {
+        const std::size_t k = std::min<std::size_t>(std::ranges::size(detail::get_field<r>(elems[i])), width);
+        if (k) std::memset(out, 1, k);
+        if (k < width) std::memset(out + k, 0, width - k);
+        len[i] = static_cast<std::uint32_t>(k);
+      }
+    } else if constexpr (B::template is_padded<I>) {
+      const std::size_t width = widths[I];
       using E = typename F::value_type;
       b.padded_[I] = true;
       b.elem_bytes_[I] = width * sizeof(E);

@@ -362,3 +362,28 @@ TEST_CASE("bucket_by_sequence_length with a token budget: rows x L within max_to
   CHECK_THROWS_WITH_AS(ferry::bucket_by_sequence_length(len_of, {4}, {2, 2}, {.max_tokens = 64}),
                        doctest::Contains("not both"), ferry::config_error);
 }
+
+TEST_CASE("bucket_by_sequence_length with_mask: the same batches, each with its mask") {
+  ferry::detail::splitmix64 g(21);
+  const auto rows = random_rows(g, 300, 40);
+  const std::vector<std::size_t> bounds = {8, 16, 32}, sizes = {16, 8, 8, 4};
+  const ferry::bucket_options o{.multiple_of = 4};
+  auto plain = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, bounds, sizes, o);
+  auto masked = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, bounds, sizes, o, ferry::with_mask);
+  std::size_t batches = 0;
+  while (auto b = plain.next()) {
+    auto m = masked.next();
+    REQUIRE(m);
+    ++batches;
+    const got_batch want = as_got(*b);
+    CHECK(std::vector<i32>(m->field<1>().begin(), m->field<1>().end()) == want.ids);
+    ferry::padded_view<std::uint8_t> mask = m->field<2>();
+    CHECK(mask.width == want.width);
+    for (std::size_t i = 0; i < mask.size(); ++i) {
+      CHECK(mask.lengths[i] == want.lengths[i]);
+      for (std::size_t j = 0; j < mask.width; ++j) CHECK(mask[i][j] == (j < want.lengths[i] ? 1 : 0));
+    }
+  }
+  CHECK(!masked.next());
+  CHECK(batches > 20);
+}

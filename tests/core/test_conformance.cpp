@@ -87,6 +87,18 @@ std::vector<u64> flat(const ferry::batch_of<ferry::padded<u64>>& b) {
   }
   return out;
 }
+// A padded batch with its mask: each row's length, then its L values and its L mask bytes.
+std::vector<u64> flat(const ferry::batch_of<std::tuple<ferry::padded<u64>, ferry::padded<std::uint8_t>>>& b) {
+  ferry::padded_view<u64> t = b.field<0>();
+  ferry::padded_view<std::uint8_t> m = b.field<1>();
+  std::vector<u64> out;
+  for (std::size_t i = 0; i < t.size(); ++i) {
+    out.push_back(t.lengths[i]);
+    out.insert(out.end(), t[i].begin(), t[i].end());
+    out.insert(out.end(), m[i].begin(), m[i].end());
+  }
+  return out;
+}
 // A packed batch: each row's length, then its L tokens, segment ids and positions.
 std::vector<u64> flat(const ferry::batch_of<ferry::packed_element_t<u64>>& b) {
   ferry::padded_view<u64> t = b.field<0>();
@@ -396,6 +408,35 @@ struct case_padded_batch {
       for (u64 x : e.v) {
         p.v.push_back(x % 3);
         for (u64 j = 0; j < width; ++j) p.v.push_back(j < x % 3 ? x : 9);
+      }
+      out.push_back(p);
+    }
+    return out;
+  }
+  static std::vector<std::string> names() { return {"from_generator", "map", "padded_batch"}; }
+};
+
+// case_padded_batch with_mask: each row's L values, then its mask (1 real, 0 padding).
+struct case_padded_batch_mask {
+  static constexpr const char* label = "padded_batch with_mask";
+  static auto make(u64 bad) {
+    return gen(N, bad) | ferry::map([](u64 x) { return std::vector<u64>(x % 3, x); }) |
+           ferry::padded_batch(5, {.pad_value = 9}, ferry::with_mask);
+  }
+  static events oracle(u64 bad) {
+    events out;
+    for (const ev& e : batch_oracle(gen_events(N, bad), 5)) {
+      if (e.error) {
+        out.push_back(e);
+        continue;
+      }
+      u64 width = 0;
+      for (u64 x : e.v) width = std::max(width, x % 3);
+      ev p;
+      for (u64 x : e.v) {
+        p.v.push_back(x % 3);
+        for (u64 j = 0; j < width; ++j) p.v.push_back(j < x % 3 ? x : 9);
+        for (u64 j = 0; j < width; ++j) p.v.push_back(j < x % 3 ? 1 : 0);
       }
       out.push_back(p);
     }
@@ -925,7 +966,7 @@ void conform() {
 TEST_CASE_TEMPLATE("conformance: every stage and source" * doctest::timeout(300), C,
                    case_from_range, case_from_generator, case_filter, case_take, case_skip, case_shard,
                    case_repeat, case_shuffle, case_map_inline, case_map_workers, case_map_unordered,
-                   case_flat_map, case_batch, case_padded_batch, case_bucket, case_pack, case_prefetch, case_cache, case_concatenate, case_zip,
+                   case_flat_map, case_batch, case_padded_batch, case_padded_batch_mask, case_bucket, case_pack, case_prefetch, case_cache, case_concatenate, case_zip,
                    case_sample_from, case_distribute, case_lockstep, case_from_files, case_interleave,
                    case_interleave_fn<0>, case_interleave_fn<2>, case_any_source) {
   conform<C>();

@@ -272,3 +272,77 @@ TEST_CASE("padded_batch collates into distribute's memory") {
   CHECK(steps == 2);
   CHECK(res->allocs >= 2);
 }
+
+TEST_CASE("padded_batch with_mask: a mask per ragged field, 1 for each real value, 0 for padding") {
+  for (u64 seed = 1; seed <= 24; ++seed) {
+    ferry::detail::splitmix64 g(seed);
+    const auto rows = random_rows(g, g.below(60), g.below(4) == 0 ? 0 : 1 + g.below(30));
+    const std::size_t n = 1 + g.below(9);
+    ferry::padded_batch_options o;
+    if (seed % 3 == 1) o.multiple_of = 1 + g.below(8);
+    if (seed % 3 == 2) o.length = 1 + g.below(20), o.truncate = true;
+    CAPTURE(seed);
+    auto p = ferry::from_range(rows) | ferry::padded_batch(n, o, ferry::with_mask);
+    static_assert(std::same_as<ferry::value_t<decltype(p)>,
+                               ferry::batch_of<std::tuple<ferry::padded<i32>, i32, ferry::padded<std::uint8_t>>>>);
+    std::size_t first = 0;
+    for (auto& b : p) {
+      const std::size_t count = std::min(n, rows.size() - first);
+      const padded_rows want = pad_by_hand(rows, first, count, o);
+      check_same(as_rows(b), want);  // the fields before the mask are unchanged
+      ferry::padded_view<std::uint8_t> m = b.field<2>();
+      CHECK(m.width == want.width);
+      CHECK(std::vector<std::uint32_t>(m.lengths.begin(), m.lengths.end()) == want.lengths);
+      for (std::size_t i = 0; i < count; ++i)
+        for (std::size_t j = 0; j < want.width; ++j) CHECK(m[i][j] == (j < want.lengths[i] ? 1 : 0));
+      first += count;
+    }
+    CHECK(first == rows.size());
+  }
+  // Two ragged fields: two masks, in their order, each of its field's L.
+  using elem = std::tuple<std::string, u64, std::vector<float>>;
+  std::vector<elem> v = {{"ab", 1, {1.f}}, {"", 2, {2.f, 3.f, 4.f}}};
+  auto p = ferry::padded_batch(ferry::from_range(v), 2, {}, ferry::with_mask);
+  auto b = *p.next();
+  static_assert(decltype(b)::field_count == 5);
+  ferry::padded_view<std::uint8_t> ms = b.field<3>(), mf = b.field<4>();
+  CHECK(ms.width == 2);
+  CHECK(mf.width == 3);
+  CHECK(std::vector<std::uint8_t>(ms.values.begin(), ms.values.end()) == std::vector<std::uint8_t>{1, 1, 0, 0});
+  CHECK(std::vector<std::uint8_t>(mf.values.begin(), mf.values.end()) == std::vector<std::uint8_t>{1, 0, 0, 1, 1, 1});
+}
+
+TEST_CASE("padded_batch with_mask then distribute: each replica's mask matches its rows") {
+  ferry::detail::splitmix64 g(5);
+  const auto rows = random_rows(g, 37, 15);
+  for (auto policy : {ferry::remainder_policy::pad, ferry::remainder_policy::partial}) {
+    auto p = ferry::from_range(rows) | ferry::padded_batch(9, ferry::with_mask) |
+             ferry::distribute(ferry::host_replicas{3}, {.remainder = policy});
+    std::size_t checked = 0;
+    for (auto& st : p)
+      for (std::size_t r = 0; r < st.replicas(); ++r) {
+        ferry::padded_view<i32> t = st[r].field<0>();
+        ferry::padded_view<std::uint8_t> m = st[r].field<2>();
+        CHECK(m.width == t.width);
+        REQUIRE(m.size() == t.size());
+        for (std::size_t i = 0; i < t.size(); ++i, ++checked) {
+          CHECK(m.lengths[i] == t.lengths[i]);
+          for (std::size_t j = 0; j < m.width; ++j) CHECK(m[i][j] == (j < t.lengths[i] ? 1 : 0));
+        }
+      }
+    CHECK(checked >= rows.size());
+  }
+}
+
+TEST_CASE("padded_batch with_mask: a checkpoint without masks does not restore into one with") {
+  ferry::detail::splitmix64 g(4);
+  const auto rows = random_rows(g, 20, 6);
+  auto a = ferry::from_range(rows) | ferry::padded_batch(4);
+  a.next();
+  auto b = ferry::from_range(rows) | ferry::padded_batch(4, ferry::with_mask);
+  CHECK_THROWS_WITH_AS(ferry::restore_state(b, ferry::save_state(a)), doctest::Contains("mask"), ferry::config_error);
+  auto c = ferry::from_range(rows) | ferry::padded_batch(4, ferry::with_mask);
+  c.next();
+  ferry::restore_state(b, ferry::save_state(c));
+  CHECK(as_rows(*b.next()).values == as_rows(*c.next()).values);
+}

@@ -148,7 +148,7 @@ TEST_CASE("padded batches: each replica's rows and lengths on the device equal t
   for (bool staging : {false, true}) {
     CAPTURE(staging);
     ferry::cuda::devices dev(std::vector<int>(R, 0));
-    auto steps = ferry::from_range(rows) | ferry::padded_batch(G) | ferry::prefetch(2) |
+    auto steps = ferry::from_range(rows) | ferry::padded_batch(G, ferry::with_mask) | ferry::prefetch(2) |
                  ferry::distribute(dev, {.steps_ahead = staging ? 3u : 1u, .staging_thread = staging});
     std::size_t k = 0;
     std::uint64_t allocs_after_longest = 0;
@@ -173,6 +173,13 @@ TEST_CASE("padded batches: each replica's rows and lengths on the device equal t
         CHECK(t.width == hb.field<0>().width);
         CHECK(std::memcmp(vals.data(), hb.field_bytes(0, first, rb.size()).data(), t.values.size_bytes()) == 0);
         CHECK(std::memcmp(lens.data(), hb.lengths_bytes(0, first, rb.size()).data(), t.lengths.size_bytes()) == 0);
+        ferry::padded_view<std::uint8_t> m = rb.field<2>();  // the mask, as the host batch's
+        std::vector<std::uint8_t> mask(m.values.size());
+        FERRY_CUDA_TRY(cudaMemcpyAsync(mask.data(), m.values.data(), m.values.size_bytes(), cudaMemcpyDeviceToHost,
+                                       rb.stream()));
+        FERRY_CUDA_TRY(cudaStreamSynchronize(rb.stream()));
+        CHECK(m.width == t.width);
+        CHECK(std::memcmp(mask.data(), hb.field_bytes(2, first, rb.size()).data(), m.values.size_bytes()) == 0);
         for (std::size_t i = 0; i < rb.size(); ++i) {
           const auto& want = rows[k * G + first + i];
           CHECK(lens[i] == want.first.size());

@@ -557,9 +557,9 @@ TEST_CASE("sim: a block whose reuse wait failed keeps its event: the next user s
   CHECK(sim::stats().live_device_blocks == 0);
 }
 
-// Padded batches (padded_batch): each replica's rows of L values and their lengths reach its
-// device, read by a kernel when the simulated GPU runs it; L changes from step to step, and
-// after the longest step the pools allocate nothing more.
+// Padded batches (padded_batch, with_mask): each replica's rows of L values, their lengths
+// and their mask reach its device, read by a kernel when the simulated GPU runs it; L
+// changes from step to step, and after the longest step the pools allocate nothing more.
 TEST_CASE("sim: padded batches of changing L reach every replica; no allocation after the longest step" *
           doctest::timeout(60)) {
   ferry_test::watchdog wd(std::chrono::seconds(60));
@@ -579,7 +579,7 @@ TEST_CASE("sim: padded batches of changing L reach every replica; no allocation 
     std::uint64_t rows_checked = 0, allocs_after_longest = 0;
     {
       ferry::cuda::devices dev({0, 1});
-      auto p = ferry::from_range(rows) | ferry::padded_batch(G) |
+      auto p = ferry::from_range(rows) | ferry::padded_batch(G, ferry::with_mask) |
                ferry::distribute(dev, {.host_resource = ferry::make_pinned_pool(), .steps_ahead = mk.ahead,
                                        .staging_thread = mk.staging});
       std::size_t k = 0;
@@ -592,18 +592,23 @@ TEST_CASE("sim: padded batches of changing L reach every replica; no allocation 
           REQUIRE(cudaSetDevice(rb.device()) == cudaSuccess);
           ferry::padded_view<std::int32_t> t = rb.field<0>();
           auto labels = rb.field<1>();
+          ferry::padded_view<std::uint8_t> mask = rb.field<2>();
           REQUIRE(t.width == width);
+          REQUIRE(mask.width == width);
           const std::size_t first = k * G + r * per;
           sim::launch(rb.stream(), "padded kernel",
                       {{t.values.data(), t.values.size_bytes()}, {t.lengths.data(), t.lengths.size_bytes()},
-                       {labels.data(), labels.size_bytes()}},
-                      {}, [&, t, labels, first] {
+                       {labels.data(), labels.size_bytes()}, {mask.values.data(), mask.values.size_bytes()},
+                       {mask.lengths.data(), mask.lengths.size_bytes()}},
+                      {}, [&, t, labels, mask, first] {
                         std::lock_guard lk(m);
                         for (std::size_t i = 0; i < t.size(); ++i, ++rows_checked) {
                           const auto& want = rows[first + i];
                           bool ok = t.lengths[i] == want.first.size() && labels[i] == want.second;
                           for (std::size_t j = 0; ok && j < t.width; ++j)
-                            ok = t[i][j] == (j < want.first.size() ? want.first[j] : 0);
+                            ok = t[i][j] == (j < want.first.size() ? want.first[j] : 0) &&
+                                 mask[i][j] == (j < want.first.size() ? 1 : 0);
+                          ok = ok && mask.lengths[i] == t.lengths[i];
                           if (!ok) wrong.push_back("row " + std::to_string(first + i));
                         }
                       });

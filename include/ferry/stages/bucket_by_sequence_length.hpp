@@ -16,6 +16,8 @@
 // longest row rounded up to `multiple_of`; with pad_to_bucket_boundary, the bucket's upper
 // boundary minus 1 (every batch of a bucket the same shape; the last bucket: its longest
 // row). The length length_fn gives picks the bucket; the ragged fields' own sizes set L.
+// With a trailing ferry::with_mask argument, each batch also has a mask field per ragged
+// field, as padded_batch's (padded_batch.hpp).
 //
 // A token budget instead of batch sizes (max_tokens, with no batch sizes given): a bucket
 // is handed out when one more row would make rows × L exceed max_tokens, L being its
@@ -102,11 +104,11 @@ struct bucket_options {
 
 namespace detail {
 
-template <source Up, class LengthFn>
+template <source Up, class LengthFn, bool Mask = false>
 class bucket_source
-    : public stage<bucket_source<Up, LengthFn>, Up, batch_of<padded_element_t<value_t<Up>>>> {
+    : public stage<bucket_source<Up, LengthFn, Mask>, Up, batch_of<padded_element_t<value_t<Up>, Mask>>> {
   using T = value_t<Up>;
-  using P = padded_element_t<T>;
+  using P = padded_element_t<T, Mask>;
   using B = batch_of<P>;
   friend stage<bucket_source, Up, B>;
   static_assert(batchable<T> && !no_ragged<typename field_list<T>::type>::value,
@@ -117,6 +119,7 @@ class bucket_source
                 "ferry::bucket_by_sequence_length: length_fn must take const T& and return a length "
                 "(an unsigned integer)");
   static constexpr std::size_t nf = B::field_count;
+  static constexpr std::size_t ns = std::tuple_size_v<typename field_list<T>::type>;  // T's own fields
 
   struct bucket {
     std::vector<T> rows;
@@ -229,7 +232,7 @@ class bucket_source
     std::array<std::size_t, nf> width{};
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       ((width[I] = field_width<I>(b, rows)), ...);
-    }(std::make_index_sequence<nf>{});
+    }(std::make_index_sequence<ns>{});  // (mask fields take their field's)
     B out = collator_.collate_padded(o_.resource, rows, width, o_.pad_value);
     k.rows.erase(k.rows.begin(), k.rows.begin() + std::ptrdiff_t(count));
     k.index.erase(k.index.begin(), k.index.begin() + std::ptrdiff_t(count));
@@ -283,6 +286,7 @@ class bucket_source
     f("multiple_of", o_.multiple_of);
     f("drop_remainder", std::uint64_t(o_.drop_remainder));
     f("max_wait", o_.max_wait);
+    f("mask", std::uint64_t(Mask));
   }
   // The upstream as of the snapshot the refill starts from (see the file's top).
   void save_upstream(state_writer& w) const {
@@ -399,28 +403,30 @@ inline void check_bucket_args(const std::vector<std::size_t>& bounds, const std:
 
 }  // namespace detail
 
-// Not a stage_adaptor: its options are a braced list.
+// Not a stage_adaptor: its options are a braced list. M: nothing, or with_mask_t.
 struct bucket_by_sequence_length_t {
-  // bucket_by_sequence_length(src, length_fn, boundaries, batch_sizes, options): builds
-  // the stage over src (moved in); throws config_error for bad arguments.
-  template <source S, class F>
+  // bucket_by_sequence_length(src, length_fn, boundaries, batch_sizes, options[, with_mask]):
+  // builds the stage over src (moved in); throws config_error for bad arguments.
+  template <source S, class F, class... M>
+    requires(detail::mask_tag<M...>)
   auto operator()(S&& s, F fn, std::vector<std::size_t> boundaries, std::vector<std::size_t> batch_sizes,
-                  bucket_options o = {}) const {
+                  bucket_options o = {}, M...) const {
     detail::require_rvalue_source<S>();
     detail::check_bucket_args(boundaries, batch_sizes, o);
-    return detail::bucket_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), std::move(boundaries),
-                                                            std::move(batch_sizes), std::move(o));
+    return detail::bucket_source<std::remove_cvref_t<S>, F, sizeof...(M) == 1>(
+        std::forward<S>(s), std::move(fn), std::move(boundaries), std::move(batch_sizes), std::move(o));
   }
-  // bucket_by_sequence_length(length_fn, boundaries, batch_sizes, options): a closure for
-  // `src | bucket_by_sequence_length(...)`; throws config_error for bad arguments now.
-  template <class F>
-    requires(!source<F>)
+  // bucket_by_sequence_length(length_fn, boundaries, batch_sizes, options[, with_mask]): a
+  // closure for `src | bucket_by_sequence_length(...)`; throws config_error for bad
+  // arguments now.
+  template <class F, class... M>
+    requires(!source<F> && detail::mask_tag<M...>)
   auto operator()(F fn, std::vector<std::size_t> boundaries, std::vector<std::size_t> batch_sizes,
-                  bucket_options o = {}) const {
+                  bucket_options o = {}, M... m) const {
     detail::check_bucket_args(boundaries, batch_sizes, o);
     return make_closure([fn = std::move(fn), boundaries = std::move(boundaries), batch_sizes = std::move(batch_sizes),
-                         o = std::move(o)]<class S>(S&& s) {
-      return bucket_by_sequence_length_t{}(std::forward<S>(s), fn, boundaries, batch_sizes, o);
+                         o = std::move(o), m...]<class S>(S&& s) {
+      return bucket_by_sequence_length_t{}(std::forward<S>(s), fn, boundaries, batch_sizes, o, m...);
     });
   }
 };

@@ -11,12 +11,17 @@
 //     ferry::padded_view<std::int32_t> t = b.field<0>();   // t.width == L, t[i] a row of L
 //     std::span<const std::uint32_t> len = t.lengths;       // real lengths, each <= L
 //   }
+//   auto m = src | ferry::padded_batch(64, ferry::with_mask);  // + field<2>(): t's mask
 //
 // The batch's type is batch_of<padded_element_t<T>>: each ragged field of T named
 // ferry::padded<its value type>. distribute() splits such batches across replicas as it
 // does fixed ones: each replica gets its rows (L values each) and their lengths, on the
 // device for CUDA, with L free to change from step to step (replica_batch::field<I>() is a
 // padded_view there too).
+//
+// Masks, on request (with_mask): after the element's own fields, one padded<std::uint8_t>
+// field per ragged field, in their order, with the same L and lengths: row i holds
+// lengths[i] ones, then zeros. distribute() splits and copies it as it does the rows.
 //
 // L, for each padded field on its own: `length` when set (every batch the same L), else
 // (length = longest_row, the default) the longest row of the batch rounded up to a
@@ -38,7 +43,8 @@
 //
 // Memory: the n elements of the batch being built (that vector's capacity is reused; none
 // over a source that lends its elements where they lie, as from_range does), and
-// the batch: n × L values and n lengths per padded field, n values per fixed field, from a
+// the batch: n × L values and n lengths per padded field (a mask: n × L bytes and n
+// lengths more), n values per fixed field, from a
 // std::pmr::memory_resource: a buffer_pool private to the stage unless distribute() hands
 // it its pinned pool (set_buffer_resource), as for batch().
 //
@@ -86,17 +92,18 @@ struct padded_batch_options {
 };
 
 // The element type padded_batch()'s batches are named by (batch_of<padded_element_t<T>>):
-// T's ragged fields as ferry::padded<value type>.
-template <class T>
-using padded_element_t = typename detail::padded_element<T>::type;
+// T's ragged fields as ferry::padded<value type>; with Mask (with_mask), then a
+// padded<std::uint8_t> mask per ragged field.
+template <class T, bool Mask = false>
+using padded_element_t = typename detail::padded_element<T, Mask>::type;
 
 namespace detail {
 
-template <source Up>
+template <source Up, bool Mask = false>
 class padded_batch_source
-    : public stage<padded_batch_source<Up>, Up, batch_of<padded_element_t<value_t<Up>>>> {
+    : public stage<padded_batch_source<Up, Mask>, Up, batch_of<padded_element_t<value_t<Up>, Mask>>> {
   using T = value_t<Up>;
-  using P = padded_element_t<T>;
+  using P = padded_element_t<T, Mask>;
   using B = batch_of<P>;
   friend stage<padded_batch_source, Up, B>;
   static_assert(batchable<T>,
@@ -107,6 +114,7 @@ class padded_batch_source
                 "ferry::padded_batch: the elements have no ragged field (vector, string) to pad; "
                 "use batch()");
   static constexpr std::size_t nf = B::field_count;
+  static constexpr std::size_t ns = std::tuple_size_v<typename field_list<T>::type>;  // T's own fields
 
  public:
   static constexpr char name[] = "padded_batch";
@@ -146,7 +154,7 @@ class padded_batch_source
     std::array<std::size_t, nf> width{};
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       ((width[I] = field_width<I>(rows)), ...);
-    }(std::make_index_sequence<nf>{});
+    }(std::make_index_sequence<ns>{});  // (mask fields take their field's)
     return collator_.collate_padded(o_.resource, rows, width, o_.pad_value);
   }
 
@@ -189,6 +197,7 @@ class padded_batch_source
     f("multiple_of", o_.multiple_of);
     f("truncate", std::uint64_t(o_.truncate));
     f("drop_remainder", std::uint64_t(o_.drop_remainder));
+    f("mask", std::uint64_t(Mask));
   }
   void save_words(state_writer& w) const { w.put(rows_); }
   void restore_words(state_reader& r) { rows_ = r.get(); }
@@ -200,6 +209,10 @@ class padded_batch_source
   batch_collator<P> collator_;
   std::vector<T> hold_;  // the batch being built (unless the upstream lends views); capacity reused
 };
+
+// with_mask's place in the adaptors' arguments: nothing, or one with_mask_t.
+template <class... M>
+concept mask_tag = sizeof...(M) == 0 || (sizeof...(M) == 1 && (std::same_as<M, with_mask_t> && ...));
 
 inline void check_padded_batch_args(std::size_t n, const padded_batch_options& o) {
   if (n == 0) throw config_error("padded_batch: the batch size must be at least 1 (got 0)");
@@ -215,23 +228,30 @@ inline void check_padded_batch_args(std::size_t n, const padded_batch_options& o
 }  // namespace detail
 
 // Not a stage_adaptor: its options are a braced list, which a template parameter pack
-// cannot take.
+// cannot take. M: nothing, or with_mask_t (mask fields).
 struct padded_batch_t {
-  // padded_batch(src, n, options): builds the stage over src (moved in); throws
-  // config_error for bad options (see the file's top).
-  template <source S>
-  auto operator()(S&& s, std::size_t n, padded_batch_options o = {}) const {
+  // padded_batch(src, n, options[, with_mask]): builds the stage over src (moved in);
+  // throws config_error for bad options (see the file's top).
+  template <source S, class... M>
+    requires(detail::mask_tag<M...>)
+  auto operator()(S&& s, std::size_t n, padded_batch_options o = {}, M...) const {
     detail::require_rvalue_source<S>();
     detail::check_padded_batch_args(n, o);
-    return detail::padded_batch_source<std::remove_cvref_t<S>>(std::forward<S>(s), n, std::move(o));
+    return detail::padded_batch_source<std::remove_cvref_t<S>, sizeof...(M) == 1>(std::forward<S>(s), n,
+                                                                                   std::move(o));
   }
-  // padded_batch(n, options): a closure for `src | padded_batch(n)`; throws config_error
-  // for bad options now.
-  auto operator()(std::size_t n, padded_batch_options o = {}) const {
+  // padded_batch(n, options[, with_mask]): a closure for `src | padded_batch(n)`; throws
+  // config_error for bad options now.
+  template <class... M>
+    requires(detail::mask_tag<M...>)
+  auto operator()(std::size_t n, padded_batch_options o = {}, M... m) const {
     detail::check_padded_batch_args(n, o);
-    return make_closure([n, o]<class S>(S&& s) { return padded_batch_t{}(std::forward<S>(s), n, o); });
+    return make_closure([n, o, m...]<class S>(S&& s) { return padded_batch_t{}(std::forward<S>(s), n, o, m...); });
   }
+  // padded_batch(n, with_mask): masks with the default options.
+  auto operator()(std::size_t n, with_mask_t m) const { return (*this)(n, {}, m); }
 };
+
 // padded_batch(n, {...}): collates n elements, ragged fields padded to one length (see the
 // file's top).
 inline constexpr padded_batch_t padded_batch{};
