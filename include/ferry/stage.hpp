@@ -38,9 +38,11 @@
 //                          elements keep their type keeps batches whole unless it says
 //                          `static constexpr bool changes_batch_size = true;`. Several
 //                          upstreams: their common size, 0 (unknown) when they differ.
-//   set_buffer_resource(r) kept by a stage that collates batches (it has batch_resource(),
-//                          the reference it collates from: batch, padded_batch, ...),
-//                          else handed to every upstream
+//                          A stage that collates batches (batch, padded_batch, pack,
+//                          bucket_by_sequence_length) says so with `collation&
+//                          collates()`: its rows per batch are its batch_size().
+//   set_buffer_resource(r) kept by a stage that collates (collates().resource: where it
+//                          collates from), else handed to every upstream
 //   visit_stages(v)        the upstreams' rows, then this stage's (report_mode(),
 //                          report_threads() and report_counters() when the stage has
 //                          threads of its own)
@@ -80,6 +82,18 @@
 namespace ferry {
 
 struct borrowed_records;
+
+// What a stage that collates batches holds, and hands the base through `collation&
+// collates()`: the rows a batch has (the base's batch_size(), for distribute()) and the
+// memory it collates from, a buffer_pool of its own until distribute() hands it its pinned
+// pool (the base's set_buffer_resource).
+struct collation {
+  std::size_t rows = 0;  // rows per batch (a short last batch may have fewer)
+  std::shared_ptr<std::pmr::memory_resource> resource;  // never null
+  // resource null: a buffer_pool of the stage's own. Throws std::bad_alloc.
+  collation(std::size_t n, std::shared_ptr<std::pmr::memory_resource> r)
+      : rows(n), resource(r ? std::move(r) : std::make_shared<buffer_pool>()) {}
+};
 
 namespace detail {
 
@@ -176,8 +190,12 @@ class stage_base : public source_interface<Derived> {
     }
   }
   template <class D = Derived>
+  static constexpr bool collates_batches() {
+    return requires(D& d) { { d.collates() } -> std::same_as<collation&>; };
+  }
+  template <class D = Derived>
   static constexpr bool forwards_batch_size() {
-    if constexpr (n_ups == 0 || says_changes_batch_size<D>)
+    if constexpr (n_ups == 0 || says_changes_batch_size<D> || collates_batches<D>())
       return false;
     else
       return ((sized_batches<Ups> && std::same_as<value_t<Ups>, Value>) && ...);
@@ -301,11 +319,19 @@ class stage_base : public source_interface<Derived> {
       return common;
     }
   }
+  // A stage that collates: its rows per batch. (collates() is not const: the same hook
+  // takes distribute's pool.)
+  std::size_t batch_size() const
+    requires(collates_batches())
+  {
+    check_live();
+    return const_cast<Derived&>(self()).collates().rows;
+  }
 
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     check_live();
-    if constexpr (requires(Derived& d) { d.batch_resource() = r; }) {  // distribute's pinned pool
-      self().batch_resource() = r;
+    if constexpr (collates_batches()) {  // distribute's pinned pool
+      if (r) self().collates().resource = r;
       return true;
     }
     bool took = false;

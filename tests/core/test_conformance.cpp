@@ -388,60 +388,40 @@ struct case_batch {
   static std::vector<std::string> names() { return {"from_generator", "batch"}; }
 };
 
-// Element x becomes x % 3 copies of x, padded to each batch's longest row with 9.
+// Element x becomes x % 3 copies of x, padded to each batch's longest row with 9; with a
+// mask, each row's L mask values follow its L values.
+events padded_oracle(u64 bad, bool mask) {
+  events out;
+  for (const ev& e : batch_oracle(gen_events(N, bad), 5)) {
+    if (e.error) {
+      out.push_back(e);
+      continue;
+    }
+    u64 width = 0;
+    for (u64 x : e.v) width = std::max(width, x % 3);
+    ev p;
+    for (u64 x : e.v) {
+      p.v.push_back(x % 3);
+      for (u64 j = 0; j < width; ++j) p.v.push_back(j < x % 3 ? x : 9);
+      for (u64 j = 0; mask && j < width; ++j) p.v.push_back(j < x % 3 ? 1 : 0);
+    }
+    out.push_back(p);
+  }
+  return out;
+}
+auto copies_mod3(u64 bad) {
+  return gen(N, bad) | ferry::map([](u64 x) { return std::vector<u64>(x % 3, x); });
+}
 struct case_padded_batch {
   static constexpr const char* label = "padded_batch";
-  static auto make(u64 bad) {
-    return gen(N, bad) | ferry::map([](u64 x) { return std::vector<u64>(x % 3, x); }) |
-           ferry::padded_batch(5, {.pad_value = 9});
-  }
-  static events oracle(u64 bad) {
-    events out;
-    for (const ev& e : batch_oracle(gen_events(N, bad), 5)) {
-      if (e.error) {
-        out.push_back(e);
-        continue;
-      }
-      u64 width = 0;
-      for (u64 x : e.v) width = std::max(width, x % 3);
-      ev p;
-      for (u64 x : e.v) {
-        p.v.push_back(x % 3);
-        for (u64 j = 0; j < width; ++j) p.v.push_back(j < x % 3 ? x : 9);
-      }
-      out.push_back(p);
-    }
-    return out;
-  }
+  static auto make(u64 bad) { return copies_mod3(bad) | ferry::padded_batch(5, {.pad_value = 9}); }
+  static events oracle(u64 bad) { return padded_oracle(bad, false); }
   static std::vector<std::string> names() { return {"from_generator", "map", "padded_batch"}; }
 };
-
-// case_padded_batch with_mask: each row's L values, then its mask (1 real, 0 padding).
 struct case_padded_batch_mask {
   static constexpr const char* label = "padded_batch with_mask";
-  static auto make(u64 bad) {
-    return gen(N, bad) | ferry::map([](u64 x) { return std::vector<u64>(x % 3, x); }) |
-           ferry::padded_batch(5, {.pad_value = 9}, ferry::with_mask);
-  }
-  static events oracle(u64 bad) {
-    events out;
-    for (const ev& e : batch_oracle(gen_events(N, bad), 5)) {
-      if (e.error) {
-        out.push_back(e);
-        continue;
-      }
-      u64 width = 0;
-      for (u64 x : e.v) width = std::max(width, x % 3);
-      ev p;
-      for (u64 x : e.v) {
-        p.v.push_back(x % 3);
-        for (u64 j = 0; j < width; ++j) p.v.push_back(j < x % 3 ? x : 9);
-        for (u64 j = 0; j < width; ++j) p.v.push_back(j < x % 3 ? 1 : 0);
-      }
-      out.push_back(p);
-    }
-    return out;
-  }
+  static auto make(u64 bad) { return copies_mod3(bad) | ferry::padded_batch(5, {.pad_value = 9}, ferry::with_mask); }
+  static events oracle(u64 bad) { return padded_oracle(bad, true); }
   static std::vector<std::string> names() { return {"from_generator", "map", "padded_batch"}; }
 };
 

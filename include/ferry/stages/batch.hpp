@@ -82,95 +82,93 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
   static constexpr char name[] = "batch";
   // Throws config_error for n rows whose bytes do not fit in a size_t.
   batch_source(Up up, std::size_t n, batch_options o)
-      : stage<batch_source, Up, batch_of<value_t<Up>>>(std::move(up)), n_(n), drop_(o.drop_remainder), res_(std::move(o.resource)) {
+      : stage<batch_source, Up, batch_of<value_t<Up>>>(std::move(up)), target_(n, std::move(o.resource)),
+        drop_(o.drop_remainder) {
     constexpr std::size_t row = batch_collator<T>::row_bytes();
-    if (n_ > std::numeric_limits<std::size_t>::max() / (row + 1))
-      throw config_error("batch: a batch of " + std::to_string(n_) + " rows of " + std::to_string(row) +
+    if (target_.rows > std::numeric_limits<std::size_t>::max() / (row + 1))
+      throw config_error("batch: a batch of " + std::to_string(target_.rows) + " rows of " + std::to_string(row) +
                          " bytes does not fit in memory's address range; use a smaller batch size");
     // A batch's buffers start at the batch size, or at 16 MiB of rows when that is less,
     // and grow as rows come: batch(2^34) over ten elements allocates for ten.
-    first_rows_ = std::min<std::size_t>(n_, std::max<std::size_t>(1, (std::size_t(16) << 20) / std::max<std::size_t>(row, 1)));
-    if (!res_) res_ = std::make_shared<buffer_pool>();
+    first_rows_ = std::min<std::size_t>(target_.rows,
+                                        std::max<std::size_t>(1, (std::size_t(16) << 20) / std::max<std::size_t>(row, 1)));
   }
 
-  std::size_t batch_size() const { return n_; }
   bool drops_remainder() const { return drop_; }
   Up& upstream() { return this->up(); }
 
  private:
-  // Where batches are collated (the base's set_buffer_resource: distribute's pinned pool).
-  std::shared_ptr<std::pmr::memory_resource>& batch_resource() { return res_; }
+  collation& collates() { return target_; }  // the base's batch_size() and buffer hook
 
   std::optional<B> pull() {
     Up& up = this->up();
     if constexpr (bulk_source<Up> && batch_collator<T>::all_fixed && B::field_count == 1 &&
                   !field_list<T>::is_tuple) {
       // One call fills the batch buffer in place (one per growth of a huge batch).
-      B b = collator_.start(res_, first_rows_);
+      B b = collator_.start(target_.resource, first_rows_);
       std::size_t k = 0, cap = first_rows_;
       for (;;) {
         k += this->pull_up_bulk(collator_.whole(b, cap).subspan(k));
-        if (k < cap || cap == n_) break;
+        if (k < cap || cap == target_.rows) break;
         collator_.set_size(b, k);
         cap = more_rows(cap);
-        collator_.grow(b, res_, cap);
+        collator_.grow(b, target_.resource, cap);
       }
       collator_.set_size(b, k);
-      if (k == 0 || (drop_ && k < n_)) return std::nullopt;
+      if (k == 0 || (drop_ && k < target_.rows)) return std::nullopt;
       return b;
     } else if constexpr (borrowing_source<Up> && std::same_as<T, record>) {
       // Records lent as views: copied into the batch at once, so no reference per record.
       borrowed_.clear();
-      this->pull_up_borrowed(borrowed_, n_);
-      if (borrowed_.size() == 0 || (drop_ && borrowed_.size() < n_)) {
+      this->pull_up_borrowed(borrowed_, target_.rows);
+      if (borrowed_.size() == 0 || (drop_ && borrowed_.size() < target_.rows)) {
         borrowed_.clear();
         return std::nullopt;
       }
-      B b = collator_.collate_bytes(res_, borrowed_.views);
+      B b = collator_.collate_bytes(target_.resource, borrowed_.views);
       borrowed_.clear();
       return b;
     } else if constexpr (batch_collator<T>::all_fixed) {
-      B b = collator_.start(res_, first_rows_);
+      B b = collator_.start(target_.resource, first_rows_);
       std::size_t cap = first_rows_;
       auto room = [&] {  // a row's room, grown when a huge batch has filled its buffers
-        if (b.size() == cap) collator_.grow(b, res_, cap = more_rows(cap));
+        if (b.size() == cap) collator_.grow(b, target_.resource, cap = more_rows(cap));
       };
       // An upstream that can hand an element where it lies (map's next_into) is copied
       // from there; with stats on, through the probe, which times the pull.
       bool pulled = false;
       if constexpr (requires { up.next_into([](T&) {}); }) {
         if (!observe::on()) {
-          while (b.size() < n_ && (room(), up.next_into([&](T& e) { collator_.put(b, e); }))) {
+          while (b.size() < target_.rows && (room(), up.next_into([&](T& e) { collator_.put(b, e); }))) {
           }
           pulled = true;
         }
       }
-      while (!pulled && b.size() < n_) {
+      while (!pulled && b.size() < target_.rows) {
         std::optional<T> e = this->pull_up();
         if (!e) break;
         room();
         collator_.put(b, *e);
       }
-      if (b.empty() || (drop_ && b.size() < n_)) return std::nullopt;
+      if (b.empty() || (drop_ && b.size() < target_.rows)) return std::nullopt;
       return b;
     } else {
       hold_.clear();
-      while (hold_.size() < n_) {
+      while (hold_.size() < target_.rows) {
         std::optional<T> e = this->pull_up();
         if (!e) break;
         hold_.push_back(std::move(*e));
       }
-      if (hold_.empty() || (drop_ && hold_.size() < n_)) return std::nullopt;
-      return collator_.collate(res_, std::span<T>(hold_));
+      if (hold_.empty() || (drop_ && hold_.size() < target_.rows)) return std::nullopt;
+      return collator_.collate(target_.resource, std::span<T>(hold_));
     }
   }
 
-  std::size_t more_rows(std::size_t cap) const { return cap > n_ / 2 ? n_ : cap * 2; }
+  std::size_t more_rows(std::size_t cap) const { return cap > target_.rows / 2 ? target_.rows : cap * 2; }
 
-  std::size_t n_;
+  collation target_;  // rows per batch, and where batches are collated
   std::size_t first_rows_ = 0;  // rows a batch's buffers hold at first (fixed fields)
   bool drop_;
-  std::shared_ptr<std::pmr::memory_resource> res_;
   batch_collator<T> collator_;
   std::vector<T> hold_;  // ragged types only; capacity reused batch to batch
   borrowed_records borrowed_;  // records from a borrowing_source; likewise

@@ -137,21 +137,18 @@ class bucket_source
   // Throws config_error for bad arguments (see the file's top).
   bucket_source(Up up, LengthFn fn, std::vector<std::size_t> bounds, std::vector<std::size_t> sizes, bucket_options o)
       : stage<bucket_source, Up, B>(std::move(up)), fn_(std::move(fn)), bounds_(std::move(bounds)),
-        sizes_(std::move(sizes)), o_(std::move(o)) {
+        sizes_(std::move(sizes)), target_(0, std::move(o.resource)), o_(std::move(o)) {
     if (o_.max_tokens) sizes_.assign(bounds_.size() + 1, o_.max_tokens);  // rows a batch can hold at most
     buckets_.resize(sizes_.size());
     if (o_.max_wait == 0) o_.max_wait = 8 * std::accumulate(sizes_.begin(), sizes_.end(), std::size_t(0));
     every_ = std::max<std::size_t>(1, o_.max_wait / 4);
-    if (!o_.resource) o_.resource = std::make_shared<buffer_pool>();
+    // batch_size(), for distribute(): the largest batch size (with max_tokens: max_tokens
+    // rows; see the file's top).
+    target_.rows = *std::max_element(sizes_.begin(), sizes_.end());
   }
 
-  // The largest batch size (with max_tokens: max_tokens rows), for distribute() (see the
-  // file's top).
-  std::size_t batch_size() const { return *std::max_element(sizes_.begin(), sizes_.end()); }
-
  private:
-  // Where batches are collated (the base's set_buffer_resource: distribute's pinned pool).
-  std::shared_ptr<std::pmr::memory_resource>& batch_resource() { return o_.resource; }
+  collation& collates() { return target_; }  // the base's batch_size() and buffer hook
 
   std::optional<B> pull() {
     for (;;) {
@@ -233,7 +230,7 @@ class bucket_source
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       ((width[I] = field_width<I>(b, rows)), ...);
     }(std::make_index_sequence<ns>{});  // (mask fields take their field's)
-    B out = collator_.collate_padded(o_.resource, rows, width, o_.pad_value);
+    B out = collator_.collate_padded(target_.resource, rows, width, o_.pad_value);
     k.rows.erase(k.rows.begin(), k.rows.begin() + std::ptrdiff_t(count));
     k.index.erase(k.index.begin(), k.index.begin() + std::ptrdiff_t(count));
     k.lens.erase(k.lens.begin(), k.lens.begin() + std::ptrdiff_t(count));
@@ -371,7 +368,8 @@ class bucket_source
 
   LengthFn fn_;
   std::vector<std::size_t> bounds_, sizes_;
-  bucket_options o_;
+  collation target_;  // the largest batch size, and where batches are collated
+  bucket_options o_;  // (its resource moved into target_)
   std::size_t every_ = 1;  // rows between snapshots
   std::vector<bucket> buckets_;
   std::deque<snapshot> snaps_;

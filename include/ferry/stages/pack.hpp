@@ -96,28 +96,23 @@ class pack_source
   static constexpr char name[] = "pack";
   // Throws config_error for rows too large to address.
   pack_source(Up up, std::size_t len, std::size_t n, pack_options o)
-      : stage<pack_source, Up, B>(std::move(up)), len_(len), n_(n), o_(std::move(o)) {
+      : stage<pack_source, Up, B>(std::move(up)), len_(len), target_(n, std::move(o.resource)), o_(std::move(o)) {
     if (len_ > std::numeric_limits<std::uint32_t>::max() ||
-        n_ > std::numeric_limits<std::size_t>::max() / len_ / (sizeof(E) + 8))
-      throw config_error("pack: " + std::to_string(n_) + " rows of " + std::to_string(len_) +
+        target_.rows > std::numeric_limits<std::size_t>::max() / len_ / (sizeof(E) + 8))
+      throw config_error("pack: " + std::to_string(target_.rows) + " rows of " + std::to_string(len_) +
                          " tokens do not fit in memory's address range (or a row in uint32 lengths)");
-    if (!o_.resource) o_.resource = std::make_shared<buffer_pool>();
   }
 
-  // The rows per batch n, for distribute().
-  std::size_t batch_size() const { return n_; }
-
  private:
-  // Where batches are collated (the base's set_buffer_resource: distribute's pinned pool).
-  std::shared_ptr<std::pmr::memory_resource>& batch_resource() { return o_.resource; }
+  collation& collates() { return target_; }  // the base's batch_size() and buffer hook
   std::optional<B> pull() {
     if (ended_) return std::nullopt;
-    B b = col_.start_padded(o_.resource, n_, {len_, len_, len_});
+    B b = col_.start_padded(target_.resource, target_.rows, {len_, len_, len_});
     E* tok = col_.template padded_values<0>(b);
     std::uint32_t* seg = col_.template padded_values<1>(b);
     std::uint32_t* pos = col_.template padded_values<2>(b);
     std::size_t rows = 0, used = 0;
-    while (rows < n_) {
+    while (rows < target_.rows) {
       used = 0;
       std::uint32_t segment = 0;
       while (used < len_) {
@@ -140,7 +135,7 @@ class pack_source
       ++rows, tok += len_, seg += len_, pos += len_;
       if (used < len_) break;  // the epoch's last row
     }
-    if (rows == 0 || (o_.drop_remainder && (rows < n_ || used < len_))) {
+    if (rows == 0 || (o_.drop_remainder && (rows < target_.rows || used < len_))) {
       ended_ = true;
       return std::nullopt;
     }
@@ -178,7 +173,7 @@ class pack_source
   template <class F>
   void config(F&& f) const {
     f("length", len_);
-    f("rows", n_);
+    f("rows", target_.rows);
     f("drop_remainder", std::uint64_t(o_.drop_remainder));
   }
   bool splitting() const { return cur_ && off_ < cur_size(); }
@@ -218,7 +213,8 @@ class pack_source
     ended_ = false;
   }
 
-  std::size_t len_, n_;
+  std::size_t len_;
+  collation target_;  // n rows per batch, and where batches are collated
   pack_options o_;
   std::optional<T> cur_;  // the sequence being split
   std::size_t off_ = 0;  // its tokens already in rows
