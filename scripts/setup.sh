@@ -18,7 +18,8 @@ esac
 packages=(meson ninja-build pkg-config g++ clang libclang-rt-14-dev doctest-dev zlib1g-dev libisal-dev
           libopenblas-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist python3-torch
           python3-numpy python3-matplotlib cmake ccache libcli11-dev doxygen
-          wamerican wfrench wngerman wspanish witalian wportuguese wdutch)  # variable-length data: word lists
+          wamerican wfrench wngerman wspanish witalian wportuguese wdutch  # variable-length data: word lists
+          libjpeg62-turbo-dev mate-backgrounds)  # images: libjpeg-turbo; photographs (bench_jpeg_crop)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,460 @@
+// ferry/image/jpeg.hpp: JPEG decoding (and encoding) on libjpeg-turbo (its libjpeg API, Debian's
+// libjpeg62-turbo-dev; link with -ljpeg, pkg-config libjpeg), with a fused crop: only the
+// region a crop needs is decoded, at the smallest DCT scale that still gives the output
+// size, then resized. This is where DALI's image_random_crop and FFCV get their speed.
+//
+//   ferry::image::jpeg_info h = ferry::image::read_jpeg_header(bytes);
+//   ferry::image::image full = ferry::image::decode_jpeg(bytes);            // uint8 HWC, RGB
+//   std::array<std::uint8_t, 224 * 224 * 3> out;
+//   auto win = ferry::image::random_resized_crop(h.width, h.height, rng);    // torchvision's draw
+//   ferry::image::decode_jpeg_crop(bytes, win, {224, 224, 3, /*flip=*/true}, out);
+//
+// The fused crop: libjpeg-turbo decodes at scale k/8 (k = 1..8) through the inverse DCT,
+// so a crop that is more than twice the output size costs a fraction of a full decode; the
+// smallest k whose scaled crop is at least the output size in both directions is taken.
+// Only the crop's rows are decoded (jpeg_skip_scanlines before, none after) and, across,
+// only the iMCU columns it touches (jpeg_crop_scanline). The resizer is bilinear, sampling
+// pixel centres: after the DCT scaling the remaining reduction is less than 2x, where a
+// two-tap filter does not alias visibly, and the DCT scaling itself is the low-pass filter
+// for the rest (a full-resolution decode followed by bilinear would alias at 4x).
+//
+// Colour: out.channels 3 gives RGB, 1 grey (libjpeg converts); CMYK and YCCK JPEGs (Adobe,
+// inverted) are converted to RGB here. Progressive JPEGs decode as libjpeg-turbo decodes
+// them (a crop of one still reads the whole file).
+//
+// Threads: none; every function runs on the calling thread and may be called from several
+// at once (map's workers): each call has its own decoder state.
+//
+// Errors: format_error for data that is not a JPEG, a truncated or corrupt one (libjpeg's
+// warnings are errors here: a truncated image is not silently grey), and a header whose
+// size is 0 or more than limits.max_pixels (checked before anything is allocated from it);
+// the error's path is "JPEG" (map's element_error names the element), its offset the byte
+// libjpeg had reached. config_error for an output size or
+// channel count that is not valid, or a crop window outside the image. std::bad_alloc.
+//
+// Memory: decode_jpeg returns a new image or reuses the caller's; decode_jpeg_crop writes
+// into the caller's span and keeps the decoded rows of the crop, and resize_bilinear its
+// tables, in per-thread buffers that are reused.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <csetjmp>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <jpeglib.h>  // after <cstdio> and <cstddef>: it uses FILE and size_t undeclared
+
+#include "ferry/detail/random.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::image {
+
+// An image: height rows of width pixels of `channels` uint8 values (HWC).
+struct image {
+  std::uint32_t height = 0;    // rows
+  std::uint32_t width = 0;     // pixels a row
+  std::uint32_t channels = 0;  // values a pixel: 3 (RGB) or 1 (grey)
+  std::vector<std::uint8_t> pixels;  // height * width * channels
+};
+
+// What a JPEG's header says.
+struct jpeg_info {
+  std::uint32_t width = 0;   // pixels a row
+  std::uint32_t height = 0;  // rows
+  int components = 0;        // 1 grey, 3 YCbCr/RGB, 4 CMYK/YCCK
+  bool progressive = false;  // progressive (else baseline or extended sequential) coding
+};
+
+// A crop of the source image, in source pixels.
+struct crop_window {
+  std::uint32_t top = 0;     // first row
+  std::uint32_t left = 0;    // first column
+  std::uint32_t height = 0;  // rows (at least 1)
+  std::uint32_t width = 0;   // columns (at least 1)
+};
+
+// What decode_jpeg_crop writes: height x width x channels (1 or 3), mirrored when flip.
+struct crop_output {
+  std::uint32_t height = 0;    // rows
+  std::uint32_t width = 0;     // pixels a row
+  std::uint32_t channels = 3;  // 3 (RGB) or 1 (grey)
+  bool flip = false;           // mirrored left to right
+};
+
+// The most pixels a header may claim (2^28: 16384 x 16384).
+struct jpeg_limits {
+  std::uint64_t max_pixels = std::uint64_t(1) << 28;  // width x height at most
+};
+
+namespace detail {
+
+// libjpeg reports errors through error_exit, which must not return: it jumps back to the
+// call, which throws. Warnings (corrupt data, a premature end) jump too.
+struct jpeg_error {
+  jpeg_error_mgr mgr;
+  std::jmp_buf jump;
+  char message[JMSG_LENGTH_MAX] = {};
+};
+extern "C" inline void ferry_jpeg_error_exit(j_common_ptr c) {
+  auto* e = reinterpret_cast<jpeg_error*>(c->err);
+  (*c->err->format_message)(c, e->message);
+  std::longjmp(e->jump, 1);
+}
+extern "C" inline void ferry_jpeg_emit_message(j_common_ptr c, int level) {
+  if (level < 0) ferry_jpeg_error_exit(c);  // a warning: corrupt or truncated data
+}
+
+// One decompressor for one call; destroyed on every path.
+struct jpeg_decoder {
+  jpeg_decompress_struct cinfo{};
+  jpeg_error err{};
+  std::size_t size = 0;
+  jpeg_decoder() {
+    cinfo.err = jpeg_std_error(&err.mgr);
+    err.mgr.error_exit = ferry_jpeg_error_exit;
+    err.mgr.emit_message = ferry_jpeg_emit_message;
+    jpeg_create_decompress(&cinfo);
+  }
+  jpeg_decoder(const jpeg_decoder&) = delete;
+  jpeg_decoder& operator=(const jpeg_decoder&) = delete;
+  ~jpeg_decoder() { jpeg_destroy_decompress(&cinfo); }
+  // Where libjpeg had read to (the error's byte offset).
+  std::size_t offset() const { return cinfo.src ? size - cinfo.src->bytes_in_buffer : 0; }
+  [[noreturn]] void fail() const {
+    throw format_error("JPEG", offset(), std::string(err.message) + " (of " + std::to_string(size) + " bytes)");
+  }
+};
+
+inline void check_output(const crop_output& out) {
+  if (out.height == 0 || out.width == 0)
+    throw config_error("decode_jpeg_crop: the output size must be at least 1x1 (got " + std::to_string(out.height) +
+                       "x" + std::to_string(out.width) + ")");
+  if (out.channels != 1 && out.channels != 3)
+    throw config_error("decode_jpeg_crop: channels must be 1 or 3 (got " + std::to_string(out.channels) + ")");
+}
+
+// Reads the header and checks the size against the limits (nothing allocated from it yet).
+// Call inside the setjmp of the caller.
+inline void read_header(jpeg_decoder& d, std::span<const std::byte> bytes, const jpeg_limits& lim) {
+  if (bytes.size() < 3 || bytes[0] != std::byte{0xFF} || bytes[1] != std::byte{0xD8})
+    throw format_error("JPEG", 0, "not a JPEG: no SOI marker (" + std::to_string(bytes.size()) + " bytes)");
+  d.size = bytes.size();
+  jpeg_mem_src(&d.cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
+  jpeg_read_header(&d.cinfo, TRUE);
+  const std::uint64_t px = std::uint64_t(d.cinfo.image_width) * d.cinfo.image_height;
+  if (px == 0 || px > lim.max_pixels)
+    throw format_error("JPEG", d.offset(),
+                       "the header claims " + std::to_string(d.cinfo.image_width) + "x" +
+                           std::to_string(d.cinfo.image_height) + " pixels, " +
+                           (px == 0 ? std::string("none") : "more than the limit of " + std::to_string(lim.max_pixels)));
+}
+
+// The output colour space for `channels`; CMYK/YCCK come out as CMYK, converted after.
+inline bool set_colour(jpeg_decompress_struct& c, std::uint32_t channels) {
+  const bool cmyk = c.jpeg_color_space == JCS_CMYK || c.jpeg_color_space == JCS_YCCK;
+  c.out_color_space = cmyk ? JCS_CMYK : channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+  return cmyk;
+}
+
+// One pixel of an Adobe (inverted) CMYK row to RGB or grey.
+inline void cmyk_to(const std::uint8_t* s, std::uint8_t* d, std::uint32_t channels) {
+  const unsigned k = s[3];
+  const std::uint8_t r = std::uint8_t(s[0] * k / 255), g = std::uint8_t(s[1] * k / 255), b = std::uint8_t(s[2] * k / 255);
+  if (channels == 3) {
+    d[0] = r, d[1] = g, d[2] = b;
+  } else {
+    d[0] = std::uint8_t((299 * r + 587 * g + 114 * b + 500) / 1000);
+  }
+}
+
+// Rows decoded for a crop, reused by the thread's next call.
+inline std::vector<std::uint8_t>& crop_rows() {
+  thread_local std::vector<std::uint8_t> rows;
+  return rows;
+}
+
+}  // namespace detail
+
+// Pixels in memory: `height` rows of `width` pixels of `channels` uint8 values, each row
+// `stride` bytes after the one before.
+struct pixels_view {
+  const std::uint8_t* data = nullptr;  // the first row
+  std::uint32_t width = 0;             // pixels a row
+  std::uint32_t height = 0;            // rows
+  std::uint32_t channels = 0;          // values a pixel
+  std::size_t stride = 0;              // bytes from a row to the next
+};
+
+// The window [x, x + w) x [y, y + h) of src, in real pixel coordinates, resized to
+// out.height x out.width (out.channels must be src's), mirrored when out.flip, into dst.
+// Bilinear: each output pixel's centre mapped into the window, from the two nearest rows
+// and columns, never outside the pixels that cover the window (a crop, then a resize, as
+// torchvision does). What decode_jpeg_crop uses after its partial decode; with src a whole
+// decoded image, the same crop of a full decode. src.channels: 1 or 3. Throws std::bad_alloc
+// (its per-thread tables, once); runs on the caller's thread.
+inline void resize_bilinear(const pixels_view& src, double x, double y, double w, double h, const crop_output& out,
+                            std::uint8_t* dst) {
+  const std::uint32_t C = src.channels;
+  // The pixels covering the window, within src.
+  const double xlo = std::max(0.0, std::floor(x)), ylo = std::max(0.0, std::floor(y));
+  const double xhi = std::min(double(src.width) - 1, std::max(xlo, std::ceil(x + w) - 1));
+  const double yhi = std::min(double(src.height) - 1, std::max(ylo, std::ceil(y + h) - 1));
+  const double sx = w / out.width, sy = h / out.height;
+  // Each output column's two source columns and weight, once per image, not per row;
+  // weights in 11-bit fixed point (integer arithmetic: 3x the float loop's speed).
+  thread_local std::vector<std::uint32_t> cols;
+  thread_local std::vector<std::int32_t> wxs;
+  cols.resize(2 * std::size_t(out.width));
+  wxs.resize(out.width);
+  for (std::uint32_t i = 0; i < out.width; ++i) {
+    const double sxp = std::clamp(x + (i + 0.5) * sx - 0.5, xlo, xhi);
+    const auto xa = std::uint32_t(sxp);
+    const std::uint32_t o = out.flip ? out.width - 1 - i : i;
+    cols[2 * o] = xa * C;
+    cols[2 * o + 1] = std::min<std::uint32_t>(xa + 1, std::uint32_t(xhi)) * C;
+    wxs[o] = std::int32_t(std::lround((sxp - double(xa)) * 2048));
+  }
+  // Separable: each source row a pass needs is blended across once (kept while the next
+  // output row uses it too), then two such rows are blended down, a loop the compiler
+  // vectorises.
+  thread_local std::vector<std::int32_t> across[2];
+  const std::size_t n = std::size_t(out.width) * C;
+  across[0].resize(n);
+  across[1].resize(n);
+  std::size_t have[2] = {std::size_t(-1), std::size_t(-1)};  // the source row in each
+  auto rows = [&]<std::uint32_t K>() {  // K: the channel count, known to the compiler
+    auto blend_across = [&](std::size_t r, std::vector<std::int32_t>& h) {
+      const std::uint8_t* row = src.data + r * src.stride;
+      for (std::uint32_t i = 0; i < out.width; ++i) {
+        const std::uint32_t a = cols[2 * i], b = cols[2 * i + 1];
+        const std::int32_t wx = wxs[i];
+        for (std::uint32_t c = 0; c < K; ++c)
+          h[i * K + c] = std::int32_t(row[a + c]) * 2048 + (std::int32_t(row[b + c]) - row[a + c]) * wx;
+      }
+    };
+    for (std::uint32_t j = 0; j < out.height; ++j) {
+      const double syp = std::clamp(y + (j + 0.5) * sy - 0.5, ylo, yhi);
+      const auto ya = std::size_t(syp);
+      const std::size_t yb = std::min<std::size_t>(ya + 1, std::size_t(yhi));
+      const auto wy = std::int32_t(std::lround((syp - double(ya)) * 2048));
+      if (have[0] != ya) {
+        if (have[1] == ya) {
+          std::swap(across[0], across[1]);
+          std::swap(have[0], have[1]);
+        } else {
+          blend_across(ya, across[0]);
+          have[0] = ya;
+        }
+      }
+      if (have[1] != yb) {
+        blend_across(yb, across[1]);
+        have[1] = yb;
+      }
+      const std::int32_t* ta = across[0].data();
+      const std::int32_t* tb = across[1].data();
+      std::uint8_t* o = dst + std::size_t(j) * n;
+      for (std::size_t k = 0; k < n; ++k) o[k] = std::uint8_t((ta[k] * 2048 + (tb[k] - ta[k]) * wy + (1 << 21)) >> 22);
+    }
+  };
+  if (C == 3)
+    rows.template operator()<3>();
+  else
+    rows.template operator()<1>();
+}
+
+// The header's size, components and coding, without decoding. Throws format_error.
+inline jpeg_info read_jpeg_header(std::span<const std::byte> bytes, const jpeg_limits& lim = {}) {
+  detail::jpeg_decoder d;
+  if (setjmp(d.err.jump)) d.fail();
+  detail::read_header(d, bytes, lim);
+  return {d.cinfo.image_width, d.cinfo.image_height, d.cinfo.num_components, d.cinfo.progressive_mode != 0};
+}
+
+// The whole image into img, uint8 HWC with `channels` 3 (RGB) or 1 (grey), reusing its
+// pixels' capacity (a loop over files allocates once). Throws as the file's top says; img
+// is then unspecified.
+inline void decode_jpeg(std::span<const std::byte> bytes, image& img, std::uint32_t channels = 3,
+                        const jpeg_limits& lim = {}) {
+  detail::check_output({1, 1, channels, false});
+  detail::jpeg_decoder d;
+  std::vector<std::uint8_t> row;
+  if (setjmp(d.err.jump)) d.fail();
+  detail::read_header(d, bytes, lim);
+  const bool cmyk = detail::set_colour(d.cinfo, channels);
+  jpeg_start_decompress(&d.cinfo);
+  img.height = d.cinfo.output_height, img.width = d.cinfo.output_width, img.channels = channels;
+  img.pixels.resize(std::size_t(img.height) * img.width * channels);
+  if (cmyk) row.resize(std::size_t(img.width) * 4);
+  while (d.cinfo.output_scanline < d.cinfo.output_height) {
+    std::uint8_t* dst = img.pixels.data() + std::size_t(d.cinfo.output_scanline) * img.width * channels;
+    JSAMPROW r = cmyk ? row.data() : dst;
+    jpeg_read_scanlines(&d.cinfo, &r, 1);
+    if (cmyk)
+      for (std::uint32_t x = 0; x < img.width; ++x) detail::cmyk_to(row.data() + 4 * x, dst + channels * x, channels);
+  }
+  jpeg_finish_decompress(&d.cinfo);
+}
+// The whole image, as a new one (see above).
+inline image decode_jpeg(std::span<const std::byte> bytes, std::uint32_t channels = 3, const jpeg_limits& lim = {}) {
+  image img;
+  decode_jpeg(bytes, img, channels, lim);
+  return img;
+}
+
+// The DCT scale k/8 (k = 1..8) a fused crop decodes `win` at for `out`: the smallest whose
+// scaled crop is at least the output in both directions (8: full size, when even that is
+// smaller: the resize then enlarges).
+inline unsigned jpeg_crop_scale(const crop_window& win, const crop_output& out) {
+  for (unsigned k = 1; k < 8; k *= 2)
+    if (std::uint64_t(win.width) * k >= std::uint64_t(out.width) * 8 && std::uint64_t(win.height) * k >= std::uint64_t(out.height) * 8)
+      return k;
+  return 8;
+}
+
+// The fused crop: `win` of the source (in source pixels) decoded at jpeg_crop_scale and
+// resized bilinearly to out.height x out.width x out.channels, mirrored left to right when
+// out.flip, into `dst` (at least that many bytes). Throws as the file's top says.
+inline void decode_jpeg_crop(std::span<const std::byte> bytes, const crop_window& win, const crop_output& out,
+                             std::span<std::uint8_t> dst, const jpeg_limits& lim = {}) {
+  detail::check_output(out);
+  const std::size_t need = std::size_t(out.height) * out.width * out.channels;
+  if (dst.size() < need)
+    throw config_error("decode_jpeg_crop: the output holds " + std::to_string(dst.size()) + " bytes, fewer than " +
+                       std::to_string(need));
+  detail::jpeg_decoder d;
+  std::vector<std::uint8_t>& rows = detail::crop_rows();
+  std::vector<std::uint8_t> cmyk_row;
+  if (setjmp(d.err.jump)) d.fail();
+  detail::read_header(d, bytes, lim);
+  const std::uint32_t iw = d.cinfo.image_width, ih = d.cinfo.image_height;
+  if (win.width == 0 || win.height == 0 || win.left > iw || win.top > ih || win.width > iw - win.left ||
+      win.height > ih - win.top)
+    throw config_error("decode_jpeg_crop: the crop " + std::to_string(win.width) + "x" + std::to_string(win.height) +
+                       " at (" + std::to_string(win.left) + ", " + std::to_string(win.top) + ") is not inside the " +
+                       std::to_string(iw) + "x" + std::to_string(ih) + " image");
+  const unsigned k = jpeg_crop_scale(win, out);
+  d.cinfo.scale_num = k;
+  d.cinfo.scale_denom = 8;
+  const bool cmyk = detail::set_colour(d.cinfo, out.channels);
+  const unsigned comps = cmyk ? 4 : out.channels;
+  jpeg_start_decompress(&d.cinfo);
+  const std::uint32_t sw = d.cinfo.output_width, sh = d.cinfo.output_height;  // the scaled image
+  // The window in scaled pixels, as real numbers, and the whole pixels that cover it.
+  const double sx = double(sw) / iw, sy = double(sh) / ih;
+  const double fx0 = win.left * sx, fy0 = win.top * sy, fw = win.width * sx, fh = win.height * sy;
+  const std::uint32_t x0 = std::min<std::uint32_t>(sw - 1, std::uint32_t(fx0));
+  const std::uint32_t x1 = std::max(x0 + 1, std::min<std::uint32_t>(sw, std::uint32_t(std::ceil(fx0 + fw))));
+  const std::uint32_t y0 = std::min<std::uint32_t>(sh - 1, std::uint32_t(fy0));
+  const std::uint32_t y1 = std::max(y0 + 1, std::min<std::uint32_t>(sh, std::uint32_t(std::ceil(fy0 + fh))));
+  JDIMENSION cx = x0, cw = std::max<std::uint32_t>(1, x1 - x0);
+  if (cx != 0 || cw != sw) jpeg_crop_scanline(&d.cinfo, &cx, &cw);  // widened to iMCU columns
+  if (y0) jpeg_skip_scanlines(&d.cinfo, y0);
+  const std::size_t stride = std::size_t(cw) * comps, rh = y1 - y0;
+  rows.resize(stride * rh);
+  for (std::size_t r = 0; r < rh; ++r) {
+    JSAMPROW p = rows.data() + r * stride;
+    jpeg_read_scanlines(&d.cinfo, &p, 1);
+  }
+  jpeg_abort_decompress(&d.cinfo);  // the rows below the crop are not needed
+  if (cmyk) {  // to RGB or grey in place, row by row (out.channels <= 4)
+    cmyk_row.resize(stride);
+    for (std::size_t r = 0; r < rh; ++r) {
+      std::uint8_t* row = rows.data() + r * stride;
+      std::copy(row, row + stride, cmyk_row.begin());
+      for (std::size_t x = 0; x < cw; ++x) detail::cmyk_to(cmyk_row.data() + 4 * x, row + out.channels * x, out.channels);
+    }
+  }
+  const std::size_t rstride = cmyk ? stride : std::size_t(cw) * out.channels;  // (CMYK rows keep their stride)
+  // The window relative to the decoded rows, which start at (cx, y0) and cover it.
+  resize_bilinear({rows.data(), cw, std::uint32_t(rh), out.channels, rstride}, fx0 - cx, fy0 - y0, fw, fh, out,
+                  dst.data());
+}
+
+// encode_jpeg()'s options.
+struct jpeg_encode_options {
+  int quality = 90;          // 1-100
+  bool progressive = false;  // progressive coding (else baseline)
+  bool subsample = true;     // 4:2:0 chroma for colour (else 4:4:4)
+};
+
+// px (channels 1: grey, 3: RGB, 4: CMYK, stored as Adobe writes it, inverted) as a JPEG
+// file: making test data and re-encoding datasets. Throws config_error for a channel count
+// or quality that is not valid or an empty image, std::bad_alloc. Runs on the caller's
+// thread; several threads may encode at once.
+inline std::vector<std::byte> encode_jpeg(const pixels_view& px, const jpeg_encode_options& o = {}) {
+  if (px.channels != 1 && px.channels != 3 && px.channels != 4)
+    throw config_error("encode_jpeg: channels must be 1, 3 or 4 (got " + std::to_string(px.channels) + ")");
+  if (px.width == 0 || px.height == 0 || px.width > 65500 || px.height > 65500)
+    throw config_error("encode_jpeg: " + std::to_string(px.width) + "x" + std::to_string(px.height) +
+                       " pixels: a JPEG holds 1 to 65500 each way");
+  if (o.quality < 1 || o.quality > 100)
+    throw config_error("encode_jpeg: quality must be 1 to 100 (got " + std::to_string(o.quality) + ")");
+  jpeg_compress_struct c{};
+  detail::jpeg_error err{};
+  c.err = jpeg_std_error(&err.mgr);
+  err.mgr.error_exit = detail::ferry_jpeg_error_exit;
+  unsigned char* out = nullptr;
+  unsigned long size = 0;
+  jpeg_create_compress(&c);
+  if (setjmp(err.jump)) {  // out of memory inside libjpeg, in effect
+    jpeg_destroy_compress(&c);
+    std::free(out);
+    throw std::bad_alloc();
+  }
+  jpeg_mem_dest(&c, &out, &size);
+  c.image_width = px.width, c.image_height = px.height, c.input_components = int(px.channels);
+  c.in_color_space = px.channels == 1 ? JCS_GRAYSCALE : px.channels == 3 ? JCS_RGB : JCS_CMYK;
+  jpeg_set_defaults(&c);
+  jpeg_set_quality(&c, o.quality, TRUE);
+  if (px.channels == 3 && !o.subsample)
+    for (int i = 0; i < c.num_components; ++i) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 1;
+  if (o.progressive) jpeg_simple_progression(&c);
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW row = const_cast<std::uint8_t*>(px.data + std::size_t(c.next_scanline) * px.stride);
+    jpeg_write_scanlines(&c, &row, 1);
+  }
+  jpeg_finish_compress(&c);
+  jpeg_destroy_compress(&c);
+  std::vector<std::byte> file(reinterpret_cast<std::byte*>(out), reinterpret_cast<std::byte*>(out) + size);
+  std::free(out);
+  return file;
+}
+
+// torchvision's RandomResizedCrop draw: an area of scale [lo, hi] of the image's and an
+// aspect ratio log-uniform in [ratio_lo, ratio_hi], up to 10 tries, then the centre crop of
+// the ratio clamped to the image's. g: ferry's splitmix64 (seed it per element, e.g. from
+// (seed, epoch, index), and a checkpoint resumes the same crops).
+inline crop_window random_resized_crop(std::uint32_t width, std::uint32_t height, ferry::detail::splitmix64& g,
+                                       double scale_lo = 0.08, double scale_hi = 1.0, double ratio_lo = 3.0 / 4,
+                                       double ratio_hi = 4.0 / 3) {
+  const double area = double(width) * height;
+  auto uniform = [&](double a, double b) { return a + (b - a) * (double(g() >> 11) * 0x1.0p-53); };
+  for (int t = 0; t < 10; ++t) {
+    const double target = area * uniform(scale_lo, scale_hi);
+    const double ar = std::exp(uniform(std::log(ratio_lo), std::log(ratio_hi)));
+    const auto w = std::uint32_t(std::lround(std::sqrt(target * ar)));
+    const auto h = std::uint32_t(std::lround(std::sqrt(target / ar)));
+    if (w > 0 && h > 0 && w <= width && h <= height) {
+      const auto top = std::uint32_t(g.below(height - h + 1)), left = std::uint32_t(g.below(width - w + 1));
+      return {top, left, h, w};
+    }
+  }
+  const double in_ratio = double(width) / height;
+  std::uint32_t w = width, h = height;
+  if (in_ratio < ratio_lo)
+    h = std::max<std::uint32_t>(1, std::uint32_t(std::lround(w / ratio_lo)));
+  else if (in_ratio > ratio_hi)
+    w = std::max<std::uint32_t>(1, std::uint32_t(std::lround(h * ratio_hi)));
+  return {(height - h) / 2, (width - w) / 2, h, w};
+}
+
+}  // namespace ferry::image

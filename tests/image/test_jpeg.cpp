@@ -1,0 +1,321 @@
+// JPEG decoding (ferry/image/jpeg.hpp) on images this test encodes with libjpeg itself:
+// a full decode against the pixels encoded; the fused crop against a naive oracle (a full
+// decode, then the crop, then the same bilinear resize) where no DCT scaling applies, and
+// close to an area-mean reference where it does; flip, grey, CMYK and progressive files; the
+// RandomResizedCrop draw; and bad input (not a JPEG, truncated, a header claiming too many
+// or no pixels, a crop outside the image).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ferry/detail/random.hpp"
+#include "ferry/error.hpp"
+#include "ferry/image/jpeg.hpp"
+
+namespace {
+
+namespace fi = ferry::image;
+using bytes_t = std::vector<std::byte>;
+
+// A smooth test picture with some texture: gradients, a diagonal stripe pattern, noise.
+// f scales the stripes' frequency (their period is about 60 / f pixels).
+std::vector<std::uint8_t> picture(std::uint32_t w, std::uint32_t h, int comps, std::uint64_t seed, double f = 1) {
+  ferry::detail::splitmix64 g(seed);
+  std::vector<std::uint8_t> px(std::size_t(w) * h * comps);
+  for (std::uint32_t y = 0; y < h; ++y)
+    for (std::uint32_t x = 0; x < w; ++x)
+      for (int c = 0; c < comps; ++c) {
+        const double v = 128 + 90 * std::sin((x + 2 * y) * 0.05 * f + c) * std::cos(y * 0.03 * f - c) + double(g.below(9)) - 4;
+        px[(std::size_t(y) * w + x) * comps + c] = std::uint8_t(std::clamp(v, 0.0, 255.0));
+      }
+  return px;
+}
+
+struct encode_opts {
+  int quality = 100;
+  bool progressive = false;
+  std::uint32_t channels = 3;  // 1 grey, 3 RGB, 4 CMYK
+  bool subsample = false;      // 4:2:0 chroma (else 4:4:4)
+};
+
+bytes_t encode(const std::vector<std::uint8_t>& px, std::uint32_t w, std::uint32_t h, encode_opts o = {}) {
+  return fi::encode_jpeg({px.data(), w, h, o.channels, std::size_t(w) * o.channels},
+                         {.quality = o.quality, .progressive = o.progressive, .subsample = o.subsample});
+}
+
+// The oracle: crop `win` out of a full image and resize it bilinearly (pixel centres), the
+// way decode_jpeg_crop resizes when it decodes at full scale.
+std::vector<std::uint8_t> crop_resize(const fi::image& img, fi::crop_window win, fi::crop_output out) {
+  const std::uint32_t C = img.channels;
+  std::vector<std::uint8_t> o(std::size_t(out.height) * out.width * C);
+  const double sx = double(win.width) / out.width, sy = double(win.height) / out.height;
+  for (std::uint32_t j = 0; j < out.height; ++j) {
+    const double y = std::clamp(win.top + (j + 0.5) * sy - 0.5, double(win.top), double(win.top + win.height - 1));
+    // The fused decode samples inside the rows it decoded: [top, top + height) here.
+    const std::size_t ya = std::size_t(y), yb = std::min<std::size_t>(ya + 1, win.top + win.height - 1);
+    const double wy = y - double(ya);
+    for (std::uint32_t i = 0; i < out.width; ++i) {
+      const double x = std::clamp(win.left + (i + 0.5) * sx - 0.5, double(win.left), double(win.left + win.width - 1));
+      const std::size_t xa = std::size_t(x), xb = std::min<std::size_t>(xa + 1, win.left + win.width - 1);
+      const double wx = x - double(xa);
+      for (std::uint32_t c = 0; c < C; ++c) {
+        auto at = [&](std::size_t yy, std::size_t xx) { return double(img.pixels[(yy * img.width + xx) * C + c]); };
+        const double v = (at(ya, xa) * (1 - wx) + at(ya, xb) * wx) * (1 - wy) + (at(yb, xa) * (1 - wx) + at(yb, xb) * wx) * wy;
+        o[(std::size_t(j) * out.width + (out.flip ? out.width - 1 - i : i)) * C + c] = std::uint8_t(v + 0.5);
+      }
+    }
+  }
+  return o;
+}
+
+// The reference for reductions: each output pixel the mean of the source area it covers
+// (area resampling, what an antialiasing resize approximates).
+std::vector<std::uint8_t> crop_area(const fi::image& img, fi::crop_window win, fi::crop_output out) {
+  const std::uint32_t C = img.channels;
+  std::vector<std::uint8_t> o(std::size_t(out.height) * out.width * C);
+  const double sx = double(win.width) / out.width, sy = double(win.height) / out.height;
+  for (std::uint32_t j = 0; j < out.height; ++j)
+    for (std::uint32_t i = 0; i < out.width; ++i)
+      for (std::uint32_t c = 0; c < C; ++c) {
+        const auto ya = std::uint32_t(win.top + j * sy), yb = std::max(ya + 1, std::uint32_t(win.top + (j + 1) * sy));
+        const auto xa = std::uint32_t(win.left + i * sx), xb = std::max(xa + 1, std::uint32_t(win.left + (i + 1) * sx));
+        double sum = 0;
+        for (std::uint32_t y = ya; y < yb; ++y)
+          for (std::uint32_t x = xa; x < xb; ++x) sum += img.pixels[(std::size_t(y) * img.width + x) * C + c];
+        o[(std::size_t(j) * out.width + i) * C + c] = std::uint8_t(sum / double((yb - ya) * (xb - xa)) + 0.5);
+      }
+  return o;
+}
+
+double mean_abs(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += std::abs(int(a[i]) - int(b[i]));
+  return s / double(a.size());
+}
+
+std::vector<std::uint8_t> fused(const bytes_t& jpg, fi::crop_window win, fi::crop_output out) {
+  std::vector<std::uint8_t> o(std::size_t(out.height) * out.width * out.channels);
+  fi::decode_jpeg_crop(jpg, win, out, o);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("decode_jpeg: a quality-100 4:4:4 file decodes to its pixels (within the DCT's rounding)") {
+  for (const auto& size : {std::pair{64u, 48u}, std::pair{123u, 77u}, std::pair{1u, 1u}, std::pair{500u, 375u}}) {
+    const std::uint32_t w = size.first, h = size.second;
+    CAPTURE(w);
+    const auto px = picture(w, h, 3, w);
+    const fi::image img = fi::decode_jpeg(encode(px, w, h));
+    CHECK(img.width == w);
+    CHECK(img.height == h);
+    CHECK(img.channels == 3);
+    REQUIRE(img.pixels.size() == px.size());
+    CHECK(mean_abs(img.pixels, px) < 1.0);
+    const fi::jpeg_info info = fi::read_jpeg_header(encode(px, w, h, {.progressive = true}));
+    CHECK(info.width == w);
+    CHECK(info.progressive);
+  }
+}
+
+TEST_CASE("decode_jpeg_crop at full scale equals a full decode, cropped and resized (the oracle)") {
+  // Crops no more than the output size: scale 8/8, so the decoded rows are the full
+  // decode's and only the resize remains, done the same way by the oracle (up to a
+  // rounding at an exact half, below).
+  ferry::detail::splitmix64 g(7);
+  for (int t = 0; t < 40; ++t) {
+    const std::uint32_t w = 16 + std::uint32_t(g.below(300)), h = 16 + std::uint32_t(g.below(300));
+    const bool sub = t % 3 == 0;  // 4:2:0: the crop's edges upsample chroma from the same neighbours
+    const auto jpg = encode(picture(w, h, 3, std::uint64_t(t)), w, h, {.quality = 90, .subsample = sub});
+    const fi::image full = fi::decode_jpeg(jpg);
+    fi::crop_window win;
+    win.width = 1 + std::uint32_t(g.below(w)), win.height = 1 + std::uint32_t(g.below(h));
+    win.left = std::uint32_t(g.below(w - win.width + 1)), win.top = std::uint32_t(g.below(h - win.height + 1));
+    const fi::crop_output out{win.height + std::uint32_t(g.below(40)), win.width + std::uint32_t(g.below(40)), 3,
+                              g.below(2) == 0};
+    CAPTURE(t);
+    CAPTURE(w);
+    CAPTURE(h);
+    CAPTURE(win.left);
+    CAPTURE(win.top);
+    CAPTURE(win.width);
+    CAPTURE(win.height);
+    REQUIRE(fi::jpeg_crop_scale(win, out) == 8);
+    const auto got = fused(jpg, win, out), want = crop_resize(full, win, out);
+    if (!sub) {
+      int most = 0;
+      std::size_t differ = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        most = std::max(most, std::abs(int(got[i]) - int(want[i])));
+        differ += got[i] != want[i];
+      }
+      // The same pixels through the same formula, but the sample position is computed
+      // from the window's origin there and from the decoded columns' here: a rounding at
+      // an exact half may go the other way.
+      CHECK(most <= 1);
+      CHECK(differ * 100 <= got.size());
+    }
+    else  // libjpeg's chroma upsampling at a cropped edge may differ by a level or two
+      CHECK(mean_abs(got, want) < 0.5);
+  }
+}
+
+TEST_CASE("decode_jpeg_crop with DCT scaling: the smallest SIMD scale that covers the output, close to an area mean") {
+  // Stripes of a period of about 240 pixels: an output pixel's area (up to 12 pixels across)
+  // then averages to what its centre's neighbours give, within the noise, so the area mean
+  // is the reference at every reduction; a window misplaced by half a scaled pixel (4
+  // source pixels at 1/8) would be about 6 levels off.
+  const std::uint32_t w = 500, h = 375;
+  const auto px = picture(w, h, 3, 3, 0.25);
+  const auto jpg = encode(px, w, h, {.quality = 95});
+  const fi::image full = fi::decode_jpeg(jpg);
+  struct want_t {
+    fi::crop_window win;
+    std::uint32_t size;  // the output: size x size
+    unsigned scale;      // the DCT scale k/8 expected: libjpeg-turbo's SIMD ones, 1, 2, 4 or 8
+  };
+  for (const auto& c : {want_t{{0, 0, 375, 500}, 224, 8}, want_t{{0, 0, 375, 500}, 64, 2}, want_t{{0, 0, 375, 500}, 40, 1},
+                        want_t{{10, 20, 300, 300}, 150, 4}, want_t{{10, 20, 300, 300}, 151, 8},
+                        want_t{{100, 100, 224, 224}, 224, 8}, want_t{{0, 0, 112, 112}, 224, 8},
+                        want_t{{50, 40, 60, 448}, 30, 4}, want_t{{0, 0, 375, 448}, 90, 2}}) {
+    const fi::crop_output out{c.size, c.size, 3, false};
+    CAPTURE(c.win.width);
+    CAPTURE(c.win.height);
+    CAPTURE(c.size);
+    CHECK(fi::jpeg_crop_scale(c.win, out) == c.scale);
+    // Against the area mean: the DCT scaling averages the source (as the reference does)
+    // where bilinear alone would pick single pixels (at 12x, 7 levels off on this picture).
+    const auto got = fused(jpg, c.win, out), want = crop_area(full, c.win, out);
+    CHECK(mean_abs(got, want) < 3.0);
+  }
+}
+
+TEST_CASE("decode_jpeg_crop: flip mirrors the row; grey output; grey, CMYK and progressive files") {
+  const std::uint32_t w = 96, h = 80;
+  const auto px = picture(w, h, 3, 11);
+  const auto jpg = encode(px, w, h);
+  const fi::crop_window win{8, 4, 64, 80};
+  const auto a = fused(jpg, win, {32, 40, 3, false}), b = fused(jpg, win, {32, 40, 3, true});
+  for (std::uint32_t y = 0; y < 32; ++y)
+    for (std::uint32_t x = 0; x < 40; ++x)
+      for (int c = 0; c < 3; ++c) CHECK(a[(y * 40 + x) * 3 + c] == b[(y * 40 + 39 - x) * 3 + c]);
+
+  // Grey output of a colour file: libjpeg's luma, as a full grey decode gives it.
+  const fi::image grey = fi::decode_jpeg(jpg, 1);
+  CHECK(grey.channels == 1);
+  CHECK(fused(jpg, win, {64, 80, 1, false}) == crop_resize(grey, win, {64, 80, 1, false}));
+
+  // A grey file to RGB: three equal channels.
+  const auto gpx = picture(w, h, 1, 12);
+  const fi::image g3 = fi::decode_jpeg(encode(gpx, w, h, {.channels = 1}));
+  CHECK(g3.channels == 3);
+  for (std::size_t i = 0; i < g3.pixels.size(); i += 3) CHECK((g3.pixels[i] == g3.pixels[i + 1] && g3.pixels[i] == g3.pixels[i + 2]));
+  CHECK(mean_abs(fi::decode_jpeg(encode(gpx, w, h, {.channels = 1}), 1).pixels, gpx) < 1.0);
+
+  // CMYK (Adobe's inverted convention): K = 255 and C, M, Y = R, G, B read back as R, G, B.
+  std::vector<std::uint8_t> cmyk(std::size_t(w) * h * 4);
+  for (std::size_t i = 0; i < std::size_t(w) * h; ++i) {
+    for (int c = 0; c < 3; ++c) cmyk[4 * i + c] = px[3 * i + c];
+    cmyk[4 * i + 3] = 255;
+  }
+  const auto cjpg = encode(cmyk, w, h, {.channels = 4});
+  CHECK(fi::read_jpeg_header(cjpg).components == 4);
+  CHECK(mean_abs(fi::decode_jpeg(cjpg).pixels, px) < 1.5);
+  CHECK(mean_abs(fused(cjpg, win, {64, 80, 3, false}), crop_resize(fi::decode_jpeg(cjpg), win, {64, 80, 3, false})) < 0.01);
+
+  // Progressive: the same coefficients as the baseline file, so the same pixels.
+  const auto pjpg = encode(px, w, h, {.progressive = true});
+  CHECK(fi::decode_jpeg(pjpg).pixels == fi::decode_jpeg(jpg).pixels);
+  CHECK(fused(pjpg, win, {20, 24, 3, true}) == fused(jpg, win, {20, 24, 3, true}));
+}
+
+TEST_CASE("random_resized_crop: inside the image, within scale and ratio, the same for the same seed") {
+  for (std::uint64_t seed = 1; seed <= 300; ++seed) {
+    ferry::detail::splitmix64 g(seed), g2(seed);
+    const std::uint32_t w = 1 + std::uint32_t(seed * 37 % 700), h = 1 + std::uint32_t(seed * 53 % 500);
+    const fi::crop_window c = fi::random_resized_crop(w, h, g);
+    const fi::crop_window d = fi::random_resized_crop(w, h, g2);
+    CHECK((c.top == d.top && c.left == d.left && c.width == d.width && c.height == d.height));
+    CHECK(c.width >= 1);
+    CHECK(c.height >= 1);
+    CHECK(c.left + c.width <= w);
+    CHECK(c.top + c.height <= h);
+    const double area = double(c.width) * c.height / (double(w) * h), ratio = double(c.width) / c.height;
+    const bool centred = c.left == (w - c.width) / 2 && c.top == (h - c.height) / 2;  // the fallback
+    if (!centred && w >= 30 && h >= 30) {
+      CHECK(area >= 0.07);
+      CHECK(area <= 1.0);
+      CHECK(ratio >= 0.70);
+      CHECK(ratio <= 1.43);
+    }
+  }
+}
+
+TEST_CASE("JPEG bad input: not a JPEG, truncated, too many or no pixels, bad windows and sizes") {
+  const std::uint32_t w = 64, h = 64;
+  const auto jpg = encode(picture(w, h, 3, 5), w, h);
+  std::vector<std::uint8_t> out(32 * 32 * 3);
+
+  const bytes_t text = {std::byte{'h'}, std::byte{'i'}, std::byte{'!'}, std::byte{'\n'}};
+  CHECK_THROWS_WITH_AS(fi::decode_jpeg(text), doctest::Contains("not a JPEG"), ferry::format_error);
+  CHECK_THROWS_AS(fi::decode_jpeg(bytes_t{}), ferry::format_error);
+
+  // Truncated: the entropy-coded data ends early. libjpeg would pad with grey and warn;
+  // here that is an error naming the offset it reached.
+  for (std::size_t cut : {jpg.size() / 2, jpg.size() - 3, std::size_t(20), std::size_t(2)}) {
+    CAPTURE(cut);
+    const bytes_t part(jpg.begin(), jpg.begin() + std::ptrdiff_t(cut));
+    CHECK_THROWS_AS(fi::decode_jpeg(part), ferry::format_error);
+    CHECK_THROWS_AS(fused(part, {0, 0, 64, 64}, {32, 32, 3, false}), ferry::format_error);
+  }
+  try {
+    fi::decode_jpeg(bytes_t(jpg.begin(), jpg.begin() + std::ptrdiff_t(jpg.size() / 2)));
+  } catch (const ferry::format_error& e) {
+    CHECK(e.offset() > 0);
+    CHECK(std::string(e.what()).find("at offset ") != std::string::npos);
+  }
+
+  // A header claiming 60000 x 60000 pixels, or 0 rows: refused from the header, before any
+  // allocation of that size.
+  auto with_size = [&](std::uint16_t ww, std::uint16_t hh) {
+    bytes_t b = jpg;
+    for (std::size_t i = 0; i + 9 < b.size(); ++i)
+      if (b[i] == std::byte{0xFF} && b[i + 1] == std::byte{0xC0}) {  // SOF0: length(2) precision(1) height(2) width(2)
+        b[i + 5] = std::byte(hh >> 8), b[i + 6] = std::byte(hh & 0xFF);
+        b[i + 7] = std::byte(ww >> 8), b[i + 8] = std::byte(ww & 0xFF);
+        return b;
+      }
+    FAIL("no SOF0 marker");
+    return b;
+  };
+  CHECK_THROWS_WITH_AS(fi::decode_jpeg(with_size(60000, 60000)), doctest::Contains("more than the limit"),
+                       ferry::format_error);
+  CHECK_THROWS_AS(fi::read_jpeg_header(with_size(60000, 60000)), ferry::format_error);
+  CHECK_THROWS_AS(fused(with_size(60000, 60000), {0, 0, 10, 10}, {32, 32, 3, false}), ferry::format_error);
+  CHECK_THROWS_AS(fi::decode_jpeg(with_size(64, 0)), ferry::format_error);
+  CHECK_THROWS_AS(fi::decode_jpeg(jpg, 3, {.max_pixels = 1000}), ferry::format_error);
+
+  // Windows and sizes: config_errors.
+  CHECK_THROWS_AS(fi::decode_jpeg_crop(jpg, {0, 0, 65, 10}, {32, 32, 3, false}, out), ferry::config_error);
+  CHECK_THROWS_AS(fi::decode_jpeg_crop(jpg, {60, 0, 10, 10}, {32, 32, 3, false}, out), ferry::config_error);
+  CHECK_THROWS_AS(fi::decode_jpeg_crop(jpg, {0, 0, 0, 10}, {32, 32, 3, false}, out), ferry::config_error);
+  CHECK_THROWS_AS(fi::decode_jpeg_crop(jpg, {0, 0, 10, 10}, {0, 32, 3, false}, out), ferry::config_error);
+  CHECK_THROWS_AS(fi::decode_jpeg_crop(jpg, {0, 0, 10, 10}, {32, 32, 2, false}, out), ferry::config_error);
+  CHECK_THROWS_AS(fi::decode_jpeg_crop(jpg, {0, 0, 10, 10}, {64, 64, 3, false}, out), ferry::config_error);
+  CHECK_THROWS_AS(fi::decode_jpeg(jpg, 4), ferry::config_error);
+  const std::vector<std::uint8_t> px(8 * 8 * 3, 7);
+  CHECK_THROWS_AS(fi::encode_jpeg({px.data(), 8, 8, 2, 16}), ferry::config_error);
+  CHECK_THROWS_AS(fi::encode_jpeg({px.data(), 8, 8, 3, 24}, {.quality = 0}), ferry::config_error);
+  CHECK_THROWS_AS(fi::encode_jpeg({px.data(), 0, 8, 3, 0}), ferry::config_error);
+  // After all of that, the same thread decodes a good file.
+  CHECK(fused(jpg, {0, 0, 64, 64}, {32, 32, 3, false}).size() == out.size());
+}
