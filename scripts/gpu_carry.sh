@@ -25,7 +25,8 @@ if [ "${1:-}" = --bin ]; then
   build=${FERRY_BUILD:-build}
   rm -rf .carry/build
   for t in tests/cuda/test_distribute_gpu tests/collective/test_nccl_communicator tests/train/test_train_gpu \
-           benchmarks/distribute/bench_distribute_gpu benchmarks/collective/bench_nccl_allreduce \
+           benchmarks/distribute/bench_distribute_gpu benchmarks/distribute/bench_distribute_varlen_gpu \
+           benchmarks/collective/bench_nccl_allreduce \
            benchmarks/train/bench_train_fed_gpu benchmarks/train/bench_train_fashion_mnist \
            benchmarks/train/bench_fmnist_pipeline \
            examples/04_train_fashion_mnist/train_fashion_mnist; do
