@@ -56,7 +56,7 @@ class map_workers {
   static constexpr bool resumable = core::resumable;
   static constexpr std::uint64_t none = core::none;
   static constexpr int spin_rounds = 64;
-  using clock = typename core::clock;
+  using clock = std::chrono::steady_clock;
   static constexpr std::chrono::milliseconds tune_poll{20};  // while the consumer waits
 
  public:
