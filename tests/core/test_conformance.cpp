@@ -676,6 +676,48 @@ struct case_from_files {
   static std::vector<std::string> names() { return {"from_files"}; }
 };
 
+// WebDataset shards: a record is a sample, the bytes of its members (the writer's spans).
+struct tar_files {
+  src_test::temp_dir dir;
+  std::vector<std::string> paths;
+  std::vector<std::vector<u64>> samples;  // in file order, each sample's bytes
+  tar_files() {
+    for (int f = 0; f < 2; ++f) {
+      src_test::tar_writer w;
+      for (int k = 0; k < 4 + 2 * f; ++k) {
+        const std::size_t from = w.out.size();
+        const std::string key = "s" + std::to_string(f) + "/" + std::to_string(k);
+        w.add(key + ".jpg", std::string(std::size_t(1 + (k * 131 + f) % 700), char('a' + k)));
+        if (k % 2 == 0) w.add(key + ".cls", std::to_string(k));
+        samples.emplace_back(w.out.begin() + std::ptrdiff_t(from), w.out.end());
+      }
+      w.end();
+      paths.push_back(dir / ("part-" + std::to_string(f) + ".tar"));
+      src_test::write_file(paths.back(), w.out);
+    }
+    for (auto& s : samples)
+      for (auto& b : s) b &= 0xff;  // the bytes as flat() gives them
+  }
+};
+
+struct case_webdataset {
+  static constexpr const char* label = "from_files(webdataset)";
+  static constexpr bool user_errors = false;
+  static auto make(u64) {
+    static tar_files f;
+    files_ = &f;
+    return ferry::from_files(f.paths, ferry::webdataset{}, {.chunk_bytes = 1024});
+  }
+  static events oracle(u64 bad) {
+    make(bad);
+    events out;
+    for (const auto& s : files_->samples) out.push_back(ev{false, s});
+    return out;
+  }
+  static std::vector<std::string> names() { return {"from_files"}; }
+  static inline tar_files* files_ = nullptr;
+};
+
 // Slot s reads files s, s + cycle, ...; block records from each slot in turn.
 struct case_interleave {
   static constexpr const char* label = "interleave";
@@ -947,7 +989,7 @@ TEST_CASE_TEMPLATE("conformance: every stage and source" * doctest::timeout(300)
                    case_from_range, case_from_generator, case_filter, case_take, case_skip, case_shard,
                    case_repeat, case_shuffle, case_map_inline, case_map_workers, case_map_unordered,
                    case_flat_map, case_batch, case_padded_batch, case_padded_batch_mask, case_bucket, case_pack, case_prefetch, case_cache, case_concatenate, case_zip,
-                   case_sample_from, case_distribute, case_lockstep, case_from_files, case_interleave,
+                   case_sample_from, case_distribute, case_lockstep, case_from_files, case_webdataset, case_interleave,
                    case_interleave_fn<0>, case_interleave_fn<2>, case_any_source) {
   conform<C>();
 }

@@ -1,7 +1,8 @@
 // libFuzzer harness for the record parsers: the input is written to a memfd and read
 // through from_files, plain and gzip-inflated, with both error policies. Any crash,
 // sanitizer report, hang or huge allocation is a bug; ferry::error is the expected outcome.
-// Build one per format with -DFERRY_FUZZ_FORMAT=<tfrecord|npy|idx|fixed|lines>.
+// Build one per format with -DFERRY_FUZZ_FORMAT=<tfrecord|npy|idx|fixed|lines|webdataset>;
+// webdataset's samples are also split by parse_webdataset and each member read.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@ static ferry::file_format fuzz_format() {
   if (f == "idx") return ferry::idx{};
   if (f == "fixed") return ferry::fixed_length{.record_bytes = 7, .header_bytes = 3, .footer_bytes = 2};
   if (f == "lines") return ferry::text_lines{};
+  if (f == "webdataset") return ferry::webdataset{};
   return ferry::tfrecord{};
 }
 
@@ -49,6 +51,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         while (records++ < 100000)
           if (auto r = src.next()) {
             for (const std::byte b : r->bytes()) sum += std::to_integer<unsigned>(b);
+            if (std::holds_alternative<ferry::webdataset>(fuzz_format()))
+              for (const auto& m : ferry::parse_webdataset(*r).members)
+                for (const std::byte b : m.data.bytes()) sum += std::to_integer<unsigned>(b) + m.ext.size();
           } else {
             break;
           }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -99,5 +100,73 @@ inline std::string random_bytes(std::mt19937_64& g, std::size_t n) {
   for (auto& c : s) c = static_cast<char>(g());
   return s;
 }
+
+// A tar archive as GNU tar and Python's tarfile write one (the test-side writer, checked
+// against GNU tar's own archives in test_webdataset.cpp): ustar headers, a GNU 'L' or pax
+// 'x' header for names over 100 bytes (long_kind), or ustar's prefix field ('p').
+struct tar_writer {
+  std::string out;
+
+  static std::string octal(std::uint64_t v, std::size_t width) {  // width - 1 digits, then NUL
+    std::string s(width - 1, '0');
+    for (std::size_t i = width - 1; i-- > 0; v >>= 3) s[i] = static_cast<char>('0' + (v & 7));
+    return s + '\0';
+  }
+  // One header block; base256 writes the size as GNU does for 8 GiB and more.
+  static std::string header(const std::string& name, std::uint64_t size, char type, const std::string& prefix = "",
+                            bool base256 = false) {
+    std::string h(512, '\0');
+    h.replace(0, std::min<std::size_t>(name.size(), 100), name.substr(0, 100));
+    h.replace(100, 8, octal(0644, 8));
+    h.replace(108, 8, octal(0, 8));
+    h.replace(116, 8, octal(0, 8));
+    if (base256) {
+      h[124] = static_cast<char>(0x80);
+      for (int i = 0; i < 8; ++i) h[135 - i] = static_cast<char>(size >> (8 * i));
+    } else {
+      h.replace(124, 12, octal(size, 12));
+    }
+    h.replace(136, 12, octal(1700000000, 12));
+    h[156] = type;
+    h.replace(257, 6, std::string("ustar\0", 6));
+    h.replace(263, 2, "00");
+    h.replace(345, std::min<std::size_t>(prefix.size(), 155), prefix.substr(0, 155));
+    h.replace(148, 8, "        ");
+    unsigned sum = 0;
+    for (unsigned char c : h) sum += c;
+    h.replace(148, 8, octal(sum, 7) + ' ');
+    return h;
+  }
+  static std::string padded(const std::string& data) {
+    return data + std::string((512 - data.size() % 512) % 512, '\0');
+  }
+  static std::string pax_record(const std::string& key, const std::string& value) {
+    const std::string body = " " + key + "=" + value + "\n";
+    std::size_t n = body.size() + 1;
+    while (std::to_string(n).size() + body.size() != n) ++n;
+    return std::to_string(n) + body;
+  }
+  // Adds a member; returns its header's offset.
+  std::size_t add(const std::string& name, const std::string& data, char type = '0', char long_kind = 'L',
+                  bool base256 = false) {
+    const std::size_t at = out.size();
+    std::string field = name, prefix;
+    if (name.size() > 100 && long_kind == 'L') {
+      out += header("././@LongLink", name.size() + 1, 'L') + padded(name + '\0');
+      field = name.substr(0, 100);
+    } else if (name.size() > 100 && long_kind == 'x') {
+      const std::string rec = pax_record("path", name);
+      out += header("PaxHeaders/x", rec.size(), 'x') + padded(rec);
+      field = name.substr(0, 100);
+    } else if (name.size() > 100 && long_kind == 'p') {
+      const std::size_t cut = name.rfind('/', 155);
+      prefix = name.substr(0, cut);
+      field = name.substr(cut + 1);
+    }
+    out += header(field, data.size(), type, prefix, base256) + padded(data);
+    return at;
+  }
+  void end() { out += std::string(1024, '\0'); }
+};
 
 }  // namespace src_test

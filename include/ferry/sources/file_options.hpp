@@ -21,11 +21,12 @@
 #include "ferry/sources/npy.hpp"
 #include "ferry/sources/text_lines.hpp"
 #include "ferry/sources/tfrecord.hpp"
+#include "ferry/sources/webdataset.hpp"
 
 namespace ferry {
 
 // The format of the files from_files reads: one of the format tags, with its options.
-using file_format = std::variant<tfrecord, npy, idx, fixed_length, text_lines>;
+using file_format = std::variant<tfrecord, npy, idx, fixed_length, text_lines, webdataset>;
 
 // error_policy (raise, skip): in ferry/error.hpp.
 

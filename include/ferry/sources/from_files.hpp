@@ -5,7 +5,8 @@
 //   for (ferry::record& r : src) use(r.bytes());
 //
 // Formats: ferry::tfrecord{.verify_crc}, npy{}, idx{}, fixed_length{.record_bytes,
-// .header_bytes, .footer_bytes}, text_lines{} (see each header). Files whose names end in
+// .header_bytes, .footer_bytes}, text_lines{}, webdataset{} (tar shards: a record is a
+// sample, parse_webdataset splits it; see each header). Files whose names end in
 // .gz/.gzip/.zlib are inflated on the fly (options.compress overrides the guess);
 // concatenated members are one stream, zero padding after the last is ignored, other
 // trailing bytes are an error (detail/byte_stream.hpp).
@@ -107,7 +108,7 @@ class file_source : public source_base<file_source, record> {
 
   std::optional<record> next_impl() {
     record r;
-    if (!advance(make_record{r})) return std::nullopt;
+    if (!advance(make_record{r, epoch_})) return std::nullopt;
     return r;
   }
   std::size_t borrow(borrowed_records& out, std::size_t max) {

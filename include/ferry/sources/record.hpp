@@ -12,7 +12,10 @@
 // origin() says where a record read by from_files/interleave was: the file and the byte
 // offset where the record starts (its header, for TFRecord; in the uncompressed stream
 // for compressed files), so a decoder further down the pipeline (parse_example) can
-// report "file: what at offset n" like the readers do. The file name is owned by the
+// report "file: what at offset n" like the readers do, and the epoch of the reading
+// source it came from (from_files' and interleave's epoch: the count of rewinds), so a
+// random draw keyed on (seed, epoch, file, offset) is the same whichever thread, worker
+// count or resume produced the record (ferry/image/random_crop.hpp). The file name is owned by the
 // chunk the record holds, so it lives exactly as long as the record. Records built by
 // hand have an empty origin (file "").
 //
@@ -37,6 +40,7 @@ struct record_origin {
   std::string_view file;     // "" when unknown
   std::uint64_t offset = 0;  // where the record starts in the file (its framing header)
   std::uint64_t data_offset = 0;  // where its first payload byte is
+  std::uint32_t epoch = 0;  // the reading source's epoch (modulo 2^32); 0 when built by hand
 };
 
 // One record: a read-only view of its bytes that keeps them alive (see above).
@@ -51,8 +55,9 @@ class record {
       : p_(std::move(bytes)), n_(size) {}
   // `file` must live as long as the bytes do (from_files keeps it in the chunk).
   record(std::shared_ptr<const std::byte> bytes, std::size_t size, const std::string* file,
-         std::uint64_t offset, std::uint32_t header_bytes) noexcept
-      : p_(std::move(bytes)), n_(size), file_(file), off_(offset), head_(header_bytes) {}
+         std::uint64_t offset, std::uint32_t header_bytes, std::uint64_t epoch = 0) noexcept
+      : p_(std::move(bytes)), n_(size), file_(file), off_(offset), head_(header_bytes),
+        epoch_(static_cast<std::uint32_t>(epoch)) {}
 
   // The first byte (null for an empty default record).
   const std::byte* data() const noexcept { return p_.get(); }
@@ -70,7 +75,15 @@ class record {
   std::string_view str() const noexcept { return {reinterpret_cast<const char*>(p_.get()), n_}; }
   // Where it was read: file, record offset and payload offset (file "" when built by hand).
   record_origin origin() const noexcept {
-    return {file_ ? std::string_view(*file_) : std::string_view(), off_, off_ + head_};
+    return {file_ ? std::string_view(*file_) : std::string_view(), off_, off_ + head_, epoch_};
+  }
+  // Part of this record: the `size` bytes from byte `at` (at + size <= size(): the caller
+  // checks), as a record of its own that shares this one's storage (no copy), file and
+  // epoch. Its origin says its record begins header_bytes before its first byte (a tar
+  // member inside a WebDataset sample: its header, then its data). Throws nothing.
+  record part(std::size_t at, std::size_t size, std::uint32_t header_bytes = 0) const noexcept {
+    return record(std::shared_ptr<const std::byte>(p_, p_.get() + at), size, file_,
+                  off_ + head_ + at - header_bytes, header_bytes, epoch_);
   }
 
  private:
@@ -79,6 +92,7 @@ class record {
   const std::string* file_ = nullptr;
   std::uint64_t off_ = 0;
   std::uint32_t head_ = 0;
+  std::uint32_t epoch_ = 0;  // fills what was padding: a record stays 48 bytes
 };
 
 // Records lent without a reference each (see borrowing_source in ferry/source.hpp): views

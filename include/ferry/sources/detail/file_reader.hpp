@@ -25,6 +25,7 @@
 #include "ferry/sources/record.hpp"
 #include "ferry/sources/text_lines.hpp"
 #include "ferry/sources/tfrecord.hpp"
+#include "ferry/sources/webdataset.hpp"
 
 namespace ferry {
 
@@ -55,7 +56,7 @@ inline skipped_record describe(const ferry::error& e) {
   return r;
 }
 
-using framer = std::variant<tfrecord_framer, npy_framer, idx_framer, fixed_framer, lines_framer>;
+using framer = std::variant<tfrecord_framer, npy_framer, idx_framer, fixed_framer, lines_framer, wds_framer>;
 
 inline framer make_framer(const file_format& f, std::uint64_t max_record) {
   return std::visit(
@@ -65,7 +66,8 @@ inline framer make_framer(const file_format& f, std::uint64_t max_record) {
         else if constexpr (std::is_same_v<O, npy>) return npy_framer{{max_record, {}, {}}};
         else if constexpr (std::is_same_v<O, idx>) return idx_framer{{max_record, {}, {}}};
         else if constexpr (std::is_same_v<O, fixed_length>) return fixed_framer{o, max_record};
-        else return lines_framer{max_record};
+        else if constexpr (std::is_same_v<O, text_lines>) return lines_framer{max_record};
+        else return wds_framer{max_record};
       },
       f);
 }
@@ -104,12 +106,13 @@ inline void check_format(const file_format& f, const from_files_options& o) {
 }
 
 // An emit for file_reader::next_with that makes the record a ferry::record (a view holding
-// a reference to its chunk, and its origin).
+// a reference to its chunk, and its origin, with the reading source's epoch).
 struct make_record {
   record& out;
+  std::uint64_t epoch = 0;
   void operator()(const std::shared_ptr<chunk>& c, std::span<const std::byte> bytes, std::uint64_t offset,
                   std::uint32_t head) const {
-    out = record(std::shared_ptr<const std::byte>(c, bytes.data()), bytes.size(), c->file.get(), offset, head);
+    out = record(std::shared_ptr<const std::byte>(c, bytes.data()), bytes.size(), c->file.get(), offset, head, epoch);
   }
 };
 

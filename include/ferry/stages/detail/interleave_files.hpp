@@ -184,7 +184,7 @@ class interleave_files_source : public stage<interleave_files_source<Up>, Up, re
       const item& it = r.items[r.taken];
       const std::shared_ptr<chunk>& c = r.owners[it.owner];
       out.emplace(std::shared_ptr<const std::byte>(c, it.bytes.data()), it.bytes.size(), c->file.get(), it.offset,
-                  it.head);
+                  it.head, this->up().epoch());
       return std::size_t(1);
     });
     return out;

@@ -1,0 +1,395 @@
+// ferry/sources/webdataset.hpp: WebDataset's tar shards, for
+// from_files(paths, ferry::webdataset{}), and parse_webdataset, which splits a sample into
+// its members.
+//
+//   auto src = ferry::from_files({"photos/photos-*.tar"}, ferry::webdataset{}) | ferry::shard(n, i);
+//   for (ferry::record& r : src) {
+//     ferry::webdataset_sample s = ferry::parse_webdataset(r);
+//     const ferry::record& jpg = s.at("jpg");   // 000123.jpg's bytes: a view, no copy
+//     int label = std::stoi(std::string(s.at("cls").str()));
+//   }
+//
+// A record is one sample: the run of consecutive tar members whose names share a key
+// (WebDataset's rule: the key is the path up to the first dot of the base name, the
+// extension the rest: a/000123.seg.png is key a/000123, extension seg.png), from the
+// first member's header to the end of the last one's padding, so a sample is read,
+// sharded, interleaved, shuffled and checkpointed like any record, and costs no copy.
+// parse_webdataset(record) walks it again and gives each member as a record of its own
+// (record::part: the same storage), whose origin is the member's header.
+//
+// Tar as written by GNU tar, Python's tarfile and WebDataset's writers: POSIX ustar
+// (prefix + name), GNU long names ('L'), pax headers ('x': path and size), base-256
+// sizes; directories, links, global pax headers and names without a dot carry no sample
+// data and are passed over. A zero block ends an archive; reading goes on after it when
+// another archive follows (cat a.tar b.tar), as tar --ignore-zeros does. A sample is
+// buffered whole (its members must fit max_record_bytes together, 64 MiB by default).
+//
+// Threads: the framer runs where from_files reads (the thread calling next(), or
+// interleave's reader threads); parse_webdataset on the calling thread (map's workers):
+// neither runs user code.
+//
+// Errors: format_error, at the offset of the header where the bad member starts: "not a
+// tar header (checksum mismatch)", a size field that is not a number, a truncated header
+// or member ("truncated member 'a/1.jpg' (its header says n bytes, m are left)"), a long
+// name or pax header with no member after it, a sample larger than max_record_bytes; with
+// any of these the rest of the file cannot be read (a whole sample before a damaged header
+// comes out first). A sample with two members of one extension is a bad record:
+// error_policy::skip passes over it alone. An archive cut at a member's end cannot be told
+// from a whole one (tar has no count): its last sample has the members before the cut, and
+// at() names the one missing. An empty file is an archive of no samples.
+// parse_webdataset and at() throw format_error (see each).
+//
+// Memory: a sample is buffered whole in from_files' chunks (at most max_record_bytes);
+// parse_webdataset allocates the sample's strings and member list, not its bytes (reuse
+// one sample with the two-argument form to keep their capacity).
+//
+// Checkpoints: from_files' own: the offset of the next sample in its file.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/sources/array_meta.hpp"
+#include "ferry/sources/detail/byte_stream.hpp"
+#include "ferry/sources/detail/framing.hpp"
+#include "ferry/sources/record.hpp"
+
+namespace ferry {
+
+// The WebDataset (tar) format tag, for from_files (see the file's top).
+struct webdataset {};
+
+// One member of a sample: its extension ("jpg", "seg.png") and its bytes.
+struct webdataset_member {
+  std::string ext;  // the name after the first dot of its base name
+  record data;      // its bytes, sharing the sample's storage; origin: its header
+};
+
+// A sample: its key and its members, in the tar's order.
+struct webdataset_sample {
+  std::string key;  // the path up to the first dot of the base name ("a/000123")
+  std::vector<webdataset_member> members;  // each extension once
+
+  // The member with extension `ext`, or nullptr. Throws nothing.
+  const record* find(std::string_view ext) const noexcept {
+    for (const auto& m : members)
+      if (m.ext == ext) return &m.data;
+    return nullptr;
+  }
+  // The member with extension `ext`; throws format_error naming the file, the sample's
+  // offset (in `r`, where it was read), its key and the extensions it has, when missing.
+  const record& at(std::string_view ext) const {
+    if (const record* p = find(ext)) return *p;
+    std::string have;
+    for (const auto& m : members) have += (have.empty() ? "" : ", ") + m.ext;
+    const record_origin o = members.empty() ? record_origin{} : members.front().data.origin();
+    throw format_error(std::string(o.file), o.offset,
+                       "sample '" + key + "' has no member '." + std::string(ext) + "' (it has " +
+                           (have.empty() ? std::string("none") : have) + ")");
+  }
+};
+
+namespace detail {
+
+// One member of a tar archive, found at `start` (its first header, a long-name or pax
+// header when there are some) in a buffer: data at `data`, `size` bytes; `end` after its
+// padding (clipped to the buffer's end when the archive stops inside the padding).
+struct tar_entry {
+  enum kind_t { file, other, zero, eof } kind = eof;
+  std::size_t start = 0, data = 0;
+  std::uint64_t size = 0, end = 0;
+  std::string name;
+};
+
+inline constexpr std::size_t tar_block = 512;
+
+// The archive's bytes through `view(n)`: at least n bytes from the buffer's start, or all
+// there are (fewer only at the end); returns {data, available}. A byte_stream's ensure,
+// or a record's whole bytes.
+struct tar_reader {
+  const std::string& path;
+  std::uint64_t base = 0;  // file offset of the buffer's first byte
+  static constexpr std::uint64_t max_prefix = 1 << 16;  // a long name or pax header
+
+  [[noreturn]] void fail(std::size_t at, const std::string& why) const { throw format_error(path, base + at, why); }
+
+  // A numeric field: octal digits between optional spaces and a NUL/space, or GNU's
+  // base-256 (high bit of the first byte set), for sizes of 8 GiB and more.
+  std::uint64_t number(const unsigned char* f, std::size_t n, std::size_t at, const char* what) const {
+    if (f[0] & 0x80) {
+      if (f[0] != 0x80) fail(at, std::string("tar header: a negative or too large ") + what + " (base-256)");
+      std::uint64_t v = 0;
+      for (std::size_t i = 1; i < n; ++i) {
+        if (v >> 56) fail(at, std::string("tar header: the ") + what + " does not fit 64 bits");
+        v = (v << 8) | f[i];
+      }
+      return v;
+    }
+    std::size_t i = 0;
+    while (i < n && f[i] == ' ') ++i;
+    std::uint64_t v = 0;
+    bool digits = false;
+    for (; i < n && f[i] >= '0' && f[i] <= '7'; ++i, digits = true) {
+      if (v >> 60) fail(at, std::string("tar header: the ") + what + " does not fit 64 bits");
+      v = v * 8 + (f[i] - '0');
+    }
+    const bool sum = std::string_view(what) == "checksum";
+    if ((i < n && f[i] != 0 && f[i] != ' ') || (sum && !digits))
+      fail(at, sum ? std::string("not a tar header (its checksum field is not a number)")
+                   : std::string("tar header: the ") + what + " field is not an octal number");
+    return v;
+  }
+
+  static std::string field(const unsigned char* f, std::size_t n) {
+    const void* z = std::memchr(f, 0, n);
+    return std::string(reinterpret_cast<const char*>(f), z ? static_cast<const unsigned char*>(z) - f : n);
+  }
+
+  // pax records "<len> <key>=<value>\n": path and size override the next header's.
+  void pax(const unsigned char* p, std::size_t n, std::size_t at, std::string& path_out, std::uint64_t& size_out,
+           bool& has_size) const {
+    std::size_t i = 0;
+    while (i < n && p[i] != 0) {
+      std::size_t len = 0, j = i;
+      while (j < n && p[j] >= '0' && p[j] <= '9' && len < n) len = len * 10 + (p[j++] - '0');
+      if (j == i || j >= n || p[j] != ' ' || len <= j - i + 1 || len > n - i || p[i + len - 1] != '\n')
+        fail(at, "a damaged pax header record");
+      const std::string_view rec(reinterpret_cast<const char*>(p) + j + 1, len - (j - i) - 2);
+      const std::size_t eq = rec.find('=');
+      if (eq == std::string_view::npos) fail(at, "a damaged pax header record (no '=')");
+      const std::string_view k = rec.substr(0, eq), v = rec.substr(eq + 1);
+      if (k == "path") {
+        path_out.assign(v);
+      } else if (k == "size") {
+        std::uint64_t s = 0;
+        if (v.empty() || v.size() > 19) fail(at, "a pax size that is not a number");
+        for (char c : v) {
+          if (c < '0' || c > '9') fail(at, "a pax size that is not a number");
+          s = s * 10 + static_cast<unsigned>(c - '0');
+        }
+        size_out = s;
+        has_size = true;
+      }
+      i += len;
+    }
+  }
+
+  // The member at `pos`. `view(n)` makes n bytes from the buffer's start available (see
+  // above) and returns {data, available}.
+  template <class View>
+  tar_entry next(View&& view, std::size_t pos) const {
+    tar_entry e;
+    e.start = pos;
+    std::string long_name;
+    std::uint64_t pax_size = 0;
+    bool has_pax_size = false, prefixed = false;
+    for (;;) {
+      auto [buf, avail] = view(pos + tar_block);
+      if (avail <= pos) {
+        if (prefixed) fail(e.start, "a long-name or pax header with no member after it");
+        e.kind = tar_entry::eof;
+        return e;
+      }
+      const auto* h = reinterpret_cast<const unsigned char*>(buf) + pos;
+      if (avail < pos + tar_block) {
+        // An archive cut inside its closing zero blocks has lost nothing.
+        if (!prefixed && std::all_of(h, h + (avail - pos), [](unsigned char c) { return c == 0; })) {
+          e.kind = tar_entry::eof;
+          return e;
+        }
+        fail(pos, "truncated tar header (" + std::to_string(avail - pos) + " bytes of 512)");
+      }
+      if (std::all_of(h, h + tar_block, [](unsigned char c) { return c == 0; })) {
+        if (prefixed) fail(e.start, "a long-name or pax header with no member after it");
+        e.kind = tar_entry::zero;
+        e.end = pos + tar_block;
+        return e;
+      }
+      // The checksum: the sum of the header's bytes with its own field as spaces; old
+      // writers summed signed chars.
+      const std::uint64_t want = number(h + 148, 8, pos, "checksum");
+      std::uint64_t sum = 8 * ' ';
+      std::int64_t ssum = 8 * ' ';
+      for (std::size_t i = 0; i < tar_block; ++i)
+        if (i < 148 || i >= 156) {
+          sum += h[i];
+          ssum += static_cast<signed char>(h[i]);
+        }
+      if (want != sum && static_cast<std::int64_t>(want) != ssum) fail(pos, "not a tar header (checksum mismatch)");
+      std::uint64_t size = number(h + 124, 12, pos, "size");
+      if (has_pax_size) size = pax_size;
+      const char type = static_cast<char>(h[156]);
+      if (size > (std::uint64_t(1) << 62)) fail(pos, "tar header: a size of " + std::to_string(size) + " bytes");
+      const std::uint64_t padded = (size + tar_block - 1) / tar_block * tar_block;
+      const std::size_t data = pos + tar_block;
+      if (type == 'L' || type == 'x' || type == 'K') {  // about the next header
+        if (size > max_prefix)
+          fail(pos, "a " + std::string(1, type) + " header of " + std::to_string(size) + " bytes (at most " +
+                        std::to_string(max_prefix) + ")");
+        auto [b2, a2] = view(data + static_cast<std::size_t>(size));
+        if (a2 < data + size)
+          fail(pos, "truncated tar member (a " + std::string(1, type) + " header of " + std::to_string(size) +
+                        " bytes, " + std::to_string(a2 - data) + " are left)");
+        const auto* d = reinterpret_cast<const unsigned char*>(b2) + data;
+        if (type == 'L') long_name = field(d, static_cast<std::size_t>(size));
+        else if (type == 'x') pax(d, static_cast<std::size_t>(size), pos, long_name, pax_size, has_pax_size);
+        prefixed = true;
+        pos = data + static_cast<std::size_t>(padded);
+        continue;
+      }
+      if (long_name.empty()) {
+        long_name = field(h, 100);
+        // POSIX ustar (magic "ustar\0"): the full name is prefix/name. GNU's "ustar  \0"
+        // has no prefix field.
+        if (std::memcmp(h + 257, "ustar\0", 6) == 0 && h[345] != 0) long_name = field(h + 345, 155) + "/" + long_name;
+      }
+      e.name = std::move(long_name);
+      e.kind = (type == '0' || type == '\0' || type == '7') ? tar_entry::file : tar_entry::other;
+      e.data = data;
+      e.size = size;
+      e.end = data + padded;  // complete() checks the data is there
+      return e;
+    }
+  }
+
+  // Makes e's data available (e.end - e.start bytes from e.start must not exceed what
+  // the caller is willing to buffer); a member cut short is an error, a last padding cut
+  // short is not (e.end is clipped).
+  template <class View>
+  void complete(View&& view, tar_entry& e) const {
+    if (e.kind != tar_entry::file && e.kind != tar_entry::other) return;
+    auto [b, a] = view(e.end);
+    (void)b;
+    if (a < e.data + e.size)
+      fail(e.start, "truncated member '" + e.name + "' (its header says " + std::to_string(e.size) + " bytes, " +
+                        std::to_string(a - e.data) + " are left)");
+    e.end = std::min(e.end, a);
+  }
+};
+
+// WebDataset's base_plus_ext: key and extension of a member's name, false for a name
+// whose base name has no dot (WebDataset passes those over).
+inline bool split_wds_name(std::string_view name, std::string_view& key, std::string_view& ext) {
+  const std::size_t slash = name.rfind('/');
+  const std::size_t base = slash == std::string_view::npos ? 0 : slash + 1;
+  const std::size_t dot = name.find('.', base);
+  if (dot == std::string_view::npos || dot == base) return false;  // no dot, or a hidden file
+  key = name.substr(0, dot);
+  ext = name.substr(dot + 1);
+  return true;
+}
+
+struct wds_framer {
+  std::uint64_t max_record = 0;
+
+  const array_meta* meta() const { return nullptr; }
+  void seek_rows(std::uint64_t) {}
+  void open(byte_stream&) {}
+
+  // A sample is buffered whole: never more than max_record bytes of it.
+  void check_span(const byte_stream& s, const tar_entry& e, const std::string& key) const {
+    if (e.end > max_record)
+      throw format_error(s.path(), s.offset(),
+                         "sample '" + key + "' is larger than max_record_bytes (" + std::to_string(max_record) +
+                             "): its members reach " + std::to_string(e.end) + " bytes");
+  }
+
+  frame_status next(byte_stream& s, frame& f) {
+    const auto view = [&s](std::size_t n) {
+      const std::size_t a = s.ensure(n);
+      return std::pair<const std::byte*, std::size_t>(s.data(), a);
+    };
+    std::size_t pos = 0, end = 0;
+    std::string key;
+    std::vector<std::string> exts;
+    bool dup = false;
+    for (;;) {
+      const tar_reader rd{s.path(), s.offset()};
+      tar_entry e;
+      try {
+        e = rd.next(view, pos);
+      } catch (const format_error&) {
+        if (end == 0) throw;
+        break;  // a damaged header after a whole sample: the sample now, the error next call
+      }
+      std::string_view k, x;
+      const bool member = e.kind == tar_entry::file && split_wds_name(e.name, k, x);
+      if (end == 0) {  // nothing of a sample yet: pass over what carries no sample data
+        if (e.kind == tar_entry::eof) return frame_status::end;
+        if (!member) {
+          check_span(s, e, e.name);
+          rd.complete(view, e);
+          s.consume(static_cast<std::size_t>(e.end));
+          continue;
+        }
+      } else if (e.kind == tar_entry::eof || e.kind == tar_entry::zero || (member && k != key)) {
+        break;  // the next sample's: not read further
+      }
+      check_span(s, e, end == 0 ? std::string(k) : key);
+      rd.complete(view, e);
+      pos = static_cast<std::size_t>(e.end);
+      if (!member) continue;  // within the sample (a directory between its members): kept in its span
+      if (end == 0) key.assign(k);
+      if (std::find(exts.begin(), exts.end(), x) != exts.end()) dup = true;
+      exts.emplace_back(x);
+      end = pos;
+    }
+    if (dup) {
+      f.bad_offset = s.offset();
+      f.why = "sample '" + key + "' has two members with one extension";
+      s.consume(end);
+      return frame_status::bad_record;
+    }
+    s.ensure(end);
+    f.out = {s.data(), end};
+    f.advance = end;
+    return frame_status::record;
+  }
+};
+
+}  // namespace detail
+
+// Splits a sample read with ferry::webdataset into its key and members, into `out`
+// (reusing its capacity). Throws format_error, naming the record's file and the offset of
+// the bad header, for bytes that are not the tar members of one sample (a record built by
+// hand, or from another format), and for a sample with no member. std::bad_alloc.
+inline void parse_webdataset(const record& r, webdataset_sample& out) {
+  out.key.clear();
+  out.members.clear();
+  const record_origin o = r.origin();
+  const std::string file(o.file.empty() ? std::string_view("webdataset sample") : o.file);
+  const detail::tar_reader rd{file, o.data_offset};
+  const auto view = [&r](std::size_t) { return std::pair<const std::byte*, std::size_t>(r.data(), r.size()); };
+  std::size_t pos = 0;
+  while (pos < r.size()) {
+    detail::tar_entry e = rd.next(view, pos);
+    if (e.kind == detail::tar_entry::eof) break;
+    rd.complete(view, e);
+    pos = static_cast<std::size_t>(e.end);
+    std::string_view k, x;
+    if (e.kind != detail::tar_entry::file || !detail::split_wds_name(e.name, k, x)) continue;
+    if (out.members.empty()) out.key.assign(k);
+    else if (k != out.key)
+      rd.fail(e.start, "member '" + e.name + "' is not of sample '" + out.key + "': not one sample's bytes");
+    if (out.find(x)) rd.fail(e.start, "sample '" + out.key + "' has two members '." + std::string(x) + "'");
+    out.members.push_back(webdataset_member{
+        std::string(x), r.part(e.data, static_cast<std::size_t>(e.size), static_cast<std::uint32_t>(e.data - e.start))});
+  }
+  if (out.members.empty()) rd.fail(0, "no member in the sample (not a WebDataset sample's bytes)");
+}
+
+// The same, returning a new sample.
+inline webdataset_sample parse_webdataset(const record& r) {
+  webdataset_sample s;
+  parse_webdataset(r, s);
+  return s;
+}
+
+}  // namespace ferry
