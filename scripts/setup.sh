@@ -6,20 +6,27 @@
 #   bash scripts/setup.sh --configure-only   packages and configure (main.sh then builds
 #                                            one program, test.sh times the build itself)
 #   bash scripts/setup.sh --packages-only    the Debian packages alone
+#   bash scripts/setup.sh --images           the packages and the image data (no build):
+#                                            scripts/make_image_corpus.py writes data/images/
+#                                            (photographs and Fashion-MNIST as WebDataset tar
+#                                            shards, ~450 MB, about a minute on 2 cores) for the
+#                                            images benchmark and the image example
+# FERRY_IMAGES=1 makes the image data in any mode too (after the packages; kept when there).
 # ninja runs $(bash scripts/jobs.sh) jobs (cores and memory; FERRY_JOBS overrides).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-all}
 case $mode in
-  all | --configure-only | --packages-only) ;;
-  *) echo "usage: $0 [--configure-only | --packages-only]" >&2; exit 2 ;;
+  all | --configure-only | --packages-only | --images) ;;
+  *) echo "usage: $0 [--configure-only | --packages-only | --images]" >&2; exit 2 ;;
 esac
 
 packages=(meson ninja-build pkg-config g++ clang libclang-rt-14-dev doctest-dev zlib1g-dev libisal-dev
           libopenblas-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist python3-torch
           python3-numpy python3-matplotlib cmake ccache libcli11-dev doxygen
           wamerican wfrench wngerman wspanish witalian wportuguese wdutch  # variable-length data: word lists
-          libjpeg62-turbo-dev mate-backgrounds)  # images: libjpeg-turbo; photographs (bench_jpeg_crop)
+          libjpeg62-turbo-dev mate-backgrounds  # images: libjpeg-turbo; photographs (bench_jpeg_crop, image data)
+          libspng-dev python3-pil python3-torchvision)  # images: libspng (PNG); Pillow (image data); torchvision baseline
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -31,7 +38,10 @@ if ((${#missing[@]})); then
   $sudo apt-get update -q
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-[ "$mode" = --packages-only ] && exit 0
+if [ "$mode" = --images ] || [ "${FERRY_IMAGES:-0}" = 1 ]; then
+  /usr/bin/python3 scripts/make_image_corpus.py
+fi
+case $mode in --packages-only | --images) exit 0 ;; esac
 
 [ -x /usr/local/cuda/bin/nvcc ] && export PATH=/usr/local/cuda/bin:$PATH
 build=${FERRY_BUILD:-build}
