@@ -13,6 +13,7 @@
 
 #include "ferry/detail/random.hpp"
 #include "ferry/image/random_crop.hpp"
+#include "ferry/sources/example.hpp"
 #include "ferry/sources/from_files.hpp"
 #include "ferry/sources/webdataset.hpp"
 #include "ferry/stages/map.hpp"
@@ -182,6 +183,70 @@ TEST_CASE("decode_random_crop: a bad JPEG names its tar file and the byte offset
       CHECK(e.offset() <= smp.at("jpg").origin().data_offset + smp.at("jpg").size());
       CHECK(std::string(e.what()).find("JPEG: ") != std::string::npos);
       if (i == 0) CHECK(smp.at("jpg").origin().offset == at);
+    }
+  }
+}
+
+namespace {
+// protobuf's length-delimited field: tag, varint length, bytes.
+std::string varint(std::uint64_t v) {
+  std::string s;
+  for (; v >= 0x80; v >>= 7) s += char(0x80 | (v & 0x7f));
+  return s + char(v);
+}
+std::string field(int number, const std::string& body) { return varint(std::uint64_t(number) << 3 | 2) + varint(body.size()) + body; }
+// A tf.train.Example {"image/encoded": bytes_list [jpeg], "label": int64_list [label]}.
+std::string example_of(const std::string& jpeg, int label) {
+  const std::string image = field(1, field(1, "image/encoded") + field(2, field(1, field(1, jpeg))));
+  const std::string lab = field(1, field(1, "label") + field(2, field(3, field(1, varint(std::uint64_t(label))))));
+  return field(1, image + lab);
+}
+}  // namespace
+
+TEST_CASE("decode_random_crop: a JPEG inside a tf.train.Example, keyed by its record") {
+  src_test::temp_dir dir;
+  std::string file;
+  std::vector<std::string> jpegs;
+  for (int i = 0; i < 6; ++i) {
+    jpegs.push_back(jpeg_of(48 + 8 * std::uint32_t(i), 40, std::uint64_t(i)));
+    file += src_test::tfrecord_of(example_of(jpegs.back(), i));
+  }
+  std::string bad = jpeg_of(40, 30, 9);
+  bad.resize(bad.size() / 2);
+  file += src_test::tfrecord_of(example_of(bad, 6));
+  const std::string path = dir / "ex.tfrecord";
+  src_test::write_file(path, file);
+  const crop c({.seed = 5});
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    auto src = ferry::from_files({path}, ferry::tfrecord{});
+    for (int e = 0; e < epoch; ++e) {
+      while (src.next()) {
+      }
+      src.rewind();
+    }
+    for (int i = 0; i < 6; ++i) {
+      const ferry::record r = *src.next();
+      const ferry::example ex = ferry::parse_example(r);
+      const crop::pixels got = c(r, ex.bytes("image/encoded")[0]);
+      CHECK(ex.int64s("label")[0] == i);
+      // The draw is keyed on the record (its file, offset and epoch), the pixels are the
+      // embedded JPEG's.
+      const std::span<const std::byte> b(reinterpret_cast<const std::byte*>(jpegs[std::size_t(i)].data()),
+                                         jpegs[std::size_t(i)].size());
+      CHECK(got == c(b, fi::element_key(5, r)));
+      CHECK(r.origin().epoch == std::uint32_t(epoch));
+    }
+    const ferry::record r = *src.next();
+    const ferry::example ex = ferry::parse_example(r);
+    const std::string_view jb = ex.bytes("image/encoded")[0];
+    try {
+      (void)c(r, jb);
+      FAIL("no error");
+    } catch (const ferry::format_error& e) {
+      CHECK(e.path() == path);
+      const std::uint64_t at = r.origin().data_offset + std::uint64_t(reinterpret_cast<const std::byte*>(jb.data()) - r.data());
+      CHECK(e.offset() >= at);
+      CHECK(e.offset() <= at + jb.size());
     }
   }
 }

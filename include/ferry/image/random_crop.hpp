@@ -121,6 +121,23 @@ class decode_random_crop {
     }
     return out;
   }
+  // A JPEG inside the element `r` (a tf.train.Example's "image/encoded" value, a view into
+  // r's bytes: ferry::example::bytes), keyed by element_key(seed, r); errors name r's file
+  // and the offset in it.
+  pixels operator()(const record& r, std::string_view jpeg) const {
+    pixels out;
+    const std::span<const std::byte> b(reinterpret_cast<const std::byte*>(jpeg.data()), jpeg.size());
+    const record_origin o = r.origin();
+    try {
+      into(b, element_key(o_.seed, r), out);
+    } catch (const format_error& e) {
+      const bool inside = !r.empty() && b.data() >= r.data() && b.data() + b.size() <= r.data() + r.size();
+      if (o.file.empty() || !inside) throw;
+      throw format_error(std::string(o.file), o.data_offset + std::uint64_t(b.data() - r.data()) + e.offset(),
+                         "JPEG: " + e.reason());
+    }
+    return out;
+  }
   // The JPEG in `bytes`, drawn from `key` (errors: path "JPEG", the offset in `bytes`).
   pixels operator()(std::span<const std::byte> bytes, std::uint64_t key) const {
     pixels out;
