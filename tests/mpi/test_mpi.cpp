@@ -36,6 +36,8 @@
 #include "ferry/distributed.hpp"
 #include "ferry/sources/fixed_length.hpp"
 #include "ferry/sources/from_files.hpp"
+#include "ferry/sources/global_shuffle.hpp"
+#include "ferry/sources/row_files.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/filter.hpp"
@@ -395,6 +397,52 @@ TEST_CASE("uneven files: every record exactly once across ranks and replicas, eq
   }
   w.barrier();
   if (me == 0) fs::remove_all(dir);
+}
+
+// Elastic resume: a job at W/2 ranks trains a few global steps and saves its position, a
+// job at W ranks resumes there, a third at W - 1 finishes the epoch (2 -> 4 -> 3 at 4
+// processes): over the epoch every element is seen exactly once, each rank's two replicas
+// taking their slices of the same global batches.
+TEST_CASE("global_shuffle: elastic resume at other rank counts sees every element once" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  auto& c = ctx();
+  auto& w = c.world();
+  const int W = c.world_size(), me = c.rank();
+  const fs::path dir = shared_dir("elastic");
+  const auto files = write_id_files(dir, {50, 130, 77, 200, 43});  // 500 ids
+  const ferry::row_files rows(files, ferry::fixed_length{.record_bytes = 8});
+  const std::uint64_t n = rows.size(), G = 24, R = 2;
+  const std::uint64_t steps = n / G;
+  const int ranks[] = {std::max(1, (W + 1) / 2), W, std::max(1, W - 1)};
+  const std::uint64_t cut[] = {0, 5, 13, steps};
+  for (std::uint64_t epoch : {std::uint64_t(0), std::uint64_t(1)}) {
+    CAPTURE(epoch);
+    std::vector<std::int64_t> visits(n, 0);
+    for (int phase = 0; phase < 3; ++phase) {
+      const int Wp = ranks[phase];
+      if (me >= Wp) continue;  // this phase's job has fewer processes
+      const ferry::global_position at{epoch, cut[phase], n, G};
+      auto p = ferry::global_shuffle(rows, {.seed = 11, .global_batch = G, .ranks = std::uint64_t(Wp),
+                                            .rank = std::uint64_t(me), .resume = at}) |
+               ferry::map(to_id) | ferry::batch(G / std::uint64_t(Wp)) | ferry::distribute(ferry::host_replicas{R});
+      for (std::uint64_t s = cut[phase]; s < cut[phase + 1]; ++s) {
+        auto st = p.next();
+        REQUIRE(st);
+        for (std::size_t r = 0; r < st->replicas(); ++r)
+          for (std::int64_t id : st->operator[](r).field<0>().first(st->operator[](r).valid())) visits[std::size_t(id)]++;
+      }
+    }
+    w.all_reduce_sum(std::span<std::int64_t>(visits));
+    std::int64_t once = 0, never = 0, more = 0;
+    for (auto v : visits) {
+      once += v == 1;
+      never += v == 0;
+      more += v > 1;
+    }
+    CHECK(more == 0);
+    CHECK(once == std::int64_t(steps * G));
+    CHECK(never == std::int64_t(n - steps * G));
+  }
 }
 
 TEST_CASE("uneven files with the trainer: pad with empty steps, no hang" * doctest::timeout(60)) {

@@ -1,0 +1,246 @@
+// global_shuffle and row_files: the permutation against a naive oracle (a bijection, fixed by
+// its key), one global order for any number of ranks and replicas, elastic resume at other
+// rank counts (every element of an epoch exactly once), pipeline_state, bad arguments, and
+// rows read by index from .npy and fixed-length files.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ferry/detail/permutation.hpp"
+#include "ferry/sources/global_shuffle.hpp"
+#include "ferry/sources/row_files.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/distribute.hpp"
+#include "ferry/state.hpp"
+#include "sources/helpers.hpp"
+
+namespace {
+
+using u64 = std::uint64_t;
+
+std::vector<u64> iota(u64 n) {
+  std::vector<u64> v(n);
+  std::iota(v.begin(), v.end(), u64{0});
+  return v;
+}
+
+// The elements rank w of W reads in `steps` global steps from `start` (of epoch e).
+std::vector<u64> read_steps(const std::vector<u64>& data, ferry::global_shuffle_options o, u64 steps) {
+  auto src = ferry::global_shuffle(data, o);
+  std::vector<u64> out;
+  const u64 part = o.global_batch / o.ranks;
+  for (u64 i = 0; i < steps * part; ++i) {
+    auto e = src.next();
+    REQUIRE(e);
+    out.push_back(*e);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("feistel_permutation: a bijection of [0, n), fixed by its key") {
+  for (u64 n : {u64(0), u64(1), u64(2), u64(3), u64(5), u64(17), u64(64), u64(65), u64(1000), u64(4097)}) {
+    CAPTURE(n);
+    const ferry::detail::feistel_permutation p(n, 42), same(n, 42), other(n, 43);
+    std::vector<u64> seen;
+    std::size_t differ = 0;
+    for (u64 i = 0; i < n; ++i) {
+      seen.push_back(p(i));
+      CHECK(p(i) == same(i));
+      differ += p(i) != other(i);
+    }
+    std::sort(seen.begin(), seen.end());
+    CHECK(seen == iota(n));
+    if (n >= 17) CHECK(differ > n / 2);  // another key, another order
+  }
+  // Positions look independent: over many keys, element 0 lands in each quarter evenly.
+  const u64 n = 1000;
+  std::size_t quarter[4] = {};
+  for (u64 k = 0; k < 4000; ++k) quarter[ferry::detail::feistel_permutation(n, k)(0) * 4 / n]++;
+  for (std::size_t q : quarter) CHECK(q == doctest::Approx(1000).epsilon(0.15));
+}
+
+TEST_CASE("global_shuffle: one global order for any number of ranks and replicas") {
+  const u64 n = 1000, g = 24;
+  const auto data = iota(n);
+  auto whole = ferry::global_shuffle(data, {.seed = 3, .global_batch = g});
+  const u64 steps = whole.steps();
+  CHECK(steps == n / g);
+  std::vector<u64> order;  // epoch 0's global sequence, by the oracle
+  for (u64 p = 0; p < steps * g; ++p) order.push_back(whole.index_at(p));
+  std::vector<u64> sorted = order;
+  std::sort(sorted.begin(), sorted.end());
+  CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());  // nothing twice
+  for (u64 w_count : {u64(1), u64(2), u64(3), u64(4), u64(6), u64(8), u64(24)}) {
+    CAPTURE(w_count);
+    std::vector<std::vector<u64>> parts;
+    for (u64 w = 0; w < w_count; ++w)
+      parts.push_back(read_steps(data, {.seed = 3, .global_batch = g, .ranks = w_count, .rank = w}, steps));
+    // Step s is rank 0's part, then rank 1's...: the same sequence as one rank reads.
+    std::vector<u64> joined;
+    const u64 part = g / w_count;
+    for (u64 s = 0; s < steps; ++s)
+      for (u64 w = 0; w < w_count; ++w)
+        joined.insert(joined.end(), parts[w].begin() + std::ptrdiff_t(s * part), parts[w].begin() + std::ptrdiff_t((s + 1) * part));
+    CHECK(joined == order);
+  }
+  // Every rank ends the epoch after the same number of steps.
+  auto r1 = ferry::global_shuffle(data, {.seed = 3, .global_batch = g, .ranks = 4, .rank = 1});
+  std::size_t k = 0;
+  while (r1.next()) ++k;
+  CHECK(k == steps * g / 4);
+  // A new epoch, a new order; without shuffle, the dataset's order.
+  r1.rewind();
+  CHECK(r1.epoch() == 1);
+  std::size_t same = 0;
+  for (u64 p = 0; p < 100; ++p) same += r1.index_at(p) == whole.index_at(p);
+  CHECK(same < 10);
+  auto plain = ferry::global_shuffle(data, {.shuffle = false, .global_batch = g, .ranks = 2, .rank = 1});
+  CHECK(*plain.next() == 12);
+}
+
+TEST_CASE("global_shuffle: distribute's replicas take their slices of the same global batch") {
+  const u64 n = 480, g = 24;
+  const auto data = iota(n);
+  const auto oracle = ferry::global_shuffle(data, {.seed = 9, .global_batch = g});
+  for (std::size_t replicas : {std::size_t(1), std::size_t(2), std::size_t(3)}) {
+    CAPTURE(replicas);
+    for (u64 w_count : {u64(1), u64(2)}) {
+      std::vector<u64> joined(oracle.steps() * g);
+      for (u64 w = 0; w < w_count; ++w) {
+        auto p = ferry::global_shuffle(data, {.seed = 9, .global_batch = g, .ranks = w_count, .rank = w}) |
+                 ferry::batch(g / w_count) | ferry::distribute(ferry::host_replicas{replicas});
+        u64 s = 0;
+        for (auto& st : p) {
+          u64 at = s * g + w * (g / w_count);
+          for (std::size_t r = 0; r < st.replicas(); ++r)
+            for (u64 v : st[r].field<0>().first(st[r].valid())) joined[at++] = v;
+          ++s;
+        }
+        CHECK(s == oracle.steps());
+      }
+      for (u64 p = 0; p < joined.size(); ++p) REQUIRE(joined[p] == oracle.index_at(p));
+    }
+  }
+}
+
+TEST_CASE("global_shuffle: a resume at other rank counts sees every element once (2 -> 4 -> 3)") {
+  const u64 n = 1000, g = 24;
+  const auto data = iota(n);
+  for (u64 epoch : {u64(0), u64(2)}) {
+    CAPTURE(epoch);
+    const u64 steps = n / g;
+    std::vector<int> visits(n, 0);
+    const u64 cut[] = {0, 7, 23, steps};
+    const u64 ranks[] = {2, 4, 3};
+    for (int phase = 0; phase < 3; ++phase) {
+      // What the first phase's job saved after cut[phase] steps: a global_position.
+      const ferry::global_position at{epoch, cut[phase], n, g};
+      for (u64 w = 0; w < ranks[phase]; ++w)
+        for (u64 v : read_steps(data, {.seed = 5, .global_batch = g, .ranks = ranks[phase], .rank = w, .resume = at},
+                                cut[phase + 1] - cut[phase]))
+          visits[v]++;
+    }
+    std::size_t once = 0, never = 0;
+    for (int v : visits) {
+      REQUIRE(v <= 1);
+      once += v == 1;
+      never += v == 0;
+    }
+    CHECK(once == steps * g);
+    CHECK(never == n - steps * g);
+  }
+}
+
+TEST_CASE("global_shuffle: pipeline_state at every position; bad arguments and positions") {
+  const u64 n = 100, g = 12;
+  const auto data = iota(n);
+  const ferry::global_shuffle_options o{.seed = 1, .global_batch = g, .ranks = 3, .rank = 2};
+  auto full = ferry::global_shuffle(data, o);
+  std::vector<u64> want;
+  while (auto e = full.next()) want.push_back(*e);
+  full.rewind();
+  while (auto e = full.next()) want.push_back(*e);  // epoch 1
+  for (std::size_t k = 0; k <= want.size(); k += 3) {
+    CAPTURE(k);
+    auto a = ferry::global_shuffle(data, o);
+    std::size_t read = 0;
+    for (; read < k; ++read)
+      if (!a.next()) {
+        a.rewind();
+        REQUIRE(a.next());
+      }
+    const auto st = ferry::save_state(a);
+    auto b = ferry::global_shuffle(data, o);
+    ferry::restore_state(b, ferry::pipeline_state::from_bytes(st.to_bytes()));
+    std::vector<u64> rest;
+    while (rest.size() + k < want.size()) {
+      auto e = b.next();
+      if (!e) {
+        b.rewind();
+        continue;
+      }
+      rest.push_back(*e);
+    }
+    CHECK(std::equal(rest.begin(), rest.end(), want.begin() + std::ptrdiff_t(k)));
+    auto other = ferry::global_shuffle(data, {.seed = 1, .global_batch = g, .ranks = 4, .rank = 2});
+    CHECK_THROWS_WITH_AS(ferry::restore_state(other, st), doctest::Contains("global_shuffle_options::resume"),
+                         ferry::config_error);
+  }
+  CHECK_THROWS_WITH_AS(ferry::global_shuffle(data, {.global_batch = 0}), doctest::Contains("at least 1"),
+                       ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::global_shuffle(data, {.global_batch = 10, .ranks = 3}),
+                       doctest::Contains("3 ranks do not divide the global batch of 10"), ferry::config_error);
+  CHECK_THROWS_AS(ferry::global_shuffle(data, {.global_batch = 12, .ranks = 3, .rank = 3}), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::global_shuffle(data, {.global_batch = 12, .resume = ferry::global_position{0, 1, 99, 12}}),
+                       doctest::Contains("saved over a dataset of 99 elements; this one has 100"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::global_shuffle(data, {.global_batch = 12, .resume = ferry::global_position{0, 1, 100, 24}}),
+                       doctest::Contains("global steps of 24"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::global_shuffle(data, {.global_batch = 12, .resume = ferry::global_position{0, 9, 100, 12}}),
+                       doctest::Contains("past the epoch's 8"), ferry::config_error);
+}
+
+TEST_CASE("row_files: rows by index from .npy and fixed-length files, in any order") {
+  src_test::temp_dir d;
+  std::string rows_a, rows_b;
+  for (int i = 0; i < 7; ++i) rows_a += std::string(6, char('a' + i));
+  for (int i = 0; i < 5; ++i) rows_b += std::string(6, char('A' + i));
+  src_test::write_file(d / "a.npy", src_test::npy_of("|u1", "(7, 6)", rows_a));
+  src_test::write_file(d / "b.npy", src_test::npy_of("|u1", "(5, 6)", rows_b));
+  const ferry::row_files rows({d / "a.npy", d / "b.npy"}, ferry::npy{});
+  REQUIRE(rows.size() == 12);
+  CHECK(rows.meta()->row_bytes == 6);
+  const std::string all = rows_a + rows_b;
+  auto src = ferry::global_shuffle(rows, {.seed = 4, .global_batch = 4});
+  std::set<std::string> seen;
+  for (u64 p = 0; p < 12; ++p) {
+    const ferry::record r = *src.next();
+    const u64 i = src.index_at(p);
+    CHECK(r.str() == all.substr(std::size_t(i) * 6, 6));
+    CHECK(r.origin().file == (i < 7 ? d / "a.npy" : d / "b.npy"));
+    seen.insert(std::string(r.str()));
+  }
+  CHECK(seen.size() == 12);
+  CHECK_THROWS_AS(rows[12], std::out_of_range);
+  // fixed_length: header, rows, footer; a file of another size is a format_error.
+  src_test::write_file(d / "f.bin", "HH" + rows_a + "F");
+  const ferry::row_files fixed({d / "f.bin"}, ferry::fixed_length{.record_bytes = 6, .header_bytes = 2, .footer_bytes = 1});
+  CHECK(fixed.size() == 7);
+  CHECK(fixed[3].str() == "dddddd");
+  CHECK(fixed[3].origin().offset == 2 + 18);
+  src_test::write_file(d / "g.bin", "HH" + rows_a + "FF");
+  CHECK_THROWS_WITH_AS(ferry::row_files({d / "g.bin"}, ferry::fixed_length{.record_bytes = 6, .header_bytes = 2, .footer_bytes = 1}),
+                       doctest::Contains("the file has 46 bytes"), ferry::format_error);
+  CHECK_THROWS_AS(ferry::row_files({d / "x.tfrecord"}, ferry::tfrecord{}), ferry::config_error);
+  CHECK_THROWS_AS(ferry::row_files({d / "missing.npy"}, ferry::npy{}), ferry::io_error);
+  // A file cut after it was opened: io_error naming it and the row's offset.
+  const ferry::row_files cut({d / "f.bin"}, ferry::fixed_length{.record_bytes = 6, .header_bytes = 2, .footer_bytes = 1});
+  src_test::write_file(d / "f.bin", "HH" + rows_a.substr(0, 12));
+  CHECK_THROWS_WITH_AS(cut[4], doctest::Contains("short read of row 4"), ferry::io_error);
+}
