@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "backend.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "options.hpp"
 #include "train_loop.hpp"
@@ -54,40 +55,11 @@ int main(int argc, char** argv) try {
   const unsigned hc = std::max(1u, std::thread::hardware_concurrency());
 
   // Which backend: every local GPU when there is one (and this build has the GPU path).
-  bool use_gpu = false;
-  std::string why;
-#if defined(FERRY_EXAMPLE_GPU)
-  if (o.device != "cpu") {
-    use_gpu = ferry::cuda::available();
-    if (!use_gpu) {
-      if (o.device == "gpu")
-        throw ferry::config_error("--device gpu: no usable CUDA device (" +
-                                  ferry::cuda::unavailable_reason() + ")");
-      why = " (no usable CUDA device: " + ferry::cuda::unavailable_reason() + ")";
-    }
-  }
-#else
-  if (o.device == "gpu")
-    throw ferry::config_error("--device gpu: this build has no GPU path (built without nvcc)");
-  why = " (built without the GPU path)";
-#endif
-#if !defined(FERRY_EXAMPLE_HOST)
-  if (!use_gpu)
-    throw ferry::config_error("no usable GPU" + why + ", and this build has no host backend "
-                              "(built without OpenBLAS)");
-#endif
-
-  std::vector<int> devs;
-#if defined(FERRY_EXAMPLE_GPU)
-  if (use_gpu) {
-    const int n = ferry::cuda::device_count();
-    if (o.gpus > std::size_t(n))
-      throw ferry::config_error("--gpus " + std::to_string(o.gpus) + ": this machine has " +
-                                std::to_string(n));
-    for (int d = 0; d < (o.gpus ? int(o.gpus) : n); ++d) devs.push_back(d);
-    o.replicas = devs.size();
-  }
-#endif
+  const fmnist::backend_choice be = fmnist::choose_backend(o.device, o.gpus);
+  const bool use_gpu = be.gpu;
+  const std::string& why = be.why;
+  const std::vector<int>& devs = be.devices;
+  if (use_gpu) o.replicas = devs.size();
   // One replica per core while each keeps at least 64 rows (thinner slices waste their
   // GEMMs and the all-reduce grows), and a count that divides the batch. On the 2-core
   // development machine, batch 128: 1 replica ran an epoch in 0.95 s, 2 in 0.76 s (the

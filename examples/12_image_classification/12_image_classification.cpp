@@ -54,6 +54,7 @@
 #include "ferry/stages/shuffle.hpp"
 #include "ferry/stages/take.hpp"
 #include "image_sample.hpp"
+#include "backend.hpp"  // examples/04_train_fashion_mnist: the backend choice
 #include "model.hpp"  // examples/04_train_fashion_mnist: the trainer behind one interface
 
 #if defined(FERRY_EXAMPLE_GPU)
@@ -253,32 +254,11 @@ int main(int argc, char** argv) try {
   const unsigned hc = std::max(1u, std::thread::hardware_concurrency());
 
   // The backend, as example 04 picks it: every local GPU when there is one.
-  bool use_gpu = false;
-  std::string why;
-#if defined(FERRY_EXAMPLE_GPU)
-  if (o.device != "cpu") {
-    use_gpu = ferry::cuda::available();
-    if (!use_gpu) {
-      if (o.device == "gpu")
-        throw ferry::config_error("--device gpu: no usable CUDA device (" + ferry::cuda::unavailable_reason() + ")");
-      why = " (no usable CUDA device: " + ferry::cuda::unavailable_reason() + ")";
-    }
-  }
-#else
-  if (o.device == "gpu") throw ferry::config_error("--device gpu: this build has no GPU path (built without nvcc)");
-  why = " (built without the GPU path)";
-#endif
-#if !defined(FERRY_EXAMPLE_HOST)
-  if (!use_gpu)
-    throw ferry::config_error("no usable GPU" + why + ", and this build has no host backend (built without OpenBLAS)");
-#endif
-  std::vector<int> devs;
-#if defined(FERRY_EXAMPLE_GPU)
-  if (use_gpu) {
-    for (int d = 0; d < ferry::cuda::device_count(); ++d) devs.push_back(d);
-    o.replicas = devs.size();
-  }
-#endif
+  const fmnist::backend_choice be = fmnist::choose_backend(o.device);
+  const bool use_gpu = be.gpu;
+  const std::string& why = be.why;
+  const std::vector<int>& devs = be.devices;
+  if (use_gpu) o.replicas = devs.size();
   // Host replicas as example 04 chooses them: one a core while each keeps 64 rows.
   if (!use_gpu && o.replicas == 0) {
     o.replicas = std::max<std::size_t>(1, std::min<std::size_t>(hc, o.batch / 64));

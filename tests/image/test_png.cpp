@@ -22,10 +22,12 @@
 #include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/image/png.hpp"
+#include "image/crop_oracle.hpp"
 
 namespace {
 
 namespace fi = ferry::image;
+using image_test::crop_resize;
 using bytes_t = std::vector<std::byte>;
 
 // What to write: PNG's colour type and bit depth, and one sample value (below 2^depth)
@@ -180,29 +182,6 @@ std::vector<std::uint8_t> expected(const png_spec& s, std::uint32_t channels) {
   return o;
 }
 
-// The crop oracle of test_jpeg.cpp: crop `win` out of a full image and resize it
-// bilinearly at pixel centres, in doubles.
-std::vector<std::uint8_t> crop_resize(const fi::image& img, fi::crop_window win, fi::crop_output out) {
-  const std::uint32_t C = img.channels;
-  std::vector<std::uint8_t> o(std::size_t(out.height) * out.width * C);
-  const double sx = double(win.width) / out.width, sy = double(win.height) / out.height;
-  for (std::uint32_t j = 0; j < out.height; ++j) {
-    const double y = std::clamp(win.top + (j + 0.5) * sy - 0.5, double(win.top), double(win.top + win.height - 1));
-    const std::size_t ya = std::size_t(y), yb = std::min<std::size_t>(ya + 1, win.top + win.height - 1);
-    const double wy = y - double(ya);
-    for (std::uint32_t i = 0; i < out.width; ++i) {
-      const double x = std::clamp(win.left + (i + 0.5) * sx - 0.5, double(win.left), double(win.left + win.width - 1));
-      const std::size_t xa = std::size_t(x), xb = std::min<std::size_t>(xa + 1, win.left + win.width - 1);
-      const double wx = x - double(xa);
-      for (std::uint32_t c = 0; c < C; ++c) {
-        auto at = [&](std::size_t yy, std::size_t xx) { return double(img.pixels[(yy * img.width + xx) * C + c]); };
-        const double v = (at(ya, xa) * (1 - wx) + at(ya, xb) * wx) * (1 - wy) + (at(yb, xa) * (1 - wx) + at(yb, xb) * wx) * wy;
-        o[(std::size_t(j) * out.width + (out.flip ? out.width - 1 - i : i)) * C + c] = std::uint8_t(v + 0.5);
-      }
-    }
-  }
-  return o;
-}
 
 // A smooth RGB picture (gradients and stripes), for the crop: 8-bit samples.
 png_spec smooth_png(std::uint32_t w, std::uint32_t h, std::uint64_t seed, bool interlaced) {
