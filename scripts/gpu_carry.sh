@@ -27,6 +27,7 @@ if [ "${1:-}" = --bin ]; then
   for t in tests/cuda/test_distribute_gpu tests/collective/test_nccl_communicator tests/train/test_train_gpu \
            benchmarks/distribute/bench_distribute_gpu benchmarks/distribute/bench_distribute_varlen_gpu \
            tests/cuda/test_augment_gpu benchmarks/image/bench_augment_gpu \
+           tests/cuda/test_cache_on_device_gpu benchmarks/distribute/bench_cache_on_device_gpu \
            benchmarks/collective/bench_nccl_allreduce \
            benchmarks/train/bench_train_fed_gpu benchmarks/train/bench_train_fashion_mnist \
            benchmarks/train/bench_fmnist_pipeline \

@@ -7,7 +7,7 @@
 # the benchmark results (bench.py's JSON) come back under $OUT; a short table is printed last.
 #
 #   device run, carry [".carry"]:  bash scripts/gpu_check.sh [step ...]
-#   steps: tests example example_nographs bench_distribute bench_varlen bench_augment bench_fed bench_fed_nographs bench_pipeline bench_nccl
+#   steps: tests example example_nographs bench_distribute bench_varlen bench_augment bench_cache bench_fed bench_fed_nographs bench_pipeline bench_nccl
 #          main main_nographs bench_torch memcheck racecheck train_memcheck
 #   (the trainer runs CUDA graphs by default; the *_nographs steps pass --graphs 0)
 set -uo pipefail
@@ -19,7 +19,7 @@ start_marker=$(mktemp) # results newer than this are this run's
 B=$root/.carry/build
 deadline=${FERRY_GPU_DEADLINE:-380}
 steps=("$@")
-((${#steps[@]})) || steps=(tests example example_nographs bench_distribute bench_varlen bench_augment bench_fed bench_fed_nographs bench_pipeline bench_nccl
+((${#steps[@]})) || steps=(tests example example_nographs bench_distribute bench_varlen bench_augment bench_cache bench_fed bench_fed_nographs bench_pipeline bench_nccl
                             main main_nographs bench_torch memcheck racecheck train_memcheck)
 summary=$out/summary.txt
 : > "$summary"
@@ -97,7 +97,8 @@ for s in "${steps[@]}"; do
       step test_distribute_gpu 120 "$B/tests/cuda/test_distribute_gpu"
       step test_nccl_communicator 60 "$B/tests/collective/test_nccl_communicator"
       step test_train_gpu 120 "$B/tests/train/test_train_gpu"
-      step test_augment_gpu 60 "$B/tests/cuda/test_augment_gpu" ;;
+      step test_augment_gpu 60 "$B/tests/cuda/test_augment_gpu"
+      step test_cache_on_device_gpu 60 "$B/tests/cuda/test_cache_on_device_gpu" ;;
     example) step example_04_gpu 90 python3 examples/04_train_fashion_mnist/check_output.py \
                "$B/examples/04_train_fashion_mnist/train_fashion_mnist" gpu ;;
     example_nographs) step example_04_gpu_nographs 90 python3 examples/04_train_fashion_mnist/check_output.py \
@@ -105,6 +106,7 @@ for s in "${steps[@]}"; do
     bench_distribute) bench distribute_gpu 90 "$B/benchmarks/distribute/bench_distribute_gpu" ;;
     bench_varlen) bench distribute_varlen_gpu 90 "$B/benchmarks/distribute/bench_distribute_varlen_gpu" ;;  # padded, ragged
     bench_augment) bench augment_gpu 60 "$B/benchmarks/image/bench_augment_gpu" ;;  # the kernel over a D2D copy
+    bench_cache) bench cache_on_device_gpu 90 "$B/benchmarks/distribute/bench_cache_on_device_gpu" ;;  # device_cache_step_ratio
     bench_fed) bench train_fed_gpu 150 "$B/benchmarks/train/bench_train_fed_gpu" ;;
     bench_fed_nographs) bench train_fed_gpu_nographs 120 "$B/benchmarks/train/bench_train_fed_gpu" --graphs 0 ;;
     bench_pipeline) bench fmnist_pipeline 60 "$B/benchmarks/train/bench_fmnist_pipeline" ;;  # the host's feed rate

@@ -21,6 +21,7 @@
 #include <memory>
 #include <memory_resource>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "ferry/batch_of.hpp"
@@ -44,6 +45,14 @@ class step;
 
 namespace detail {
 struct step_access;
+
+// Whether S is a step<T> (the stages after distribute check their upstream with it).
+template <class S>
+struct is_step : std::false_type {};
+template <class T>
+struct is_step<step<T>> : std::true_type {
+  using element = T;
+};
 
 // Rows [first, first + rows) of the global batch; the first `valid` of them are data.
 struct replica_slice {
@@ -227,7 +236,34 @@ struct step_access {
     rb.device_ = device;
     rb.stream_ = stream;
   }
+  template <class T>
+  static void set_fixed(replica_batch<T>& rb, const std::byte* const* data, const std::size_t* elem_bytes,
+                        const replica_slice& sl, int device, cuda_stream stream) {
+    for (std::size_t f = 0; f < batch_of<T>::field_count; ++f) {
+      rb.data_[f] = data[f];
+      rb.aux_[f] = nullptr;
+      rb.values_[f] = 0;
+      rb.ragged_[f] = false;
+      rb.elem_bytes_[f] = elem_bytes[f];
+    }
+    rb.size_ = sl.rows;
+    rb.valid_ = sl.valid;
+    rb.device_ = device;
+    rb.stream_ = stream;
+  }
 };
+
+template <class T>
+void set_fixed_replica(replica_batch<T>& rb, const std::byte* const* data, const std::size_t* elem_bytes,
+                       const replica_slice& sl, int device, cuda_stream stream) {
+  step_access::set_fixed(rb, data, elem_bytes, sl, device, stream);
+}
+
+// A replica batch of fixed fields with no host batch behind it (cache_on_device's steps):
+// data[f] field f's rows, elem_bytes[f] its row bytes.
+template <class T>
+void set_fixed_replica(replica_batch<T>& rb, const std::byte* const* data, const std::size_t* elem_bytes,
+                       const replica_slice& sl, int device, cuda_stream stream);
 
 // A ragged field's offsets for rows [first, first + rows) of b, rebased to start at 0
 // (rows + 1 of them) into out.

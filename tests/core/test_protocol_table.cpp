@@ -19,6 +19,8 @@
 #include "ferry/collective/communicator.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/sources/from_files.hpp"
+#include "ferry/sources/global_shuffle.hpp"
+#include "ferry/stages/cache_on_device.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/interleave.hpp"
 #include "ferry/stats.hpp"
@@ -81,6 +83,8 @@ std::vector<std::string> table_from_code() {
   t.push_back(row("from_generator", "sources/from_generator.hpp", ferry::from_generator(3, [](u64 i) { return i; }),
                   nullptr, "-"));
   t.push_back(row("from_files", "sources/from_files.hpp", files(), nullptr, "read-ahead I/O"));
+  t.push_back(row("global_shuffle", "sources/global_shuffle.hpp",
+                  ferry::global_shuffle(std::vector<u64>(8, 1), {.global_batch = 2}), nullptr, "-"));
   t.push_back(row("filter", "stages/filter.hpp", up() | ferry::filter([](u64) { return true; }),
                   up_batches() | ferry::filter([](const ferry::batch_of<u64>&) { return true; }), "-"));
   t.push_back(row("take", "stages/take.hpp", up() | ferry::take(3), up_batches() | ferry::take(3), "-"));
@@ -106,6 +110,7 @@ std::vector<std::string> table_from_code() {
     auto steps = [] { return up_batches() | ferry::distribute(ferry::host_replicas{2}); };
     t.push_back(row("lockstep", "stages/lockstep.hpp", steps() | ferry::lockstep(solo, ferry::step_policy::pad),
                     nullptr, "-"));
+    t.push_back(row("cache_on_device", "stages/cache_on_device.hpp", steps() | ferry::cache_on_device(), nullptr, "-"));
   }
   t.push_back(row("prefetch", "stages/prefetch.hpp", up() | ferry::prefetch(2), up_batches() | ferry::prefetch(2), "one"));
   t.push_back(row("cache", "stages/cache.hpp", up() | ferry::cache(), nullptr, "-"));

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "ferry/config.hpp"
 #include "ferry/detail/random.hpp"
 
 namespace ferry::detail {
@@ -25,19 +26,20 @@ class feistel_permutation {
     mask_ = (std::uint64_t(1) << half_) - 1;
     for (unsigned r = 0; r < rounds; ++r) keys_[r] = mix_seed({key, r});
   }
-  // The value at position i (i < n).
-  std::uint64_t operator()(std::uint64_t i) const noexcept {
+  // The value at position i (i < n). Also in device code (nvcc with
+  // --expt-relaxed-constexpr: it calls splitmix64): the object is trivially copyable.
+  FERRY_HOST_DEVICE std::uint64_t operator()(std::uint64_t i) const noexcept {
     std::uint64_t x = i;
     do x = encrypt(x);
     while (x >= n_);
     return x;
   }
   // n.
-  std::uint64_t size() const noexcept { return n_; }
+  FERRY_HOST_DEVICE std::uint64_t size() const noexcept { return n_; }
 
  private:
   static constexpr unsigned rounds = 4;
-  std::uint64_t encrypt(std::uint64_t x) const noexcept {
+  FERRY_HOST_DEVICE std::uint64_t encrypt(std::uint64_t x) const noexcept {
     std::uint64_t l = x >> half_, r = x & mask_;
     for (unsigned k = 0; k < rounds; ++k) {
       const std::uint64_t f = splitmix64(keys_[k] ^ r)() & mask_;

@@ -65,13 +65,6 @@
 namespace ferry {
 namespace detail {
 
-template <class S>
-struct is_step : std::false_type {};
-template <class T>
-struct is_step<step<T>> : std::true_type {
-  using element = T;
-};
-
 template <source Up, class Comm>
 class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
   friend stage<lockstep_source, Up>;

@@ -1,0 +1,76 @@
+// ferry/stages/cache_on_device.cuh: the gather kernel of ferry/stages/cache_on_device.hpp
+// (nvcc only), and ferry::cuda::cache_on_device, the stage for GPU replicas (and host ones).
+//
+//   #include "ferry/stages/cache_on_device.cuh"    // in a .cu file
+//   auto steps = ... | ferry::distribute(ferry::cuda::devices{0, 1})
+//              | ferry::cuda::cache_on_device({.budget_bytes = 20ull << 30, .seed = 7});
+//
+// Each later epoch, one launch per field and replica, on the replica's stream: row p of the
+// epoch buffer = row perm(p) of the cache, perm the Feistel permutation of the replica's
+// rows computed in the kernel (passed by value: nothing is copied from the host). Threads
+// copy 16-byte words when the rows allow it, else bytes, a grid-stride loop over rows x
+// words. Needs --expt-relaxed-constexpr (random.hpp's constexpr draws are called in the
+// kernel). Throws cuda_error when a launch fails. Runs on the caller's thread; enqueues only.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error "ferry/stages/cache_on_device.cuh needs nvcc: include ferry/stages/cache_on_device.hpp from code g++ compiles"
+#endif
+#if !defined(__CUDACC_RELAXED_CONSTEXPR__)
+#error "ferry/stages/cache_on_device.cuh: compile with --expt-relaxed-constexpr (the kernel calls ferry/detail/random.hpp)"
+#endif
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "ferry/cuda/error.hpp"
+#include "ferry/stages/cache_on_device.hpp"
+
+namespace ferry {
+namespace detail {
+
+template <class W>
+__global__ void gather_rows_kernel(const W* src, W* dst, std::uint64_t rows, std::uint64_t words,
+                                   feistel_permutation perm, bool shuffle) {
+  const std::uint64_t total = rows * words;
+  for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += std::uint64_t(gridDim.x) * blockDim.x) {
+    const std::uint64_t p = i / words, w = i % words;
+    dst[p * words + w] = src[(shuffle ? perm(p) : p) * words + w];
+  }
+}
+
+// The launcher cache_on_device_source uses for device replicas (the replica's device is
+// current).
+struct gather_kernel {
+  // Enqueues the gather on stream s; throws cuda_error.
+  static void launch(const gather_args& a, cuda_stream s) {
+    if (a.rows == 0 || a.row_bytes == 0) return;
+    const feistel_permutation perm(a.rows, a.key);
+    const bool wide = a.row_bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.src) % 16 == 0 &&
+                      reinterpret_cast<std::uintptr_t>(a.dst) % 16 == 0;
+    const std::uint64_t words = wide ? a.row_bytes / 16 : a.row_bytes;
+    const std::uint64_t blocks = std::min<std::uint64_t>((a.rows * words + 255) / 256, 65535);
+    const auto st = static_cast<cudaStream_t>(s);
+    if (wide)
+      gather_rows_kernel<<<unsigned(blocks), 256, 0, st>>>(reinterpret_cast<const uint4*>(a.src),
+                                                            reinterpret_cast<uint4*>(a.dst), a.rows, words, perm,
+                                                            a.shuffle);
+    else
+      gather_rows_kernel<<<unsigned(blocks), 256, 0, st>>>(reinterpret_cast<const unsigned char*>(a.src),
+                                                            reinterpret_cast<unsigned char*>(a.dst), a.rows, words,
+                                                            perm, a.shuffle);
+    FERRY_CUDA_TRY(cudaGetLastError());
+  }
+};
+
+}  // namespace detail
+
+namespace cuda {
+// cache_on_device(options) for GPU replicas (and host ones): see cache_on_device.hpp.
+inline constexpr ferry::detail::cache_on_device_t<ferry::detail::gather_kernel> cache_on_device{};
+}  // namespace cuda
+
+}  // namespace ferry

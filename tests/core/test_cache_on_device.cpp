@@ -1,0 +1,173 @@
+// cache_on_device on host replicas: later epochs come from each replica's cache (the
+// upstream is not read again), a permutation of the rows it cached with its fields kept
+// together, a new order each epoch fixed by the seed; the budget's two choices; an epoch 0
+// stopped part way is never served; padded remainders cache only real rows.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "ferry/sources/from_range.hpp"
+#include "ferry/stages/batch.hpp"
+#include "ferry/stages/cache_on_device.hpp"
+#include "ferry/stages/distribute.hpp"
+#include "ferry/stages/map.hpp"
+
+namespace {
+
+using u64 = std::uint64_t;
+using row = std::tuple<u64, std::array<u64, 2>>;
+using epoch_rows = std::vector<std::vector<u64>>;  // per replica, the ids in order
+
+std::vector<u64> ids(u64 n) {
+  std::vector<u64> v(n);
+  for (u64 i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+auto pipeline(const std::vector<u64>& data, std::atomic<u64>& reads, std::size_t replicas, ferry::cache_on_device_options o,
+              ferry::remainder_policy policy = ferry::remainder_policy::drop) {
+  return ferry::from_range(data) | ferry::map([&reads](u64 id) {
+           reads++;
+           return row{id, {id * 3, id * 7}};
+         }) |
+         ferry::batch(12) | ferry::distribute(ferry::host_replicas{replicas}, {.remainder = policy}) |
+         ferry::cache_on_device(o);
+}
+
+// One epoch: per replica the ids of the real rows, checking the fields stayed together.
+template <class P>
+epoch_rows epoch_of(P& p, std::size_t& steps) {
+  epoch_rows out;
+  steps = 0;
+  for (auto& st : p) {
+    out.resize(st.replicas());
+    for (std::size_t r = 0; r < st.replicas(); ++r) {
+      const auto a = st[r].template field<0>();
+      const auto b = st[r].template field<1>();
+      for (std::size_t i = 0; i < st[r].valid(); ++i) {
+        REQUIRE(b[i][0] == a[i] * 3);
+        REQUIRE(b[i][1] == a[i] * 7);
+        out[r].push_back(a[i]);
+      }
+    }
+    ++steps;
+  }
+  p.rewind();
+  return out;
+}
+
+std::vector<u64> sorted(std::vector<u64> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cache_on_device: later epochs from the cache, each a new order of each replica's rows") {
+  const auto data = ids(240);
+  for (std::size_t replicas : {std::size_t(1), std::size_t(2), std::size_t(3)}) {
+    CAPTURE(replicas);
+    std::atomic<u64> reads{0};
+    auto p = pipeline(data, reads, replicas, {.seed = 5});
+    std::size_t steps0 = 0, steps = 0;
+    const epoch_rows first = epoch_of(p, steps0);
+    CHECK(reads == 240);
+    CHECK(p.cached());
+    std::vector<epoch_rows> later;
+    for (int e = 1; e <= 3; ++e) {
+      later.push_back(epoch_of(p, steps));
+      CHECK(steps == steps0);
+      CHECK(reads == 240);  // the upstream is not read again
+      REQUIRE(later.back().size() == replicas);
+      for (std::size_t r = 0; r < replicas; ++r) {
+        CHECK(sorted(later.back()[r]) == sorted(first[r]));  // the rows it cached, once each
+        CHECK(later.back()[r] != first[r]);                   // in a new order
+      }
+    }
+    for (std::size_t r = 0; r < replicas; ++r) CHECK(later[0][r] != later[1][r]);
+    // The same seed, the same orders; another seed, others.
+    std::atomic<u64> reads2{0};
+    auto q = pipeline(data, reads2, replicas, {.seed = 5});
+    auto other = pipeline(data, reads2, replicas, {.seed = 6});
+    (void)epoch_of(q, steps);
+    (void)epoch_of(other, steps);
+    CHECK(epoch_of(q, steps) == later[0]);
+    CHECK(epoch_of(other, steps) != later[0]);
+    // Without shuffle, the cache serves epoch 0's order.
+    auto plain = pipeline(data, reads2, replicas, {.shuffle = false});
+    const epoch_rows p0 = epoch_of(plain, steps);
+    CHECK(epoch_of(plain, steps) == p0);
+    CHECK(plain.bytes_per_replica() == 240 / replicas * 24);
+    CHECK(p.bytes_per_replica() == 2 * 240 / replicas * 24);  // the cache and the epoch's copy
+  }
+}
+
+TEST_CASE("cache_on_device: over budget, a config_error naming the size, or the upstream every epoch") {
+  const auto data = ids(240);
+  std::atomic<u64> reads{0};
+  // 120 rows a replica of 24 bytes, twice (shuffled copy): 5760 bytes needed.
+  auto tight = pipeline(data, reads, 2, {.budget_bytes = 5000, .seed = 1});
+  std::size_t steps = 0;
+  try {
+    for (auto& st : tight) (void)st, ++steps;
+    FAIL("no error");
+  } catch (const ferry::config_error& e) {
+    const std::string w = e.what();
+    CHECK(w.find("replica 0 needs more than its budget of 5000 bytes") != std::string::npos);
+    CHECK(w.find("over_budget::stream") != std::string::npos);
+    CHECK(steps == 17);  // 17 steps of 6 rows a replica fit (4896 bytes), the 18th does not
+  }
+  auto ok = pipeline(data, reads, 2, {.budget_bytes = 5760, .seed = 1});
+  (void)epoch_of(ok, steps);
+  CHECK(ok.cached());
+  // stream: the cache is given up; every epoch is the upstream's, read again.
+  reads = 0;
+  auto streaming = pipeline(data, reads, 2, {.budget_bytes = 5000, .when_over = ferry::over_budget::stream});
+  const epoch_rows e0 = epoch_of(streaming, steps);
+  const epoch_rows e1 = epoch_of(streaming, steps);
+  CHECK(!streaming.cached());
+  CHECK(e0 == e1);
+  CHECK(reads == 480);
+  CHECK(e0[0].size() + e0[1].size() == 240);
+}
+
+TEST_CASE("cache_on_device: an epoch 0 stopped part way is filled again, never served") {
+  const auto data = ids(240);
+  std::atomic<u64> reads{0};
+  auto p = pipeline(data, reads, 2, {.seed = 3});
+  int k = 0;
+  for (auto& st : p) {
+    (void)st;
+    if (++k == 4) break;
+  }
+  p.rewind();
+  CHECK(!p.cached());
+  std::size_t steps = 0;
+  const epoch_rows full = epoch_of(p, steps);  // read again, whole
+  CHECK(full[0].size() + full[1].size() == 240);
+  CHECK(p.cached());
+  const epoch_rows served = epoch_of(p, steps);
+  CHECK(sorted(served[0]) == sorted(full[0]));
+  CHECK(sorted(served[1]) == sorted(full[1]));
+}
+
+TEST_CASE("cache_on_device: a padded last batch caches its real rows only") {
+  const auto data = ids(100);  // 8 batches of 12 and one of 4
+  std::atomic<u64> reads{0};
+  auto p = pipeline(data, reads, 2, {.seed = 2}, ferry::remainder_policy::pad);
+  std::size_t s0 = 0, s1 = 0;
+  const epoch_rows e0 = epoch_of(p, s0);
+  const epoch_rows e1 = epoch_of(p, s1);
+  CHECK(s0 == 9);
+  CHECK(s1 == 9);
+  std::vector<u64> all = e1[0];
+  all.insert(all.end(), e1[1].begin(), e1[1].end());
+  CHECK(sorted(all) == data);
+  CHECK(sorted(e1[0]) == sorted(e0[0]));
+}
