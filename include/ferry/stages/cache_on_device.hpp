@@ -36,7 +36,7 @@
 // epoch's gather after that work.
 //
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget
-// (over_budget::error), replicas or devices that change between steps, a device replica
+// (over_budget::error), replicas, devices or streams that change between steps, a device replica
 // with the host-only stage (use ferry::cuda::cache_on_device from the .cuh), restore of a
 // state (a cache cannot be checkpointed: cannot_save). cuda_error from the runtime
 // (an allocation that fails part way frees what was allocated; the stage is then empty
@@ -250,9 +250,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     for (std::size_t r = 0; r < st.replicas(); ++r) {
       const auto& rb = st[r];
       auto& a = arenas_[r];
-      if (rb.device() != a.device)
-        throw config_error("cache_on_device: replica " + std::to_string(r) + " moved from device " +
-                           std::to_string(a.device) + " to " + std::to_string(rb.device()));
+      if (rb.device() != a.device || rb.stream() != a.stream)  // the copies and gathers are ordered on one stream
+        throw config_error("cache_on_device: replica " + std::to_string(r) + " changed device or stream between "
+                           "steps (device " + std::to_string(a.device) + " to " + std::to_string(rb.device()) + ")");
       rows_per_step_[r] = std::max(rows_per_step_[r], rb.size());
       const std::uint64_t add = rb.valid();
       if (add == 0) continue;
