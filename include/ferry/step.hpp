@@ -53,6 +53,13 @@ template <class T>
 struct is_step<step<T>> : std::true_type {
   using element = T;
 };
+// T of step<T>, for a stage after distribute whose upstream's elements are V; a clear error
+// when they are not steps (the stage was put before distribute).
+template <class V>
+struct step_element {
+  static_assert(is_step<V>::value, "ferry: this stage goes after distribute(): its upstream's elements must be steps");
+  using type = typename is_step<V>::element;
+};
 
 // Rows [first, first + rows) of the global batch; the first `valid` of them are data.
 struct replica_slice {

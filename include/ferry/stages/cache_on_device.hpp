@@ -133,8 +133,7 @@ template <source Up, class Launch>
 class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, Up> {
   friend stage<cache_on_device_source, Up>;
   using V = value_t<Up>;
-  static_assert(is_step<V>::value, "ferry::cache_on_device: put it after distribute(): its elements are steps");
-  using T = typename is_step<V>::element;
+  using T = typename step_element<V>::type;  // cache_on_device goes after distribute()
   static constexpr std::size_t nf = batch_of<T>::field_count;
   static_assert([]<std::size_t... I>(std::index_sequence<I...>) {
     return (!(batch_of<T>::template is_padded<I> || batch_of<T>::template is_ragged<I>) && ...);

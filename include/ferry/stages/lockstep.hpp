@@ -69,8 +69,7 @@ template <source Up, class Comm>
 class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
   friend stage<lockstep_source, Up>;
   using V = value_t<Up>;
-  static_assert(is_step<V>::value, "ferry::lockstep: put it after distribute(): its elements are steps");
-  using T = typename is_step<V>::element;
+  using T = typename step_element<V>::type;  // lockstep goes after distribute()
 
  public:
   static constexpr char name[] = "lockstep";
