@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "ferry/sources/from_range.hpp"
@@ -170,4 +171,48 @@ TEST_CASE("cache_on_device: a padded last batch caches its real rows only") {
   all.insert(all.end(), e1[1].begin(), e1[1].end());
   CHECK(sorted(all) == data);
   CHECK(sorted(e1[0]) == sorted(e0[0]));
+}
+
+TEST_CASE("cache_on_device: under pad, later epochs keep epoch 0's slice sizes, the padding rows zero") {
+  const auto data = ids(100);  // batches of 12 over 3 replicas: the last is 4 real rows, padded
+  std::atomic<u64> reads{0};
+  for (bool shuffle : {true, false}) {
+    CAPTURE(shuffle);
+    auto p = pipeline(data, reads, 3, {.seed = 8, .shuffle = shuffle}, ferry::remainder_policy::pad);
+    std::vector<std::vector<std::pair<std::size_t, std::size_t>>> shapes(3);  // per epoch: (size, valid) per replica per step
+    for (int e = 0; e < 3; ++e) {
+      shapes[std::size_t(e)].clear();
+      for (auto& st : p)
+        for (std::size_t r = 0; r < st.replicas(); ++r) {
+          shapes[std::size_t(e)].emplace_back(st[r].size(), st[r].valid());
+          const auto a = st[r].field<0>();
+          const auto b = st[r].field<1>();
+          for (std::size_t i = st[r].valid(); i < st[r].size() && e > 0; ++i) {  // served padding rows
+            CHECK(a[i] == 0);
+            CHECK(b[i][0] == 0);
+          }
+        }
+      p.rewind();
+    }
+    CHECK(shapes[1] == shapes[0]);
+    CHECK(shapes[2] == shapes[0]);
+    CHECK(shapes[0].back() == std::pair<std::size_t, std::size_t>(4, 0));
+  }
+}
+
+TEST_CASE("cache_on_device: memory within the budget while filling, exact after") {
+  const auto data = ids(240);
+  std::atomic<u64> reads{0};
+  for (bool shuffle : {true, false}) {
+    CAPTURE(shuffle);
+    const std::size_t budget = shuffle ? 5760 : 2880;  // 120 rows of 24 bytes a replica, once or twice
+    auto p = pipeline(data, reads, 2, {.budget_bytes = budget, .seed = 1, .shuffle = shuffle});
+    for (auto& st : p) {
+      (void)st;
+      CHECK(p.bytes_per_replica() <= budget);
+    }
+    p.rewind();
+    CHECK(p.cached());
+    CHECK(p.bytes_per_replica() == budget);
+  }
 }

@@ -41,6 +41,16 @@ struct sim_gather {
 };
 constexpr ferry::detail::cache_on_device_t<sim_gather> sim_cache{};
 
+// A gather whose launch fails once, at the n-th call (as a real launch can).
+int fail_at = 0;
+struct failing_gather {
+  static void launch(const ferry::detail::gather_args& a, ferry::cuda_stream s) {
+    if (--fail_at == 0) throw ferry::config_error("simulated launch failure");
+    sim_gather::launch(a, s);
+  }
+};
+constexpr ferry::detail::cache_on_device_t<failing_gather> failing_cache{};
+
 std::vector<row> make_rows(u64 n) {
   std::vector<row> v;
   for (u64 i = 0; i < n; ++i) v.push_back(row{i, {i * 3, i * 7}});
@@ -50,7 +60,7 @@ std::vector<row> make_rows(u64 n) {
 // One epoch read the way a model reads it: a simulated kernel on the replica's stream
 // copies each field out, when the stream runs it.
 template <class P>
-epoch_rows epoch_of(P& p) {
+epoch_rows epoch_of(P& p, bool rewind = true) {
   epoch_rows out;
   std::vector<std::vector<std::array<u64, 3>>> seen;
   std::mutex m;
@@ -85,7 +95,7 @@ epoch_rows epoch_of(P& p) {
       out.back().push_back(x[0]);
     }
   }
-  p.rewind();
+  if (rewind) p.rewind();
   return out;
 }
 
@@ -151,6 +161,24 @@ TEST_CASE("sim: over budget with over_budget::stream frees the cache and streams
     CHECK(!p.cached());
     CHECK(e0 == e1);
     CHECK(sim::stats().copies > c0);  // streamed: the upstream's copies again
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+}
+
+TEST_CASE("sim: a reorder that fails part way gives the cache up: the upstream serves, in its order") {
+  sim::reset(5, 2);
+  const auto data = make_rows(240);
+  {
+    auto pool = ferry::make_pinned_pool();
+    auto p = ferry::from_range(data) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) | failing_cache({.seed = 9});
+    const epoch_rows e0 = epoch_of<decltype(p)>(p, false);
+    fail_at = 3;  // the second replica's first field, at the first reorder
+    CHECK_THROWS_WITH_AS(p.rewind(), "simulated launch failure", ferry::config_error);
+    CHECK(!p.cached());
+    CHECK(epoch_of<decltype(p)>(p, true) == e0);  // streamed: epoch 0's order again
   }
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);

@@ -45,7 +45,8 @@ std::vector<u64> read_steps(const std::vector<u64>& data, ferry::global_shuffle_
 }  // namespace
 
 TEST_CASE("feistel_permutation: a bijection of [0, n), fixed by its key") {
-  for (u64 n : {u64(0), u64(1), u64(2), u64(3), u64(5), u64(17), u64(64), u64(65), u64(1000), u64(4097)}) {
+  for (u64 n : {u64(0), u64(1), u64(2), u64(3), u64(5), u64(17), u64(63), u64(64), u64(65), u64(255), u64(256), u64(257),
+                u64(1000), u64(4095), u64(4096), u64(4097), u64(16385)}) {
     CAPTURE(n);
     const ferry::detail::feistel_permutation p(n, 42), same(n, 42), other(n, 43);
     std::vector<u64> seen;
@@ -228,6 +229,14 @@ TEST_CASE("row_files: rows by index from .npy and fixed-length files, in any ord
   }
   CHECK(seen.size() == 12);
   CHECK_THROWS_AS(rows[12], std::out_of_range);
+  // An .npy or IDX file shorter than its header's rows: a format_error when opened.
+  src_test::write_file(d / "short.npy", src_test::npy_of("|u1", "(100, 6)", rows_a));
+  CHECK_THROWS_WITH_AS(ferry::row_files({d / "short.npy"}, ferry::npy{}), doctest::Contains("the header says 100 rows"),
+                       ferry::format_error);
+  src_test::write_file(d / "x.idx", src_test::idx_of(0x08, {7, 6}, rows_a));
+  const ferry::row_files idx_rows({d / "x.idx"}, ferry::idx{});
+  CHECK(idx_rows.size() == 7);
+  CHECK(idx_rows[6].str() == "gggggg");
   // fixed_length: header, rows, footer; a file of another size is a format_error.
   src_test::write_file(d / "f.bin", "HH" + rows_a + "F");
   const ferry::row_files fixed({d / "f.bin"}, ferry::fixed_length{.record_bytes = 6, .header_bytes = 2, .footer_bytes = 1});

@@ -334,6 +334,47 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     expect_format_error([&] { ferry::from_files({path}, ferry::webdataset{}).next(); }, path, 0,
                         "is larger than max_record_bytes");
   }
+  SUBCASE("what is never buffered: a chain of long names, a large file without a dot") {
+    // 40 long-name headers of 60 KB with no member: an error before max_record_bytes is
+    // buffered, not at the end of the chain.
+    tar_writer w;
+    w.add("a/1.jpg", "x");
+    for (int i = 0; i < 40; ++i) w.out += tar_writer::header("././@LongLink", 60000, 'L') + tar_writer::padded(std::string(60000, 'n'));
+    w.add("a/2.jpg", "y");
+    write_file(path, w.out);
+    auto src = ferry::from_files({path}, ferry::webdataset{}, {.max_record_bytes = 1 << 20});
+    CHECK(ferry::parse_webdataset(*src.next()).key == "a/1");
+    expect_format_error([&] { src.next(); }, path, 1024, "long-name or pax headers reaching past max_record_bytes");
+    // A 2 MiB README between members of a sample, with max_record_bytes of 1 MiB: it ends
+    // the sample and is passed over a chunk at a time; nothing is lost.
+    tar_writer r;
+    r.add("a/1.jpg", "one");
+    r.add("README", std::string(2 << 20, 'r'));
+    r.add("a/1.cls", "7");
+    r.add("a/2.jpg", "two");
+    r.end();
+    write_file(path, r.out);
+    auto rs = ferry::from_files({path}, ferry::webdataset{}, {.chunk_bytes = 4096, .max_record_bytes = 1 << 20});
+    std::vector<std::string> got;
+    while (auto e = rs.next()) {
+      const auto smp = ferry::parse_webdataset(*e);
+      for (const auto& m : smp.members) got.push_back(smp.key + "." + m.ext + "=" + std::string(m.data.str()));
+    }
+    CHECK(got == std::vector<std::string>{"a/1.jpg=one", "a/1.cls=7", "a/2.jpg=two"});
+    // A pax size applies to the member, not to a long name between them.
+    tar_writer p;
+    const std::string rec = tar_writer::pax_record("size", "3");
+    p.out += tar_writer::header("PaxHeaders/x", rec.size(), 'x') + tar_writer::padded(rec);
+    const std::string longname = std::string(110, 'd') + "/1.jpg";
+    p.out += tar_writer::header("././@LongLink", longname.size() + 1, 'L') + tar_writer::padded(longname + '\0');
+    p.out += tar_writer::header(longname.substr(0, 100), 3, '0') + tar_writer::padded("abc");
+    p.end();
+    write_file(path, p.out);
+    auto ps = ferry::from_files({path}, ferry::webdataset{});
+    const auto smp = ferry::parse_webdataset(*ps.next());
+    CHECK(smp.key == std::string(110, 'd') + "/1");
+    CHECK(smp.at("jpg").str() == "abc");
+  }
   SUBCASE("base-256 sizes, archives one after another, empty and all-zero files") {
     tar_writer a, b;
     a.add("x/1.jpg", "first", '0', 'L', true);

@@ -29,6 +29,7 @@ class feistel_permutation {
   // The value at position i (i < n). Also in device code (nvcc with
   // --expt-relaxed-constexpr: it calls splitmix64): the object is trivially copyable.
   FERRY_HOST_DEVICE std::uint64_t operator()(std::uint64_t i) const noexcept {
+    if (i >= n_) return i;  // outside the domain (n = 0 included): no walk that cannot end
     std::uint64_t x = i;
     do x = encrypt(x);
     while (x >= n_);

@@ -8,7 +8,8 @@
 //
 // The files' rows in the order given (glob patterns expanded as from_files expands them).
 // npy and IDX: every file's rows must match the first file's (dtype and row shape), as in
-// from_files; fixed_length: header + k * record_bytes + footer bytes, else a format_error.
+// from_files, and the file must hold the rows its header counts; fixed_length: header +
+// k * record_bytes + footer bytes. Either, else a format_error.
 // Uncompressed files only (a compressed one cannot be read at an offset). TFRecord, text
 // lines and WebDataset have no row offsets without an index: a config_error.
 //
@@ -90,6 +91,13 @@ class row_files {
         f.rows = m->rows;
         rd.close();
         f.fd = open_fd(p);
+        struct stat st {};
+        if (::fstat(f.fd->fd, &st) != 0)
+          throw io_error(p, 0, std::error_code(errno, std::generic_category()), "cannot stat");
+        if (std::uint64_t(st.st_size) < f.data + f.rows * f.row_bytes)
+          throw format_error(p, f.data, "the header says " + std::to_string(f.rows) + " rows of " +
+                                            std::to_string(f.row_bytes) + " bytes; the file has " +
+                                            std::to_string(st.st_size) + " bytes");
       }
       s_->total += f.rows;
       s_->ends.push_back(s_->total);

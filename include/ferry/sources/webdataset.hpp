@@ -116,6 +116,7 @@ inline constexpr std::size_t tar_block = 512;
 struct tar_reader {
   const std::string& path;
   std::uint64_t base = 0;  // file offset of the buffer's first byte
+  std::uint64_t max_span = UINT64_MAX;  // the most bytes from the buffer's start a header may reach
   static constexpr std::uint64_t max_prefix = 1 << 16;  // a long name or pax header
 
   [[noreturn]] void fail(std::size_t at, const std::string& why) const { throw format_error(path, base + at, why); }
@@ -223,13 +224,14 @@ struct tar_reader {
           ssum += static_cast<signed char>(h[i]);
         }
       if (want != sum && static_cast<std::int64_t>(want) != ssum) fail(pos, "not a tar header (checksum mismatch)");
-      std::uint64_t size = number(h + 124, 12, pos, "size");
-      if (has_pax_size) size = pax_size;
       const char type = static_cast<char>(h[156]);
+      const bool prefix = type == 'L' || type == 'x' || type == 'K';
+      std::uint64_t size = number(h + 124, 12, pos, "size");
+      if (has_pax_size && !prefix) size = pax_size;  // a pax size is the member's, not a long name's
       if (size > (std::uint64_t(1) << 62)) fail(pos, "tar header: a size of " + std::to_string(size) + " bytes");
       const std::uint64_t padded = (size + tar_block - 1) / tar_block * tar_block;
       const std::size_t data = pos + tar_block;
-      if (type == 'L' || type == 'x' || type == 'K') {  // about the next header
+      if (prefix) {  // about the next header
         if (size > max_prefix)
           fail(pos, "a " + std::string(1, type) + " header of " + std::to_string(size) + " bytes (at most " +
                         std::to_string(max_prefix) + ")");
@@ -242,6 +244,8 @@ struct tar_reader {
         else if (type == 'x') pax(d, static_cast<std::size_t>(size), pos, long_name, pax_size, has_pax_size);
         prefixed = true;
         pos = data + static_cast<std::size_t>(padded);
+        if (pos + tar_block > max_span)  // a chain of them: never buffered past the bound
+          fail(e.start, "long-name or pax headers reaching past max_record_bytes (" + std::to_string(max_span) + ")");
         continue;
       }
       if (long_name.empty()) {
@@ -301,6 +305,33 @@ struct wds_framer {
                              "): its members reach " + std::to_string(e.end) + " bytes");
   }
 
+  // Consumes an entry that carries no sample data (a directory, a file without a dot),
+  // whatever its size, a chunk at a time: never buffered whole.
+  static void pass_over(byte_stream& s, const tar_entry& e) {
+    if (e.kind == tar_entry::zero || e.kind == tar_entry::eof) {
+      s.consume(static_cast<std::size_t>(e.end));
+      return;
+    }
+    s.consume(e.data);
+    std::uint64_t left = e.end - e.data;  // data and padding
+    const std::uint64_t need = e.size;    // the data must be there; the padding may be cut
+    std::uint64_t seen = 0;
+    while (left > 0) {
+      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(left, std::uint64_t(1) << 20));
+      const std::size_t got = s.ensure(want);
+      if (got == 0) {
+        if (seen < need)
+          throw format_error(s.path(), s.offset() - seen - e.data + e.start,
+                             "truncated member '" + e.name + "' (its header says " + std::to_string(e.size) +
+                                 " bytes, " + std::to_string(seen) + " are left)");
+        return;
+      }
+      s.consume(got);
+      seen += got;
+      left -= got;
+    }
+  }
+
   frame_status next(byte_stream& s, frame& f) {
     const auto view = [&s](std::size_t n) {
       const std::size_t a = s.ensure(n);
@@ -311,7 +342,7 @@ struct wds_framer {
     std::vector<std::string> exts;
     bool dup = false;
     for (;;) {
-      const tar_reader rd{s.path(), s.offset()};
+      const tar_reader rd{s.path(), s.offset(), max_record};
       tar_entry e;
       try {
         e = rd.next(view, pos);
@@ -324,13 +355,12 @@ struct wds_framer {
       if (end == 0) {  // nothing of a sample yet: pass over what carries no sample data
         if (e.kind == tar_entry::eof) return frame_status::end;
         if (!member) {
-          check_span(s, e, e.name);
-          rd.complete(view, e);
-          s.consume(static_cast<std::size_t>(e.end));
+          pass_over(s, e);
           continue;
         }
-      } else if (e.kind == tar_entry::eof || e.kind == tar_entry::zero || (member && k != key)) {
-        break;  // the next sample's: not read further
+      } else if (e.kind == tar_entry::eof || e.kind == tar_entry::zero || (member && k != key) ||
+                 (e.kind == tar_entry::file && !member)) {
+        break;  // the next sample's, or a file that belongs to none: not read further
       }
       check_span(s, e, end == 0 ? std::string(k) : key);
       rd.complete(view, e);

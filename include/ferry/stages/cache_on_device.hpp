@@ -16,16 +16,24 @@
 // computed in the kernel: nothing is copied from the host) by one gather per field into a
 // second buffer, and steps are views of it: step s is rows [s * B, (s + 1) * B) of it, B
 // the replica's rows per step in epoch 0. Every epoch has epoch 0's step count on every
-// replica. So a dataset split over N GPUs costs each about 2 x (its rows) x (row bytes) of
-// device memory: the cache, and the epoch's shuffled copy (once when shuffle = false: steps
-// are views of the cache). Rows stay with the replica that cached them: each replica
-// reshuffles its own part (the exchange between replicas is not built yet).
+// replica; under remainder_policy::pad every slice keeps epoch 0's size (the padding rows
+// zero), otherwise a slice has its real rows. A served step's memory is the stage's: it is
+// valid until the next rewind(), not for as long as the step lives. Rows stay with the
+// replica that cached them: each replica reshuffles its own part (the exchange between
+// replicas is not built yet). A job resumed mid-epoch caches what its first epoch reads,
+// the rest of that epoch only: start the stage at an epoch's start.
+//
+// Memory per replica, after epoch 0: (its rows) x (row bytes) for the cache and as much
+// again for the epoch's shuffled copy (none with shuffle = false), each block allocated at
+// its size (the cache is trimmed to its rows when epoch 0 ends). While epoch 0 fills it,
+// the cache grows by doubling, capped by the budget; a growth holds the old and the new
+// block together for its copy.
 //
 // The budget (per replica, bytes, the cache and the shuffled copy together; 0: none):
 // over_budget::error throws config_error at the step that would exceed it, naming the
-// replica and the size reached; over_budget::stream gives up the cache there (freed) and
-// passes the upstream through every epoch, as if the stage were not there. Memory is never
-// allocated past the budget: the cache grows by doubling, capped at the budget.
+// replica and the size reached (the stage then streams the upstream, if the caller goes
+// on); over_budget::stream gives up the cache there (freed) and passes the upstream through
+// every epoch, as if the stage were not there.
 //
 // Fields: fixed-size fields only (a ragged or padded field is a compile-time error). A
 // cached step's host_batch() is empty (no host batch exists).
@@ -37,13 +45,13 @@
 //
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget
 // (over_budget::error), replicas, devices or streams that change between steps, a device replica
-// with the host-only stage (use ferry::cuda::cache_on_device from the .cuh), restore of a
-// state (a cache cannot be checkpointed: cannot_save). cuda_error from the runtime
-// (an allocation that fails part way frees what was allocated; the stage is then empty
-// and rewinding streams from the upstream again).
+// with the host-only stage and shuffle (use ferry::cuda::cache_on_device from the .cuh; at
+// the first step, before anything is cached). cuda_error from the runtime, std::bad_alloc:
+// whatever fails while filling, at the end of epoch 0 or in a reorder frees the caches, and
+// the stage streams the upstream from then on (nothing half cached or half reordered is
+// ever served).
 //
-// Memory: see above; the arenas are freed with the stage. Host replicas: std::vector
-// buffers grown by doubling in epoch 0, nothing allocated in later epochs.
+// Memory: see above; freed with the stage. Nothing is allocated after epoch 0.
 //
 // Checkpoints: none (cannot_save: the cache is memory, not a position; a resumed job
 // fills it again in its first epoch).
@@ -57,6 +65,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -119,14 +128,17 @@ struct no_gather_kernel {
   }
 };
 
-// One replica's memory: per field, the cache (rows as cached) and this epoch's copy.
+// One replica's memory: per field, the cache (rows as cached) and this epoch's copy, each
+// one block (device memory, or a host vector).
 struct replica_arena {
   int device = -1;  // -1: host memory
   cuda_stream stream = nullptr;
-  std::vector<std::byte*> cache, epoch;  // per field (device pointers, or into host_*)
-  std::vector<std::size_t> capacity;     // rows each field's cache holds
+  std::vector<std::byte*> cache, epoch;  // per field
+  std::vector<std::uint64_t> capacity;   // rows each field's cache block holds
   std::vector<std::vector<std::byte>> host_cache, host_epoch;
-  std::uint64_t rows = 0;  // rows cached
+  std::uint64_t rows = 0;   // rows cached
+  std::uint64_t served = 0;  // rows the serving buffer holds: steps x rows a step (pad rows zero)
+  std::size_t bytes = 0;    // memory held
 };
 
 template <source Up, class Launch>
@@ -138,6 +150,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   static_assert([]<std::size_t... I>(std::index_sequence<I...>) {
     return (!(batch_of<T>::template is_padded<I> || batch_of<T>::template is_ragged<I>) && ...);
   }(std::make_index_sequence<nf>{}), "ferry::cache_on_device: fixed-size fields only (no ragged or padded field)");
+  static constexpr bool has_kernel = !std::is_same_v<Launch, no_gather_kernel>;
 
  public:
   static constexpr char name[] = "cache_on_device";
@@ -145,35 +158,19 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   static constexpr bool cannot_save = true;         // the cache is memory, not a position
 
   cache_on_device_source(Up up, cache_on_device_options o) : stage<cache_on_device_source, Up>(std::move(up)), o_(o) {}
+  // Takes o's caches (o is left with none).
   cache_on_device_source(cache_on_device_source&&) noexcept = default;
-  cache_on_device_source& operator=(cache_on_device_source&& o) noexcept {
-    if (this != &o) {
-      free_all();
-      stage<cache_on_device_source, Up>::operator=(std::move(o));
-      o_ = o.o_;
-      arenas_ = std::move(o.arenas_);
-      state_ = o.state_;
-      filled_ = o.filled_;
-      epoch_ = o.epoch_;
-      steps_ = o.steps_;
-      step_ = o.step_;
-      rows_per_step_ = std::move(o.rows_per_step_);
-      row_bytes_ = o.row_bytes_;
-      field_bytes_ = o.field_bytes_;
-      empty_ = std::move(o.empty_);
-    }
-    return *this;
-  }
+  cache_on_device_source& operator=(cache_on_device_source&&) = delete;  // distribute cannot be assigned either
   ~cache_on_device_source() { free_all(); }
 
   // Whether later epochs come from the caches (false while filling, and after giving up).
   bool cached() const noexcept { return state_ == mode::serving; }
-  // Rows cached by replica r (r < replicas seen).
-  std::uint64_t rows(std::size_t r) const { return arenas_.at(r).rows; }
-  // Bytes of memory each replica holds for it at most (the cache and the epoch's copy).
+  // Rows cached by replica r (r < the replicas seen; 0 when none).
+  std::uint64_t rows(std::size_t r) const noexcept { return r < arenas_.size() ? arenas_[r].rows : 0; }
+  // The most memory one replica holds for it now, in bytes (its cache and epoch blocks).
   std::size_t bytes_per_replica() const noexcept {
     std::size_t m = 0;
-    for (const auto& a : arenas_) m = std::max(m, footprint(a.rows));
+    for (const auto& a : arenas_) m = std::max(m, a.bytes);
     return m;
   }
 
@@ -192,34 +189,40 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     try {
       kept = keep(*st);
     } catch (...) {
-      free_all();  // nothing half cached is ever served
-      state_ = mode::streaming;
+      give_up();  // nothing half cached is ever served
       throw;
     }
-    if (!kept) {  // over budget, over_budget::stream
-      free_all();
-      state_ = mode::streaming;
-    }
+    if (!kept) give_up();  // over budget, over_budget::stream
     ++steps_;
     return st;
+  }
+
+  // The upstream from now on, every epoch; the memory freed.
+  void give_up() noexcept {
+    free_all();
+    state_ = mode::streaming;
   }
 
   void start_epoch() {
     ++epoch_;
     step_ = 0;
-    if (state_ == mode::filling) {
-      if (filled_) {
-        state_ = mode::serving;
-      } else {  // epoch 0 stopped part way: fill again from the start
-        free_all();
-        steps_ = 0;
-      }
+    if (state_ == mode::filling && !filled_) {  // epoch 0 stopped part way: fill again from the start
+      free_all();
+      steps_ = 0;
+      return;
     }
-    if (state_ == mode::serving) reorder();
+    try {
+      if (state_ == mode::filling) {
+        finish_fill();
+        state_ = mode::serving;
+      }
+      if (state_ == mode::serving) reorder();
+    } catch (...) {
+      give_up();  // an allocation or launch that failed: stream, never serve half a reorder
+      throw;
+    }
   }
-  // rewind(): the base rewinds the upstream first; when serving it is never read again.
 
-  // Bytes a replica of `rows` cached rows holds (the cache, and the epoch's copy).
   std::size_t footprint(std::uint64_t rows) const noexcept {
     return std::size_t(rows) * row_bytes_ * (o_.shuffle ? 2 : 1);
   }
@@ -238,10 +241,12 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         a.capacity.assign(nf, 0);
         a.host_cache.resize(nf);
         a.host_epoch.resize(nf);
+        if (a.device >= 0 && o_.shuffle && !has_kernel) no_gather_kernel::launch({}, nullptr);  // before caching
       }
       rows_per_step_.assign(st.replicas(), 0);
       row_bytes_ = 0;
       for (std::size_t f = 0; f < nf; ++f) row_bytes_ += (field_bytes_[f] = elem_bytes(st, f));
+      if (row_bytes_ == 0) throw config_error("cache_on_device: rows of 0 bytes");
     }
     if (st.replicas() != arenas_.size())
       throw config_error("cache_on_device: steps of " + std::to_string(st.replicas()) + " replicas after " +
@@ -253,26 +258,30 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         throw config_error("cache_on_device: replica " + std::to_string(r) + " changed device or stream between "
                            "steps (device " + std::to_string(a.device) + " to " + std::to_string(rb.device()) + ")");
       rows_per_step_[r] = std::max(rows_per_step_[r], rb.size());
+      padded_ = padded_ || rb.size() > rb.valid();
       const std::uint64_t add = rb.valid();
       if (add == 0) continue;
       const std::uint64_t want = a.rows + add;
-      if (o_.budget_bytes && footprint(want) > o_.budget_bytes) {
-        if (o_.when_over == over_budget::stream) return false;
-        throw config_error("cache_on_device: replica " + std::to_string(r) + " needs more than its budget of " +
-                           std::to_string(o_.budget_bytes) + " bytes: at step " + std::to_string(steps_) +
-                           " its cache reaches " + std::to_string(footprint(want)) + " bytes (" +
-                           std::to_string(want) + " rows of " + std::to_string(row_bytes_) + " bytes" +
-                           (o_.shuffle ? ", twice: the cache and the epoch's shuffled copy" : "") +
-                           "); raise budget_bytes, or choose over_budget::stream");
-      }
+      if (!within_budget(r, want)) return false;
       for (std::size_t f = 0; f < nf; ++f) {
-        const std::size_t eb = elem_bytes(st, f);
-        grow(a, f, want, eb);
-        copy_in(a, f, a.rows * eb, rb.field_bytes(f).data(), add * eb);
+        grow(a, f, want);
+        copy_in(a, f, std::size_t(a.rows) * field_bytes_[f], rb.field_bytes(f).data(), std::size_t(add) * field_bytes_[f]);
       }
       a.rows = want;
     }
     return true;
+  }
+
+  // Whether replica r may hold `rows` rows; throws under over_budget::error.
+  bool within_budget(std::size_t r, std::uint64_t rows) const {
+    if (!o_.budget_bytes || footprint(rows) <= o_.budget_bytes) return true;
+    if (o_.when_over == over_budget::stream) return false;
+    throw config_error("cache_on_device: replica " + std::to_string(r) + " needs more than its budget of " +
+                       std::to_string(o_.budget_bytes) + " bytes: at step " + std::to_string(steps_) +
+                       " its cache reaches " + std::to_string(footprint(rows)) + " bytes (" + std::to_string(rows) +
+                       " rows of " + std::to_string(row_bytes_) + " bytes" +
+                       (o_.shuffle ? ", twice: the cache and the epoch's shuffled copy" : "") +
+                       "); raise budget_bytes, or choose over_budget::stream");
   }
 
   static std::size_t elem_bytes(const V& st, std::size_t f) {
@@ -280,38 +289,78 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     return rb.size() ? rb.field_bytes(f).size() / rb.size() : st.host_batch().element_bytes(f);
   }
 
+  // A block of `bytes` in the replica's memory (host blocks zeroed; device ones zeroed on
+  // the stream when asked).
+  std::byte* alloc(replica_arena& a, std::vector<std::byte>& host, std::size_t bytes, bool zero) {
+    if (a.device < 0) {
+      std::vector<std::byte> v(bytes);  // exactly: never more than asked
+      host.swap(v);
+      a.bytes += bytes;
+      return host.data();
+    }
+#if defined(FERRY_WITH_CUDART)
+    const cuda::device_guard g(a.device);
+    void* p = nullptr;
+    FERRY_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
+    a.bytes += bytes;
+    if (zero) {
+      const cudaError_t z = cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(a.stream));
+      if (z != cudaSuccess) {
+        release(a, static_cast<std::byte*>(p), bytes);
+        FERRY_CUDA_TRY(z);
+      }
+    }
+    return static_cast<std::byte*>(p);
+#else
+    (void)zero;
+    throw config_error("cache_on_device: a device replica in a build without the CUDA runtime (FERRY_WITH_CUDART)");
+#endif
+  }
+  // Gives a block back (device: after the work enqueued on the replica's stream).
+  void release(replica_arena& a, std::byte* p, std::size_t bytes) noexcept {
+    a.bytes -= std::min(a.bytes, bytes);
+    if (a.device < 0 || !p) return;
+#if defined(FERRY_WITH_CUDART)
+    int prev = -1;
+    if (cudaGetDevice(&prev) == cudaSuccess && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(a.device));
+    FERRY_CUDA_LOG(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
+    FERRY_CUDA_LOG(cudaFree(p));
+    if (prev >= 0 && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(prev));
+#endif
+  }
+  // Field f's cache block resized to exactly `cap` rows, its first `keep` rows copied,
+  // the rest zero.
+  void resize_cache(replica_arena& a, std::size_t f, std::uint64_t cap, std::uint64_t keep) {
+    const std::size_t eb = field_bytes_[f];
+    std::vector<std::byte> host;
+    std::byte* p = alloc(a, host, std::size_t(cap) * eb, cap > keep);
+    if (a.cache[f] && keep) {
+      if (a.device < 0) {
+        std::memcpy(p, a.cache[f], std::size_t(keep) * eb);
+      } else {
+#if defined(FERRY_WITH_CUDART)
+        const cuda::device_guard g(a.device);
+        const cudaError_t c = cudaMemcpyAsync(p, a.cache[f], std::size_t(keep) * eb, cudaMemcpyDeviceToDevice,
+                                              static_cast<cudaStream_t>(a.stream));
+        if (c != cudaSuccess) {
+          release(a, p, std::size_t(cap) * eb);
+          FERRY_CUDA_TRY(c);
+        }
+#endif
+      }
+    }
+    release(a, a.device < 0 ? nullptr : a.cache[f], std::size_t(a.capacity[f]) * eb);
+    if (a.device < 0) a.host_cache[f].swap(host);
+    a.cache[f] = p;
+    a.capacity[f] = cap;
+  }
+
   // Room for `rows` rows of field f: doubling, capped by the budget.
-  void grow(replica_arena& a, std::size_t f, std::uint64_t rows, std::size_t eb) {
+  void grow(replica_arena& a, std::size_t f, std::uint64_t rows) {
     if (rows <= a.capacity[f]) return;
     std::uint64_t cap = std::max<std::uint64_t>(rows, a.capacity[f] * 2);
-    if (o_.budget_bytes) {
-      const std::uint64_t limit = o_.budget_bytes / (row_bytes_ * (o_.shuffle ? 2 : 1));
-      cap = std::max(rows, std::min(cap, limit));
-    }
-    if (a.device < 0) {
-      a.host_cache[f].resize(std::size_t(cap) * eb);
-      a.cache[f] = a.host_cache[f].data();
-    } else {
-#if defined(FERRY_WITH_CUDART)
-      const cuda::device_guard g(a.device);
-      void* p = nullptr;
-      FERRY_CUDA_TRY(cudaMalloc(&p, std::size_t(cap) * eb));
-      if (a.cache[f]) {
-        const cudaError_t c = cudaMemcpyAsync(p, a.cache[f], std::size_t(a.rows) * eb, cudaMemcpyDeviceToDevice,
-                                              static_cast<cudaStream_t>(a.stream));
-        const cudaError_t s = c == cudaSuccess ? cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)) : c;
-        if (s != cudaSuccess) {
-          FERRY_CUDA_LOG(cudaFree(p));
-          FERRY_CUDA_TRY(s);
-        }
-        FERRY_CUDA_LOG(cudaFree(a.cache[f]));
-      }
-      a.cache[f] = static_cast<std::byte*>(p);
-#else
-      throw config_error("cache_on_device: a device replica in a build without the CUDA runtime (FERRY_WITH_CUDART)");
-#endif
-    }
-    a.capacity[f] = std::size_t(cap);
+    if (o_.budget_bytes) cap = std::max(rows, std::min<std::uint64_t>(cap, o_.budget_bytes / (row_bytes_ * (o_.shuffle ? 2 : 1))));
+    resize_cache(a, f, cap, a.rows);
   }
 
   void copy_in(replica_arena& a, std::size_t f, std::size_t at, const std::byte* src, std::size_t n) {
@@ -327,17 +376,36 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 #endif
   }
 
-  // A new epoch's order: each field's rows gathered into the epoch buffer (or, without
-  // shuffle, the cache itself serves).
-  void reorder() {
+  // The end of epoch 0: each replica's serving buffer holds steps x rows-a-step rows (the
+  // cached ones, then zero rows for padding): the cache itself without shuffle, trimmed to
+  // that; with shuffle the cache is trimmed to its rows and the epoch buffer made.
+  void finish_fill() {
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       auto& a = arenas_[r];
-      if (!o_.shuffle || a.rows == 0) continue;
+      a.served = std::max<std::uint64_t>(a.rows, std::uint64_t(steps_) * rows_per_step_[r]);
+      const std::uint64_t serve_rows = padded_ ? a.served : a.rows;
+      a.served = serve_rows;
+      for (std::size_t f = 0; f < nf; ++f) {
+        if (!o_.shuffle) {
+          if (a.capacity[f] != serve_rows) resize_cache(a, f, serve_rows, a.rows);
+          continue;
+        }
+        if (a.capacity[f] != a.rows) resize_cache(a, f, a.rows, a.rows);
+        a.epoch[f] = alloc(a, a.host_epoch[f], std::size_t(serve_rows) * field_bytes_[f], serve_rows > a.rows);
+      }
+    }
+  }
+
+  // A new epoch's order: each field's rows gathered into the epoch buffer with one key per
+  // replica (its fields stay together); without shuffle the cache serves as it is.
+  void reorder() {
+    if (!o_.shuffle) return;
+    for (std::size_t r = 0; r < arenas_.size(); ++r) {
+      auto& a = arenas_[r];
+      if (a.rows == 0) continue;
       const std::uint64_t key = mix_seed({0x646576636163ull /* "devcac" */, o_.seed, epoch_, r});
       for (std::size_t f = 0; f < nf; ++f) {
-        const std::size_t eb = field_bytes_[f];
-        if (!a.epoch[f]) alloc_epoch(a, f, eb);
-        const gather_args g{a.cache[f], a.epoch[f], a.rows, eb, key, true};
+        const gather_args g{a.cache[f], a.epoch[f], a.rows, field_bytes_[f], key, true};
         if (a.device < 0) {
           gather_rows_host(g);
         } else {
@@ -349,34 +417,23 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       }
     }
   }
-  void alloc_epoch(replica_arena& a, std::size_t f, std::size_t eb) {
-    const std::size_t bytes = std::size_t(a.rows) * eb;
-    if (a.device < 0) {
-      a.host_epoch[f].resize(bytes);
-      a.epoch[f] = a.host_epoch[f].data();
-      return;
-    }
-#if defined(FERRY_WITH_CUDART)
-    const cuda::device_guard g(a.device);
-    void* p = nullptr;
-    FERRY_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
-    a.epoch[f] = static_cast<std::byte*>(p);
-#endif
-  }
 
-  // A later epoch's step: each replica's next rows of its epoch buffer, as views.
+  // A later epoch's step: each replica's next rows of its serving buffer, as views (valid
+  // until the next rewind()). Under pad, every replica's slice has epoch 0's size, the
+  // padding rows zero; otherwise the real rows only.
   std::optional<V> serve() {
     if (step_ >= steps_) return std::nullopt;
     if (!empty_) empty_ = std::make_shared<const batch_of<T>>();
     V s = step_access::make<T>(empty_, arenas_.size(), step_);
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       const auto& a = arenas_[r];
-      const std::uint64_t b = rows_per_step_[r], first = std::min<std::uint64_t>(step_ * b, a.rows);
-      const std::uint64_t n = std::min<std::uint64_t>(b, a.rows - first);
+      const std::uint64_t b = rows_per_step_[r], first = std::min<std::uint64_t>(step_ * b, a.served);
+      const std::uint64_t real = first < a.rows ? std::min<std::uint64_t>(b, a.rows - first) : 0;
+      const std::uint64_t size = padded_ ? std::min<std::uint64_t>(b, a.served - first) : real;
       std::array<const std::byte*, nf> data{};
       for (std::size_t f = 0; f < nf; ++f)
-        data[f] = (o_.shuffle ? a.epoch[f] : a.cache[f]) + first * field_bytes_[f];
-      const replica_slice sl{std::size_t(first), std::size_t(n), std::size_t(n)};
+        data[f] = (o_.shuffle ? a.epoch[f] : a.cache[f]) + std::size_t(first) * field_bytes_[f];
+      const replica_slice sl{std::size_t(first), std::size_t(size), std::size_t(real)};
       set_fixed_replica(s[r], data.data(), field_bytes_.data(), sl, a.device, a.stream);
     }
     ++step_;
@@ -385,27 +442,22 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 
   void free_all() noexcept {
     for (auto& a : arenas_) {
-      if (a.device >= 0) {
-#if defined(FERRY_WITH_CUDART)
-        int prev = -1;
-        if (cudaGetDevice(&prev) == cudaSuccess && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(a.device));
-        if (a.stream) FERRY_CUDA_LOG(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
-        for (std::byte* p : a.cache)
-          if (p) FERRY_CUDA_LOG(cudaFree(p));
-        for (std::byte* p : a.epoch)
-          if (p) FERRY_CUDA_LOG(cudaFree(p));
-        if (prev >= 0 && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(prev));
-#endif
+      for (std::size_t f = 0; f < a.cache.size(); ++f) {
+        if (a.device < 0) break;
+        release(a, a.cache[f], 0);
+        release(a, a.epoch[f], 0);
       }
     }
     arenas_.clear();
     filled_ = false;
+    padded_ = false;
   }
 
   cache_on_device_options o_;
   std::vector<replica_arena> arenas_;
   mode state_ = mode::filling;
   bool filled_ = false;  // epoch 0 read to its end with every step cached
+  bool padded_ = false;  // epoch 0 had padding rows (remainder_policy::pad): later epochs pad alike
   std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0;  // steps: epoch 0's count
   std::vector<std::size_t> rows_per_step_;
   std::size_t row_bytes_ = 0;
