@@ -75,6 +75,7 @@
 #include "ferry/error.hpp"
 #include "ferry/source.hpp"
 #include "ferry/stage.hpp"
+#include "ferry/stages/detail/cache_arena.hpp"
 #include "ferry/step.hpp"
 
 #if defined(FERRY_WITH_CUDART)
@@ -101,45 +102,6 @@ struct cache_on_device_options {
 };
 
 namespace detail {
-
-// A gather: dst row p = src row perm(p) (perm: feistel_permutation(rows, key), or the
-// identity without shuffle), row_bytes each, on `stream` (device memory) or now (host).
-struct gather_args {
-  const std::byte* src = nullptr;
-  std::byte* dst = nullptr;
-  std::uint64_t rows = 0;
-  std::size_t row_bytes = 0;
-  std::uint64_t key = 0;
-  bool shuffle = true;
-};
-
-// The host gather (host replicas; the oracle of the device one).
-inline void gather_rows_host(const gather_args& a) {
-  const feistel_permutation perm(a.rows, a.key);
-  for (std::uint64_t p = 0; p < a.rows; ++p)
-    std::memcpy(a.dst + p * a.row_bytes, a.src + (a.shuffle ? perm(p) : p) * a.row_bytes, a.row_bytes);
-}
-
-// The launcher of the host-only stage: a device replica is a config_error.
-struct no_gather_kernel {
-  [[noreturn]] static void launch(const gather_args&, cuda_stream) {
-    throw config_error("cache_on_device: a device replica needs the gather kernel: include "
-                       "ferry/stages/cache_on_device.cuh (nvcc) and use ferry::cuda::cache_on_device");
-  }
-};
-
-// One replica's memory: per field, the cache (rows as cached) and this epoch's copy, each
-// one block (device memory, or a host vector).
-struct replica_arena {
-  int device = -1;  // -1: host memory
-  cuda_stream stream = nullptr;
-  std::vector<std::byte*> cache, epoch;  // per field
-  std::vector<std::uint64_t> capacity;   // rows each field's cache block holds
-  std::vector<std::vector<std::byte>> host_cache, host_epoch;
-  std::uint64_t rows = 0;   // rows cached
-  std::uint64_t served = 0;  // rows the serving buffer holds: steps x rows a step (pad rows zero)
-  std::size_t bytes = 0;    // memory held
-};
 
 template <source Up, class Launch>
 class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, Up> {
@@ -265,7 +227,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       if (!within_budget(r, want)) return false;
       for (std::size_t f = 0; f < nf; ++f) {
         grow(a, f, want);
-        copy_in(a, f, std::size_t(a.rows) * field_bytes_[f], rb.field_bytes(f).data(), std::size_t(add) * field_bytes_[f]);
+        arena_copy_in(a, f, std::size_t(a.rows) * field_bytes_[f], rb.field_bytes(f).data(), std::size_t(add) * field_bytes_[f]);
       }
       a.rows = want;
     }
@@ -289,91 +251,12 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     return rb.size() ? rb.field_bytes(f).size() / rb.size() : st.host_batch().element_bytes(f);
   }
 
-  // A block of `bytes` in the replica's memory (host blocks zeroed; device ones zeroed on
-  // the stream when asked).
-  std::byte* alloc(replica_arena& a, std::vector<std::byte>& host, std::size_t bytes, bool zero) {
-    if (a.device < 0) {
-      std::vector<std::byte> v(bytes);  // exactly: never more than asked
-      host.swap(v);
-      a.bytes += bytes;
-      return host.data();
-    }
-#if defined(FERRY_WITH_CUDART)
-    const cuda::device_guard g(a.device);
-    void* p = nullptr;
-    FERRY_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
-    a.bytes += bytes;
-    if (zero) {
-      const cudaError_t z = cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(a.stream));
-      if (z != cudaSuccess) {
-        release(a, static_cast<std::byte*>(p), bytes);
-        FERRY_CUDA_TRY(z);
-      }
-    }
-    return static_cast<std::byte*>(p);
-#else
-    (void)zero;
-    throw config_error("cache_on_device: a device replica in a build without the CUDA runtime (FERRY_WITH_CUDART)");
-#endif
-  }
-  // Gives a block back (device: after the work enqueued on the replica's stream).
-  void release(replica_arena& a, std::byte* p, std::size_t bytes) noexcept {
-    a.bytes -= std::min(a.bytes, bytes);
-    if (a.device < 0 || !p) return;
-#if defined(FERRY_WITH_CUDART)
-    int prev = -1;
-    if (cudaGetDevice(&prev) == cudaSuccess && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(a.device));
-    FERRY_CUDA_LOG(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
-    FERRY_CUDA_LOG(cudaFree(p));
-    if (prev >= 0 && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(prev));
-#endif
-  }
-  // Field f's cache block resized to exactly `cap` rows, its first `keep` rows copied,
-  // the rest zero.
-  void resize_cache(replica_arena& a, std::size_t f, std::uint64_t cap, std::uint64_t keep) {
-    const std::size_t eb = field_bytes_[f];
-    std::vector<std::byte> host;
-    std::byte* p = alloc(a, host, std::size_t(cap) * eb, cap > keep);
-    if (a.cache[f] && keep) {
-      if (a.device < 0) {
-        std::memcpy(p, a.cache[f], std::size_t(keep) * eb);
-      } else {
-#if defined(FERRY_WITH_CUDART)
-        const cuda::device_guard g(a.device);
-        const cudaError_t c = cudaMemcpyAsync(p, a.cache[f], std::size_t(keep) * eb, cudaMemcpyDeviceToDevice,
-                                              static_cast<cudaStream_t>(a.stream));
-        if (c != cudaSuccess) {
-          release(a, p, std::size_t(cap) * eb);
-          FERRY_CUDA_TRY(c);
-        }
-#endif
-      }
-    }
-    release(a, a.device < 0 ? nullptr : a.cache[f], std::size_t(a.capacity[f]) * eb);
-    if (a.device < 0) a.host_cache[f].swap(host);
-    a.cache[f] = p;
-    a.capacity[f] = cap;
-  }
-
   // Room for `rows` rows of field f: doubling, capped by the budget.
   void grow(replica_arena& a, std::size_t f, std::uint64_t rows) {
     if (rows <= a.capacity[f]) return;
     std::uint64_t cap = std::max<std::uint64_t>(rows, a.capacity[f] * 2);
     if (o_.budget_bytes) cap = std::max(rows, std::min<std::uint64_t>(cap, o_.budget_bytes / (row_bytes_ * (o_.shuffle ? 2 : 1))));
-    resize_cache(a, f, cap, a.rows);
-  }
-
-  void copy_in(replica_arena& a, std::size_t f, std::size_t at, const std::byte* src, std::size_t n) {
-    if (a.device < 0) {
-      std::memcpy(a.cache[f] + at, src, n);
-      return;
-    }
-#if defined(FERRY_WITH_CUDART)
-    const cuda::device_guard g(a.device);
-    // On the replica's stream: after the step's own copy, before the consumer's work and
-    // the release of the step's buffers.
-    FERRY_CUDA_TRY(cudaMemcpyAsync(a.cache[f] + at, src, n, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(a.stream)));
-#endif
+    arena_resize(a, f, field_bytes_[f], cap, a.rows);
   }
 
   // The end of epoch 0: each replica's serving buffer holds steps x rows-a-step rows (the
@@ -387,11 +270,11 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       a.served = serve_rows;
       for (std::size_t f = 0; f < nf; ++f) {
         if (!o_.shuffle) {
-          if (a.capacity[f] != serve_rows) resize_cache(a, f, serve_rows, a.rows);
+          if (a.capacity[f] != serve_rows) arena_resize(a, f, field_bytes_[f], serve_rows, a.rows);
           continue;
         }
-        if (a.capacity[f] != a.rows) resize_cache(a, f, a.rows, a.rows);
-        a.epoch[f] = alloc(a, a.host_epoch[f], std::size_t(serve_rows) * field_bytes_[f], serve_rows > a.rows);
+        if (a.capacity[f] != a.rows) arena_resize(a, f, field_bytes_[f], a.rows, a.rows);
+        a.epoch[f] = arena_alloc(a, a.host_epoch[f], std::size_t(serve_rows) * field_bytes_[f], serve_rows > a.rows);
       }
     }
   }
@@ -444,8 +327,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     for (auto& a : arenas_) {
       for (std::size_t f = 0; f < a.cache.size(); ++f) {
         if (a.device < 0) break;
-        release(a, a.cache[f], 0);
-        release(a, a.epoch[f], 0);
+        arena_release(a, a.cache[f], 0);
+        arena_release(a, a.epoch[f], 0);
       }
     }
     arenas_.clear();

@@ -1,0 +1,146 @@
+// ferry/stages/detail/cache_arena.hpp: cache_on_device's memory: one replica's blocks
+// (host vectors, or device memory on the replica's stream), and the gather's host path.
+// Throws cuda_error (device), std::bad_alloc (host), config_error (a device replica in a
+// build without the CUDA runtime); runs on the stage's caller's thread.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "ferry/config.hpp"
+#include "ferry/cuda/stream_handle.hpp"
+#include "ferry/detail/permutation.hpp"
+#include "ferry/error.hpp"
+
+#if defined(FERRY_WITH_CUDART)
+#include <cuda_runtime_api.h>
+
+#include "ferry/cuda/error.hpp"
+#include "ferry/cuda/stream.hpp"
+#endif
+
+namespace ferry::detail {
+
+// A gather: dst row p = src row perm(p) (perm: feistel_permutation(rows, key), or the
+// identity without shuffle), row_bytes each, on `stream` (device memory) or now (host).
+struct gather_args {
+  const std::byte* src = nullptr;
+  std::byte* dst = nullptr;
+  std::uint64_t rows = 0;
+  std::size_t row_bytes = 0;
+  std::uint64_t key = 0;
+  bool shuffle = true;
+};
+
+// The host gather (host replicas; the oracle of the device one).
+inline void gather_rows_host(const gather_args& a) {
+  const feistel_permutation perm(a.rows, a.key);
+  for (std::uint64_t p = 0; p < a.rows; ++p)
+    std::memcpy(a.dst + p * a.row_bytes, a.src + (a.shuffle ? perm(p) : p) * a.row_bytes, a.row_bytes);
+}
+
+// The launcher of the host-only stage: a device replica is a config_error.
+struct no_gather_kernel {
+  [[noreturn]] static void launch(const gather_args&, cuda_stream) {
+    throw config_error("cache_on_device: a device replica needs the gather kernel: include "
+                       "ferry/stages/cache_on_device.cuh (nvcc) and use ferry::cuda::cache_on_device");
+  }
+};
+
+// One replica's memory: per field, the cache (rows as cached) and this epoch's copy, each
+// one block (device memory, or a host vector).
+struct replica_arena {
+  int device = -1;  // -1: host memory
+  cuda_stream stream = nullptr;
+  std::vector<std::byte*> cache, epoch;  // per field
+  std::vector<std::uint64_t> capacity;   // rows each field's cache block holds
+  std::vector<std::vector<std::byte>> host_cache, host_epoch;
+  std::uint64_t rows = 0;   // rows cached
+  std::uint64_t served = 0;  // rows the serving buffer holds: steps x rows a step (pad rows zero)
+  std::size_t bytes = 0;    // memory held
+};
+
+// Gives a block back (device: after the work enqueued on the replica's stream).
+inline void arena_release(replica_arena& a, std::byte* p, std::size_t bytes) noexcept {
+  a.bytes -= std::min(a.bytes, bytes);
+  if (a.device < 0 || !p) return;
+#if defined(FERRY_WITH_CUDART)
+  int prev = -1;
+  if (cudaGetDevice(&prev) == cudaSuccess && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(a.device));
+  FERRY_CUDA_LOG(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
+  FERRY_CUDA_LOG(cudaFree(p));
+  if (prev >= 0 && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(prev));
+#endif
+}
+// A block of `bytes` in the replica's memory (host blocks zeroed; device ones zeroed on
+// the stream when asked).
+inline std::byte* arena_alloc(replica_arena& a, std::vector<std::byte>& host, std::size_t bytes, bool zero) {
+  if (a.device < 0) {
+    std::vector<std::byte> v(bytes);  // exactly: never more than asked
+    host.swap(v);
+    a.bytes += bytes;
+    return host.data();
+  }
+#if defined(FERRY_WITH_CUDART)
+  const cuda::device_guard g(a.device);
+  void* p = nullptr;
+  FERRY_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
+  a.bytes += bytes;
+  if (zero) {
+    const cudaError_t z = cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(a.stream));
+    if (z != cudaSuccess) {
+      arena_release(a, static_cast<std::byte*>(p), bytes);
+      FERRY_CUDA_TRY(z);
+    }
+  }
+  return static_cast<std::byte*>(p);
+#else
+  (void)zero;
+  throw config_error("cache_on_device: a device replica in a build without the CUDA runtime (FERRY_WITH_CUDART)");
+#endif
+}
+// Field f's cache block (rows of eb bytes) resized to exactly `cap` rows, its first `keep`
+// rows copied, the rest zero.
+inline void arena_resize(replica_arena& a, std::size_t f, std::size_t eb, std::uint64_t cap, std::uint64_t keep) {
+  std::vector<std::byte> host;
+  std::byte* p = arena_alloc(a, host, std::size_t(cap) * eb, cap > keep);
+  if (a.cache[f] && keep) {
+    if (a.device < 0) {
+      std::memcpy(p, a.cache[f], std::size_t(keep) * eb);
+    } else {
+#if defined(FERRY_WITH_CUDART)
+      const cuda::device_guard g(a.device);
+      const cudaError_t c = cudaMemcpyAsync(p, a.cache[f], std::size_t(keep) * eb, cudaMemcpyDeviceToDevice,
+                                            static_cast<cudaStream_t>(a.stream));
+      if (c != cudaSuccess) {
+        arena_release(a, p, std::size_t(cap) * eb);
+        FERRY_CUDA_TRY(c);
+      }
+#endif
+    }
+  }
+  arena_release(a, a.device < 0 ? nullptr : a.cache[f], std::size_t(a.capacity[f]) * eb);
+  if (a.device < 0) a.host_cache[f].swap(host);
+  a.cache[f] = p;
+  a.capacity[f] = cap;
+}
+
+// n bytes from src (the replica's memory) to byte `at` of field f's cache, on the
+// replica's stream.
+inline void arena_copy_in(replica_arena& a, std::size_t f, std::size_t at, const std::byte* src, std::size_t n) {
+  if (a.device < 0) {
+    std::memcpy(a.cache[f] + at, src, n);
+    return;
+  }
+#if defined(FERRY_WITH_CUDART)
+  const cuda::device_guard g(a.device);
+  // On the replica's stream: after the step's own copy, before the consumer's work and
+  // the release of the step's buffers.
+  FERRY_CUDA_TRY(cudaMemcpyAsync(a.cache[f] + at, src, n, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(a.stream)));
+#endif
+}
+
+}  // namespace ferry::detail
