@@ -114,12 +114,14 @@ inline constexpr std::size_t tar_block = 512;
 // there are (fewer only at the end); returns {data, available}. A byte_stream's ensure,
 // or a record's whole bytes.
 struct tar_reader {
-  const std::string& path;
+  std::string_view path;   // made a string only for an error
   std::uint64_t base = 0;  // file offset of the buffer's first byte
   std::uint64_t max_span = UINT64_MAX;  // the most bytes from the buffer's start a header may reach
   static constexpr std::uint64_t max_prefix = 1 << 16;  // a long name or pax header
 
-  [[noreturn]] void fail(std::size_t at, const std::string& why) const { throw format_error(path, base + at, why); }
+  [[noreturn]] void fail(std::size_t at, const std::string& why) const {
+    throw format_error(std::string(path), base + at, why);
+  }
 
   // A numeric field: octal digits between optional spaces and a NUL/space, or GNU's
   // base-256 (high bit of the first byte set), for sizes of 8 GiB and more.
@@ -394,8 +396,7 @@ inline void parse_webdataset(const record& r, webdataset_sample& out) {
   out.key.clear();
   out.members.clear();
   const record_origin o = r.origin();
-  const std::string file(o.file.empty() ? std::string_view("webdataset sample") : o.file);
-  const detail::tar_reader rd{file, o.data_offset};
+  const detail::tar_reader rd{o.file.empty() ? std::string_view("webdataset sample") : o.file, o.data_offset};
   const auto view = [&r](std::size_t) { return std::pair<const std::byte*, std::size_t>(r.data(), r.size()); };
   std::size_t pos = 0;
   while (pos < r.size()) {
