@@ -55,19 +55,10 @@ int main(int argc, char** argv) try {
   const unsigned hc = std::max(1u, std::thread::hardware_concurrency());
 
   // Which backend: every local GPU when there is one (and this build has the GPU path).
-  const fmnist::backend_choice be = fmnist::choose_backend(o.device, o.gpus);
+  const fmnist::backend_choice be = fmnist::choose_backend(o.device, o.gpus, o.batch, o.replicas, hc);
   const bool use_gpu = be.gpu;
-  const std::string& why = be.why;
   const std::vector<int>& devs = be.devices;
-  if (use_gpu) o.replicas = devs.size();
-  // One replica per core while each keeps at least 64 rows (thinner slices waste their
-  // GEMMs and the all-reduce grows), and a count that divides the batch. On the 2-core
-  // development machine, batch 128: 1 replica ran an epoch in 0.95 s, 2 in 0.76 s (the
-  // pipeline's threads fit beside them since the step's elementwise work vectorizes).
-  if (!use_gpu && o.replicas == 0) {
-    o.replicas = std::max<std::size_t>(1, std::min<std::size_t>(hc, o.batch / 64));
-    while (o.batch % o.replicas != 0) --o.replicas;
-  }
+  o.replicas = be.replicas;
   if (o.workers == 0) o.workers = use_gpu ? std::clamp<std::size_t>(hc / 2, 1, 8) : 1;
   if (o.batch % o.replicas != 0)
     throw ferry::config_error("--batch " + std::to_string(o.batch) + " is not divisible by the " +
@@ -102,7 +93,7 @@ int main(int argc, char** argv) try {
 #endif
 #if defined(FERRY_EXAMPLE_HOST)
   std::fprintf(stderr, "train_fashion_mnist: %zu host replica(s) (OpenBLAS, in-process all-reduce)%s\n",
-               o.replicas, why.c_str());
+               o.replicas, be.why.c_str());
   fmnist::trainer_model<tr::host_trainer> m(cfg, topts, int(o.replicas));
   fmnist::run(m, ferry::host_replicas{o.replicas}, ro);
 #endif

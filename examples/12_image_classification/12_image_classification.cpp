@@ -254,16 +254,10 @@ int main(int argc, char** argv) try {
   const unsigned hc = std::max(1u, std::thread::hardware_concurrency());
 
   // The backend, as example 04 picks it: every local GPU when there is one.
-  const fmnist::backend_choice be = fmnist::choose_backend(o.device);
+  const fmnist::backend_choice be = fmnist::choose_backend(o.device, 0, o.batch, o.replicas, hc);
   const bool use_gpu = be.gpu;
-  const std::string& why = be.why;
   const std::vector<int>& devs = be.devices;
-  if (use_gpu) o.replicas = devs.size();
-  // Host replicas as example 04 chooses them: one a core while each keeps 64 rows.
-  if (!use_gpu && o.replicas == 0) {
-    o.replicas = std::max<std::size_t>(1, std::min<std::size_t>(hc, o.batch / 64));
-    while (o.batch % o.replicas != 0) --o.replicas;
-  }
+  o.replicas = be.replicas;
   // Decoding is the pipeline's work: on a GPU machine the cores are free for it; on host
   // replicas they share the cores with the trainer's replicas.
   if (o.workers == 0) o.workers = use_gpu ? std::clamp<std::size_t>(hc - 1, 1, 16) : std::max(1u, hc);
@@ -291,7 +285,7 @@ int main(int argc, char** argv) try {
 #endif
 #if defined(FERRY_EXAMPLE_HOST)
   std::fprintf(stderr, "12_image_classification: %zu host replica(s) (OpenBLAS), %zu decode workers%s\n",
-               o.replicas, o.workers, why.c_str());
+               o.replicas, o.workers, be.why.c_str());
   fmnist::trainer_model<tr::host_trainer> m(cfg, topts, int(o.replicas));
   auto aug = std::make_shared<ferry::image::host_augmenter>(shape, aopts);
   run(m, ferry::host_replicas{o.replicas},
