@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/plus_one.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/stats.hpp"
 #include "ferry/trace.hpp"
@@ -32,11 +33,7 @@ namespace {
 
 using clk = std::chrono::steady_clock;
 
-inline std::uint64_t consume(const std::uint32_t* p, std::size_t n) {
-  std::uint64_t s = 0;
-  for (std::size_t i = 0; i < n; ++i) s += p[i];
-  return s;
-}
+using bench::consume;
 volatile std::uint64_t sink;
 
 // The best of the repetitions: on a shared machine the minimum is the figure least
@@ -64,16 +61,7 @@ int main(int argc, char** argv) {
       (std::filesystem::temp_directory_path() / ("bench_observe_" + std::to_string(::getpid()) + ".json")).string();
 
   std::uint64_t ref = 0;
-  auto loop = [&] {
-    std::vector<std::uint32_t> buf(bs);
-    std::uint64_t s = 0;
-    for (std::size_t i = 0; i < n; i += bs) {
-      const std::size_t m = std::min(bs, n - i);
-      for (std::size_t j = 0; j < m; ++j) buf[j] = data[i + j] + 1;
-      s += consume(buf.data(), m);
-    }
-    ref = s;
-  };
+  auto loop = [&] { ref = bench::plus_one_loop(data, bs); };
   auto bulk = [&] {
     auto p = ferry::from_range(std::span<const std::uint32_t>(data)) |
              ferry::map([](std::uint32_t x) { return x + 1; }) | ferry::batch(bs);

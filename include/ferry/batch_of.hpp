@@ -385,6 +385,15 @@ struct batch_collator {
     }(std::make_index_sequence<nf>{});
     return b;
   }
+  // Whether b's buffers are what start(res, capacity) would allocate (the same resource
+  // and row count), so that a new batch can be collated into them in place.
+  bool fits(const B& b, const std::shared_ptr<std::pmr::memory_resource>& res, std::size_t capacity) const {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return ((b.data_[I].data() && b.data_[I].resource() == res &&
+               b.data_[I].size() == capacity * sizeof(typename B::template field_t<I>)) &&
+              ...);
+    }(std::make_index_sequence<nf>{});
+  }
   // Sets b's element count to n, after its rows were written in place (whole()).
   void set_size(B& b, std::size_t n) const { b.n_ = n; }
   // Rows the batch's buffers hold (fixed-only types).

@@ -119,9 +119,13 @@ class source_iterator {
   value_type& operator*() const { return *cur_; }
   // The current element's address.
   value_type* operator->() const { return &*cur_; }
-  // Pulls the next element (s.next(), on this thread; its exceptions propagate).
+  // Pulls the next element (s.next(), on this thread; its exceptions propagate). A source
+  // with refill(slot) (batch) collates the next batch into the finished one's buffers.
   source_iterator& operator++() {
-    cur_ = s_->next();
+    if constexpr (requires { s_->refill(cur_); })
+      s_->refill(cur_);
+    else
+      cur_ = s_->next();
     return *this;
   }
   // As ++it; returns nothing, as an input iterator may.

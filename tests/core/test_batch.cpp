@@ -18,6 +18,15 @@
 using ferry_test::drain;
 
 namespace {
+// Elements 0..99 mapped in runs (the bulk path), the map throwing at 42, in batches of 10.
+auto throws_at_42() {
+  return ferry::from_generator(100, [](std::uint64_t i) { return int(i); }) | ferry::map([](int x) {
+           if (x == 42) throw std::runtime_error("bad 42");
+           return x;
+         }) |
+         ferry::batch(10);
+}
+
 struct pixel {
   float r, g, b;
   int label;
@@ -94,8 +103,8 @@ TEST_CASE("batch buffers are recycled: the pool stops allocating after warm-up")
            ferry::batch(100, {.resource = pool});
   std::uint64_t after_warmup = 0;
   int k = 0;
-  for (auto& b : p) {
-    CHECK(b.field()[0][0] == float(k * 100));
+  while (auto b = p.next()) {  // each batch dropped before the next: through the pool
+    CHECK(b->field()[0][0] == float(k * 100));
     if (++k == 3) after_warmup = pool->statistics().upstream_allocations;
   }
   CHECK(k == 100);
@@ -103,6 +112,76 @@ TEST_CASE("batch buffers are recycled: the pool stops allocating after warm-up")
   CHECK(pool->statistics().upstream_allocations == after_warmup);
   CHECK(pool->statistics().reuses >= 95);
   CHECK(pool->statistics().outstanding_bytes == 0);
+}
+
+TEST_CASE("range-for collates each batch into the last one's buffers, with the rows next() gives") {
+  // refill(): the iterator's batch is reused in place (no pool round trip); a batch moved
+  // out of the loop, a short last batch and an error mid-batch all behave as with next().
+  for (std::uint64_t seed = 1; seed <= 30; ++seed) {
+    CAPTURE(seed);
+    ferry::detail::splitmix64 g(seed);
+    std::vector<std::uint32_t> v(g.below(2000));
+    for (auto& x : v) x = static_cast<std::uint32_t>(g());
+    const std::size_t n = 1 + g.below(200);
+    const bool drop = g.below(2) == 1;
+    const std::uint64_t take_out = g.below(12);  // this batch is moved out of the loop
+    auto run = [&](auto make) {
+      auto expect = make() | ferry::batch(n, {.drop_remainder = drop});
+      std::vector<std::vector<std::uint32_t>> want;
+      while (auto b = expect.next()) want.emplace_back(b->field().begin(), b->field().end());
+      auto pool = std::make_shared<ferry::buffer_pool>();
+      auto p = make() | ferry::batch(n, {.drop_remainder = drop, .resource = pool});
+      std::vector<std::vector<std::uint32_t>> got;
+      std::vector<ferry::batch_of<std::uint32_t>> kept;
+      const void* first = nullptr;
+      std::size_t same_buffer = 0;
+      for (auto& b : p) {
+        if (got.empty()) first = b.field().data();
+        if (b.field().data() == first) ++same_buffer;
+        got.emplace_back(b.field().begin(), b.field().end());
+        if (got.size() == take_out + 1) kept.push_back(std::move(b));
+      }
+      CHECK(got == want);
+      if (!kept.empty())
+        CHECK(std::vector<std::uint32_t>(kept[0].field().begin(), kept[0].field().end()) == want[take_out]);
+      // Every batch up to the one moved out reused the first one's buffer; after it, a
+      // second buffer serves the rest (the pull that finds the end allocates it too).
+      CHECK(same_buffer == std::min<std::size_t>(got.size(), take_out + 1));
+      CHECK(pool->statistics().upstream_allocations == (kept.empty() ? 1 : 2));
+    };
+    const std::span<const std::uint32_t> data(v);
+    SUBCASE("bulk: from_range | map") {
+      run([&] { return ferry::from_range(data) | ferry::map([](std::uint32_t x) { return x ^ 5u; }); });
+    }
+    SUBCASE("element by element: from_range | filter") {
+      run([&] { return ferry::from_range(data) | ferry::filter([](std::uint32_t x) { return x % 3 != 0; }); });
+    }
+  }
+  // Tuples (one buffer per field): reused as a whole.
+  auto t = ferry::from_generator(1000, [](std::uint64_t i) { return std::tuple<int, double>(int(i), double(i) / 4); }) |
+           ferry::batch(64);
+  std::size_t rows = 0;
+  for (auto& b : t) {
+    for (std::size_t r = 0; r < b.size(); ++r) {
+      CHECK(b.field<0>()[r] == int(rows + r));
+      CHECK(b.field<1>()[r] == double(rows + r) / 4);
+    }
+    rows += b.size();
+  }
+  CHECK(rows == 1000);
+}
+
+TEST_CASE("range-for over batch: an error mid-batch ends the loop with nothing reused; the next loop goes on") {
+  auto p = throws_at_42();
+  std::vector<int> firsts;
+  CHECK_THROWS_WITH_AS(
+      [&] {
+        for (auto& b : p) firsts.push_back(b.field()[0]);
+      }(),
+      doctest::Contains("element 42"), ferry::element_error);
+  CHECK(firsts == std::vector<int>{0, 10, 20, 30});
+  for (auto& b : p) firsts.push_back(b.field()[0]);  // the batch holding 42 is dropped
+  CHECK(firsts == std::vector<int>{0, 10, 20, 30, 50, 60, 70, 80, 90});
 }
 
 TEST_CASE("batch(0) is a config error") {
@@ -135,13 +214,7 @@ TEST_CASE("from_range | map | batch (the zero-copy bulk path) equals the naive l
 }
 
 TEST_CASE("an error in a bulk-mapped batch names its element; the next batch follows it") {
-  std::vector<int> v(100);
-  for (int i = 0; i < 100; ++i) v[i] = i;
-  auto p = ferry::from_range(v) | ferry::map([](int x) {
-             if (x == 42) throw std::runtime_error("bad 42");
-             return x;
-           }) |
-           ferry::batch(10);
+  auto p = throws_at_42();
   for (int k = 0; k < 4; ++k) REQUIRE(p.next());
   CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("element 42"), ferry::element_error);
   auto b = p.next();  // the batch holding element 42 is not delivered; the next one is

@@ -157,6 +157,7 @@ class buffer_pool : public std::pmr::memory_resource {
     {
       std::lock_guard lk(m_);
       gone.swap(free_);
+      hot_ = free_.end();
       st_.cached_bytes = 0;
     }
     for (auto& [k, blocks] : gone)
@@ -177,25 +178,25 @@ class buffer_pool : public std::pmr::memory_resource {
   }
 
   void* do_allocate(std::size_t bytes, std::size_t align) override {
+    const std::size_t c = size_class(bytes);
     if (max_cached_ == auto_max_cached) {  // grow the bound first: this class then fits it
-      const std::size_t c = size_class(bytes);
       std::size_t seen = largest_.load(std::memory_order_relaxed);
       while (c > seen && !largest_.compare_exchange_weak(seen, c, std::memory_order_relaxed)) {
       }
     }
-    const std::size_t want = block_bytes(bytes);
-    if (want <= cap()) {
+    const std::size_t bound = cap();
+    const std::size_t want = c <= bound ? c : bytes;
+    if (want <= bound) {
       std::lock_guard lk(m_);
-      // The smallest cached class that fits, up to twice the request's own.
+      // The class freed last first (a steady pipeline's own: no search), then the smallest
+      // cached class that fits, up to twice the request's own.
+      if (hot_ != free_.end() && hot_->first.first == want && hot_->first.second == align &&
+          !hot_->second.empty()) [[likely]]
+        return take(hot_, bytes);
       for (auto it = free_.lower_bound({want, 0}); it != free_.end() && it->first.first / 2 <= want; ++it) {
         if (it->first.second != align || it->second.empty()) continue;
         if (it->first.first != want) oversized_.emplace(it->second.back().p, it->first.first);  // may throw: nothing taken yet
-        void* p = it->second.back().p;  // the most recently freed: likeliest warm in cache
-        st_.cached_bytes -= it->first.first;
-        it->second.pop_back();  // the class's entry stays, empty: no allocation per batch
-        st_.outstanding_bytes += bytes;
-        ++st_.reuses;
-        return p;
+        return take(it, bytes);
       }
     }
     void* p = upstream_->allocate(want, align);  // outside the lock: may be slow (pinning)
@@ -232,10 +233,22 @@ class buffer_pool : public std::pmr::memory_resource {
     upstream_->deallocate(p, have, align);
   }
 
+  using class_list = std::map<key, std::vector<cached>>;
+  // Hands out the most recently freed block of a class (likeliest warm in cache). Under m_.
+  void* take(class_list::iterator it, std::size_t bytes) noexcept {
+    void* p = it->second.back().p;
+    st_.cached_bytes -= it->first.first;
+    it->second.pop_back();  // the class's entry stays, empty: no allocation per batch
+    st_.outstanding_bytes += bytes;
+    ++st_.reuses;
+    return p;
+  }
+
   // Parks p; false when it cannot (out of memory for the bookkeeping). Under m_.
   bool cache(void* p, std::size_t have, std::size_t align) noexcept {
     try {
-      free_[{have, align}].push_back({p, ++clock_});
+      if (hot_ == free_.end() || hot_->first != key{have, align}) hot_ = free_.try_emplace({have, align}).first;
+      hot_->second.push_back({p, ++clock_});
     } catch (...) {
       return false;
     }
@@ -278,7 +291,8 @@ class buffer_pool : public std::pmr::memory_resource {
   mutable std::mutex m_;
   // Per class, oldest first. A class's entry and its vector's capacity stay when it
   // empties, so a steady pipeline's allocate/deallocate pair allocates no bookkeeping.
-  std::map<key, std::vector<cached>> free_;
+  class_list free_;
+  class_list::iterator hot_ = free_.end();  // the class cached last (entries are never erased)
   std::unordered_map<void*, std::size_t> oversized_;  // handed-out blocks of a larger class
   std::uint64_t clock_ = 0;
   stats st_;

@@ -27,10 +27,11 @@
 //
 // Memory: one batch being built. Buffers come from a std::pmr::memory_resource, by
 // default a buffer_pool private to the stage, so batches in steady state reuse the same
-// memory. The hook set_buffer_resource(r) (called by distribute() before the first
-// next()) makes batch collate into pinned memory instead, without the user changing the
-// pipeline. A batch's buffers start at n rows, or at 16 MiB of rows when that is less,
-// and grow as rows come. Ragged types hold the n elements of the batch being built before
+// memory. A range-for consumer's batches skip the pool: its ++ hands the finished batch
+// back (refill), and the next one is collated into the same buffers. The hook
+// set_buffer_resource(r) (called by distribute() before the first next()) makes batch
+// collate into pinned memory instead, without the user changing the pipeline. A batch's
+// buffers start at n rows, or at 16 MiB of rows when that is less, and grow as rows come. Ragged types hold the n elements of the batch being built before
 // collating them (that vector's capacity is reused batch to batch).
 //
 // Checkpoints: a batch is built whole inside one next(), so between calls batch holds no
@@ -94,6 +95,27 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
                                         std::max<std::size_t>(1, (std::size_t(16) << 20) / std::max<std::size_t>(row, 1)));
   }
 
+  // next() into slot, which holds the consumer's last batch or nothing (range-for's ++
+  // calls it): the next batch is collated into the last one's buffers when they fit (no
+  // trip through the pool, and no batch moved), else slot = next(). At the end of the
+  // epoch, or when next() throws, slot is left empty. Runs on the caller's thread; throws
+  // what next() throws.
+  void refill(std::optional<B>& slot) {
+    if constexpr (batch_collator<T>::all_fixed) {
+      if (slot && collator_.fits(*slot, target_.resource, first_rows_)) {
+        this->check_live();
+        if (!observe::on()) [[likely]]
+          return fill_in_place(slot);
+        const observe::ticks t0 = observe::now();  // counted and timed as next() is
+        fill_in_place(slot);
+        observe::note_next(this->stats(), name, t0, slot);
+        return;
+      }
+    }
+    slot.reset();  // the last batch's buffers go back first: the pool hands them out again
+    slot = this->next();
+  }
+
   bool drops_remainder() const { return drop_; }
   Up& upstream() { return this->up(); }
 
@@ -101,21 +123,9 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
   collation& collates() { return target_; }  // the base's batch_size() and buffer hook
 
   std::optional<B> pull() {
-    Up& up = this->up();
-    if constexpr (bulk_source<Up> && batch_collator<T>::all_fixed && B::field_count == 1 &&
-                  !field_list<T>::is_tuple) {
-      // One call fills the batch buffer in place (one per growth of a huge batch).
+    if constexpr (batch_collator<T>::all_fixed) {
       B b = collator_.start(target_.resource, first_rows_);
-      std::size_t k = 0, cap = first_rows_;
-      for (;;) {
-        k += this->pull_up_bulk(collator_.whole(b, cap).subspan(k));
-        if (k < cap || cap == target_.rows) break;
-        collator_.set_size(b, k);
-        cap = more_rows(cap);
-        collator_.grow(b, target_.resource, cap);
-      }
-      collator_.set_size(b, k);
-      if (k == 0 || (drop_ && k < target_.rows)) return std::nullopt;
+      if (!fill(b)) return std::nullopt;
       return b;
     } else if constexpr (borrowing_source<Up> && std::same_as<T, record>) {
       // Records lent as views: copied into the batch at once, so no reference per record.
@@ -128,8 +138,37 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
       B b = collator_.collate_bytes(target_.resource, borrowed_.views);
       borrowed_.clear();
       return b;
-    } else if constexpr (batch_collator<T>::all_fixed) {
-      B b = collator_.start(target_.resource, first_rows_);
+    } else {
+      hold_.clear();
+      while (hold_.size() < target_.rows) {
+        std::optional<T> e = this->pull_up();
+        if (!e) break;
+        hold_.push_back(std::move(*e));
+      }
+      if (hold_.empty() || (drop_ && hold_.size() < target_.rows)) return std::nullopt;
+      return collator_.collate(target_.resource, std::span<T>(hold_));
+    }
+  }
+
+  // Collates the next batch into b, whose buffers hold first_rows_ rows (new from start(),
+  // or a finished batch that fits()); false at the end of the epoch (or when a short last
+  // batch is dropped). Fixed-only types.
+  bool fill(B& b) {
+    if constexpr (bulk_source<Up> && B::field_count == 1 && !field_list<T>::is_tuple) {
+      // One call fills the batch buffer in place (one per growth of a huge batch).
+      std::size_t k = 0, cap = first_rows_;
+      for (;;) {
+        k += this->pull_up_bulk(collator_.whole(b, cap).subspan(k));
+        if (k < cap || cap == target_.rows) break;
+        collator_.set_size(b, k);
+        cap = more_rows(cap);
+        collator_.grow(b, target_.resource, cap);
+      }
+      collator_.set_size(b, k);
+      return k != 0 && !(drop_ && k < target_.rows);
+    } else {
+      Up& up = this->up();
+      collator_.set_size(b, 0);
       std::size_t cap = first_rows_;
       auto room = [&] {  // a row's room, grown when a huge batch has filled its buffers
         if (b.size() == cap) collator_.grow(b, target_.resource, cap = more_rows(cap));
@@ -150,17 +189,16 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
         room();
         collator_.put(b, *e);
       }
-      if (b.empty() || (drop_ && b.size() < target_.rows)) return std::nullopt;
-      return b;
-    } else {
-      hold_.clear();
-      while (hold_.size() < target_.rows) {
-        std::optional<T> e = this->pull_up();
-        if (!e) break;
-        hold_.push_back(std::move(*e));
-      }
-      if (hold_.empty() || (drop_ && hold_.size() < target_.rows)) return std::nullopt;
-      return collator_.collate(target_.resource, std::span<T>(hold_));
+      return !b.empty() && !(drop_ && b.size() < target_.rows);
+    }
+  }
+
+  void fill_in_place(std::optional<B>& slot) {
+    try {
+      if (!fill(*slot)) slot.reset();
+    } catch (...) {
+      slot.reset();
+      throw;
     }
   }
 

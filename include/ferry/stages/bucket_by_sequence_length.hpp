@@ -64,7 +64,6 @@
 #include <deque>
 #include <exception>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <memory_resource>
 #include <numeric>
@@ -80,6 +79,7 @@
 #include "ferry/memory/buffer.hpp"
 #include "ferry/source.hpp"
 #include "ferry/stage.hpp"
+#include "ferry/stages/detail/bucket_shape.hpp"
 #include "ferry/stages/padded_batch.hpp"
 #include "ferry/state.hpp"
 
@@ -136,9 +136,10 @@ class bucket_source
   static constexpr char name[] = "bucket_by_sequence_length";
   // Throws config_error for bad arguments (see the file's top).
   bucket_source(Up up, LengthFn fn, std::vector<std::size_t> bounds, std::vector<std::size_t> sizes, bucket_options o)
-      : stage<bucket_source, Up, B>(std::move(up)), fn_(std::move(fn)), bounds_(std::move(bounds)),
-        sizes_(std::move(sizes)), target_(0, std::move(o.resource)), o_(std::move(o)) {
-    if (o_.max_tokens) sizes_.assign(bounds_.size() + 1, o_.max_tokens);  // rows a batch can hold at most
+      : stage<bucket_source, Up, B>(std::move(up)), fn_(std::move(fn)),
+        shape_{std::move(bounds), o.multiple_of, o.pad_to_bucket_boundary}, sizes_(std::move(sizes)),
+        target_(0, std::move(o.resource)), o_(std::move(o)) {
+    if (o_.max_tokens) sizes_.assign(shape_.bounds.size() + 1, o_.max_tokens);  // rows a batch can hold at most
     buckets_.resize(sizes_.size());
     if (o_.max_wait == 0) o_.max_wait = 8 * std::accumulate(sizes_.begin(), sizes_.end(), std::size_t(0));
     every_ = std::max<std::size_t>(1, o_.max_wait / 4);
@@ -202,13 +203,11 @@ class bucket_source
   // e's bucket and length (length_fn's).
   std::pair<std::size_t, std::size_t> bucket_of(const T& e) {
     const std::size_t len = static_cast<std::size_t>(fn_(e));
-    return {static_cast<std::size_t>(std::upper_bound(bounds_.begin(), bounds_.end(), len) - bounds_.begin()), len};
+    return {shape_.bucket_of(len), len};
   }
   // Bucket b's L for the token budget: its longest length rounded as the padding is.
   std::size_t budget_width(std::size_t b) const {
-    if (o_.pad_to_bucket_boundary && b < bounds_.size()) return bounds_[b] - 1;
-    const std::size_t longest = *std::max_element(buckets_[b].lens.begin(), buckets_[b].lens.end());
-    return (longest + o_.multiple_of - 1) / o_.multiple_of * o_.multiple_of;
+    return shape_.width(b, *std::max_element(buckets_[b].lens.begin(), buckets_[b].lens.end()));
   }
   // The bucket whose partial batch began first, or none.
   std::size_t oldest() const {
@@ -244,18 +243,7 @@ class bucket_source
     } else {
       std::size_t longest = 0;
       for (const T& e : rows) longest = std::max<std::size_t>(longest, std::ranges::size(get_field<I>(e)));
-      if (longest > std::numeric_limits<std::uint32_t>::max())
-        throw config_error("bucket_by_sequence_length: a row of " + std::to_string(longest) + " values in field " +
-                           std::to_string(I) + ": lengths are uint32; cut such rows before bucketing");
-      if (o_.pad_to_bucket_boundary && b < bounds_.size()) {
-        if (longest > bounds_[b] - 1)  // length_fn said shorter than the field is
-          throw config_error("bucket_by_sequence_length: a row of bucket " + std::to_string(b) + " has " +
-                             std::to_string(longest) + " values in field " + std::to_string(I) +
-                             ", more than the bucket's boundary - 1 = " + std::to_string(bounds_[b] - 1) +
-                             " it is padded to (pad_to_bucket_boundary); length_fn must count the field's values");
-        return bounds_[b] - 1;
-      }
-      return (longest + o_.multiple_of - 1) / o_.multiple_of * o_.multiple_of;
+      return shape_.field_width(b, longest, I);
     }
   }
 
@@ -274,13 +262,9 @@ class bucket_source
   }
   template <class F>
   void config(F&& f) const {
-    std::uint64_t h = 0x9e3779b97f4a7c15ull;
-    for (std::size_t x : bounds_) h = splitmix64(h ^ x)();
-    for (std::size_t x : sizes_) h = splitmix64(h ^ (x + 0x100000000ull))();
-    h = splitmix64(h ^ o_.max_tokens)();
-    f("boundaries, batch sizes and token budget", h, true);
-    f("pad_to_bucket_boundary", std::uint64_t(o_.pad_to_bucket_boundary));
-    f("multiple_of", o_.multiple_of);
+    f("boundaries, batch sizes and token budget", shape_.fingerprint(sizes_, o_.max_tokens), true);
+    f("pad_to_bucket_boundary", std::uint64_t(shape_.to_boundary));
+    f("multiple_of", shape_.multiple_of);
     f("drop_remainder", std::uint64_t(o_.drop_remainder));
     f("max_wait", o_.max_wait);
     f("mask", std::uint64_t(Mask));
@@ -367,7 +351,8 @@ class bucket_source
   }
 
   LengthFn fn_;
-  std::vector<std::size_t> bounds_, sizes_;
+  bucket_shape shape_;  // boundaries and padding
+  std::vector<std::size_t> sizes_;  // rows per bucket's batch (max_tokens: its bound)
   collation target_;  // the largest batch size, and where batches are collated
   bucket_options o_;  // (its resource moved into target_)
   std::size_t every_ = 1;  // rows between snapshots
@@ -377,27 +362,6 @@ class bucket_source
   bool ended_ = false;  // the upstream has ended this epoch
   batch_collator<P> collator_;
 };
-
-inline void check_bucket_args(const std::vector<std::size_t>& bounds, const std::vector<std::size_t>& sizes,
-                              const bucket_options& o) {
-  const std::string me = "bucket_by_sequence_length: ";
-  if (o.max_tokens && !sizes.empty())
-    throw config_error(me + "give batch sizes or a token budget (max_tokens), not both (got " +
-                       std::to_string(sizes.size()) + " batch sizes and max_tokens = " + std::to_string(o.max_tokens) +
-                       ")");
-  if (!o.max_tokens && sizes.size() != bounds.size() + 1)
-    throw config_error(me + "give one batch size per bucket: " + std::to_string(bounds.size()) + " boundaries make " +
-                       std::to_string(bounds.size() + 1) + " buckets, and there are " + std::to_string(sizes.size()) +
-                       " batch sizes");
-  for (std::size_t i = 0; i < bounds.size(); ++i)
-    if (bounds[i] == 0 || (i && bounds[i] <= bounds[i - 1]))
-      throw config_error(me + "the boundaries must increase from at least 1 (boundary " + std::to_string(i) + " is " +
-                         std::to_string(bounds[i]) +
-                         (i ? ", after " + std::to_string(bounds[i - 1]) : std::string()) + ")");
-  for (std::size_t i = 0; i < sizes.size(); ++i)
-    if (sizes[i] == 0) throw config_error(me + "batch size " + std::to_string(i) + " is 0; each must be at least 1");
-  if (o.multiple_of == 0) throw config_error(me + "multiple_of must be at least 1 (got 0)");
-}
 
 }  // namespace detail
 
@@ -410,7 +374,7 @@ struct bucket_by_sequence_length_t {
   auto operator()(S&& s, F fn, std::vector<std::size_t> boundaries, std::vector<std::size_t> batch_sizes,
                   bucket_options o = {}, M...) const {
     detail::require_rvalue_source<S>();
-    detail::check_bucket_args(boundaries, batch_sizes, o);
+    detail::bucket_shape::check(boundaries, batch_sizes, o.max_tokens, o.multiple_of);
     return detail::bucket_source<std::remove_cvref_t<S>, F, sizeof...(M) == 1>(
         std::forward<S>(s), std::move(fn), std::move(boundaries), std::move(batch_sizes), std::move(o));
   }
@@ -421,7 +385,7 @@ struct bucket_by_sequence_length_t {
     requires(!source<F> && detail::mask_tag<M...>)
   auto operator()(F fn, std::vector<std::size_t> boundaries, std::vector<std::size_t> batch_sizes,
                   bucket_options o = {}, M... m) const {
-    detail::check_bucket_args(boundaries, batch_sizes, o);
+    detail::bucket_shape::check(boundaries, batch_sizes, o.max_tokens, o.multiple_of);
     return make_closure([fn = std::move(fn), boundaries = std::move(boundaries), batch_sizes = std::move(batch_sizes),
                          o = std::move(o), m...]<class S>(S&& s) {
       return bucket_by_sequence_length_t{}(std::forward<S>(s), fn, boundaries, batch_sizes, o, m...);

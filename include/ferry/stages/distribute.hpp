@@ -76,22 +76,13 @@
 // is a config_error.
 #pragma once
 
-#include <algorithm>
-#include <array>
 #include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <deque>
-#include <exception>
 #include <memory>
 #include <memory_resource>
-#include <mutex>
 #include <optional>
-#include <span>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -105,6 +96,7 @@
 #include "ferry/stage.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/detail/distribute_plan.hpp"
+#include "ferry/stages/detail/step_ahead.hpp"
 #include "ferry/step.hpp"
 
 namespace ferry {
@@ -173,22 +165,13 @@ class distribute_source
   distribute_source(Up up, Backend be, distribute_options o)
       : threaded_stage<distribute_source, Up, step<T>>(std::move(up)), s_(std::make_unique<shared>(std::move(be), std::move(o))) {
     const distribute_options& opt = s_->o;
-    if (opt.remainder == remainder_policy::pad && !std::is_default_constructible_v<T>)
-      throw config_error("distribute: remainder_policy::pad fills with value-initialised "
-                         "elements, and this element type is not default-constructible; "
-                         "use drop or partial");
-    if (opt.global_batch != 0) check_global_batch(opt.global_batch, replicas(), false);
-    if (opt.staging_thread && (opt.steps_ahead == 0 || opt.steps_ahead > 64))
-      throw config_error("distribute: with staging_thread, steps_ahead is the number of steps made ahead: "
-                         "1 to 64 (got " + std::to_string(opt.steps_ahead) + ")");
-    if (!opt.staging_thread && opt.steps_ahead > 1)
-      throw config_error("distribute: steps_ahead must be 0 or 1 (got " + std::to_string(opt.steps_ahead) +
-                         "); more steps ahead need staging_thread = true");
+    check_distribute_options(opt.remainder, std::is_default_constructible_v<T>, opt.global_batch, replicas(),
+                             opt.staging_thread, opt.steps_ahead);
   }
   distribute_source(distribute_source&&) noexcept = default;
   ~distribute_source() {
     p_.halt();  // the staging thread's queued steps go first, then the step made ahead
-    ahead_.reset();
+    ahead_.drop();
     release_previous();
   }
 
@@ -223,40 +206,11 @@ class distribute_source
       if (st) hand_out(*st);
       return st;
     }
-    if (ahead_error_) {  // met while making this step ahead: thrown where the step would be
-      release_previous();
-      std::rethrow_exception(std::exchange(ahead_error_, nullptr));
-    }
-    if (!have_ahead_) {  // the first step, or the first after an error or a rewind
-      release_previous();
-      ahead_ = make_next(*s_, pull_up);
-    }
-    have_ahead_ = false;
-    if (!ahead_) {  // the end: the last step handed out is released here, as without ahead
-      release_previous();
-      return std::nullopt;
-    }
-    if constexpr (resumable) {  // the position after the step handed out, for save()
-      delivered_.words.clear();
-      delivered_error_ = nullptr;
-      try {
-        state_writer w(delivered_);
-        this->up().save(w);
-      } catch (...) {  // e.g. an unordered map upstream: only save() fails, as without ahead
-        delivered_error_ = std::current_exception();
-      }
-    }
-    value_type out = std::move(*ahead_);
-    ahead_.reset();
-    release_previous();  // the consumer has enqueued its work on the step before
-    hand_out(out);
-    try {
-      ahead_ = make_next(*s_, pull_up);
-      have_ahead_ = true;
-    } catch (...) {
-      ahead_error_ = std::current_exception();
-    }
-    return out;
+    return ahead_.template next<resumable>([&] { return make_next(*s_, pull_up); }, [&] { release_previous(); },
+                                           [&](value_type& st) { hand_out(st); },
+                                           [&](state_writer& w) {
+                                             if constexpr (resumable) this->up().save(w);
+                                           });
   }
 
   // staging_thread: steps come made from the queue; the consumer only releases the step
@@ -289,14 +243,7 @@ class distribute_source
       if (!b) return std::nullopt;
       const std::size_t m = b->size();
       if (m == 0) continue;
-      std::size_t global = c.global.load(std::memory_order_relaxed);
-      if (global == 0) {
-        c.inferred = true;
-        check_global_batch(m, R, true);
-        global = m;
-        c.global.store(m, std::memory_order_relaxed);
-      }
-      check_batch_rows(m, global, c.inferred);
+      const std::size_t global = settle_global_batch(c.global, c.inferred, m, R);
       c.slices.resize(R);
       if (!plan_slices(m, global, c.o.remainder, c.slices)) {
         c.dropped.fetch_add(1, std::memory_order_relaxed);
@@ -323,9 +270,7 @@ class distribute_source
   }
   void drop_ahead() noexcept {
     p_.reset();
-    ahead_.reset();
-    have_ahead_ = false;
-    ahead_error_ = nullptr;
+    ahead_.drop();
     release_previous();
     started_ = false;
   }
@@ -338,10 +283,8 @@ class distribute_source
       w.put_words(p_.position().words);
       return;
     }
-    const bool ahead = have_ahead_ || ahead_error_;
-    if (ahead && delivered_error_) std::rethrow_exception(delivered_error_);
-    if (ahead)
-      w.put_words(delivered_.words);  // upstream has been pulled one batch further
+    if (ahead_.ahead())
+      w.put_words(ahead_.position().words);  // upstream has been pulled one batch further
     else
       this->up().save(w);
   }
@@ -349,7 +292,7 @@ class distribute_source
     if (staging() && started_)
       w.put(handed_);
     else
-      w.put((have_ahead_ || ahead_error_) && ahead_ ? s_->index - 1 : s_->index);
+      w.put(ahead_.holds_step() ? s_->index - 1 : s_->index);
   }
   void before_restore() noexcept { drop_ahead(); }  // steps made from the position being left go
   void restore_words(state_reader& r) { s_->index = handed_ = r.get(); }
@@ -392,11 +335,7 @@ class distribute_source
   std::unique_ptr<shared> s_;
   producer<value_type> p_;  // the staging thread (staging_thread only)
   std::weak_ptr<step_lease> last_;
-  std::optional<value_type> ahead_;  // the step made ahead (or the end, nullopt)
-  bool have_ahead_ = false;
-  std::exception_ptr ahead_error_;
-  pipeline_state delivered_;  // upstream position after the last step handed out
-  std::exception_ptr delivered_error_;  // why that position could not be saved
+  step_ahead<value_type> ahead_;  // steps_ahead = 1 without the staging thread
   std::uint64_t handed_ = 0;  // steps handed out this epoch (staging_thread)
   bool started_ = false;
   bool hooked_ = false;

@@ -71,7 +71,6 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -80,6 +79,7 @@
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
 #include "ferry/stages/detail/interleave_files.hpp"
+#include "ferry/stages/detail/interleave_table.hpp"
 
 namespace ferry {
 
@@ -230,7 +230,7 @@ class interleave_source
   // The turn, then per slot: open?, its distance from the anchor, its source's words
   // (count first); then the upstream pulls from the anchor to now, and whether it ended.
   void save_words(state_writer& w) const {
-    if (replay_) return w.put_words(replay_words_.words);
+    if (replay_) return replay_table_.write(w, slots_.size());
     const slot* o = oldest();
     const std::uint64_t base_k = o ? o->distance : pulls_;
     w.put(cur_);
@@ -259,36 +259,7 @@ class interleave_source
   }
   // Reads and checks the slot table; the first pull replays it (replay()).
   void restore_words(state_reader& r) {
-    pipeline_state words;
-    state_writer w(words);
-    const std::uint64_t cur = r.get(), in_block = r.get();
-    if (cur >= slots_.size() || in_block >= o_.block)
-      throw config_error("restore_state: interleave: a damaged state (turn " + std::to_string(cur) + ", " +
-                         std::to_string(in_block) + " taken)");
-    w.put(cur);
-    w.put(in_block);
-    std::uint64_t last = 0;
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      const std::uint64_t open = r.get();
-      if (open > 1) throw config_error("restore_state: interleave: a damaged state (slot " + std::to_string(i) + ")");
-      w.put(open);
-      if (!open) continue;
-      const std::uint64_t dist = r.get(), n = r.get();
-      if (n > (std::uint64_t(1) << 20))
-        throw config_error("restore_state: interleave: a damaged state (slot " + std::to_string(i) + ": " +
-                           std::to_string(n) + " words)");
-      w.put(dist);
-      w.put(n);
-      for (std::uint64_t j = 0; j < n; ++j) w.put(r.get());
-      last = std::max(last, dist + 1);
-    }
-    const std::uint64_t since = r.get(), ended = r.get();
-    if (since < last || ended > 1)
-      throw config_error("restore_state: interleave: a damaged state (" + std::to_string(since) +
-                         " upstream pulls since the anchor)");
-    w.put(since);
-    w.put(ended);
-    replay_words_ = std::move(words);
+    replay_table_ = interleave_table::read(r, slots_.size(), o_.block);
     replay_anchor_.words.clear();
     if constexpr (resumable_source<Up>) {
       state_writer aw(replay_anchor_);
@@ -302,25 +273,10 @@ class interleave_source
   // from its element again and restoring its position.
   void replay() {
     replay_ = false;
-    state_reader r(replay_words_);
-    cur_ = static_cast<std::size_t>(r.get());
-    in_block_ = static_cast<std::size_t>(r.get());
-    struct saved {
-      std::size_t slot;
-      std::uint64_t dist;
-      pipeline_state st;
-    };
-    std::vector<saved> want;
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (!r.get()) continue;
-      saved s{i, r.get(), {}};
-      const std::uint64_t n = r.get();
-      for (std::uint64_t j = 0; j < n; ++j) s.st.words.push_back(r.get());
-      want.push_back(std::move(s));
-    }
-    const std::uint64_t since = r.get();
-    const bool ended = r.get() != 0;
-    for (std::uint64_t k = 0; k < since; ++k) {
+    interleave_table& t = replay_table_;
+    cur_ = static_cast<std::size_t>(t.cur);
+    in_block_ = static_cast<std::size_t>(t.in_block);
+    for (std::uint64_t k = 0; k < t.since; ++k) {
       pipeline_state before;
       if constexpr (resumable) {
         state_writer w(before);
@@ -333,18 +289,19 @@ class interleave_source
         continue;  // handed out before the save
       }
       if (!e) throw config_error("restore_state: interleave: the upstream ended before the state's position");
-      for (saved& s : want)
-        if (s.dist == k) {
+      for (interleave_table::open_slot& s : t.open)
+        if (s.distance == k) {
           auto sl = std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
-          if constexpr (resumable) restore_state(sl->src, s.st);
+          if constexpr (resumable) restore_state(sl->src, s.words);
           sl->distance = k;
           sl->anchor = std::move(before);
           slots_[s.slot] = std::move(sl);
           break;
         }
     }
-    pulls_ = since;
-    up_ended_ = ended;
+    pulls_ = t.since;
+    up_ended_ = t.ended;
+    replay_table_ = {};
   }
 
   static constexpr producer_names names{"ferry interleave slot", "interleave: wait upstream",
@@ -356,7 +313,7 @@ class interleave_source
   std::uint64_t pulls_ = 0;  // upstream pulls this epoch (errors included)
   bool up_ended_ = false;
   bool replay_ = false;             // restored: replay() at the first pull
-  pipeline_state replay_words_;     // the restored slot table
+  interleave_table replay_table_;   // the restored slot table
   pipeline_state replay_anchor_;    // the upstream at the anchor (for a save before replaying)
 };
 

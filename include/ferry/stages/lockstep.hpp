@@ -67,16 +67,16 @@ namespace detail {
 
 template <source Up, class Comm>
 class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
-  friend stage<lockstep_source, Up>;
-  using V = value_t<Up>;
-  using T = typename step_element<V>::type;  // lockstep goes after distribute()
-
  public:
   static constexpr char name[] = "lockstep";
   static constexpr bool changes_batch_size = true;  // steps, not batches
   lockstep_source(Up up, Comm& comm, step_policy p) : stage<lockstep_source, Up>(std::move(up)), comm_(&comm), p_(p) {}
 
  private:
+  friend stage<lockstep_source, Up>;
+  using V = value_t<Up>;
+  using T = typename step_element<V>::type;  // lockstep goes after distribute()
+
   std::optional<V> pull() {
     if (over_) return std::nullopt;
     std::optional<V> mine = std::move(held_);

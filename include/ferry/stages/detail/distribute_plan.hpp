@@ -1,11 +1,13 @@
 // ferry/stages/detail/distribute_plan.hpp: how distribute() splits one global batch of G
-// rows among R replicas: the checks on G and on each batch's row count, each replica's
-// slice of a whole or short batch under the remainder policy, and the padded copy of a
-// short batch. distribute.hpp documents what users see; these run wherever it makes a
-// step (the consumer's thread or its staging thread) and call no user code.
+// rows among R replicas: the checks on its options, on G and on each batch's row count,
+// each replica's slice of a whole or short batch under the remainder policy, and the
+// padded copy of a short batch. distribute.hpp documents what users see; these run where
+// the stage is built or makes a step (the consumer's thread or its staging thread) and
+// call no user code.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <cstring>
 #include <memory>
@@ -45,6 +47,40 @@ inline void check_batch_rows(std::size_t m, std::size_t global, bool inferred) {
                        "distribute_options::global_batch");
   throw config_error("distribute: got a batch of " + std::to_string(m) + " rows, larger than the global batch size " +
                      std::to_string(global));
+}
+
+// G for a batch of m rows: the one known, or, when none is known yet, m itself (the first
+// batch's size: inferred, and checked to divide among R); then m is checked against it.
+// Throws config_error as check_global_batch and check_batch_rows do.
+inline std::size_t settle_global_batch(std::atomic<std::size_t>& known, bool& inferred, std::size_t m,
+                                       std::size_t replicas) {
+  std::size_t global = known.load(std::memory_order_relaxed);
+  if (global == 0) {
+    inferred = true;
+    check_global_batch(m, replicas, true);
+    global = m;
+    known.store(m, std::memory_order_relaxed);
+  }
+  check_batch_rows(m, global, inferred);
+  return global;
+}
+
+// distribute()'s options as the stage is built. Throws config_error for remainder_policy::pad
+// over elements that cannot be value-initialised, a global batch that does not divide among
+// the replicas, or steps_ahead out of range (1 to 64 with a staging thread, else 0 or 1).
+inline void check_distribute_options(remainder_policy remainder, bool default_constructible, std::size_t global_batch,
+                                     std::size_t replicas, bool staging_thread, std::size_t steps_ahead) {
+  if (remainder == remainder_policy::pad && !default_constructible)
+    throw config_error("distribute: remainder_policy::pad fills with value-initialised "
+                       "elements, and this element type is not default-constructible; "
+                       "use drop or partial");
+  if (global_batch != 0) check_global_batch(global_batch, replicas, false);
+  if (staging_thread && (steps_ahead == 0 || steps_ahead > 64))
+    throw config_error("distribute: with staging_thread, steps_ahead is the number of steps made ahead: "
+                       "1 to 64 (got " + std::to_string(steps_ahead) + ")");
+  if (!staging_thread && steps_ahead > 1)
+    throw config_error("distribute: steps_ahead must be 0 or 1 (got " + std::to_string(steps_ahead) +
+                       "); more steps ahead need staging_thread = true");
 }
 
 // Each replica's slice of a batch of m rows (0 < m <= G) into `slices` (R of them), every
