@@ -216,3 +216,101 @@ TEST_CASE("cache_on_device: memory within the budget while filling, exact after"
     CHECK(p.bytes_per_replica() == budget);
   }
 }
+
+namespace {
+
+// One epoch as global batches: each step's real rows, replica after replica.
+template <class P>
+std::vector<std::vector<u64>> global_steps(P& p) {
+  std::vector<std::vector<u64>> out;
+  for (auto& st : p) {
+    out.emplace_back();
+    for (std::size_t r = 0; r < st.replicas(); ++r) {
+      const auto a = st[r].template field<0>();
+      const auto b = st[r].template field<1>();
+      for (std::size_t i = 0; i < st[r].valid(); ++i) {
+        REQUIRE(b[i][0] == a[i] * 3);  // fields still together after moving replicas
+        out.back().push_back(a[i]);
+      }
+    }
+  }
+  p.rewind();
+  return out;
+}
+
+std::vector<u64> flat(const std::vector<std::vector<u64>>& steps) {
+  std::vector<u64> v;
+  for (const auto& s : steps) v.insert(v.end(), s.begin(), s.end());
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("cache_on_device across_replicas: one order of all rows an epoch, the same global batches for 1 to 4 replicas") {
+  using policy = ferry::remainder_policy;
+  for (auto [n, pol] : {std::pair{u64(240), policy::drop}, std::pair{u64(250), policy::partial},
+                        std::pair{u64(250), policy::pad}, std::pair{u64(247), policy::drop}}) {
+    CAPTURE(n);
+    CAPTURE(int(pol));
+    const auto data = ids(n);
+    std::vector<std::vector<std::vector<std::vector<u64>>>> by_replicas;  // [R][epoch][step] -> ids
+    for (std::size_t replicas : {std::size_t(1), std::size_t(2), std::size_t(3), std::size_t(4)}) {
+      CAPTURE(replicas);
+      std::atomic<u64> reads{0};
+      auto p = pipeline(data, reads, replicas, {.seed = 9, .across_replicas = true}, pol);
+      std::vector<std::vector<std::vector<u64>>> epochs;
+      epochs.push_back(global_steps(p));
+      const u64 cached = flat(epochs[0]).size();
+      for (int e = 1; e <= 3; ++e) {
+        epochs.push_back(global_steps(p));
+        CHECK(reads == n);  // the upstream is read in epoch 0 only
+        REQUIRE(epochs[e].size() == epochs[0].size());
+        for (std::size_t k = 0; k < epochs[e].size(); ++k) CHECK(epochs[e][k].size() == epochs[0][k].size());
+        CHECK(sorted(flat(epochs[e])) == sorted(flat(epochs[0])));  // every cached row, once
+        CHECK(flat(epochs[e]) != flat(epochs[e - 1]));
+      }
+      CHECK(cached == (pol == policy::drop ? n / 12 * 12 : n));
+      if (replicas > 1) {
+        // Replica 0's steps draw from the rows the other replicas cached.
+        std::atomic<u64> r2{0};
+        auto q = pipeline(data, r2, replicas, {.seed = 9, .across_replicas = true}, pol);
+        std::size_t steps = 0;
+        const epoch_rows first = epoch_of(q, steps);
+        const epoch_rows later = epoch_of(q, steps);
+        const auto mine = sorted(first[0]);
+        std::size_t foreign = 0;
+        for (u64 id : later[0]) foreign += !std::binary_search(mine.begin(), mine.end(), id);
+        CHECK(foreign > later[0].size() / 4);
+      }
+      by_replicas.push_back(std::move(epochs));
+    }
+    for (std::size_t i = 1; i < by_replicas.size(); ++i) CHECK(by_replicas[i] == by_replicas[0]);
+  }
+  // Another seed, another order; without shuffle, a config_error when built.
+  std::atomic<u64> reads{0};
+  const auto data = ids(240);
+  auto a = pipeline(data, reads, 2, {.seed = 9, .across_replicas = true});
+  auto b = pipeline(data, reads, 2, {.seed = 10, .across_replicas = true});
+  (void)global_steps(a), (void)global_steps(b);
+  CHECK(global_steps(a) != global_steps(b));
+  CHECK_THROWS_WITH_AS(pipeline(data, reads, 2, {.shuffle = false, .across_replicas = true}),
+                       doctest::Contains("across_replicas reorders rows across replicas each epoch; it needs shuffle"),
+                       ferry::config_error);
+}
+
+TEST_CASE("cache_on_device across_replicas: the budget counts 16 bytes of indices a row") {
+  const auto data = ids(240);
+  std::atomic<u64> reads{0};
+  // 120 rows a replica of 24 bytes, twice, and 16 bytes of indices: 7680 bytes.
+  auto tight = pipeline(data, reads, 2, {.budget_bytes = 7679, .seed = 1, .across_replicas = true});
+  CHECK_THROWS_WITH_AS(
+      [&] {
+        for (auto& st : tight) (void)st;
+      }(),
+      doctest::Contains("rows of 24 bytes, twice: the cache and the epoch's shuffled copy, and 16 bytes of indices each"),
+      ferry::config_error);
+  auto ok = pipeline(data, reads, 2, {.budget_bytes = 7680, .seed = 1, .across_replicas = true});
+  std::size_t steps = 0;
+  (void)epoch_of(ok, steps);
+  CHECK(ok.cached());
+}

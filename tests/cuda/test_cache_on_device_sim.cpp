@@ -184,3 +184,20 @@ TEST_CASE("sim: a reorder that fails part way gives the cache up: the upstream s
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
   CHECK(sim::stats().live_device_blocks == 0);
 }
+
+TEST_CASE("sim: across_replicas with device replicas is a config_error at the first step, before anything is cached") {
+  sim::reset(2, 2);
+  const auto data = make_rows(96);
+  {
+    auto pool = ferry::make_pinned_pool();
+    auto p = ferry::from_range(data) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+             sim_cache({.seed = 3, .across_replicas = true});
+    CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("across_replicas with a device replica (replica 0, device 0)"),
+                         ferry::config_error);
+    CHECK(!p.cached());
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+}

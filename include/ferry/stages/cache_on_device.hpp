@@ -18,14 +18,19 @@
 // the replica's rows per step in epoch 0. Every epoch has epoch 0's step count on every
 // replica; under remainder_policy::pad every slice keeps epoch 0's size (the padding rows
 // zero), otherwise a slice has its real rows. A served step's memory is the stage's: it is
-// valid until the next rewind(), not for as long as the step lives. Rows stay with the
-// replica that cached them: each replica reshuffles its own part (the exchange between
-// replicas is not built yet). A job resumed mid-epoch caches what its first epoch reads,
-// the rest of that epoch only: start the stage at an epoch's start.
+// valid until the next rewind(), not for as long as the step lives. By default rows stay
+// with the replica that cached them, each replica reshuffling its own. With
+// across_replicas (host replicas), an epoch is one permutation, drawn from (seed, epoch), of
+// the rows' places in epoch 0's global batches: each replica's steps draw from the whole
+// dataset, and an epoch's global batches are the same for any replica count (same global
+// batch size; cache_exchange.hpp). Device replicas would need rows moved between GPUs (an
+// NCCL all-to-all), not built: a config_error. A job resumed mid-epoch caches what its
+// first epoch reads, the rest of that epoch only: start the stage at an epoch's start.
 //
 // Memory per replica, after epoch 0: (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block allocated at
-// its size (the cache is trimmed to its rows when epoch 0 ends). While epoch 0 fills it,
+// its size (the cache is trimmed to its rows when epoch 0 ends); with across_replicas, 16
+// bytes more per row for the global indices (cache_exchange.hpp). While epoch 0 fills it,
 // the cache grows by doubling, capped by the budget; a growth holds the old and the new
 // block together for its copy.
 //
@@ -46,7 +51,8 @@
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget
 // (over_budget::error), replicas, devices or streams that change between steps, a device replica
 // with the host-only stage and shuffle (use ferry::cuda::cache_on_device from the .cuh; at
-// the first step, before anything is cached). cuda_error from the runtime, std::bad_alloc:
+// the first step, before anything is cached), across_replicas with a device replica (at
+// the first step) or without shuffle (when the stage is built). cuda_error from the runtime, std::bad_alloc:
 // whatever fails while filling, at the end of epoch 0 or in a reorder frees the caches, and
 // the stage streams the upstream from then on (nothing half cached or half reordered is
 // ever served).
@@ -76,6 +82,7 @@
 #include "ferry/source.hpp"
 #include "ferry/stage.hpp"
 #include "ferry/stages/detail/cache_arena.hpp"
+#include "ferry/stages/detail/cache_exchange.hpp"
 #include "ferry/step.hpp"
 
 #if defined(FERRY_WITH_CUDART)
@@ -99,6 +106,9 @@ struct cache_on_device_options {
   over_budget when_over = over_budget::error;  // see over_budget
   std::uint64_t seed = 0;  // with the epoch and the replica, fixes each epoch's order
   bool shuffle = true;     // a new order of each replica's rows every epoch
+  // One order of all replicas' rows each epoch (host replicas; see the file's top). Needs
+  // shuffle.
+  bool across_replicas = false;
 };
 
 namespace detail {
@@ -119,7 +129,11 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   static constexpr bool changes_batch_size = true;  // steps, not batches
   static constexpr bool cannot_save = true;         // the cache is memory, not a position
 
-  cache_on_device_source(Up up, cache_on_device_options o) : stage<cache_on_device_source, Up>(std::move(up)), o_(o) {}
+  // Throws config_error for across_replicas without shuffle.
+  cache_on_device_source(Up up, cache_on_device_options o) : stage<cache_on_device_source, Up>(std::move(up)), o_(o) {
+    if (o_.across_replicas && !o_.shuffle)
+      throw config_error("cache_on_device: across_replicas reorders rows across replicas each epoch; it needs shuffle");
+  }
   // Takes o's caches (o is left with none).
   cache_on_device_source(cache_on_device_source&&) noexcept = default;
   cache_on_device_source& operator=(cache_on_device_source&&) = delete;  // distribute cannot be assigned either
@@ -185,9 +199,11 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     }
   }
 
-  std::size_t footprint(std::uint64_t rows) const noexcept {
-    return std::size_t(rows) * row_bytes_ * (o_.shuffle ? 2 : 1);
+  // What one cached row costs a replica: its bytes, twice with shuffle, and its indices.
+  std::size_t per_row() const noexcept {
+    return row_bytes_ * (o_.shuffle ? 2 : 1) + (o_.across_replicas ? cache_exchange::bytes_per_row : 0);
   }
+  std::size_t footprint(std::uint64_t rows) const noexcept { return std::size_t(rows) * per_row(); }
 
   // Epoch 0: appends each replica's real rows to its cache; false when over budget under
   // over_budget::stream.
@@ -204,6 +220,11 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         a.host_cache.resize(nf);
         a.host_epoch.resize(nf);
         if (a.device >= 0 && o_.shuffle && !has_kernel) no_gather_kernel::launch({}, nullptr);  // before caching
+        if (a.device >= 0 && o_.across_replicas)
+          throw config_error("cache_on_device: across_replicas with a device replica (replica " + std::to_string(r) +
+                             ", device " + std::to_string(a.device) +
+                             "): moving rows between GPUs is not built yet; use host replicas, or "
+                             "across_replicas = false (each replica reshuffles its own rows)");
       }
       rows_per_step_.assign(st.replicas(), 0);
       row_bytes_ = 0;
@@ -229,6 +250,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         grow(a, f, want);
         arena_copy_in(a, f, std::size_t(a.rows) * field_bytes_[f], rb.field_bytes(f).data(), std::size_t(add) * field_bytes_[f]);
       }
+      if (o_.across_replicas) exchange_.add(r, arenas_.size(), add);
       a.rows = want;
     }
     return true;
@@ -238,12 +260,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   bool within_budget(std::size_t r, std::uint64_t rows) const {
     if (!o_.budget_bytes || footprint(rows) <= o_.budget_bytes) return true;
     if (o_.when_over == over_budget::stream) return false;
-    throw config_error("cache_on_device: replica " + std::to_string(r) + " needs more than its budget of " +
-                       std::to_string(o_.budget_bytes) + " bytes: at step " + std::to_string(steps_) +
-                       " its cache reaches " + std::to_string(footprint(rows)) + " bytes (" + std::to_string(rows) +
-                       " rows of " + std::to_string(row_bytes_) + " bytes" +
-                       (o_.shuffle ? ", twice: the cache and the epoch's shuffled copy" : "") +
-                       "); raise budget_bytes, or choose over_budget::stream");
+    throw_over_budget(r, o_.budget_bytes, steps_, rows, row_bytes_, o_.shuffle,
+                      o_.across_replicas ? cache_exchange::bytes_per_row : 0);
   }
 
   static std::size_t elem_bytes(const V& st, std::size_t f) {
@@ -255,7 +273,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   void grow(replica_arena& a, std::size_t f, std::uint64_t rows) {
     if (rows <= a.capacity[f]) return;
     std::uint64_t cap = std::max<std::uint64_t>(rows, a.capacity[f] * 2);
-    if (o_.budget_bytes) cap = std::max(rows, std::min<std::uint64_t>(cap, o_.budget_bytes / (row_bytes_ * (o_.shuffle ? 2 : 1))));
+    if (o_.budget_bytes) cap = std::max(rows, std::min<std::uint64_t>(cap, o_.budget_bytes / per_row()));
     arena_resize(a, f, field_bytes_[f], cap, a.rows);
   }
 
@@ -263,6 +281,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   // cached ones, then zero rows for padding): the cache itself without shuffle, trimmed to
   // that; with shuffle the cache is trimmed to its rows and the epoch buffer made.
   void finish_fill() {
+    if (o_.across_replicas) exchange_.finish();
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       auto& a = arenas_[r];
       a.served = std::max<std::uint64_t>(a.rows, std::uint64_t(steps_) * rows_per_step_[r]);
@@ -283,6 +302,11 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   // replica (its fields stay together); without shuffle the cache serves as it is.
   void reorder() {
     if (!o_.shuffle) return;
+    if (o_.across_replicas) {  // host replicas only (keep() refuses device ones)
+      const std::uint64_t key = mix_seed({0x646576636163ull, o_.seed, epoch_, 0x616c6cull /* "all" */});
+      for (std::size_t f = 0; f < nf; ++f) exchange_.gather_host(arenas_, f, field_bytes_[f], key);
+      return;
+    }
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       auto& a = arenas_[r];
       if (a.rows == 0) continue;
@@ -332,12 +356,14 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       }
     }
     arenas_.clear();
+    exchange_.clear();
     filled_ = false;
     padded_ = false;
   }
 
   cache_on_device_options o_;
   std::vector<replica_arena> arenas_;
+  cache_exchange exchange_;  // across_replicas: the rows' global indices
   mode state_ = mode::filling;
   bool filled_ = false;  // epoch 0 read to its end with every step cached
   bool padded_ = false;  // epoch 0 had padding rows (remainder_policy::pad): later epochs pad alike
