@@ -13,9 +13,11 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/random.hpp"
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/cache_on_device.hpp"
+#include "ferry/stages/detail/cache_exchange.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/map.hpp"
 
@@ -298,19 +300,48 @@ TEST_CASE("cache_on_device across_replicas: one order of all rows an epoch, the 
                        ferry::config_error);
 }
 
-TEST_CASE("cache_on_device across_replicas: the budget counts 16 bytes of indices a row") {
+TEST_CASE("cache_on_device across_replicas: the budget counts the rows only (the layout is kept per step)") {
   const auto data = ids(240);
   std::atomic<u64> reads{0};
-  // 120 rows a replica of 24 bytes, twice, and 16 bytes of indices: 7680 bytes.
-  auto tight = pipeline(data, reads, 2, {.budget_bytes = 7679, .seed = 1, .across_replicas = true});
+  // 120 rows a replica of 24 bytes, twice: 5760 bytes, as without across_replicas.
+  auto tight = pipeline(data, reads, 2, {.budget_bytes = 5759, .seed = 1, .across_replicas = true});
   CHECK_THROWS_WITH_AS(
       [&] {
         for (auto& st : tight) (void)st;
       }(),
-      doctest::Contains("rows of 24 bytes, twice: the cache and the epoch's shuffled copy, and 16 bytes of indices each"),
-      ferry::config_error);
-  auto ok = pipeline(data, reads, 2, {.budget_bytes = 7680, .seed = 1, .across_replicas = true});
+      doctest::Contains("its cache reaches 5760 bytes (120 rows of 24 bytes, twice"), ferry::config_error);
+  auto ok = pipeline(data, reads, 2, {.budget_bytes = 5760, .seed = 1, .across_replicas = true});
   std::size_t steps = 0;
   (void)epoch_of(ok, steps);
   CHECK(ok.cached());
+  CHECK(ok.bytes_per_replica() == 5760);
+}
+
+TEST_CASE("cache_exchange: a row's global index and a global index's owner invert each other (random layouts)") {
+  // Against a naive table built row by row, with steps and replicas of zero rows.
+  ferry::detail::splitmix64 g(11);
+  for (int round = 0; round < 200; ++round) {
+    const std::size_t R = 1 + g.below(5), S = 1 + g.below(12);
+    ferry::detail::cache_exchange ex;
+    std::vector<std::vector<u64>> naive(R);  // per replica, its rows' global indices
+    u64 next = 0;
+    for (std::size_t k = 0; k < S; ++k) {
+      std::vector<u64> valid(R);
+      for (auto& v : valid) v = g.below(4) == 0 ? 0 : g.below(7);
+      ex.add_step(R, [&](std::size_t r) { return valid[r]; });
+      for (std::size_t r = 0; r < R; ++r)
+        for (u64 i = 0; i < valid[r]; ++i) naive[r].push_back(next++);
+    }
+    ex.finish();
+    REQUIRE(ex.rows() == next);
+    const auto l = ex.view();
+    for (std::size_t r = 0; r < R; ++r)
+      for (u64 j = 0; j < naive[r].size(); ++j) {
+        REQUIRE(l.global(r, j) == naive[r][j]);
+        u64 q = 0, i = 0;
+        l.owner(naive[r][j], q, i);
+        REQUIRE(q == r);
+        REQUIRE(i == j);
+      }
+  }
 }

@@ -29,8 +29,8 @@
 //
 // Memory per replica, after epoch 0: (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block allocated at
-// its size (the cache is trimmed to its rows when epoch 0 ends); with across_replicas, 16
-// bytes more per row for the global indices (cache_exchange.hpp). While epoch 0 fills it,
+// its size (the cache is trimmed to its rows when epoch 0 ends); with across_replicas,
+// epoch 0's step layout too (16 bytes a step and replica, on the host). While epoch 0 fills it,
 // the cache grows by doubling, capped by the budget; a growth holds the old and the new
 // block together for its copy.
 //
@@ -199,9 +199,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     }
   }
 
-  // What one cached row costs a replica: its bytes, twice with shuffle, and its indices.
+  // What one cached row costs a replica: its bytes, twice with shuffle.
   std::size_t per_row() const noexcept {
-    return row_bytes_ * (o_.shuffle ? 2 : 1) + (o_.across_replicas ? cache_exchange::bytes_per_row : 0);
+    return row_bytes_ * (o_.shuffle ? 2 : 1);
   }
   std::size_t footprint(std::uint64_t rows) const noexcept { return std::size_t(rows) * per_row(); }
 
@@ -250,9 +250,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         grow(a, f, want);
         arena_copy_in(a, f, std::size_t(a.rows) * field_bytes_[f], rb.field_bytes(f).data(), std::size_t(add) * field_bytes_[f]);
       }
-      if (o_.across_replicas) exchange_.add(r, arenas_.size(), add);
       a.rows = want;
     }
+    if (o_.across_replicas) exchange_.add_step(st.replicas(), [&](std::size_t r) { return st[r].valid(); });
     return true;
   }
 
@@ -260,8 +260,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   bool within_budget(std::size_t r, std::uint64_t rows) const {
     if (!o_.budget_bytes || footprint(rows) <= o_.budget_bytes) return true;
     if (o_.when_over == over_budget::stream) return false;
-    throw_over_budget(r, o_.budget_bytes, steps_, rows, row_bytes_, o_.shuffle,
-                      o_.across_replicas ? cache_exchange::bytes_per_row : 0);
+    throw_over_budget(r, o_.budget_bytes, steps_, rows, row_bytes_, o_.shuffle);
   }
 
   static std::size_t elem_bytes(const V& st, std::size_t f) {
@@ -363,7 +362,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 
   cache_on_device_options o_;
   std::vector<replica_arena> arenas_;
-  cache_exchange exchange_;  // across_replicas: the rows' global indices
+  cache_exchange exchange_;  // across_replicas: epoch 0's step layout
   mode state_ = mode::filling;
   bool filled_ = false;  // epoch 0 read to its end with every step cached
   bool padded_ = false;  // epoch 0 had padding rows (remainder_policy::pad): later epochs pad alike

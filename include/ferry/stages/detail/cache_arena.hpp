@@ -52,15 +52,14 @@ struct no_gather_kernel {
 };
 
 // The config_error of a replica over its budget (over_budget::error): replica r, at step
-// `step`, would hold `rows` rows of row_bytes (twice with shuffle) plus index_bytes each.
+// `step`, would hold `rows` rows of row_bytes (twice with shuffle).
 [[noreturn]] inline void throw_over_budget(std::size_t r, std::size_t budget, std::uint64_t step, std::uint64_t rows,
-                                           std::size_t row_bytes, bool shuffle, std::size_t index_bytes) {
-  const std::size_t total = std::size_t(rows) * (row_bytes * (shuffle ? 2 : 1) + index_bytes);
+                                           std::size_t row_bytes, bool shuffle) {
+  const std::size_t total = std::size_t(rows) * row_bytes * (shuffle ? 2 : 1);
   throw config_error("cache_on_device: replica " + std::to_string(r) + " needs more than its budget of " +
                      std::to_string(budget) + " bytes: at step " + std::to_string(step) + " its cache reaches " +
                      std::to_string(total) + " bytes (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) +
                      " bytes" + (shuffle ? ", twice: the cache and the epoch's shuffled copy" : "") +
-                     (index_bytes ? ", and " + std::to_string(index_bytes) + " bytes of indices each" : std::string()) +
                      "); raise budget_bytes, or choose over_budget::stream");
 }
 
