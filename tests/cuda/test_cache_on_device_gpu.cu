@@ -1,7 +1,7 @@
 // cache_on_device's gather kernel (ferry/stages/cache_on_device.cuh) on a real GPU: later
 // epochs equal the host replicas' (the same seed gives the same order: the kernel computes
 // the host gather's permutation), fields stay together, rows whose size is a multiple of 16
-// (the 16-byte path) and not (the byte path). Compiled by nvcc. Exits 77 (SKIP) with the
+// (the 16-byte path) and not (the byte path); and across_replicas' global gather. Compiled by nvcc. Exits 77 (SKIP) with the
 // reason when there is no usable device.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
@@ -55,7 +55,7 @@ std::vector<std::vector<u64>> epoch_of(P& p) {
 }
 
 template <std::size_t Extra>
-void compare(std::size_t rows) {
+void compare(std::size_t rows, bool across = false) {
   using row = std::tuple<u64, std::array<std::uint8_t, Extra>>;
   std::vector<row> data(rows);
   for (std::size_t i = 0; i < rows; ++i) {
@@ -63,9 +63,9 @@ void compare(std::size_t rows) {
     std::get<1>(data[i]).fill(std::uint8_t(i * 3));
   }
   auto dev = ferry::from_range(data) | ferry::batch(32) | ferry::distribute(ferry::cuda::devices{0, 0}) |
-             ferry::cuda::cache_on_device({.seed = 4});
+             ferry::cuda::cache_on_device({.seed = 4, .across_replicas = across});
   auto host = ferry::from_range(data) | ferry::batch(32) | ferry::distribute(ferry::host_replicas{2}) |
-              ferry::cache_on_device({.seed = 4});
+              ferry::cache_on_device({.seed = 4, .across_replicas = across});
   for (int e = 0; e < 3; ++e) {
     CAPTURE(e);
     const auto d = epoch_of<row>(dev);
@@ -86,6 +86,12 @@ void compare(std::size_t rows) {
 TEST_CASE("cache_on_device on a GPU: the kernel's order is the host gather's") {
   compare<16>(32 * 40);  // 16-byte words (the u64 field is 8 bytes: bytes)
   compare<13>(32 * 40 + 7);
+}
+
+TEST_CASE("cache_on_device across_replicas on a GPU: the global gather kernel's order is the host replicas'") {
+  // Two replicas on one device: the kernel reads both caches (no peer access needed).
+  compare<16>(32 * 40, true);
+  compare<13>(32 * 40 + 7, true);
 }
 
 int main(int argc, char** argv) {

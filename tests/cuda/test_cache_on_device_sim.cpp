@@ -4,7 +4,8 @@
 // logic: later epochs equal the host replicas' (same seed, same rows per replica), no copy
 // at all and no allocation after the first reorder, every access ordered on the replicas'
 // streams (the simulator's race check: the consumer's kernels read what the gather wrote,
-// the next gather waits for them), the budget's stream choice frees the device memory.
+// the next gather waits for them), the budget's stream choice frees the device memory;
+// across_replicas: the global gather reads the other GPU's cache through peer access.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>  // the simulator's (this test's include path puts it first)
@@ -29,6 +30,7 @@ namespace {
 using u64 = std::uint64_t;
 using row = std::tuple<u64, std::array<u64, 2>>;
 using epoch_rows = std::vector<std::vector<u64>>;
+using epoch_rows_list = std::vector<epoch_rows>;
 
 // The gather as a simulated kernel: the host gather, run when the simulator runs the
 // stream, its ranges checked for races.
@@ -37,6 +39,25 @@ struct sim_gather {
     const std::size_t n = std::size_t(a.rows) * a.row_bytes;
     sim::launch(static_cast<cudaStream_t>(s), "gather", {{a.src, n}}, {{a.dst, n}},
                 [a] { ferry::detail::gather_rows_host(a); });
+  }
+  // across_replicas: the kernel's loop on the host, reading every replica's cache (the
+  // simulator's device memory is the host's: peers' memory included).
+  static void launch_global(const ferry::detail::global_gather_args& a, ferry::cuda_stream s) {
+    const auto& l = a.layout;
+    const u64 R = l.replicas, S = l.steps;
+    std::vector<sim::range> reads{{a.srcs, R * sizeof(void*)},
+                                  {l.step_base, (S + 1) * 8},
+                                  {l.in_step, S * (R + 1) * 8},
+                                  {l.local_base, R * (S + 1) * 8}};
+    for (u64 q = 0; q < R; ++q) reads.push_back({a.srcs[q], l.local_base[q * (S + 1) + S] * a.row_bytes});
+    sim::launch(static_cast<cudaStream_t>(s), "gather_global", reads, {{a.dst, a.rows * a.row_bytes}}, [a] {
+      const ferry::detail::feistel_permutation perm(a.total_rows, a.key);
+      for (u64 j = 0; j < a.rows; ++j) {
+        u64 q = 0, i = 0;
+        a.layout.owner(perm(a.layout.global(a.replica, j)), q, i);
+        std::memcpy(a.dst + j * a.row_bytes, a.srcs[q] + i * a.row_bytes, a.row_bytes);
+      }
+    });
   }
 };
 constexpr ferry::detail::cache_on_device_t<sim_gather> sim_cache{};
@@ -47,6 +68,10 @@ struct failing_gather {
   static void launch(const ferry::detail::gather_args& a, ferry::cuda_stream s) {
     if (--fail_at == 0) throw ferry::config_error("simulated launch failure");
     sim_gather::launch(a, s);
+  }
+  static void launch_global(const ferry::detail::global_gather_args& a, ferry::cuda_stream s) {
+    if (--fail_at == 0) throw ferry::config_error("simulated launch failure");
+    sim_gather::launch_global(a, s);
   }
 };
 constexpr ferry::detail::cache_on_device_t<failing_gather> failing_cache{};
@@ -99,6 +124,25 @@ epoch_rows epoch_of(P& p, bool rewind = true) {
   return out;
 }
 
+// The same pipeline's epochs on two host replicas (the device ones' oracle).
+std::vector<epoch_rows> host_epochs(const std::vector<row>& data, ferry::cache_on_device_options o,
+                                    ferry::remainder_policy policy, int epochs) {
+  auto h = ferry::from_range(data) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}, {.remainder = policy}) |
+           ferry::cache_on_device(o);
+  std::vector<epoch_rows> out;
+  for (int e = 0; e < epochs; ++e) {
+    epoch_rows er;
+    for (auto& st : h) {
+      er.resize(st.replicas());
+      for (std::size_t r = 0; r < st.replicas(); ++r)
+        for (std::size_t i = 0; i < st[r].valid(); ++i) er[r].push_back(st[r].field<0>()[i]);
+    }
+    h.rewind();
+    out.push_back(er);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("sim: cache_on_device serves later epochs from device memory, no copy, no allocation, no race") {
@@ -127,18 +171,7 @@ TEST_CASE("sim: cache_on_device serves later epochs from device memory, no copy,
     }
     CHECK(bytes == 2 * 120 * 24);
     // The same rows per replica as host replicas, in the same orders (the same seed).
-    auto h = ferry::from_range(data) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}) |
-             ferry::cache_on_device({.seed = 9});
-    for (int e = 0; e < 3; ++e) {
-      epoch_rows er;
-      for (auto& st : h) {
-        er.resize(st.replicas());
-        for (std::size_t r = 0; r < st.replicas(); ++r)
-          for (std::size_t i = 0; i < st[r].valid(); ++i) er[r].push_back(st[r].field<0>()[i]);
-      }
-      h.rewind();
-      host.push_back(er);
-    }
+    host = host_epochs(data, {.seed = 9}, ferry::remainder_policy::drop, 3);
     CHECK(dev == host);
     CHECK(dev[1] != dev[0]);
     sim::drain();
@@ -185,17 +218,60 @@ TEST_CASE("sim: a reorder that fails part way gives the cache up: the upstream s
   CHECK(sim::stats().live_device_blocks == 0);
 }
 
-TEST_CASE("sim: across_replicas with device replicas is a config_error at the first step, before anything is cached") {
+TEST_CASE("sim: across_replicas on two GPUs: the host replicas' orders, rows read from the peer, no copy, no race") {
+  for (int progress : {0, 3}) {
+    CAPTURE(progress);
+    sim::reset(5, progress);
+    const auto data = make_rows(250);  // a short last batch: replicas with different row counts
+    const ferry::cache_on_device_options o{.seed = 4, .across_replicas = true};
+    epoch_rows_list dev;
+    {
+      auto pool = ferry::make_pinned_pool();
+      auto p = ferry::from_range(data) | ferry::batch(24) |
+               ferry::distribute(ferry::cuda::devices{0, 1}, {.remainder = ferry::remainder_policy::partial, .host_resource = pool}) |
+               sim_cache(o);
+      dev.push_back(epoch_of(p));
+      dev.push_back(epoch_of(p));
+      const sim::counters after1 = sim::stats();
+      dev.push_back(epoch_of(p));
+      dev.push_back(epoch_of(p));
+      const sim::counters after3 = sim::stats();
+      CHECK(p.cached());
+      CHECK(sim::peer_enabled(0, 1));
+      CHECK(sim::peer_enabled(1, 0));
+      CHECK(after3.copies == after1.copies);  // no copy after the first reorder (the layout's, once)
+      CHECK(after3.device_allocs == after1.device_allocs);
+    }
+    CHECK(dev == host_epochs(data, o, ferry::remainder_policy::partial, 4));
+    // Rows moved between the GPUs: replica 0 serves rows that replica 1 cached.
+    const std::vector<u64> mine = [&] {
+      auto v = dev[0][0];
+      std::sort(v.begin(), v.end());
+      return v;
+    }();
+    std::size_t foreign = 0;
+    for (u64 id : dev[1][0]) foreign += !std::binary_search(mine.begin(), mine.end(), id);
+    CHECK(foreign > dev[1][0].size() / 4);
+    sim::drain();
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    CHECK(sim::stats().live_device_blocks == 0);
+  }
+}
+
+TEST_CASE("sim: across_replicas over GPUs without peer access: a config_error at the first rewind, then the upstream") {
   sim::reset(2, 2);
+  sim::deny_peer_access();
   const auto data = make_rows(96);
   {
     auto pool = ferry::make_pinned_pool();
     auto p = ferry::from_range(data) | ferry::batch(24) |
              ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
              sim_cache({.seed = 3, .across_replicas = true});
-    CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("across_replicas with a device replica (replica 0, device 0)"),
+    const epoch_rows e0 = epoch_of(p, false);
+    CHECK_THROWS_WITH_AS(p.rewind(), doctest::Contains("GPU 0 cannot read GPU 1's memory (no peer access"),
                          ferry::config_error);
     CHECK(!p.cached());
+    CHECK(epoch_of(p) == e0);  // streamed: the upstream's order
   }
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);

@@ -9,7 +9,8 @@
 // epoch buffer = row perm(p) of the cache, perm the Feistel permutation of the replica's
 // rows computed in the kernel (passed by value: nothing is copied from the host). Threads
 // copy 16-byte words when the rows allow it, else bytes, a grid-stride loop over rows x
-// words. Needs --expt-relaxed-constexpr (random.hpp's constexpr draws are called in the
+// words. With across_replicas, replica r's kernel reads the rows it serves from every
+// replica's cache (peer memory), finding each through epoch 0's step layout. Needs --expt-relaxed-constexpr (random.hpp's constexpr draws are called in the
 // kernel). Throws cuda_error when a launch fails. Runs on the caller's thread; enqueues only.
 #pragma once
 
@@ -42,6 +43,21 @@ __global__ void gather_rows_kernel(const W* src, W* dst, std::uint64_t rows, std
   }
 }
 
+// across_replicas: replica r's epoch row p = row i of replica q's cache (q's memory, read
+// through peer access), (q, i) where perm(p's global index) was cached.
+template <class W>
+__global__ void gather_global_kernel(const W* const* srcs, W* dst, std::uint64_t rows, std::uint64_t words,
+                                     cache_layout_view layout, std::uint64_t replica, feistel_permutation perm) {
+  const std::uint64_t total = rows * words;
+  for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += std::uint64_t(gridDim.x) * blockDim.x) {
+    const std::uint64_t p = i / words, w = i % words;
+    std::uint64_t q = 0, row = 0;
+    layout.owner(perm(layout.global(replica, p)), q, row);
+    dst[p * words + w] = srcs[q][row * words + w];
+  }
+}
+
 // The launcher cache_on_device_source uses for device replicas (the replica's device is
 // current).
 struct gather_kernel {
@@ -62,6 +78,25 @@ struct gather_kernel {
       gather_rows_kernel<<<unsigned(blocks), 256, 0, st>>>(reinterpret_cast<const unsigned char*>(a.src),
                                                             reinterpret_cast<unsigned char*>(a.dst), a.rows, words,
                                                             perm, a.shuffle);
+    FERRY_CUDA_TRY(cudaGetLastError());
+  }
+  // across_replicas: enqueues replica a.replica's gather from every replica's cache on
+  // stream s; throws cuda_error.
+  static void launch_global(const global_gather_args& a, cuda_stream s) {
+    if (a.rows == 0 || a.row_bytes == 0) return;
+    const feistel_permutation perm(a.total_rows, a.key);
+    const bool wide = a.row_bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.dst) % 16 == 0;
+    const std::uint64_t words = wide ? a.row_bytes / 16 : a.row_bytes;
+    const std::uint64_t blocks = std::min<std::uint64_t>((a.rows * words + 255) / 256, 65535);
+    const auto st = static_cast<cudaStream_t>(s);
+    if (wide)
+      gather_global_kernel<<<unsigned(blocks), 256, 0, st>>>(reinterpret_cast<const uint4* const*>(a.srcs),
+                                                              reinterpret_cast<uint4*>(a.dst), a.rows, words, a.layout,
+                                                              a.replica, perm);
+    else
+      gather_global_kernel<<<unsigned(blocks), 256, 0, st>>>(reinterpret_cast<const unsigned char* const*>(a.srcs),
+                                                              reinterpret_cast<unsigned char*>(a.dst), a.rows, words,
+                                                              a.layout, a.replica, perm);
     FERRY_CUDA_TRY(cudaGetLastError());
   }
 };

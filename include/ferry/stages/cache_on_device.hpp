@@ -20,12 +20,12 @@
 // zero), otherwise a slice has its real rows. A served step's memory is the stage's: it is
 // valid until the next rewind(), not for as long as the step lives. By default rows stay
 // with the replica that cached them, each replica reshuffling its own. With
-// across_replicas (host replicas), an epoch is one permutation, drawn from (seed, epoch), of
-// the rows' places in epoch 0's global batches: each replica's steps draw from the whole
-// dataset, and an epoch's global batches are the same for any replica count (same global
-// batch size; cache_exchange.hpp). Device replicas would need rows moved between GPUs (an
-// NCCL all-to-all), not built: a config_error. A job resumed mid-epoch caches what its
-// first epoch reads, the rest of that epoch only: start the stage at an epoch's start.
+// across_replicas, an epoch is one permutation, drawn from (seed, epoch), of the rows'
+// places in epoch 0's global batches: each replica's steps draw from the whole dataset,
+// and an epoch's global batches are the same for any replica count (same global batch
+// size). GPU replicas read the rows from each other's memory (peer access; one process),
+// see cache_exchange.hpp. A job resumed mid-epoch caches what its first epoch reads, the
+// rest of that epoch only: start the stage at an epoch's start.
 //
 // Memory per replica, after epoch 0: (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block allocated at
@@ -51,13 +51,15 @@
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget
 // (over_budget::error), replicas, devices or streams that change between steps, a device replica
 // with the host-only stage and shuffle (use ferry::cuda::cache_on_device from the .cuh; at
-// the first step, before anything is cached), across_replicas with a device replica (at
-// the first step) or without shuffle (when the stage is built). cuda_error from the runtime, std::bad_alloc:
+// the first step, before anything is cached), across_replicas without shuffle (when the
+// stage is built) or over GPUs that cannot read each other's memory (at the end of epoch
+// 0: the cache is given up, the upstream streams). cuda_error from the runtime, std::bad_alloc:
 // whatever fails while filling, at the end of epoch 0 or in a reorder frees the caches, and
 // the stage streams the upstream from then on (nothing half cached or half reordered is
 // ever served).
 //
-// Memory: see above; freed with the stage. Nothing is allocated after epoch 0.
+// Memory: see above; freed with the stage. Nothing is allocated after epoch 0 (with
+// across_replicas on GPUs: its layout on each GPU, a few KB, at the end of epoch 0).
 //
 // Checkpoints: none (cannot_save: the cache is memory, not a position; a resumed job
 // fills it again in its first epoch).
@@ -106,8 +108,7 @@ struct cache_on_device_options {
   over_budget when_over = over_budget::error;  // see over_budget
   std::uint64_t seed = 0;  // with the epoch and the replica, fixes each epoch's order
   bool shuffle = true;     // a new order of each replica's rows every epoch
-  // One order of all replicas' rows each epoch (host replicas; see the file's top). Needs
-  // shuffle.
+  // One order of all replicas' rows each epoch (see the file's top). Needs shuffle.
   bool across_replicas = false;
 };
 
@@ -220,11 +221,6 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         a.host_cache.resize(nf);
         a.host_epoch.resize(nf);
         if (a.device >= 0 && o_.shuffle && !has_kernel) no_gather_kernel::launch({}, nullptr);  // before caching
-        if (a.device >= 0 && o_.across_replicas)
-          throw config_error("cache_on_device: across_replicas with a device replica (replica " + std::to_string(r) +
-                             ", device " + std::to_string(a.device) +
-                             "): moving rows between GPUs is not built yet; use host replicas, or "
-                             "across_replicas = false (each replica reshuffles its own rows)");
       }
       rows_per_step_.assign(st.replicas(), 0);
       row_bytes_ = 0;
@@ -295,17 +291,16 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         a.epoch[f] = arena_alloc(a, a.host_epoch[f], std::size_t(serve_rows) * field_bytes_[f], serve_rows > a.rows);
       }
     }
+    if (o_.across_replicas && !arenas_.empty() && arenas_[0].device >= 0) exchange_.to_devices(arenas_, nf);
   }
 
   // A new epoch's order: each field's rows gathered into the epoch buffer with one key per
   // replica (its fields stay together); without shuffle the cache serves as it is.
   void reorder() {
     if (!o_.shuffle) return;
-    if (o_.across_replicas) {  // host replicas only (keep() refuses device ones)
-      const std::uint64_t key = mix_seed({0x646576636163ull, o_.seed, epoch_, 0x616c6cull /* "all" */});
-      for (std::size_t f = 0; f < nf; ++f) exchange_.gather_host(arenas_, f, field_bytes_[f], key);
-      return;
-    }
+    if (o_.across_replicas)
+      return exchange_.template reorder<Launch>(arenas_, field_bytes_.data(), nf,
+                                                mix_seed({0x646576636163ull, o_.seed, epoch_, 0x616c6cull /* "all" */}));
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       auto& a = arenas_[r];
       if (a.rows == 0) continue;
@@ -347,6 +342,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   }
 
   void free_all() noexcept {
+    exchange_.clear();  // first: it waits for every replica's gathers, which read the others' caches
     for (auto& a : arenas_) {
       for (std::size_t f = 0; f < a.cache.size(); ++f) {
         if (a.device < 0) break;
@@ -355,7 +351,6 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       }
     }
     arenas_.clear();
-    exchange_.clear();
     filled_ = false;
     padded_ = false;
   }

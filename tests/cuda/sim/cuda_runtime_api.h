@@ -46,6 +46,7 @@ enum cudaError_t {
   cudaErrorInvalidResourceHandle = 400,
   cudaErrorNotReady = 600,
   cudaErrorIllegalAddress = 700,
+  cudaErrorPeerAccessAlreadyEnabled = 704,
   cudaErrorLaunchFailure = 719,
   cudaErrorStreamCaptureUnsupported = 900,
   cudaErrorStreamCaptureInvalidated = 901,
@@ -101,6 +102,10 @@ cudaError_t cudaGetLastError();
 const char* cudaGetErrorName(cudaError_t e);
 const char* cudaGetErrorString(cudaError_t e);
 cudaError_t cudaDeviceSynchronize();
+// Peer access: every pair of distinct devices can (unless sim::deny_peer_access); enabling
+// it twice is cudaErrorPeerAccessAlreadyEnabled, as on a real machine.
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer);
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags);
 
 cudaError_t cudaStreamCreate(cudaStream_t* s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
@@ -218,6 +223,10 @@ void fail_copy(int n, cudaError_t status);
 // Makes the n-th cudaStreamWaitEvent from now (1 = the next) fail with `status`,
 // enqueueing nothing.
 void fail_wait(int n, cudaError_t status);
+// A machine whose GPUs cannot read each other's memory (until the next reset).
+void deny_peer_access();
+// Whether `device` has enabled access to `peer`'s memory.
+bool peer_enabled(int device, int peer);
 // Makes the n-th cudaMalloc on `device` from now fail with cudaErrorMemoryAllocation.
 void fail_malloc(int device, int n);
 // Makes the n-th cudaGraphLaunch of a graph of `device` from now fail with `status`,

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -121,6 +122,8 @@ struct state {
   cudaError_t wait_fail_status = cudaSuccess;
   std::map<int, int> malloc_fail_in;  // device -> n-th cudaMalloc from now fails
   std::map<int, std::pair<int, cudaError_t>> graph_fail_in;  // device -> (n-th cudaGraphLaunch, status)
+  bool peer_denied = false;
+  std::set<std::pair<int, int>> peers;  // (device, peer) with access enabled
 };
 
 
@@ -191,7 +194,7 @@ void touch(op& o, const void* p, std::size_t n, bool write) {
     s.violations.push_back(where(o) + ": touches memory that is not a live device allocation");
     return;
   }
-  if (b->device != o.stream->device)
+  if (b->device != o.stream->device && !s.peers.count({o.stream->device, b->device}))  // peer access enabled: allowed
     s.violations.push_back(where(o) + ": touches device " + std::to_string(b->device) +
                            " memory from a stream of device " + std::to_string(o.stream->device));
   // Accesses the host has seen complete are ordered before anything enqueued from now on.
@@ -419,6 +422,21 @@ cudaError_t cudaSetDevice(int d) {
   current_device = d;
   return cudaSuccess;
 }
+cudaError_t cudaDeviceCanAccessPeer(int* can, int device, int peer) {
+  if (device < 0 || device >= sim::device_count || peer < 0 || peer >= sim::device_count)
+    return fail(cudaErrorInvalidDevice);
+  std::lock_guard lk(S().m);
+  *can = device != peer && !S().peer_denied;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceEnablePeerAccess(int peer, unsigned flags) {
+  if (peer < 0 || peer >= sim::device_count || peer == current_device) return fail(cudaErrorInvalidDevice);
+  if (flags != 0) return fail(cudaErrorInvalidValue);
+  std::lock_guard lk(S().m);
+  if (S().peer_denied) return fail(cudaErrorInvalidDevice);
+  if (!S().peers.insert({current_device, peer}).second) return fail(cudaErrorPeerAccessAlreadyEnabled);
+  return cudaSuccess;
+}
 cudaError_t cudaGetLastError() { return std::exchange(last_error, cudaSuccess); }
 const char* cudaGetErrorName(cudaError_t e) {
   switch (e) {
@@ -432,6 +450,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorIllegalAddress: return "cudaErrorIllegalAddress";
+    case cudaErrorPeerAccessAlreadyEnabled: return "cudaErrorPeerAccessAlreadyEnabled";
     case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
     case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
@@ -890,6 +909,8 @@ void reset(std::uint64_t seed, int progress) {
   s.wait_fail_in = 0;
   s.malloc_fail_in.clear();
   s.graph_fail_in.clear();
+  s.peer_denied = false;
+  s.peers.clear();
 }
 
 counters stats() {
@@ -962,6 +983,15 @@ void fail_wait(int n, cudaError_t status) {
   std::lock_guard lk(S().m);
   S().wait_fail_in = n;
   S().wait_fail_status = status;
+}
+
+void deny_peer_access() {
+  std::lock_guard lk(S().m);
+  S().peer_denied = true;
+}
+bool peer_enabled(int device, int peer) {
+  std::lock_guard lk(S().m);
+  return S().peers.count({device, peer}) != 0;
 }
 
 void fail_malloc(int device, int n) {

@@ -49,6 +49,10 @@ struct no_gather_kernel {
     throw config_error("cache_on_device: a device replica needs the gather kernel: include "
                        "ferry/stages/cache_on_device.cuh (nvcc) and use ferry::cuda::cache_on_device");
   }
+  template <class Args>
+  [[noreturn]] static void launch_global(const Args&, cuda_stream) {
+    launch({}, nullptr);
+  }
 };
 
 // The config_error of a replica over its budget (over_budget::error): replica r, at step

@@ -11,9 +11,16 @@
 // The numbering is kept as epoch 0's step layout, not per row: for each step, where each
 // replica's rows start among the step's and in the replica's cache (8 x (2R + 2) bytes a
 // step). A row's global index and a global index's (replica, row) are binary searches in
-// it, in host code and (FERRY_HOST_DEVICE) in a kernel. The host path copies the rows
-// (host replicas); device replicas need the exchange between GPUs, which is not built.
-// Runs on the stage's caller's thread; no user code.
+// it, in host code and (FERRY_HOST_DEVICE) in a kernel. Host replicas copy the rows here.
+// Device replicas (one process): at the end of epoch 0 each replica's device gets the
+// layout and, per field, the table of every replica's cache address (a few KB, copied
+// once); peer access is enabled between the replicas' devices (a config_error where the
+// GPUs cannot read each other's memory: no NVLink or PCIe P2P); each replica's stream
+// waits for every replica's epoch-0 copies. Each later epoch, replica r's gather kernel
+// reads the rows it serves straight from the other GPUs' caches (cache_on_device.cuh).
+// Across processes (MPI ranks) the rows would need an NCCL all-to-all: not built.
+// Throws cuda_error, config_error, std::bad_alloc; runs on the stage's caller's thread;
+// no user code.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +34,13 @@
 #include "ferry/detail/permutation.hpp"
 #include "ferry/error.hpp"
 #include "ferry/stages/detail/cache_arena.hpp"
+
+#if defined(FERRY_WITH_CUDART)
+#include <cuda_runtime_api.h>
+
+#include "ferry/cuda/error.hpp"
+#include "ferry/cuda/stream.hpp"
+#endif
 
 namespace ferry::detail {
 
@@ -65,10 +79,35 @@ struct cache_layout_view {
   }
 };
 
+// One replica's gather of a later epoch (device replicas): its epoch row j of `row_bytes`
+// = row i of replica q's cache, (q, i) the owner of perm(layout.global(replica, j)).
+// Every pointer is device memory of the replica's device (srcs: one per replica, peers'
+// included).
+struct global_gather_args {
+  const std::byte* const* srcs = nullptr;
+  std::byte* dst = nullptr;
+  std::uint64_t rows = 0;  // the replica's
+  std::size_t row_bytes = 0;
+  cache_layout_view layout;
+  std::uint64_t replica = 0;
+  std::uint64_t total_rows = 0;  // every replica's: the permutation's size
+  std::uint64_t key = 0;         // feistel_permutation(total_rows, key)
+};
+
 class cache_exchange {
  public:
+  cache_exchange() = default;
+  cache_exchange(cache_exchange&& o) noexcept
+      : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), counts_(std::move(o.counts_)),
+        local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)) {
+    o.dev_.clear();
+  }
+  cache_exchange& operator=(cache_exchange&&) = delete;
+  ~cache_exchange() { free_devices(); }
+
   // Forgets every row (a fill started again, or the cache given up).
   void clear() noexcept {
+    free_devices();
     step_base_.clear();
     in_step_.clear();
     counts_.clear();
@@ -113,6 +152,74 @@ class cache_exchange {
     return (step_base_.size() + in_step_.size() + counts_.size() + local_base_.size()) * sizeof(std::uint64_t);
   }
 
+  // Device replicas, after finish(): the layout and every field's table of cache addresses
+  // on each replica's device, peer access enabled, and each replica's stream after every
+  // replica's epoch-0 work. Throws config_error (devices that cannot reach each other),
+  // cuda_error.
+  void to_devices(std::vector<replica_arena>& arenas, std::size_t fields) {
+#if defined(FERRY_WITH_CUDART)
+    free_devices();
+    const cache_layout_view host = view();
+    const std::size_t R = arenas.size();
+    std::vector<cuda::event> done(R);
+    for (std::size_t r = 0; r < R; ++r) {
+      const cuda::device_guard g(arenas[r].device);
+      done[r] = cuda::event::create();
+      done[r].record(static_cast<cudaStream_t>(arenas[r].stream));
+    }
+    for (std::size_t r = 0; r < R; ++r) {
+      const int d = arenas[r].device;
+      const cuda::device_guard g(d);
+      for (std::size_t q = 0; q < R; ++q) {
+        const int pd = arenas[q].device;
+        if (pd != d) enable_peer(d, pd);
+        if (q != r)
+          FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(arenas[r].stream), done[q].get(), 0));
+      }
+      device_side& side = dev_.emplace_back();
+      side.device = d;
+      side.stream = arenas[r].stream;
+      side.step_base = upload(side, host.step_base, host.steps + 1);
+      side.in_step = upload(side, host.in_step, host.steps * (R + 1));
+      side.local_base = upload(side, host.local_base, R * (host.steps + 1));
+      for (std::size_t f = 0; f < fields; ++f) {
+        std::vector<const std::byte*> srcs(R);
+        for (std::size_t q = 0; q < R; ++q) srcs[q] = arenas[q].cache[f];
+        side.srcs.push_back(reinterpret_cast<const std::byte* const*>(upload(side, srcs.data(), R)));
+      }
+    }
+#else
+    (void)arenas;
+    (void)fields;
+    throw config_error("cache_on_device: a device replica in a build without the CUDA runtime (FERRY_WITH_CUDART)");
+#endif
+  }
+  // Replica r's gather of field f (rows of eb bytes) in a later epoch (after to_devices()).
+  global_gather_args device_args(std::size_t r, std::size_t f, std::uint64_t rows, std::size_t eb, std::byte* dst,
+                                 std::uint64_t key) const noexcept {
+    const device_side& d = dev_[r];
+    return {d.srcs[f], dst, rows, eb, {d.step_base, d.in_step, d.local_base, steps(), replicas_}, r, this->rows(), key};
+  }
+
+  // A later epoch's gathers, every field (field_bytes[f] a row) of every replica: here for
+  // host replicas, Launch::launch_global on each replica's stream for device ones.
+  template <class Launch>
+  void reorder(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
+               std::uint64_t key) const {
+    if (arenas.empty()) return;
+    if (arenas[0].device < 0) {
+      for (std::size_t f = 0; f < fields; ++f) gather_host(arenas, f, field_bytes[f], key);
+      return;
+    }
+    for (std::size_t r = 0; r < arenas.size(); ++r) {
+#if defined(FERRY_WITH_CUDART)
+      const cuda::device_guard g(arenas[r].device);
+#endif
+      for (std::size_t f = 0; f < fields; ++f)
+        Launch::launch_global(device_args(r, f, arenas[r].rows, field_bytes[f], arenas[r].epoch[f], key), arenas[r].stream);
+    }
+  }
+
   // A later epoch's field f (rows of eb bytes) for every host replica: replica r's epoch
   // row j = the row with global index perm(gid_r(j)), from its replica's cache.
   void gather_host(std::vector<replica_arena>& arenas, std::size_t f, std::size_t eb, std::uint64_t key) const {
@@ -129,8 +236,59 @@ class cache_exchange {
   }
 
  private:
+  // A replica's device copies: the layout's arrays and per field the cache addresses.
+  struct device_side {
+    int device = -1;
+    cuda_stream stream = nullptr;
+    const std::uint64_t *step_base = nullptr, *in_step = nullptr, *local_base = nullptr;
+    std::vector<const std::byte* const*> srcs;  // per field
+    std::vector<void*> blocks;  // everything above, to free
+  };
+
+#if defined(FERRY_WITH_CUDART)
+  // `n` values to a new block of the side's device (current), at once.
+  template <class T>
+  static const std::uint64_t* upload(device_side& side, const T* v, std::size_t n) {
+    void* p = nullptr;
+    FERRY_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(n * sizeof(T), 1)));
+    side.blocks.push_back(p);
+    if (n) FERRY_CUDA_TRY(cudaMemcpy(p, v, n * sizeof(T), cudaMemcpyHostToDevice));
+    return static_cast<const std::uint64_t*>(p);
+  }
+  // Device d (current) reads peer's memory from now on; throws config_error when it cannot.
+  static void enable_peer(int d, int peer) {
+    int can = 0;
+    FERRY_CUDA_TRY(cudaDeviceCanAccessPeer(&can, d, peer));
+    if (!can)
+      throw config_error("cache_on_device: across_replicas: GPU " + std::to_string(d) + " cannot read GPU " +
+                         std::to_string(peer) + "'s memory (no peer access: no NVLink or PCIe P2P between them); "
+                         "use across_replicas = false");
+    const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled)
+      (void)cudaGetLastError();  // enabled before (by this stage or the program): fine
+    else
+      FERRY_CUDA_TRY(e);
+  }
+#endif
+  // Frees the device copies, after every replica's work that may read them.
+  void free_devices() noexcept {
+#if defined(FERRY_WITH_CUDART)
+    if (dev_.empty()) return;
+    int prev = -1;
+    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    for (const device_side& d : dev_)
+      if (cudaSetDevice(d.device) == cudaSuccess) FERRY_CUDA_LOG(cudaStreamSynchronize(static_cast<cudaStream_t>(d.stream)));
+    for (const device_side& d : dev_)
+      if (cudaSetDevice(d.device) == cudaSuccess)
+        for (void* p : d.blocks) FERRY_CUDA_LOG(cudaFree(p));
+    if (prev >= 0) FERRY_CUDA_LOG(cudaSetDevice(prev));
+#endif
+    dev_.clear();
+  }
+
   std::vector<std::uint64_t> step_base_, in_step_, counts_, local_base_;
   std::uint64_t replicas_ = 0;
+  std::vector<device_side> dev_;  // device replicas: per replica
 };
 
 }  // namespace ferry::detail
