@@ -11,6 +11,11 @@
 //   streamed_step_ratio: <streamed epoch / resident epoch>
 //   h2d_bytes_after_epoch1: <bytes the upstream handed distribute after epoch 0>   (target 0)
 //   device_bytes_per_replica: <the cache and its shuffled copy>  dataset_bytes: <...>
+//   reorder_vs_copy: <one epoch's reorder (the gather, at rewind) / a device-to-device copy
+//                     of the same bytes>, each replica's own rows (two replicas on device 0)
+//   reorder_across_vs_copy: the same with across_replicas (one order of both replicas'
+//                     rows: each kernel reads both caches; on one GPU no peer link is
+//                     crossed, so this is the kernel's cost, the model's input for NVLink)
 // Usage: bench_cache_on_device_gpu [rows (60000)] [ms per step (0.2)] [epochs (3)].
 // Exits 77 without a usable device.
 #include <cuda_runtime.h>
@@ -117,6 +122,38 @@ int main(int argc, char** argv) {
   std::printf("streamed_step_ratio: %.4f\n", stream_s / by_hand);
   std::printf("h2d_bytes_after_epoch1: %zu\n", h2d);
   std::printf("device_bytes_per_replica: %zu dataset_bytes: %zu\n", cached.bytes_per_replica(), n * sizeof(row));
+  // The reorder alone, against a copy of the same bytes on the device.
+  const std::size_t bytes = steps * G * sizeof(row);
+  float* copy = nullptr;
+  FERRY_CUDA_TRY(cudaMalloc(&copy, bytes));
+  double copy_s = 1e30;
+  for (int e = 0; e < epochs + 1; ++e) {
+    const auto t0 = clk::now();
+    FERRY_CUDA_TRY(cudaMemcpyAsync(copy, resident, bytes, cudaMemcpyDeviceToDevice, s));
+    FERRY_CUDA_TRY(cudaStreamSynchronize(s));
+    if (e > 0) copy_s = std::min(copy_s, seconds_since(t0));
+  }
+  FERRY_CUDA_LOG(cudaFree(copy));
+  auto reorder_s = [&](bool across) {
+    auto p = source() | ferry::batch(G) | ferry::distribute(ferry::cuda::devices{0, 0}, {.host_resource = pool}) |
+             ferry::cuda::cache_on_device({.seed = 1, .across_replicas = across});
+    for (auto& st : p) (void)st;  // epoch 0 fills the caches
+    double best = 1e30;
+    for (int e = 0; e < epochs + 1; ++e) {  // the first rewind also trims the caches: not timed
+      FERRY_CUDA_TRY(cudaDeviceSynchronize());
+      const auto t0 = clk::now();
+      p.rewind();
+      FERRY_CUDA_TRY(cudaDeviceSynchronize());
+      if (e > 0) best = std::min(best, seconds_since(t0));
+    }
+    return best;
+  };
+  const double local_s = reorder_s(false), across_s = reorder_s(true);
+  std::printf("device-to-device copy of the dataset      %9.4f s\n", copy_s);
+  std::printf("reorder, each replica's own rows          %9.4f s\n", local_s);
+  std::printf("reorder, across_replicas                  %9.4f s\n", across_s);
+  std::printf("reorder_vs_copy: %.4f\n", local_s / copy_s);
+  std::printf("reorder_across_vs_copy: %.4f\n", across_s / copy_s);
   FERRY_CUDA_LOG(cudaFree(resident));
   FERRY_CUDA_LOG(cudaFree(out));
   FERRY_CUDA_LOG(cudaStreamDestroy(s));
