@@ -12,7 +12,7 @@ usage: check_output.py TRAIN_FASHION_MNIST [gpu [--no-skip]] [-- ARG ...]
     gpu:       force --device gpu (suite gpu): exit 77 when there is no usable device
     --no-skip: with gpu, no usable device is a failure, not a skip (the simulator's build,
                whose two simulated GPUs are always there)
-    -- ARG...: more arguments for the program (e.g. -- --graphs 0)
+    -- ARG...: more arguments for the program (e.g. -- --graphs 0, -- --cache-on-device)
 """
 import re
 import subprocess
@@ -79,6 +79,9 @@ if want_gpu:
 elif bool(gpu_line) == bool(host_line):
     fail.append("stderr does not say which one backend ran" if not gpu_line
                 else "stderr names both backends")
+if "--cache-on-device" in extra and not re.search(r"^train_fashion_mnist: after epoch 1 the training split comes "
+                                                  r"from the replicas' memory \(cache_on_device", err, re.M):
+    fail.append("--cache-on-device: stderr does not say the training split is cached")
 for f in fail:
     print("FAILED: " + f)
 sys.exit(1 if fail else 0)

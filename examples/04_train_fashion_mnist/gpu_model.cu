@@ -8,6 +8,9 @@
 #include <vector>
 
 #include "ferry/collective/nccl.hpp"
+#if defined(__CUDACC__)
+#include "ferry/stages/cache_on_device.cuh"
+#endif
 #include "ferry/train/gpu_backend.cuh"
 #include "model.hpp"
 
@@ -21,6 +24,15 @@ std::unique_ptr<model> make_gpu_model(const tr::mlp_config& cfg, const tr::train
   return std::make_unique<trainer_model<trainer>>(cfg, o, ferry::nccl_communicator::local(devices),
                                                   std::move(ctx));
 }
+
+#if defined(__CUDACC__)  // (the simulator's build, g++, defines these in tests/train/sim_gpu_model.cpp)
+void gpu_gather::launch(const ferry::cache_gather_args& a, ferry::cuda_stream s) {
+  ferry::cuda::cache_gather_launcher::launch(a, s);
+}
+void gpu_gather::launch_global(const ferry::cache_global_gather_args& a, ferry::cuda_stream s) {
+  ferry::cuda::cache_gather_launcher::launch_global(a, s);
+}
+#endif
 
 std::string gpu_name(int device) {
   cudaDeviceProp p{};

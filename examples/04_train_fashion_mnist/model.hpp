@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/stages/cache_on_device.hpp"
 #include "ferry/train/mirrored_trainer.hpp"
 
 namespace fmnist {
@@ -102,5 +103,11 @@ std::unique_ptr<model> make_gpu_model(const tr::mlp_config& cfg, const tr::train
                                       const std::vector<int>& devices);
 // "NVIDIA H100 80GB HBM3" etc., for the log line.
 std::string gpu_name(int device);
+// cache_on_device's gather kernels for GPU replicas, launched from gpu_model.cu (nvcc):
+// this file is compiled by g++ (ferry::cache_on_device_with<gpu_gather>).
+struct gpu_gather {
+  static void launch(const ferry::cache_gather_args& a, ferry::cuda_stream s);
+  static void launch_global(const ferry::cache_global_gather_args& a, ferry::cuda_stream s);
+};
 
 }  // namespace fmnist

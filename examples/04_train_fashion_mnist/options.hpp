@@ -30,6 +30,7 @@ struct options {
   std::uint64_t limit = ~std::uint64_t(0);
   std::string data = "/usr/share/datasets/fashion-mnist", save, load;
   bool graphs = true, quiet = false;
+  bool cache_on_device = false;  // the training split kept in the replicas' memory after epoch 1
 };
 
 // "256,128" -> {256, 128}.
@@ -81,6 +82,9 @@ inline std::optional<options> parse(int argc, char** argv) {
   app.add_option("--graphs", o.graphs, "gpu: each replica's step as one CUDA graph (1) or "
                  "every kernel launched (0)")->check(CLI::IsMember({"0", "1"}))->capture_default_str();
   app.add_flag("--quiet", o.quiet, "no progress on stderr");
+  app.add_flag("--cache-on-device", o.cache_on_device,
+               "after epoch 1, the training split comes from the replicas' own memory (GPU or host), "
+               "one order across all replicas each epoch (cache_on_device)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -16,7 +16,9 @@
 //     each replica's step a CUDA graph unless --graphs 0);
 //   - else host replicas (distribute(host_replicas{R}), OpenBLAS, in-process all-reduce).
 // --device gpu|cpu forces one (gpu without a usable device is an error); one line on
-// stderr says which was chosen and why.
+// stderr says which was chosen and why. --cache-on-device adds cache_on_device after
+// distribute: from epoch 2 the training split comes from the replicas' own memory (GPU
+// memory, through gpu_model.cu's gather launcher), one order across the replicas.
 //
 // Prints after each epoch `epoch <k> loss <l> test_accuracy <a> elapsed_s <s>` (l: the
 // epoch's mean training loss) and at the end `test_accuracy: <a>`. Exit status 1 with a
@@ -64,6 +66,9 @@ int main(int argc, char** argv) try {
     throw ferry::config_error("--batch " + std::to_string(o.batch) + " is not divisible by the " +
                               std::to_string(o.replicas) + " replicas");
 
+  if (o.cache_on_device)
+    std::fprintf(stderr, "train_fashion_mnist: after epoch 1 the training split comes from the replicas' memory "
+                         "(cache_on_device, one order across replicas)\n");
   tr::mlp_config cfg;
   cfg.layers.push_back(fmnist::pixels);
   cfg.layers.insert(cfg.layers.end(), o.hidden.begin(), o.hidden.end());
@@ -87,7 +92,12 @@ int main(int argc, char** argv) try {
                  devs.size(), fmnist::gpu_name(devs[0]).c_str(), o.graphs ? ", CUDA graphs" : "", o.workers);
     // Each slice is copied on ferry's copy stream and made ready on the replica's own
     // compute stream, where its GEMMs and all-reduce run.
-    fmnist::run(*m, ferry::cuda::devices(devs, m->streams()), ro);
+    const ferry::cache_on_device_options co{.seed = o.seed, .across_replicas = true};
+    if (o.cache_on_device)
+      fmnist::run(*m, ferry::cuda::devices(devs, m->streams()), ro,
+                  ferry::cache_on_device_with<fmnist::gpu_gather>(co));
+    else
+      fmnist::run(*m, ferry::cuda::devices(devs, m->streams()), ro, nullptr);
     return 0;
   }
 #endif
@@ -95,7 +105,11 @@ int main(int argc, char** argv) try {
   std::fprintf(stderr, "train_fashion_mnist: %zu host replica(s) (OpenBLAS, in-process all-reduce)%s\n",
                o.replicas, be.why.c_str());
   fmnist::trainer_model<tr::host_trainer> m(cfg, topts, int(o.replicas));
-  fmnist::run(m, ferry::host_replicas{o.replicas}, ro);
+  if (o.cache_on_device)
+    fmnist::run(m, ferry::host_replicas{o.replicas}, ro,
+                ferry::cache_on_device({.seed = o.seed, .across_replicas = true}));
+  else
+    fmnist::run(m, ferry::host_replicas{o.replicas}, ro, nullptr);
 #endif
   return 0;
 } catch (const std::exception& e) {

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <type_traits>
 
 #include "fashion_mnist.hpp"
 #include "ferry/train/progress.hpp"
@@ -26,13 +27,28 @@ struct run_options {
   bool quiet = false;
 };
 
+template <class Train, class Test>
+void run_epochs(model& m, Train& train, Test& test, const run_options& o);
+
 // tag picks distribute()'s backend: ferry::host_replicas{R} or ferry::cuda::devices.
-template <class Tag>
-void run(model& m, const Tag& tag, const run_options& o) {
-  namespace tr = ferry::train;
+// cache: a cache_on_device stage for the training split (a closure), or nullptr.
+template <class Tag, class Cache>
+void run(model& m, const Tag& tag, const run_options& o, const Cache& cache) {
   if (!o.load.empty()) m.load(o.load);
-  auto train = pipeline(o.train, tag);
   auto test = pipeline(o.test, tag);
+  if constexpr (std::is_same_v<Cache, std::nullptr_t>) {
+    auto train = pipeline(o.train, tag);
+    run_epochs(m, train, test, o);
+  } else {
+    auto train = pipeline(o.train, tag) | cache;
+    run_epochs(m, train, test, o);
+  }
+}
+
+// The epochs: train, evaluate, print (see the file's top).
+template <class Train, class Test>
+void run_epochs(model& m, Train& train, Test& test, const run_options& o) {
+  namespace tr = ferry::train;
   const std::uint64_t n = std::min<std::uint64_t>(o.train.limit, train_images);
   const std::uint64_t train_rows = n / o.train.batch * o.train.batch;
 

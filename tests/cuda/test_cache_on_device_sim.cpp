@@ -24,6 +24,7 @@
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/cache_on_device.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "sim_cache_gather.hpp"
 
 namespace {
 
@@ -32,34 +33,7 @@ using row = std::tuple<u64, std::array<u64, 2>>;
 using epoch_rows = std::vector<std::vector<u64>>;
 using epoch_rows_list = std::vector<epoch_rows>;
 
-// The gather as a simulated kernel: the host gather, run when the simulator runs the
-// stream, its ranges checked for races.
-struct sim_gather {
-  static void launch(const ferry::detail::gather_args& a, ferry::cuda_stream s) {
-    const std::size_t n = std::size_t(a.rows) * a.row_bytes;
-    sim::launch(static_cast<cudaStream_t>(s), "gather", {{a.src, n}}, {{a.dst, n}},
-                [a] { ferry::detail::gather_rows_host(a); });
-  }
-  // across_replicas: the kernel's loop on the host, reading every replica's cache (the
-  // simulator's device memory is the host's: peers' memory included).
-  static void launch_global(const ferry::detail::global_gather_args& a, ferry::cuda_stream s) {
-    const auto& l = a.layout;
-    const u64 R = l.replicas, S = l.steps;
-    std::vector<sim::range> reads{{a.srcs, R * sizeof(void*)},
-                                  {l.step_base, (S + 1) * 8},
-                                  {l.in_step, S * (R + 1) * 8},
-                                  {l.local_base, R * (S + 1) * 8}};
-    for (u64 q = 0; q < R; ++q) reads.push_back({a.srcs[q], l.local_base[q * (S + 1) + S] * a.row_bytes});
-    sim::launch(static_cast<cudaStream_t>(s), "gather_global", reads, {{a.dst, a.rows * a.row_bytes}}, [a] {
-      const ferry::detail::feistel_permutation perm(a.total_rows, a.key);
-      for (u64 j = 0; j < a.rows; ++j) {
-        u64 q = 0, i = 0;
-        a.layout.owner(perm(a.layout.global(a.replica, j)), q, i);
-        std::memcpy(a.dst + j * a.row_bytes, a.srcs[q] + i * a.row_bytes, a.row_bytes);
-      }
-    });
-  }
-};
+using ferry_test::sim_gather;
 constexpr ferry::detail::cache_on_device_t<sim_gather> sim_cache{};
 
 // A gather whose launch fails once, at the n-th call (as a real launch can).

@@ -106,6 +106,9 @@ struct gather_kernel {
 namespace cuda {
 // cache_on_device(options) for GPU replicas (and host ones): see cache_on_device.hpp.
 inline constexpr ferry::detail::cache_on_device_t<ferry::detail::gather_kernel> cache_on_device{};
+// The kernels' launcher, for a launcher that code g++ compiles declares and a .cu file
+// defines (ferry::cache_on_device_with, cache_on_device.hpp).
+using cache_gather_launcher = ferry::detail::gather_kernel;
 }  // namespace cuda
 
 }  // namespace ferry

@@ -389,4 +389,15 @@ struct cache_on_device_t {
 // Host replicas only here; ferry::cuda::cache_on_device (cache_on_device.cuh) for GPUs.
 inline constexpr detail::cache_on_device_t<detail::no_gather_kernel> cache_on_device{};
 
+// What a gather launcher receives (cache_on_device_with).
+using cache_gather_args = detail::gather_args;                // a replica's own rows
+using cache_global_gather_args = detail::global_gather_args;  // across_replicas
+// cache_on_device_with<Launch>(options): the stage for GPU replicas in code that g++
+// compiles, with the gather kernels' launcher taken from a .cu file: Launch has static
+// launch(const cache_gather_args&, cuda_stream) and launch_global(const
+// cache_global_gather_args&, cuda_stream), defined in a .cu file as calls of
+// ferry::cuda::cache_gather_launcher's (cache_on_device.cuh). Example 04 does this.
+template <class Launch>
+inline constexpr detail::cache_on_device_t<Launch> cache_on_device_with{};
+
 }  // namespace ferry
