@@ -28,11 +28,9 @@
 // rest of that epoch only: start the stage at an epoch's start.
 //
 // Memory per replica, after epoch 0: (its rows) x (row bytes) for the cache and as much
-// again for the epoch's shuffled copy (none with shuffle = false), each block allocated at
-// its size (the cache is trimmed to its rows when epoch 0 ends); with across_replicas,
-// epoch 0's step layout too (16 bytes a step and replica, on the host). While epoch 0 fills it,
-// the cache grows by doubling, capped by the budget; a growth holds the old and the new
-// block together for its copy.
+// again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
+// with across_replicas, epoch 0's step layout (16 bytes a step and replica). While epoch 0
+// fills it, the cache doubles as it grows, capped by the budget.
 //
 // The budget (per replica, bytes, the cache and the shuffled copy together; 0: none):
 // over_budget::error throws config_error at the step that would exceed it, naming the
@@ -49,11 +47,11 @@
 // epoch's gather after that work.
 //
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget
-// (over_budget::error), replicas, devices or streams that change between steps, a device replica
-// with the host-only stage and shuffle (use ferry::cuda::cache_on_device from the .cuh; at
-// the first step, before anything is cached), across_replicas without shuffle (when the
-// stage is built) or over GPUs that cannot read each other's memory (at the end of epoch
-// 0: the cache is given up, the upstream streams). cuda_error from the runtime, std::bad_alloc:
+// (over_budget::error), replicas, devices or streams that change between steps, a device
+// replica with the host-only stage and shuffle (use ferry::cuda::cache_on_device from the
+// .cuh; at the first step, before anything is cached), across_replicas without shuffle
+// (when the stage is built) or over GPUs that cannot read each other's memory (at the end
+// of epoch 0). cuda_error from the runtime, std::bad_alloc:
 // whatever fails while filling, at the end of epoch 0 or in a reorder frees the caches, and
 // the stage streams the upstream from then on (nothing half cached or half reordered is
 // ever served).
@@ -389,14 +387,13 @@ struct cache_on_device_t {
 // Host replicas only here; ferry::cuda::cache_on_device (cache_on_device.cuh) for GPUs.
 inline constexpr detail::cache_on_device_t<detail::no_gather_kernel> cache_on_device{};
 
-// What a gather launcher receives (cache_on_device_with).
-using cache_gather_args = detail::gather_args;                // a replica's own rows
-using cache_global_gather_args = detail::global_gather_args;  // across_replicas
-// cache_on_device_with<Launch>(options): the stage for GPU replicas in code that g++
-// compiles, with the gather kernels' launcher taken from a .cu file: Launch has static
-// launch(const cache_gather_args&, cuda_stream) and launch_global(const
-// cache_global_gather_args&, cuda_stream), defined in a .cu file as calls of
-// ferry::cuda::cache_gather_launcher's (cache_on_device.cuh). Example 04 does this.
+// A gather launcher's argument: a replica's own rows,
+using cache_gather_args = detail::gather_args;
+// or across_replicas' gather.
+using cache_global_gather_args = detail::global_gather_args;
+// cache_on_device_with<Launch>(options): for GPUs in code g++ compiles; Launch's static
+// launch(const cache_gather_args&, cuda_stream) and launch_global(...) are defined in a .cu
+// file as calls of ferry::cuda::cache_gather_launcher's (cache_on_device.cuh; example 04).
 template <class Launch>
 inline constexpr detail::cache_on_device_t<Launch> cache_on_device_with{};
 

@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -108,10 +109,7 @@ class cache_exchange {
   // Forgets every row (a fill started again, or the cache given up).
   void clear() noexcept {
     free_devices();
-    step_base_.clear();
-    in_step_.clear();
-    counts_.clear();
-    local_base_.clear();
+    for (std::vector<std::uint64_t>* v : {&step_base_, &in_step_, &counts_, &local_base_}) v->clear();
     replicas_ = 0;
   }
   // Epoch 0: one step's real rows, valid(r) of them for replica r < replicas. Throws
