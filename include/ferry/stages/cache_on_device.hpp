@@ -57,7 +57,7 @@
 // ever served).
 //
 // Memory: see above; freed with the stage. Nothing is allocated after epoch 0 (with
-// across_replicas on GPUs: its layout on each GPU, a few KB, at the end of epoch 0).
+// across_replicas on GPUs: the layout on each GPU then, 16 bytes a step and replica).
 //
 // Checkpoints: none (cannot_save: the cache is memory, not a position; a resumed job
 // fills it again in its first epoch).

@@ -13,8 +13,8 @@
 // step). A row's global index and a global index's (replica, row) are binary searches in
 // it, in host code and (FERRY_HOST_DEVICE) in a kernel. Host replicas copy the rows here.
 // Device replicas (one process): at the end of epoch 0 each replica's device gets the
-// layout and, per field, the table of every replica's cache address (a few KB, copied
-// once); peer access is enabled between the replicas' devices (a config_error where the
+// layout and, per field, the table of every replica's cache address (16 bytes a step and
+// replica, copied once); peer access is enabled between the replicas' devices (a config_error where the
 // GPUs cannot read each other's memory: no NVLink or PCIe P2P); each replica's stream
 // waits for every replica's epoch-0 copies. Each later epoch, replica r's gather kernel
 // reads the rows it serves straight from the other GPUs' caches (cache_on_device.cuh).
