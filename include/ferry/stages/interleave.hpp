@@ -233,25 +233,20 @@ class interleave_source
     if (replay_) return replay_table_.write(w, slots_.size());
     const slot* o = oldest();
     const std::uint64_t base_k = o ? o->distance : pulls_;
-    w.put(cur_);
-    w.put(in_block_);
-    for (const auto& s : slots_) {
-      w.put(s ? 1 : 0);
+    interleave_table t{cur_, in_block_, {}, pulls_ - base_k, up_ended_};
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      const auto& s = slots_[i];
       if (!s) continue;
-      w.put(s->distance - base_k);
-      pipeline_state st;
+      interleave_table::open_slot& os = t.open.emplace_back(interleave_table::open_slot{i, s->distance - base_k, {}});
       if (o_.workers && s->p.started()) {
         if (std::string e = s->p.save_error(); !e.empty()) throw config_error(e);
-        st = s->p.position();
+        os.words = s->p.position();
       } else {
-        state_writer sw(st);
+        state_writer sw(os.words);
         s->src.save(sw);
       }
-      w.put(st.words.size());
-      w.put_words(st.words);
     }
-    w.put(pulls_ - base_k);
-    w.put(up_ended_ ? 1 : 0);
+    t.write(w, slots_.size());
   }
   void before_restore() noexcept {
     halt();

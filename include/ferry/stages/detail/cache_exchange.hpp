@@ -99,8 +99,7 @@ class cache_exchange {
  public:
   cache_exchange() = default;
   cache_exchange(cache_exchange&& o) noexcept
-      : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), counts_(std::move(o.counts_)),
-        local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)) {
+      : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)) {
     o.dev_.clear();
   }
   cache_exchange& operator=(cache_exchange&&) = delete;
@@ -109,7 +108,7 @@ class cache_exchange {
   // Forgets every row (a fill started again, or the cache given up).
   void clear() noexcept {
     free_devices();
-    for (std::vector<std::uint64_t>* v : {&step_base_, &in_step_, &counts_, &local_base_}) v->clear();
+    for (std::vector<std::uint64_t>* v : {&step_base_, &in_step_, &local_base_}) v->clear();
     replicas_ = 0;
   }
   // Epoch 0: one step's real rows, valid(r) of them for replica r < replicas. Throws
@@ -124,7 +123,6 @@ class cache_exchange {
     for (std::size_t r = 0; r < replicas; ++r) {
       const std::uint64_t v = valid(r);
       in_step_.push_back(o);
-      counts_.push_back(v);
       o += v;
     }
     in_step_.push_back(o);
@@ -136,7 +134,8 @@ class cache_exchange {
     local_base_.assign(R * (s + 1), 0);
     for (std::uint64_t r = 0; r < R; ++r)
       for (std::uint64_t k = 0; k < s; ++k)
-        local_base_[r * (s + 1) + k + 1] = local_base_[r * (s + 1) + k] + counts_[k * R + r];
+        local_base_[r * (s + 1) + k + 1] =
+            local_base_[r * (s + 1) + k] + in_step_[k * (R + 1) + r + 1] - in_step_[k * (R + 1) + r];
   }
   // Rows numbered so far (epoch 0), all replicas.
   std::uint64_t rows() const noexcept { return step_base_.empty() ? 0 : step_base_.back(); }
@@ -145,10 +144,7 @@ class cache_exchange {
   cache_layout_view view() const noexcept {
     return {step_base_.data(), in_step_.data(), local_base_.data(), steps(), replicas_};
   }
-  // Bytes the layout takes (a step's entries; no memory per row).
-  std::size_t bytes() const noexcept {
-    return (step_base_.size() + in_step_.size() + counts_.size() + local_base_.size()) * sizeof(std::uint64_t);
-  }
+
 
   // Device replicas, after finish(): the layout and every field's table of cache addresses
   // on each replica's device, peer access enabled, and each replica's stream after every
@@ -284,7 +280,7 @@ class cache_exchange {
     dev_.clear();
   }
 
-  std::vector<std::uint64_t> step_base_, in_step_, counts_, local_base_;
+  std::vector<std::uint64_t> step_base_, in_step_, local_base_;
   std::uint64_t replicas_ = 0;
   std::vector<device_side> dev_;  // device replicas: per replica
 };
