@@ -34,6 +34,7 @@
 #include "common/doubles.hpp"
 #include "ferry/collective/agree_steps.hpp"
 #include "ferry/distributed.hpp"
+#include "ferry/sources/detail/crc32c.hpp"
 #include "ferry/sources/fixed_length.hpp"
 #include "ferry/sources/from_files.hpp"
 #include "ferry/sources/global_shuffle.hpp"
@@ -294,6 +295,30 @@ std::vector<std::string> write_id_files(const fs::path& dir, const std::vector<i
   ctx().world().barrier();
   return files;
 }
+// The same ids as TFRecord files (each record's data is one id), for row_files' index.
+std::vector<std::string> write_id_tfrecords(const fs::path& dir, const std::vector<int>& sizes) {
+  namespace crc = ferry::detail::crc32c;
+  const auto le = [](std::uint64_t v, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += char(v >> (8 * i));
+    return s;
+  };
+  std::vector<std::string> files;
+  std::int64_t id = 0;
+  for (std::size_t f = 0; f < sizes.size(); ++f) {
+    std::string bytes;
+    for (int i = 0; i < sizes[f]; ++i, ++id) {
+      const std::string len = le(8, 8), data = le(std::uint64_t(id), 8);
+      bytes += len + le(crc::mask(crc::value(len.data(), 8)), 4) + data + le(crc::mask(crc::value(data.data(), 8)), 4);
+    }
+    char name[48];
+    std::snprintf(name, sizeof name, "ids-%02zu.tfrecord", f);
+    files.push_back((dir / name).string());
+    if (ctx().rank() == 0) write_file(files.back(), bytes.data(), bytes.size());
+  }
+  ctx().world().barrier();
+  return files;
+}
 // Rows of this rank's files (file-level shard j % W == r), from the file sizes: a
 // fixed-length format knows its row count before reading a byte.
 std::int64_t my_rows(const std::vector<std::string>& files, int W, int r) {
@@ -402,21 +427,27 @@ TEST_CASE("uneven files: every record exactly once across ranks and replicas, eq
 // Elastic resume: a job at W/2 ranks trains a few global steps and saves its position, a
 // job at W ranks resumes there, a third at W - 1 finishes the epoch (2 -> 4 -> 3 at 4
 // processes): over the epoch every element is seen exactly once, each rank's two replicas
-// taking their slices of the same global batches.
+// taking their slices of the same global batches. Over fixed-length files and over
+// TFRecord files (row_files' index of record offsets: the streaming formats' global order).
 TEST_CASE("global_shuffle: elastic resume at other rank counts sees every element once" * doctest::timeout(60)) {
   ferry_test::watchdog wd(60s);
   auto& c = ctx();
   auto& w = c.world();
   const int W = c.world_size(), me = c.rank();
   const fs::path dir = shared_dir("elastic");
-  const auto files = write_id_files(dir, {50, 130, 77, 200, 43});  // 500 ids
-  const ferry::row_files rows(files, ferry::fixed_length{.record_bytes = 8});
-  const std::uint64_t n = rows.size(), G = 24, R = 2;
+  const std::vector<int> sizes{50, 130, 77, 200, 43};  // 500 ids
+  const ferry::row_files fixed(write_id_files(dir, sizes), ferry::fixed_length{.record_bytes = 8});
+  const ferry::row_files tfrecords(write_id_tfrecords(dir, sizes), ferry::tfrecord{});
+  const std::uint64_t n = fixed.size(), G = 24, R = 2;
+  REQUIRE(tfrecords.size() == n);
   const std::uint64_t steps = n / G;
   const int ranks[] = {std::max(1, (W + 1) / 2), W, std::max(1, W - 1)};
   const std::uint64_t cut[] = {0, 5, 13, steps};
-  for (std::uint64_t epoch : {std::uint64_t(0), std::uint64_t(1)}) {
+  for (int run = 0; run < 4; ++run) {
+    const ferry::row_files& rows = run < 2 ? fixed : tfrecords;
+    const std::uint64_t epoch = std::uint64_t(run % 2);
     CAPTURE(epoch);
+    CAPTURE(run < 2);  // fixed-length files, else TFRecord
     std::vector<std::int64_t> visits(n, 0);
     for (int phase = 0; phase < 3; ++phase) {
       const int Wp = ranks[phase];

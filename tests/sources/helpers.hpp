@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <doctest/doctest.h>
+
 #include "ferry/sources/detail/crc32c.hpp"
+#include "ferry/sources/detail/file_reader.hpp"
 
 namespace src_test {
 
@@ -168,5 +171,20 @@ struct tar_writer {
   }
   void end() { out += std::string(1024, '\0'); }
 };
+
+// Runs `f`, expecting a ferry error naming `path` at `offset` whose message contains `what`.
+template <class E = ferry::error, class F>
+void expect_error(F&& f, const std::string& path, std::uint64_t offset, const std::string& what) {
+  try {
+    f();
+    FAIL("no error; expected: " << what);
+  } catch (const E& e) {
+    const auto d = ferry::detail::describe(e);
+    CHECK(d.path == path);
+    CHECK(d.offset == offset);
+    CHECK_MESSAGE(std::string(e.what()).rfind(path + ": ", 0) == 0, std::string(e.what()));  // names the file
+    CHECK_MESSAGE(std::string(e.what()).find(what) != std::string::npos, std::string(e.what()));
+  }
+}
 
 }  // namespace src_test

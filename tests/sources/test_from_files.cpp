@@ -42,20 +42,6 @@ std::vector<std::string> read_all(const std::vector<std::string>& files, ferry::
   auto src = ferry::from_files(files, f, o);
   return read_all(src);
 }
-// Runs `f`, expecting a ferry error naming `path` at `offset` whose message contains `what`.
-template <class E = ferry::error, class F>
-void expect_error(F&& f, const std::string& path, std::uint64_t offset, const std::string& what) {
-  try {
-    f();
-    FAIL("no error; expected: " << what);
-  } catch (const E& e) {
-    const auto d = ferry::detail::describe(e);
-    CHECK(d.path == path);
-    CHECK(d.offset == offset);
-    CHECK_MESSAGE(std::string(e.what()).rfind(path + ": ", 0) == 0, std::string(e.what()));  // names the file
-    CHECK_MESSAGE(std::string(e.what()).find(what) != std::string::npos, std::string(e.what()));
-  }
-}
 // The gzip file write_gzip writes for `bytes`.
 std::string gzip_bytes(const std::string& bytes) {
   temp_dir t;

@@ -1,19 +1,22 @@
 // global_shuffle and row_files: the permutation against a naive oracle (a bijection, fixed by
 // its key), one global order for any number of ranks and replicas, elastic resume at other
 // rank counts (every element of an epoch exactly once), pipeline_state, bad arguments, and
-// rows read by index from .npy and fixed-length files.
+// rows read by index from .npy, fixed-length and TFRecord files (against from_files' reading).
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "ferry/detail/permutation.hpp"
+#include "ferry/sources/from_files.hpp"
 #include "ferry/sources/global_shuffle.hpp"
 #include "ferry/sources/row_files.hpp"
+#include "ferry/sources/webdataset.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/state.hpp"
@@ -246,10 +249,159 @@ TEST_CASE("row_files: rows by index from .npy and fixed-length files, in any ord
   src_test::write_file(d / "g.bin", "HH" + rows_a + "FF");
   CHECK_THROWS_WITH_AS(ferry::row_files({d / "g.bin"}, ferry::fixed_length{.record_bytes = 6, .header_bytes = 2, .footer_bytes = 1}),
                        doctest::Contains("the file has 46 bytes"), ferry::format_error);
-  CHECK_THROWS_AS(ferry::row_files({d / "x.tfrecord"}, ferry::tfrecord{}), ferry::config_error);
   CHECK_THROWS_AS(ferry::row_files({d / "missing.npy"}, ferry::npy{}), ferry::io_error);
   // A file cut after it was opened: io_error naming it and the row's offset.
   const ferry::row_files cut({d / "f.bin"}, ferry::fixed_length{.record_bytes = 6, .header_bytes = 2, .footer_bytes = 1});
   src_test::write_file(d / "f.bin", "HH" + rows_a.substr(0, 12));
   CHECK_THROWS_WITH_AS(cut[4], doctest::Contains("short read of row 4"), ferry::io_error);
+}
+
+TEST_CASE("row_files: TFRecord records by index equal from_files' records, in any order") {
+  src_test::temp_dir d;
+  // Three files of records of random lengths (empty ones, and records past the index's
+  // 64 KiB window and 4 KiB page, so both of its reads run), one empty file among them.
+  std::mt19937_64 rng(5);
+  std::vector<std::string> paths;
+  for (int f = 0; f < 4; ++f) {
+    std::string bytes;
+    const int n = f == 2 ? 0 : 40 + int(rng() % 60);
+    for (int i = 0; i < n; ++i) {
+      const std::uint64_t r = rng() % 100;
+      const std::size_t len = r < 5 ? 0 : r < 10 ? 70000 + rng() % 50000 : r < 20 ? 3000 + rng() % 3000 : rng() % 200;
+      std::string data(len, '\0');
+      for (char& ch : data) ch = char(rng());
+      bytes += src_test::tfrecord_of(data);
+    }
+    paths.push_back(d / ("r" + std::to_string(f) + ".tfrecord"));
+    src_test::write_file(paths.back(), bytes);
+  }
+  // The oracle: from_files reading the files front to back.
+  std::vector<ferry::record> all;
+  auto seq = ferry::from_files(paths, ferry::tfrecord{});
+  while (auto r = seq.next()) all.push_back(*r);
+  const ferry::row_files rows(paths, ferry::tfrecord{});
+  REQUIRE(rows.size() == all.size());
+  REQUIRE(all.size() > 100);
+  CHECK_FALSE(rows.meta());
+  for (u64 i = 0; i < rows.size(); ++i) {
+    const ferry::record r = rows[i];
+    CHECK(r.str() == all[i].str());
+    CHECK(r.origin().file == all[i].origin().file);
+    CHECK(r.origin().offset == all[i].origin().offset);
+    CHECK(r.origin().data_offset == all[i].origin().data_offset);
+  }
+  // One global order over them, at 1 and 3 ranks: the joined parts are the same records.
+  for (u64 W : {u64(1), u64(3)}) {
+    std::vector<std::string> joined(rows.size() / 6 * 6);
+    for (u64 w = 0; w < W; ++w) {
+      auto src = ferry::global_shuffle(rows, {.seed = 9, .global_batch = 6, .ranks = W, .rank = w});
+      for (u64 s = 0; s < src.steps(); ++s)
+        for (u64 k = 0; k < 6 / W; ++k) joined[s * 6 + w * (6 / W) + k] = std::string(src.next()->str());
+    }
+    auto whole = ferry::global_shuffle(rows, {.seed = 9, .global_batch = 6});
+    for (u64 p = 0; p < joined.size(); ++p) CHECK(joined[p] == all[whole.index_at(p)].str());
+  }
+  CHECK_THROWS_AS(rows[rows.size()], std::out_of_range);
+}
+
+TEST_CASE("row_files: bad TFRecord files name the file and the record's offset") {
+  src_test::temp_dir d;
+  using src_test::expect_error;
+  const std::string a = src_test::tfrecord_of("first"), b = src_test::tfrecord_of(std::string(100, 'b'));
+  const auto open = [](const std::string& p, ferry::tfrecord t = {}, ferry::row_files_options o = {}) {
+    return [=] { ferry::row_files(std::vector<std::string>{p}, t, o); };
+  };
+  // Cut inside the second record (at offset 21), inside its header, and a bad length CRC.
+  src_test::write_file(d / "cut.tfrecord", a + b.substr(0, 50));
+  expect_error<ferry::format_error>(open(d / "cut.tfrecord"), d / "cut.tfrecord", 21,
+                                    "truncated record (the length field says 100 bytes, 34 are left");
+  src_test::write_file(d / "head.tfrecord", a + b.substr(0, 7));
+  expect_error<ferry::format_error>(open(d / "head.tfrecord"), d / "head.tfrecord", 21,
+                                    "truncated record (7 bytes of a 12-byte header)");
+  std::string bad = a + b;
+  bad[21 + 9] ^= 1;  // the second record's length CRC
+  src_test::write_file(d / "crc.tfrecord", bad);
+  expect_error<ferry::format_error>(open(d / "crc.tfrecord"), d / "crc.tfrecord", 21, "length CRC mismatch");
+  CHECK(ferry::row_files({d / "crc.tfrecord"}, ferry::tfrecord{.verify_crc = false}).size() == 2);
+  // A length over max_record_bytes: refused at open, nothing allocated for it.
+  expect_error<ferry::format_error>(open(d / "cut.tfrecord", {}, {.max_record_bytes = 4}), d / "cut.tfrecord", 0,
+                                    "record length 5 exceeds max_record_bytes (4)");
+  // A data CRC is checked when the record is read: that record fails, the others read.
+  std::string data_bad = a + b + a;
+  data_bad[21 + 12 + 40] ^= 1;
+  src_test::write_file(d / "data.tfrecord", data_bad);
+  const ferry::row_files rows({d / "data.tfrecord"}, ferry::tfrecord{});
+  REQUIRE(rows.size() == 3);
+  expect_error<ferry::format_error>([&] { (void)rows[1]; }, d / "data.tfrecord", 21, "corrupted record (data CRC mismatch)");
+  CHECK(rows[0].str() == "first");
+  CHECK(rows[2].str() == "first");
+  CHECK(ferry::row_files({d / "data.tfrecord"}, ferry::tfrecord{.verify_crc = false})[1].size() == 100);
+  // Rewritten after it was indexed: a short read (io_error) or a changed header (format_error).
+  src_test::write_file(d / "data.tfrecord", a + b.substr(0, 60));
+  expect_error<ferry::io_error>([&] { (void)rows[2]; }, d / "data.tfrecord", 21 + 116, "short read of row 2");
+  src_test::write_file(d / "data.tfrecord", a + src_test::tfrecord_of(std::string(60, 'c')) + a + a);
+  expect_error<ferry::format_error>([&] { (void)rows[1]; }, d / "data.tfrecord", 21, "header changed");
+  // Compressed files and missing ones.
+  src_test::write_gzip(d / "z.tfrecord.gz", a);
+  CHECK_THROWS_WITH_AS(ferry::row_files({d / "z.tfrecord.gz"}, ferry::tfrecord{}), doctest::Contains("compressed"),
+                       ferry::config_error);
+  CHECK_THROWS_AS(ferry::row_files({d / "missing.tfrecord"}, ferry::tfrecord{}), ferry::io_error);
+  CHECK_THROWS_AS(ferry::row_files({d / "data.tfrecord"}, ferry::tfrecord{}, {.max_record_bytes = 0}), ferry::config_error);
+}
+
+TEST_CASE("row_files: WebDataset samples and text lines by index equal from_files' records") {
+  src_test::temp_dir d;
+  std::mt19937_64 rng(8);
+  // Two shards of samples of 1-3 members (a directory and a file without a dot between
+  // them, which belong to no sample), and two text files (an empty line, no final newline).
+  std::vector<std::string> shards;
+  for (int f = 0; f < 2; ++f) {
+    src_test::tar_writer w;
+    for (int i = 0; i < 30; ++i) {
+      const std::string key = "s" + std::to_string(f) + "/" + std::to_string(1000 + i);
+      w.add(key + ".jpg", std::string(rng() % 3000, char('a' + i % 26)));
+      if (i % 2) w.add(key + ".cls", std::to_string(i));
+      if (i % 7 == 3) w.add("s" + std::to_string(f) + "/", "", '5');
+      if (i % 5 == 1) w.add("README", "no dot");
+      if (i % 3 == 0) w.add(key + ".seg.png", std::string(rng() % 700, 'p'));
+    }
+    w.end();
+    shards.push_back(d / ("shard-" + std::to_string(f) + ".tar"));
+    src_test::write_file(shards.back(), w.out);
+  }
+  src_test::write_file(d / "a.txt", "first line\n\nthird\r\nfourth");
+  src_test::write_file(d / "b.txt", "x\ny\n");
+  const std::vector<std::pair<std::vector<std::string>, ferry::file_format>> cases = {
+      {shards, ferry::webdataset{}}, {{d / "a.txt", d / "b.txt"}, ferry::text_lines{}}};
+  for (const auto& [paths, fmt] : cases) {
+    std::vector<ferry::record> all;
+    auto seq = ferry::from_files(paths, fmt);
+    while (auto r = seq.next()) all.push_back(*r);
+    const ferry::row_files rows(paths, fmt);
+    REQUIRE(rows.size() == all.size());
+    REQUIRE(all.size() >= 6);
+    auto src = ferry::global_shuffle(rows, {.seed = 2, .global_batch = 3});
+    for (u64 p = 0; p < src.steps() * 3; ++p) {
+      const ferry::record r = *src.next();
+      const ferry::record& want = all[src.index_at(p)];
+      CHECK(r.str() == want.str());
+      CHECK(r.origin().file == want.origin().file);
+      CHECK(r.origin().offset == want.origin().offset);
+      CHECK(r.origin().data_offset == want.origin().data_offset);
+    }
+    if (std::holds_alternative<ferry::webdataset>(fmt)) {  // a sample read by index parses as one
+      const ferry::webdataset_sample s = ferry::parse_webdataset(rows[5]);
+      CHECK(s.key == "s0/1005");
+      CHECK(s.at("cls").str() == "5");
+      CHECK(s.at("jpg").origin().offset == ferry::parse_webdataset(all[5]).at("jpg").origin().offset);
+    }
+  }
+  // A shard cut inside a member: from_files' error, naming the file and the member's header.
+  const std::string whole = src_test::read_file(shards[0]);
+  src_test::write_file(d / "cut.tar", whole.substr(0, 512 + 100));
+  CHECK_THROWS_WITH_AS(ferry::row_files({d / "cut.tar"}, ferry::webdataset{}), doctest::Contains("truncated member"),
+                       ferry::format_error);
+  // A line over max_record_bytes is refused when indexed.
+  CHECK_THROWS_WITH_AS(ferry::row_files({d / "a.txt"}, ferry::text_lines{}, {.max_record_bytes = 4}),
+                       doctest::Contains("max_record_bytes"), ferry::format_error);
 }

@@ -3,7 +3,8 @@
 // it exactly (tf.data's global_shuffle; MosaicML Streaming's "elastic determinism", for any
 // dataset with an index).
 //
-//   auto rows = ferry::row_files({"train.npy"}, ferry::npy{});     // or a vector, a span
+//   auto rows = ferry::row_files({"train.npy"}, ferry::npy{});     // or a vector, a span,
+//                                                                  // tfrecord / webdataset files
 //   auto src = ferry::global_shuffle(rows, {.seed = 7, .global_batch = 256,
 //                                           .ranks = world, .rank = me, .resume = saved});
 //   auto steps = src | ferry::map(decode, {.workers = 4}) | ferry::batch(256 / world)
