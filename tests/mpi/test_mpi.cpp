@@ -33,6 +33,7 @@
 #include "common/close.hpp"
 #include "common/doubles.hpp"
 #include "ferry/collective/agree_steps.hpp"
+#include "ferry/collective/rank_exchange.hpp"
 #include "ferry/distributed.hpp"
 #include "ferry/sources/detail/crc32c.hpp"
 #include "ferry/sources/fixed_length.hpp"
@@ -40,6 +41,7 @@
 #include "ferry/sources/global_shuffle.hpp"
 #include "ferry/sources/row_files.hpp"
 #include "ferry/stages/batch.hpp"
+#include "ferry/stages/cache_on_device.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/filter.hpp"
 #include "ferry/stages/lockstep.hpp"
@@ -473,6 +475,83 @@ TEST_CASE("global_shuffle: elastic resume at other rank counts sees every elemen
     CHECK(more == 0);
     CHECK(once == std::int64_t(steps * G));
     CHECK(never == std::int64_t(n - steps * G));
+  }
+}
+
+// cache_on_device with across_replicas over the ranks (host replicas, rows moved by MPI
+// all-to-all): each later epoch's global batches are those of one process with one replica
+// (the naive oracle, no exchange), every cached row is served once an epoch, the order
+// changes each epoch; ranks whose epoch 0 differs all fail or all stream, with no hang.
+TEST_CASE("cache_on_device across ranks: the one-process order, rows from other processes" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  auto& c = ctx();
+  auto& w = c.world();
+  const std::uint64_t W = std::uint64_t(c.world_size()), me = std::uint64_t(c.rank());
+  const std::uint64_t n = 500, G = 24, steps = n / G;
+  std::vector<std::int64_t> ids(n);
+  for (std::uint64_t i = 0; i < n; ++i) ids[i] = std::int64_t(i);
+  ferry::rank_exchange_over<ferry::mpi_communicator> ex(w);
+  const auto pipeline = [&](std::uint64_t ranks, std::uint64_t rank, std::size_t R, ferry::rank_exchange* x) {
+    return ferry::global_shuffle(ids, {.seed = 3, .global_batch = G, .ranks = ranks, .rank = rank}) |
+           ferry::batch(G / ranks) | ferry::distribute(ferry::host_replicas{R}) |
+           ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = x});
+  };
+  auto p = pipeline(W, me, 2, &ex);
+  auto solo = pipeline(1, 0, 1, nullptr);
+  std::vector<std::int64_t> first_step(G / W);
+  std::int64_t changed = 0;
+  for (int epoch = 0; epoch < 4; ++epoch, p.rewind(), solo.rewind()) {
+    CAPTURE(epoch);
+    CHECK(p.cached() == (epoch > 0));
+    std::vector<std::int64_t> visits(n, 0);
+    for (std::uint64_t s = 0; s < steps; ++s) {
+      auto st = p.next();
+      auto so = solo.next();
+      REQUIRE(st);
+      REQUIRE(so);
+      std::vector<std::int64_t> mine;
+      for (std::size_t r = 0; r < st->replicas(); ++r)
+        for (std::int64_t id : (*st)[r].field<0>().first((*st)[r].valid())) mine.push_back(id);
+      const auto whole = (*so)[0].field<0>().first((*so)[0].valid());
+      REQUIRE(mine.size() == G / W);
+      CHECK(std::equal(mine.begin(), mine.end(), whole.begin() + std::ptrdiff_t(me * G / W)));
+      for (std::int64_t id : mine) visits[std::size_t(id)]++;
+      if (s == 0) {
+        changed += epoch > 0 && mine != first_step;
+        first_step = mine;
+      }
+    }
+    CHECK_FALSE(p.next());
+    CHECK_FALSE(solo.next());
+    w.all_reduce_sum(std::span<std::int64_t>(visits));
+    CHECK(std::count(visits.begin(), visits.end(), 1) == std::int64_t(steps * G));
+    CHECK(std::count_if(visits.begin(), visits.end(), [](std::int64_t v) { return v > 1; }) == 0);
+  }
+  CHECK(changed >= 2);  // epochs 1, 2, 3 in new orders
+  if (W == 1) return;
+  // Other replica counts on rank 0: a config_error on every rank at the first rewind, then
+  // every rank streams.
+  {
+    auto q = pipeline(W, me, me == 0 ? 1 : 2, &ex);
+    while (q.next()) {
+    }
+    CHECK_THROWS_WITH_AS(q.rewind(), doctest::Contains("every rank needs the same steps and replicas"), ferry::config_error);
+    CHECK_FALSE(q.cached());
+    std::uint64_t got = 0;
+    while (q.next()) ++got;
+    CHECK(got == steps);
+  }
+  // Rank 0 stops epoch 0 part way: no rank serves a cache (all agree at the rewind), none hangs.
+  {
+    auto q = pipeline(W, me, 2, &ex);
+    for (std::uint64_t s = 0; s < (me == 0 ? 3 : steps); ++s) REQUIRE(q.next());
+    q.rewind();
+    CHECK_FALSE(q.cached());
+    std::uint64_t got = 0;
+    while (q.next()) ++got;
+    CHECK(got == steps);
+    q.rewind();
+    CHECK_FALSE(q.cached());
   }
 }
 

@@ -4,6 +4,8 @@
 //   ferry::mpi_communicator world;                    // a private duplicate of MPI_COMM_WORLD
 //   world.all_reduce_average(host_grads);             // MPI_Allreduce(MPI_IN_PLACE, ..., MPI_SUM)
 //   const auto n = world.all_reduce_min(local_steps); // integers: MIN / MAX / SUM
+//   world.all_to_all_bytes(send, counts, recv, rcounts, row_bytes);  // rows between ranks
+//                                                     // (rank_exchange_over: cache_on_device)
 //
 // Satisfies ferry::communicator, so mirrored_trainer<host_backend, mpi_communicator> trains
 // one replica per process with no change to the trainer (see docs/multi_node.md).
@@ -44,6 +46,7 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "ferry/collective/communicator.hpp"
 #include "ferry/error.hpp"
@@ -137,9 +140,48 @@ class mpi_communicator {
     reduce(s.data(), s.size(), MPI_INT64_T, MPI_SUM);
   }
 
+  // Every rank's `bytes` bytes, rank by rank, into `all` (size() x bytes): MPI_Allgather.
+  // Throws ferry::error past INT_MAX bytes a rank.
+  void all_gather_bytes(const void* mine, std::size_t bytes, void* all) {
+    detail::mpi_check(MPI_Allgather(mine, as_int(bytes, "all_gather_bytes"), MPI_BYTE, all,
+                                    as_int(bytes, "all_gather_bytes"), MPI_BYTE, comm_),
+                      "MPI_Allgather");
+  }
+  // Units of `unit` bytes to and from every rank (counts per rank, rank by rank in the
+  // buffers): MPI_Alltoallv over a contiguous type of `unit` bytes, so counts and offsets
+  // are in units. Throws ferry::error past INT_MAX units in one buffer, or a unit of 0.
+  void all_to_all_bytes(const void* send, const std::uint64_t* send_counts, void* recv,
+                        const std::uint64_t* recv_counts, std::size_t unit) {
+    if (unit == 0) throw error("MPI: all_to_all_bytes: a unit of 0 bytes");
+    const std::size_t n = std::size_t(size_);
+    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    std::uint64_t so = 0, ro = 0;
+    for (std::size_t p = 0; p < n; ++p) {
+      sd[p] = as_int(so, "all_to_all_bytes");
+      rd[p] = as_int(ro, "all_to_all_bytes");
+      sc[p] = as_int(send_counts[p], "all_to_all_bytes");
+      rc[p] = as_int(recv_counts[p], "all_to_all_bytes");
+      so += send_counts[p];
+      ro += recv_counts[p];
+    }
+    as_int(so, "all_to_all_bytes");
+    as_int(ro, "all_to_all_bytes");
+    MPI_Datatype t = MPI_DATATYPE_NULL;
+    detail::mpi_check(MPI_Type_contiguous(as_int(unit, "all_to_all_bytes"), MPI_BYTE, &t), "MPI_Type_contiguous");
+    detail::mpi_check(MPI_Type_commit(&t), "MPI_Type_commit");
+    const int rc_all = MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_);
+    MPI_Type_free(&t);
+    detail::mpi_check(rc_all, "MPI_Alltoallv");
+  }
+
  private:
   static constexpr std::size_t piece = std::size_t(1) << 30;  // < INT_MAX elements per call
   static int count(std::size_t left) { return static_cast<int>(std::min(left, piece)); }
+  static int as_int(std::uint64_t v, const char* what) {
+    if (v > std::uint64_t(INT_MAX))
+      throw error(std::string("MPI: ") + what + ": " + std::to_string(v) + " is past INT_MAX (MPI's counts are int)");
+    return int(v);
+  }
 
   void reduce(void* data, std::size_t n, MPI_Datatype t, MPI_Op op) {
     int tsize = 0;

@@ -18,46 +18,43 @@
 // the replica's rows per step in epoch 0. Every epoch has epoch 0's step count on every
 // replica; under remainder_policy::pad every slice keeps epoch 0's size (the padding rows
 // zero), otherwise a slice has its real rows. A served step's memory is the stage's: it is
-// valid until the next rewind(), not for as long as the step lives. By default rows stay
-// with the replica that cached them, each replica reshuffling its own. With
-// across_replicas, an epoch is one permutation, drawn from (seed, epoch), of the rows'
-// places in epoch 0's global batches: each replica's steps draw from the whole dataset,
-// and an epoch's global batches are the same for any replica count (same global batch
-// size). GPU replicas read the rows from each other's memory (peer access; one process),
-// see cache_exchange.hpp. A job resumed mid-epoch caches what its first epoch reads, the
-// rest of that epoch only: start the stage at an epoch's start.
+// valid until the next rewind(), not as long as the step lives. With across_replicas,
+// an epoch is one permutation, drawn from (seed, epoch), of the rows' places in epoch 0's
+// global batches: each replica's steps draw from the whole dataset, and an epoch's global
+// batches are the same for any replica count (same global batch size). GPU replicas read
+// the rows from each other's memory (peer access; one process). With .ranks too (host
+// replicas in several processes, a rank_exchange), global replica w x R + r is rank w's
+// replica r, the order is the same for any rank count, and each epoch the ranks trade
+// the rows they serve by all-to-all (see cache_exchange.hpp); at the first rewind they
+// agree, and unless every rank cached a whole epoch 0, every rank streams. A job resumed
+// mid-epoch caches what its first epoch reads, the rest of that epoch only.
 //
 // Memory per replica, after epoch 0: (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
-// with across_replicas, epoch 0's step layout (16 bytes a step and replica). While epoch 0
-// fills it, the cache doubles as it grows, capped by the budget.
+// with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
+// across ranks, during a reorder, the rows traded (kept for the next epoch). While epoch 0
+// fills it, the cache doubles as it grows, capped by the budget. Freed with the stage;
+// nothing is allocated after epoch 0 (on GPUs with across_replicas: the layout, then).
 //
 // The budget (per replica, bytes, the cache and the shuffled copy together; 0: none):
-// over_budget::error throws config_error at the step that would exceed it, naming the
-// replica and the size reached (the stage then streams the upstream, if the caller goes
-// on); over_budget::stream gives up the cache there (freed) and passes the upstream through
-// every epoch, as if the stage were not there.
+// over_budget::error throws config_error at the step that would pass it, naming the replica
+// and the size reached (then streams, if the caller goes on); over_budget::stream gives up
+// the cache there (freed) and passes the upstream through every epoch.
 //
-// Fields: fixed-size fields only (a ragged or padded field is a compile-time error). A
-// cached step's host_batch() is empty (no host batch exists).
+// Fixed-size fields only (a ragged or padded field: a compile-time error). A cached step's
+// host_batch() is empty. Threads: none of its own; runs on the thread calling next(). The
+// device path enqueues copies and gathers on each replica's stream (distribute's), so work
+// a consumer enqueues on rb.stream() is ordered after them, and the next gather after it.
 //
-// Threads: none of its own; runs on the thread calling next(). The device path enqueues
-// copies and the gather on each replica's stream (the stream distribute gave it), so a
-// consumer that enqueues its work on rb.stream() is ordered after them, and the next
-// epoch's gather after that work.
-//
-// Errors: config_error for a ragged or padded upstream step (compile time), over budget
-// (over_budget::error), replicas, devices or streams that change between steps, a device
-// replica with the host-only stage and shuffle (use ferry::cuda::cache_on_device from the
-// .cuh; at the first step, before anything is cached), across_replicas without shuffle
-// (when the stage is built) or over GPUs that cannot read each other's memory (at the end
-// of epoch 0). cuda_error from the runtime, std::bad_alloc:
-// whatever fails while filling, at the end of epoch 0 or in a reorder frees the caches, and
-// the stage streams the upstream from then on (nothing half cached or half reordered is
-// ever served).
-//
-// Memory: see above; freed with the stage. Nothing is allocated after epoch 0 (with
-// across_replicas on GPUs: the layout on each GPU then, 16 bytes a step and replica).
+// Errors: config_error for a ragged or padded upstream step (compile time), over budget,
+// replicas, devices or streams that change between steps, a device replica with the
+// host-only stage and shuffle (at the first step), across_replicas without shuffle or
+// ranks without across_replicas (when built), GPUs that cannot read each other's memory
+// or GPU replicas across ranks, ranks whose epoch 0 had other step or replica counts (at
+// the end of epoch 0, on every rank). cuda_error, std::bad_alloc, what the rank_exchange
+// throws: whatever fails while filling, at the end of epoch 0 or in a reorder frees the
+// caches, and the stage streams the upstream from then on (nothing half cached or half
+// reordered is ever served).
 //
 // Checkpoints: none (cannot_save: the cache is memory, not a position; a resumed job
 // fills it again in its first epoch).
@@ -67,7 +64,6 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -76,7 +72,6 @@
 #include <vector>
 
 #include "ferry/config.hpp"
-#include "ferry/detail/permutation.hpp"
 #include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/source.hpp"
@@ -106,8 +101,8 @@ struct cache_on_device_options {
   over_budget when_over = over_budget::error;  // see over_budget
   std::uint64_t seed = 0;  // with the epoch and the replica, fixes each epoch's order
   bool shuffle = true;     // a new order of each replica's rows every epoch
-  // One order of all replicas' rows each epoch (see the file's top). Needs shuffle.
-  bool across_replicas = false;
+  bool across_replicas = false;  // one order of all replicas' rows each epoch (the top); needs shuffle
+  rank_exchange* ranks = nullptr;  // with it: the processes sharing that order (host replicas; not owned)
 };
 
 namespace detail {
@@ -128,10 +123,13 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   static constexpr bool changes_batch_size = true;  // steps, not batches
   static constexpr bool cannot_save = true;         // the cache is memory, not a position
 
-  // Throws config_error for across_replicas without shuffle.
+  // Throws config_error for across_replicas without shuffle, ranks without across_replicas.
   cache_on_device_source(Up up, cache_on_device_options o) : stage<cache_on_device_source, Up>(std::move(up)), o_(o) {
     if (o_.across_replicas && !o_.shuffle)
       throw config_error("cache_on_device: across_replicas reorders rows across replicas each epoch; it needs shuffle");
+    if (o_.ranks && !o_.across_replicas)
+      throw config_error("cache_on_device: ranks share one order only with across_replicas = true");
+    exchange_.set_ranks(o_.ranks);
   }
   // Takes o's caches (o is left with none).
   cache_on_device_source(cache_on_device_source&&) noexcept = default;
@@ -181,6 +179,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   void start_epoch() {
     ++epoch_;
     step_ = 0;
+    if (!exchange_.agree_once(state_ == mode::filling && filled_)) return give_up();
     if (state_ == mode::filling && !filled_) {  // epoch 0 stopped part way: fill again from the start
       free_all();
       steps_ = 0;

@@ -18,9 +18,14 @@
 // GPUs cannot read each other's memory: no NVLink or PCIe P2P); each replica's stream
 // waits for every replica's epoch-0 copies. Each later epoch, replica r's gather kernel
 // reads the rows it serves straight from the other GPUs' caches (cache_on_device.cuh).
-// Across processes (MPI ranks) the rows would need an NCCL all-to-all: not built.
-// Throws cuda_error, config_error, std::bad_alloc; runs on the stage's caller's thread;
-// no user code.
+// Across processes (host replicas, a rank_exchange: MPI): at the end of epoch 0 the ranks
+// gather each other's layouts (every rank then holds the whole job's, 16 bytes a step and
+// replica of the job), global replica w x R + r being rank w's replica r (the order of
+// global_shuffle's parts); each later epoch every rank asks each other rank for the rows
+// it serves that rank cached (their global indices, one all-to-all) and gets them (one
+// all-to-all per field). GPU replicas across ranks would need an NCCL all-to-all: not
+// built (a config_error). Throws cuda_error, config_error, std::bad_alloc, what the
+// rank_exchange throws; runs on the stage's caller's thread; no user code.
 #pragma once
 
 #include <algorithm>
@@ -31,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/collective/rank_exchange.hpp"
 #include "ferry/config.hpp"
 #include "ferry/detail/permutation.hpp"
 #include "ferry/error.hpp"
@@ -99,7 +105,8 @@ class cache_exchange {
  public:
   cache_exchange() = default;
   cache_exchange(cache_exchange&& o) noexcept
-      : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)) {
+      : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)),
+        ranks_(o.ranks_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
     o.dev_.clear();
   }
   cache_exchange& operator=(cache_exchange&&) = delete;
@@ -109,7 +116,20 @@ class cache_exchange {
   void clear() noexcept {
     free_devices();
     for (std::vector<std::uint64_t>* v : {&step_base_, &in_step_, &local_base_}) v->clear();
-    replicas_ = 0;
+    replicas_ = first_ = local_ = 0;
+  }
+  // This process is one rank of x's group (nullptr or a group of one: this process alone).
+  void set_ranks(rank_exchange* x) noexcept { ranks_ = x; }
+  bool across_ranks() const noexcept { return ranks_ && ranks_->size() > 1; }
+  // Across ranks, at the first rewind (every rank calls it, whatever its state): false
+  // unless every rank has a whole epoch 0 cached (`mine` for this one). Later, or alone: true.
+  bool agree_once(bool mine) {
+    if (!across_ranks() || agreed_) return true;
+    agreed_ = true;
+    const std::uint64_t w = mine;
+    std::vector<std::uint64_t> all(std::size_t(ranks_->size()));
+    ranks_->all_gather(&w, sizeof w, all.data());
+    return std::all_of(all.begin(), all.end(), [](std::uint64_t v) { return v == 1; });
   }
   // Epoch 0: one step's real rows, valid(r) of them for replica r < replicas. Throws
   // std::bad_alloc.
@@ -128,8 +148,13 @@ class cache_exchange {
     in_step_.push_back(o);
     step_base_.push_back(step_base_.back() + o);
   }
-  // The end of epoch 0: each replica's rows before each step. Throws std::bad_alloc.
+  // The end of epoch 0: each replica's rows before each step (across ranks, the job's
+  // layout first). Throws std::bad_alloc; config_error, on every rank, when the ranks had
+  // other step or replica counts.
   void finish() {
+    local_ = replicas_;
+    first_ = 0;
+    if (across_ranks()) merge_ranks();
     const std::uint64_t s = steps(), R = replicas_;
     local_base_.assign(R * (s + 1), 0);
     for (std::uint64_t r = 0; r < R; ++r)
@@ -151,6 +176,9 @@ class cache_exchange {
   // replica's epoch-0 work. Throws config_error (devices that cannot reach each other),
   // cuda_error.
   void to_devices(std::vector<replica_arena>& arenas, std::size_t fields) {
+    if (across_ranks())
+      throw config_error("cache_on_device: across_replicas over several ranks with GPU replicas needs an NCCL "
+                         "all-to-all, which is not built: use host replicas across ranks, or one process");
 #if defined(FERRY_WITH_CUDART)
     free_devices();
     const cache_layout_view host = view();
@@ -199,9 +227,10 @@ class cache_exchange {
   // host replicas, Launch::launch_global on each replica's stream for device ones.
   template <class Launch>
   void reorder(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
-               std::uint64_t key) const {
+               std::uint64_t key) {
     if (arenas.empty()) return;
     if (arenas[0].device < 0) {
+      if (across_ranks()) return exchange_host(arenas, field_bytes, fields, key);
       for (std::size_t f = 0; f < fields; ++f) gather_host(arenas, f, field_bytes[f], key);
       return;
     }
@@ -229,7 +258,102 @@ class cache_exchange {
     }
   }
 
+  // A later epoch across ranks (host replicas): every rank asks each other rank for the
+  // rows it serves that rank cached (their global indices, in its rows' order), then per
+  // field gets them back in that order; its own rows it copies. Nothing is kept per row
+  // but the requests: the sources are computed again per pass. Buffers are kept for the
+  // next epoch.
+  void exchange_host(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
+                     std::uint64_t key) {
+    const feistel_permutation perm(rows(), key);
+    const cache_layout_view l = view();
+    const std::size_t W = std::size_t(ranks_->size()), R = std::size_t(local_), me = std::size_t(first_ / local_);
+    // fn(replica r, row j, owner q, its row i) for every local row, in order.
+    const auto each_row = [&](auto&& fn) {
+      for (std::size_t r = 0; r < R; ++r)
+        for (std::uint64_t j = 0; j < arenas[r].rows; ++j) {
+          std::uint64_t q = 0, i = 0;
+          const std::uint64_t g = perm(l.global(first_ + r, j));
+          l.owner(g, q, i);
+          fn(r, j, g, std::size_t(q / R), q % R, i);
+        }
+    };
+    std::vector<std::uint64_t> ask(W, 0), at(W + 1, 0);
+    each_row([&](std::size_t, std::uint64_t, std::uint64_t, std::size_t p, std::uint64_t, std::uint64_t) {
+      if (p != me) ++ask[p];
+    });
+    for (std::size_t p = 0; p < W; ++p) at[p + 1] = at[p] + ask[p];
+    asks_.resize(std::size_t(at[W]));
+    std::vector<std::uint64_t> next(at.begin(), at.end() - 1);
+    each_row([&](std::size_t, std::uint64_t, std::uint64_t g, std::size_t p, std::uint64_t, std::uint64_t) {
+      if (p != me) asks_[std::size_t(next[p]++)] = g;
+    });
+    // Every rank's asks of every rank: what this one gives p is what p asks of it.
+    std::vector<std::uint64_t> counts(W * W), give(W);
+    ranks_->all_gather(ask.data(), W * sizeof(std::uint64_t), counts.data());
+    std::uint64_t asked = 0;
+    for (std::size_t p = 0; p < W; ++p) asked += (give[p] = counts[p * W + me]);
+    wanted_.resize(std::size_t(asked));
+    ranks_->all_to_all(asks_.data(), ask.data(), wanted_.data(), give.data(), sizeof(std::uint64_t));
+    for (std::size_t f = 0; f < fields; ++f) {
+      const std::size_t eb = field_bytes[f];
+      out_.resize(std::size_t(asked) * eb);
+      for (std::size_t k = 0; k < wanted_.size(); ++k) {
+        std::uint64_t q = 0, i = 0;
+        if (wanted_[k] < rows()) l.owner(wanted_[k], q, i);
+        if (wanted_[k] >= rows() || q / R != me)
+          throw config_error("cache_on_device: across ranks: asked for row " + std::to_string(wanted_[k]) +
+                             ", which this rank did not cache (ranks with other layouts)");
+        std::memcpy(out_.data() + k * eb, arenas[std::size_t(q % R)].cache[f] + i * eb, eb);
+      }
+      back_.resize(std::size_t(at[W]) * eb);
+      ranks_->all_to_all(out_.data(), give.data(), back_.data(), ask.data(), eb);
+      std::copy(at.begin(), at.end() - 1, next.begin());
+      each_row([&](std::size_t r, std::uint64_t j, std::uint64_t, std::size_t p, std::uint64_t q, std::uint64_t i) {
+        const std::byte* from = p == me ? arenas[std::size_t(q)].cache[f] + i * eb : back_.data() + next[p]++ * eb;
+        std::memcpy(arenas[r].epoch[f] + j * eb, from, eb);
+      });
+    }
+  }
+
  private:
+  // Across ranks: rank w's replicas' counts joined into the job's layout (global replica
+  // w x R + r), every rank the same.
+  void merge_ranks() {
+    const std::uint64_t W = std::uint64_t(ranks_->size()), w = std::uint64_t(ranks_->rank());
+    const std::uint64_t s = steps(), R = replicas_;
+    const std::uint64_t mine[2] = {s, R};
+    std::vector<std::uint64_t> shape(2 * W);
+    ranks_->all_gather(mine, sizeof mine, shape.data());
+    for (std::uint64_t p = 0; p < W; ++p)
+      if (shape[2 * p] != s || shape[2 * p + 1] != R)
+        throw config_error("cache_on_device: across ranks, every rank needs the same steps and replicas in epoch 0: "
+                           "rank " + std::to_string(p) + " had " + std::to_string(shape[2 * p]) + " steps of " +
+                           std::to_string(shape[2 * p + 1]) + " replicas, rank " + std::to_string(w) + " " +
+                           std::to_string(s) + " of " + std::to_string(R));
+    std::vector<std::uint64_t> mine_counts(s * R), all(W * s * R);
+    for (std::uint64_t k = 0; k < s; ++k)
+      for (std::uint64_t r = 0; r < R; ++r)
+        mine_counts[k * R + r] = in_step_[k * (R + 1) + r + 1] - in_step_[k * (R + 1) + r];
+    ranks_->all_gather(mine_counts.data(), mine_counts.size() * sizeof(std::uint64_t), all.data());
+    const std::uint64_t G = W * R;
+    in_step_.assign(s * (G + 1), 0);
+    step_base_.assign(s + 1, 0);
+    for (std::uint64_t k = 0; k < s; ++k) {
+      std::uint64_t o = 0;
+      for (std::uint64_t p = 0; p < W; ++p)
+        for (std::uint64_t r = 0; r < R; ++r) {
+          in_step_[k * (G + 1) + p * R + r] = o;
+          o += all[(p * s + k) * R + r];
+        }
+      in_step_[k * (G + 1) + G] = o;
+      step_base_[k + 1] = step_base_[k] + o;
+    }
+    replicas_ = G;
+    first_ = w * R;
+    local_ = R;
+  }
+
   // A replica's device copies: the layout's arrays and per field the cache addresses.
   struct device_side {
     int device = -1;
@@ -281,8 +405,14 @@ class cache_exchange {
   }
 
   std::vector<std::uint64_t> step_base_, in_step_, local_base_;
-  std::uint64_t replicas_ = 0;
+  std::uint64_t replicas_ = 0;  // the job's (all ranks') after finish()
   std::vector<device_side> dev_;  // device replicas: per replica
+  rank_exchange* ranks_ = nullptr;
+  bool agreed_ = false;  // agree_once ran (clear() keeps it: once a job)
+  std::uint64_t first_ = 0, local_ = 0;  // this rank's first global replica, and its count
+  // Across ranks, kept between epochs: requests, rows asked of this rank, rows out and back.
+  std::vector<std::uint64_t> asks_, wanted_;
+  std::vector<std::byte> out_, back_;
 };
 
 }  // namespace ferry::detail
