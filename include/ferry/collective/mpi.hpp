@@ -148,29 +148,34 @@ class mpi_communicator {
                       "MPI_Allgather");
   }
   // Units of `unit` bytes to and from every rank (counts per rank, rank by rank in the
-  // buffers): MPI_Alltoallv over a contiguous type of `unit` bytes, so counts and offsets
-  // are in units. Throws ferry::error past INT_MAX units in one buffer, or a unit of 0.
+  // buffers): MPI_Alltoallv, in bytes while both buffers hold at most INT_MAX bytes, else
+  // over a contiguous type of `unit` bytes (counts and offsets in units). Throws
+  // ferry::error past INT_MAX units in one buffer, or for a unit of 0.
   void all_to_all_bytes(const void* send, const std::uint64_t* send_counts, void* recv,
                         const std::uint64_t* recv_counts, std::size_t unit) {
     if (unit == 0) throw error("MPI: all_to_all_bytes: a unit of 0 bytes");
     const std::size_t n = std::size_t(size_);
-    std::vector<int> sc(n), sd(n), rc(n), rd(n);
     std::uint64_t so = 0, ro = 0;
+    for (std::size_t p = 0; p < n; ++p) so += send_counts[p], ro += recv_counts[p];
+    const bool bytes = std::max(so, ro) <= std::uint64_t(INT_MAX) / unit;  // MPI_BYTE: the fastest path
+    const std::uint64_t scale = bytes ? unit : 1;
+    std::vector<int> sc(n), sd(n), rc(n), rd(n);
+    so = ro = 0;
     for (std::size_t p = 0; p < n; ++p) {
-      sd[p] = as_int(so, "all_to_all_bytes");
-      rd[p] = as_int(ro, "all_to_all_bytes");
-      sc[p] = as_int(send_counts[p], "all_to_all_bytes");
-      rc[p] = as_int(recv_counts[p], "all_to_all_bytes");
+      sd[p] = as_int(so * scale, "all_to_all_bytes");
+      rd[p] = as_int(ro * scale, "all_to_all_bytes");
+      sc[p] = as_int(send_counts[p] * scale, "all_to_all_bytes");
+      rc[p] = as_int(recv_counts[p] * scale, "all_to_all_bytes");
       so += send_counts[p];
       ro += recv_counts[p];
     }
-    as_int(so, "all_to_all_bytes");
-    as_int(ro, "all_to_all_bytes");
-    MPI_Datatype t = MPI_DATATYPE_NULL;
-    detail::mpi_check(MPI_Type_contiguous(as_int(unit, "all_to_all_bytes"), MPI_BYTE, &t), "MPI_Type_contiguous");
-    detail::mpi_check(MPI_Type_commit(&t), "MPI_Type_commit");
+    MPI_Datatype t = MPI_BYTE;
+    if (!bytes) {
+      detail::mpi_check(MPI_Type_contiguous(as_int(unit, "all_to_all_bytes"), MPI_BYTE, &t), "MPI_Type_contiguous");
+      detail::mpi_check(MPI_Type_commit(&t), "MPI_Type_commit");
+    }
     const int rc_all = MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_);
-    MPI_Type_free(&t);
+    if (!bytes) MPI_Type_free(&t);
     detail::mpi_check(rc_all, "MPI_Alltoallv");
   }
 

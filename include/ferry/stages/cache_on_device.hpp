@@ -24,17 +24,9 @@
 // batches are the same for any replica count (same global batch size). GPU replicas read
 // the rows from each other's memory (peer access; one process). With .ranks too (host
 // replicas in several processes, a rank_exchange), global replica w x R + r is rank w's
-// replica r, the order is the same for any rank count, and each epoch the ranks trade
-// the rows they serve by all-to-all (see cache_exchange.hpp); at the first rewind they
-// agree, and unless every rank cached a whole epoch 0, every rank streams. A job resumed
-// mid-epoch caches what its first epoch reads, the rest of that epoch only.
-//
-// Memory per replica, after epoch 0: (its rows) x (row bytes) for the cache and as much
-// again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
-// with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
-// across ranks, during a reorder, the rows traded (kept for the next epoch). While epoch 0
-// fills it, the cache doubles as it grows, capped by the budget. Freed with the stage;
-// nothing is allocated after epoch 0 (on GPUs with across_replicas: the layout, then).
+// replica r, the order is the same for any rank count, and each epoch the ranks trade rows
+// by all-to-all (cache_exchange.hpp); unless every rank cached a whole epoch 0 (agreed at
+// the first rewind), every rank streams. A job resumed mid-epoch caches the rest of it.
 //
 // The budget (per replica, bytes, the cache and the shuffled copy together; 0: none):
 // over_budget::error throws config_error at the step that would pass it, naming the replica
@@ -42,9 +34,11 @@
 // the cache there (freed) and passes the upstream through every epoch.
 //
 // Fixed-size fields only (a ragged or padded field: a compile-time error). A cached step's
-// host_batch() is empty. Threads: none of its own; runs on the thread calling next(). The
-// device path enqueues copies and gathers on each replica's stream (distribute's), so work
-// a consumer enqueues on rb.stream() is ordered after them, and the next gather after it.
+// host_batch() is empty.
+//
+// Threads: none of its own; runs on the thread calling next(). The device path enqueues
+// copies and gathers on each replica's stream (distribute's): work a consumer enqueues on
+// rb.stream() is ordered after them, and the next gather after it.
 //
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget,
 // replicas, devices or streams that change between steps, a device replica with the
@@ -55,6 +49,13 @@
 // throws: whatever fails while filling, at the end of epoch 0 or in a reorder frees the
 // caches, and the stage streams the upstream from then on (nothing half cached or half
 // reordered is ever served).
+//
+// Memory: per replica, after epoch 0, (its rows) x (row bytes) for the cache and as much
+// again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
+// with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
+// across ranks, the traded rows' buffers (kept, grown when an epoch trades more). While
+// epoch 0 fills it, the cache doubles as it grows, capped by the budget. Freed with the
+// stage; nothing else is allocated after epoch 0 (on GPUs, across_replicas: the layout).
 //
 // Checkpoints: none (cannot_save: the cache is memory, not a position; a resumed job
 // fills it again in its first epoch).

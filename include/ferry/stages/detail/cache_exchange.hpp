@@ -58,15 +58,14 @@ struct cache_layout_view {
   const std::uint64_t* local_base = nullptr;  // R x (steps + 1): rows replica r cached before step k
   std::uint64_t steps = 0, replicas = 0;
 
-  // The last i in [0, n) with v[i] <= x (v non-decreasing, v[0] <= x).
+  // The last i in [0, n) with v[i] <= x (v non-decreasing, v[0] <= x). Branch-free: the
+  // searched values are random (a shuffle), so a branch would mispredict half the time.
   FERRY_HOST_DEVICE static std::uint64_t floor_index(const std::uint64_t* v, std::uint64_t n, std::uint64_t x) noexcept {
-    std::uint64_t lo = 0, hi = n;  // v[lo] <= x < v[hi] (v[n] taken as infinite)
-    while (hi - lo > 1) {
-      const std::uint64_t mid = lo + (hi - lo) / 2;
-      if (v[mid] <= x)
-        lo = mid;
-      else
-        hi = mid;
+    std::uint64_t lo = 0;  // v[lo] <= x; the answer is in [lo, lo + n)
+    while (n > 1) {
+      const std::uint64_t half = n / 2;
+      lo = v[lo + half] <= x ? lo + half : lo;
+      n -= half;
     }
     return lo;
   }
@@ -99,6 +98,29 @@ struct global_gather_args {
   std::uint64_t replica = 0;
   std::uint64_t total_rows = 0;  // every replica's: the permutation's size
   std::uint64_t key = 0;         // feistel_permutation(total_rows, key)
+};
+
+// Row copies from random places, 16 at a time, each source's first lines prefetched when
+// it is added, so that the cache misses of a batch overlap.
+class gather_batch {
+ public:
+  explicit gather_batch(std::size_t row_bytes) noexcept : eb_(row_bytes) {}
+  void add(std::byte* dst, const std::byte* src) noexcept {
+    for (std::size_t o = 0; o < eb_ && o < 256; o += 64) __builtin_prefetch(src + o);
+    dst_[n_] = dst;
+    src_[n_] = src;
+    if (++n_ == 16) flush();
+  }
+  void flush() noexcept {
+    for (unsigned k = 0; k < n_; ++k) std::memcpy(dst_[k], src_[k], eb_);
+    n_ = 0;
+  }
+
+ private:
+  std::size_t eb_;
+  unsigned n_ = 0;
+  std::byte* dst_[16];
+  const std::byte* src_[16];
 };
 
 class cache_exchange {
@@ -248,14 +270,20 @@ class cache_exchange {
   void gather_host(std::vector<replica_arena>& arenas, std::size_t f, std::size_t eb, std::uint64_t key) const {
     const feistel_permutation perm(rows(), key);
     const cache_layout_view l = view();
+    gather_batch copy(eb);
     for (std::size_t r = 0; r < arenas.size() && r < replicas_; ++r) {
       std::byte* dst = arenas[r].epoch[f];
-      for (std::uint64_t j = 0; j < arenas[r].rows; ++j) {
-        std::uint64_t q = 0, i = 0;
-        l.owner(perm(l.global(r, j)), q, i);
-        std::memcpy(dst + j * eb, arenas[q].cache[f] + i * eb, eb);
+      const std::uint64_t* lb = l.local_base + r * (l.steps + 1);
+      for (std::uint64_t k = 0; k < l.steps; ++k) {  // row j's global index, step by step (no search)
+        const std::uint64_t base = l.step_base[k] + l.in_step[k * (replicas_ + 1) + r] - lb[k];
+        for (std::uint64_t j = lb[k]; j < lb[k + 1]; ++j) {
+          std::uint64_t q = 0, i = 0;
+          l.owner(perm(base + j), q, i);
+          copy.add(dst + j * eb, arenas[q].cache[f] + i * eb);
+        }
       }
     }
+    copy.flush();
   }
 
   // A later epoch across ranks (host replicas): every rank asks each other rank for the
@@ -268,26 +296,34 @@ class cache_exchange {
     const feistel_permutation perm(rows(), key);
     const cache_layout_view l = view();
     const std::size_t W = std::size_t(ranks_->size()), R = std::size_t(local_), me = std::size_t(first_ / local_);
-    // fn(replica r, row j, owner q, its row i) for every local row, in order.
+    // fn(replica r, row j, global index g, owner's rank p, its replica q there, its row i)
+    // for every local row, in order; a row's own global index step by step (no search).
+    const std::uint64_t G = replicas_;
     const auto each_row = [&](auto&& fn) {
-      for (std::size_t r = 0; r < R; ++r)
-        for (std::uint64_t j = 0; j < arenas[r].rows; ++j) {
-          std::uint64_t q = 0, i = 0;
-          const std::uint64_t g = perm(l.global(first_ + r, j));
-          l.owner(g, q, i);
-          fn(r, j, g, std::size_t(q / R), q % R, i);
+      for (std::size_t r = 0; r < R; ++r) {
+        const std::uint64_t* lb = l.local_base + (first_ + r) * (l.steps + 1);
+        for (std::uint64_t k = 0; k < l.steps; ++k) {
+          const std::uint64_t base = l.step_base[k] + l.in_step[k * (G + 1) + first_ + r];
+          for (std::uint64_t j = lb[k]; j < lb[k + 1]; ++j) {
+            std::uint64_t q = 0, i = 0;
+            const std::uint64_t g = perm(base + (j - lb[k]));
+            l.owner(g, q, i);
+            fn(r, j, g, std::size_t(q / R), q % R, i);
+          }
         }
+      }
     };
-    std::vector<std::uint64_t> ask(W, 0), at(W + 1, 0);
-    each_row([&](std::size_t, std::uint64_t, std::uint64_t, std::size_t p, std::uint64_t, std::uint64_t) {
-      if (p != me) ++ask[p];
-    });
-    for (std::size_t p = 0; p < W; ++p) at[p + 1] = at[p] + ask[p];
-    asks_.resize(std::size_t(at[W]));
-    std::vector<std::uint64_t> next(at.begin(), at.end() - 1);
+    // The requests, per rank in this rank's rows' order, then joined in rank order.
+    asks_of_.resize(W);
+    for (auto& a : asks_of_) a.clear();
     each_row([&](std::size_t, std::uint64_t, std::uint64_t g, std::size_t p, std::uint64_t, std::uint64_t) {
-      if (p != me) asks_[std::size_t(next[p]++)] = g;
+      if (p != me) asks_of_[p].push_back(g);
     });
+    std::vector<std::uint64_t> ask(W, 0), at(W + 1, 0);
+    for (std::size_t p = 0; p < W; ++p) at[p + 1] = at[p] + (ask[p] = asks_of_[p].size());
+    asks_.resize(std::size_t(at[W]));
+    for (std::size_t p = 0; p < W; ++p) std::copy(asks_of_[p].begin(), asks_of_[p].end(), asks_.begin() + std::ptrdiff_t(at[p]));
+    std::vector<std::uint64_t> next(at.begin(), at.end() - 1);
     // Every rank's asks of every rank: what this one gives p is what p asks of it.
     std::vector<std::uint64_t> counts(W * W), give(W);
     ranks_->all_gather(ask.data(), W * sizeof(std::uint64_t), counts.data());
@@ -298,21 +334,23 @@ class cache_exchange {
     for (std::size_t f = 0; f < fields; ++f) {
       const std::size_t eb = field_bytes[f];
       out_.resize(std::size_t(asked) * eb);
+      gather_batch copy(eb);
       for (std::size_t k = 0; k < wanted_.size(); ++k) {
         std::uint64_t q = 0, i = 0;
         if (wanted_[k] < rows()) l.owner(wanted_[k], q, i);
         if (wanted_[k] >= rows() || q / R != me)
           throw config_error("cache_on_device: across ranks: asked for row " + std::to_string(wanted_[k]) +
                              ", which this rank did not cache (ranks with other layouts)");
-        std::memcpy(out_.data() + k * eb, arenas[std::size_t(q % R)].cache[f] + i * eb, eb);
+        copy.add(out_.data() + k * eb, arenas[std::size_t(q % R)].cache[f] + i * eb);
       }
+      copy.flush();
       back_.resize(std::size_t(at[W]) * eb);
       ranks_->all_to_all(out_.data(), give.data(), back_.data(), ask.data(), eb);
       std::copy(at.begin(), at.end() - 1, next.begin());
       each_row([&](std::size_t r, std::uint64_t j, std::uint64_t, std::size_t p, std::uint64_t q, std::uint64_t i) {
-        const std::byte* from = p == me ? arenas[std::size_t(q)].cache[f] + i * eb : back_.data() + next[p]++ * eb;
-        std::memcpy(arenas[r].epoch[f] + j * eb, from, eb);
+        copy.add(arenas[r].epoch[f] + j * eb, p == me ? arenas[std::size_t(q)].cache[f] + i * eb : back_.data() + next[p]++ * eb);
       });
+      copy.flush();
     }
   }
 
@@ -412,6 +450,7 @@ class cache_exchange {
   std::uint64_t first_ = 0, local_ = 0;  // this rank's first global replica, and its count
   // Across ranks, kept between epochs: requests, rows asked of this rank, rows out and back.
   std::vector<std::uint64_t> asks_, wanted_;
+  std::vector<std::vector<std::uint64_t>> asks_of_;  // per rank
   std::vector<std::byte> out_, back_;
 };
 
