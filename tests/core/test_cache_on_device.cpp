@@ -345,3 +345,50 @@ TEST_CASE("cache_exchange: a row's global index and a global index's owner inver
       }
   }
 }
+
+TEST_CASE("cache_on_device resume: a saved epoch and step continue the same global batches at other replica counts") {
+  using policy = ferry::remainder_policy;
+  for (auto [n, pol] : {std::pair{u64(240), policy::drop}, std::pair{u64(250), policy::pad},
+                        std::pair{u64(247), policy::partial}}) {
+    CAPTURE(n);
+    CAPTURE(int(pol));
+    const auto data = ids(n);
+    std::atomic<u64> reads{0};
+    auto whole = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true}, pol);
+    std::vector<std::vector<std::vector<u64>>> epochs;  // [epoch][step] -> ids: the oracle
+    for (int e = 0; e <= 3; ++e) epochs.push_back(global_steps(whole));
+    const u64 steps = epochs[0].size();
+    for (std::size_t replicas : {std::size_t(1), std::size_t(3), std::size_t(4)})
+      for (auto [e, k] : {std::pair{u64(1), u64(0)}, std::pair{u64(2), u64(7)}, std::pair{u64(3), steps}}) {
+        CAPTURE(replicas);
+        CAPTURE(e);
+        CAPTURE(k);
+        std::atomic<u64> r2{0};
+        auto p = pipeline(data, r2, replicas,
+                          {.seed = 4, .across_replicas = true, .resume = ferry::global_position{e, k, n, 12}}, pol);
+        const auto rest = global_steps(p);  // epoch e from step k
+        CHECK(r2 == n);                     // epoch 0 read once, to fill, and not served
+        REQUIRE(rest.size() == steps - k);
+        for (std::size_t i = 0; i < rest.size(); ++i) CHECK(rest[i] == epochs[e][k + i]);
+        if (e < 3) CHECK(global_steps(p) == epochs[e + 1]);  // and the next epoch as the whole run's
+        CHECK(r2 == n);
+      }
+  }
+  // Bad positions and options: each a config_error naming what is wrong.
+  std::atomic<u64> reads{0};
+  const auto data = ids(240);
+  const auto at = [](u64 e, u64 k, u64 g) { return ferry::global_position{e, k, 240, g}; };
+  CHECK_THROWS_WITH_AS(pipeline(data, reads, 2, {.seed = 4, .resume = at(1, 0, 12)}),
+                       doctest::Contains("need across_replicas"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(0, 3, 12)}),
+                       doctest::Contains("goes to global_shuffle"), ferry::config_error);
+  auto past = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(1, 21, 12)});
+  CHECK_THROWS_WITH_AS(past.next(), doctest::Contains("past the epoch's 20 steps"), ferry::config_error);
+  auto other_g = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(1, 3, 24)});
+  CHECK_THROWS_WITH_AS(other_g.next(), doctest::Contains("saved with global steps of 24 rows, epoch 0's have 12"),
+                       ferry::config_error);
+  auto over = pipeline(data, reads, 2,
+                       {.budget_bytes = 1000, .when_over = ferry::over_budget::stream, .seed = 4, .across_replicas = true,
+                        .resume = at(1, 3, 12)});
+  CHECK_THROWS_WITH_AS(over.next(), doctest::Contains("the cache was not filled"), ferry::config_error);
+}

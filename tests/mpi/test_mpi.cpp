@@ -25,6 +25,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <tuple>
@@ -553,6 +554,70 @@ TEST_CASE("cache_on_device across ranks: the one-process order, rows from other 
     q.rewind();
     CHECK_FALSE(q.cached());
   }
+}
+
+// Elastic resume of cache_on_device across ranks: a job at W/2 ranks fills its caches and
+// trains epoch 1 to step 5, a job at W ranks resumes there (.resume: it reads epoch 0
+// again to fill, serving none of it) to step 13, a third at W - 1 finishes the epoch (2 ->
+// 4 -> 3 at 4 processes). Each part of each global batch is what one process with one
+// replica serves there, and over the epoch every cached row is served exactly once.
+TEST_CASE("cache_on_device across ranks: elastic resume (2 -> 4 -> 3) serves every row once" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  auto& c = ctx();
+  auto& w = c.world();
+  const int W = c.world_size(), me = c.rank();
+  const std::uint64_t n = 500, G = 24, steps = n / G;
+  std::vector<std::int64_t> ids(n);
+  for (std::uint64_t i = 0; i < n; ++i) ids[i] = std::int64_t(i);
+  const auto pipeline = [&](std::uint64_t ranks, std::uint64_t rank, std::size_t R, ferry::rank_exchange* x,
+                            std::optional<ferry::global_position> at) {
+    return ferry::global_shuffle(ids, {.seed = 3, .global_batch = G, .ranks = ranks, .rank = rank}) |
+           ferry::batch(G / ranks) | ferry::distribute(ferry::host_replicas{R}) |
+           ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = x, .resume = at});
+  };
+  auto solo = pipeline(1, 0, 1, nullptr, std::nullopt);  // the oracle's epoch 1
+  while (solo.next()) {
+  }
+  solo.rewind();
+  std::vector<std::vector<std::int64_t>> oracle;
+  while (auto st = solo.next()) {
+    const auto v = (*st)[0].field<0>().first((*st)[0].valid());
+    oracle.emplace_back(v.begin(), v.end());
+  }
+  const int ranks[] = {std::max(1, (W + 1) / 2), W, std::max(1, W - 1)};
+  const std::uint64_t cut[] = {0, 5, 13, steps};
+  std::vector<std::int64_t> visits(n, 0);
+  for (int phase = 0; phase < 3; ++phase) {
+    const int Wp = ranks[phase];
+    MPI_Comm part = MPI_COMM_NULL;  // this phase's job: ranks [0, Wp)
+    MPI_Comm_split(MPI_COMM_WORLD, me < Wp ? 0 : MPI_UNDEFINED, me, &part);
+    if (me >= Wp) continue;
+    ferry::mpi_communicator job(part);
+    MPI_Comm_free(&part);
+    ferry::rank_exchange_over<ferry::mpi_communicator> ex(job);
+    std::optional<ferry::global_position> at;
+    if (phase > 0) at = ferry::global_position{1, cut[phase], n, G};
+    auto p = pipeline(std::uint64_t(Wp), std::uint64_t(me), 2, &ex, at);
+    if (phase == 0) {  // a fresh job: epoch 0 fills, then epoch 1
+      while (p.next()) {
+      }
+      p.rewind();
+    }
+    for (std::uint64_t s = cut[phase]; s < cut[phase + 1]; ++s) {
+      auto st = p.next();
+      REQUIRE(st);
+      std::vector<std::int64_t> mine;
+      for (std::size_t r = 0; r < st->replicas(); ++r)
+        for (std::int64_t id : (*st)[r].field<0>().first((*st)[r].valid())) mine.push_back(id);
+      const std::uint64_t part_rows = G / std::uint64_t(Wp);
+      REQUIRE(mine.size() == part_rows);
+      CHECK(std::equal(mine.begin(), mine.end(), oracle[s].begin() + std::ptrdiff_t(std::uint64_t(me) * part_rows)));
+      for (std::int64_t id : mine) visits[std::size_t(id)]++;
+    }
+  }
+  w.all_reduce_sum(std::span<std::int64_t>(visits));
+  CHECK(std::count(visits.begin(), visits.end(), 1) == std::int64_t(steps * G));
+  CHECK(std::count_if(visits.begin(), visits.end(), [](std::int64_t v) { return v > 1; }) == 0);
 }
 
 TEST_CASE("uneven files with the trainer: pad with empty steps, no hang" * doctest::timeout(60)) {

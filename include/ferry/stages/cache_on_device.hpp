@@ -9,32 +9,27 @@
 //     for (auto& st : steps) train(st);
 //
 // Epoch 0 passes distribute's steps through and keeps each replica's real rows (valid())
-// in that replica's memory: device memory for a GPU replica (copied device to device on
-// the replica's stream, in stream order with the step), host memory for a host replica.
-// rewind() then never reads the upstream again: each later epoch, each replica's rows are
-// put in a new order (a Feistel permutation of its rows drawn from (seed, epoch, replica),
-// computed in the kernel: nothing is copied from the host) by one gather per field into a
-// second buffer, and steps are views of it: step s is rows [s * B, (s + 1) * B) of it, B
-// the replica's rows per step in epoch 0. Every epoch has epoch 0's step count on every
-// replica; under remainder_policy::pad every slice keeps epoch 0's size (the padding rows
-// zero), otherwise a slice has its real rows. A served step's memory is the stage's: it is
-// valid until the next rewind(), not as long as the step lives. With across_replicas,
-// an epoch is one permutation, drawn from (seed, epoch), of the rows' places in epoch 0's
-// global batches: each replica's steps draw from the whole dataset, and an epoch's global
-// batches are the same for any replica count (same global batch size). GPU replicas read
-// the rows from each other's memory (peer access; one process). With .ranks too (host
-// replicas in several processes, a rank_exchange), global replica w x R + r is rank w's
-// replica r, the order is the same for any rank count, and each epoch the ranks trade rows
-// by all-to-all (cache_exchange.hpp); unless every rank cached a whole epoch 0 (agreed at
-// the first rewind), every rank streams. A job resumed mid-epoch caches the rest of it.
+// in its memory: device memory for a GPU replica (copied on its stream, in order with the
+// step), host memory for a host replica. rewind() never reads the upstream again: each
+// later epoch, each replica's rows get a new order (a Feistel permutation drawn from (seed,
+// epoch, replica), computed in the kernel) by one gather per field into a second buffer,
+// whose slices are the steps: step s is rows [s * B, (s + 1) * B), B the replica's rows a
+// step in epoch 0. Every epoch has epoch 0's step count; under remainder_policy::pad every
+// slice keeps epoch 0's size (padding rows zero), otherwise it has its real rows. A served
+// step's memory is valid until the next rewind(). With across_replicas, an epoch is one
+// permutation, drawn from (seed, epoch), of the rows' places in epoch 0's global batches:
+// each replica's steps draw from the whole dataset, the same global batches for any
+// replica count. GPU replicas read each other's memory (peer access; one process). With
+// .ranks (host replicas in several processes, a rank_exchange), global replica w x R + r
+// is rank w's replica r, the order is the same for any rank count, and each epoch the
+// ranks trade rows by all-to-all (cache_exchange.hpp); unless every rank cached a whole
+// epoch 0 (agreed at the first rewind), every rank streams.
 //
 // The budget (per replica, bytes, the cache and the shuffled copy together; 0: none):
 // over_budget::error throws config_error at the step that would pass it, naming the replica
 // and the size reached (then streams, if the caller goes on); over_budget::stream gives up
-// the cache there (freed) and passes the upstream through every epoch.
-//
-// Fixed-size fields only (a ragged or padded field: a compile-time error). A cached step's
-// host_batch() is empty.
+// the cache there (freed) and passes the upstream through every epoch. Fixed-size fields
+// only (a ragged or padded field: a compile-time error); a cached step's host_batch() is empty.
 //
 // Threads: none of its own; runs on the thread calling next(). The device path enqueues
 // copies and gathers on each replica's stream (distribute's): work a consumer enqueues on
@@ -57,8 +52,11 @@
 // epoch 0 fills it, the cache doubles as it grows, capped by the budget. Freed with the
 // stage; nothing else is allocated after epoch 0 (on GPUs, across_replicas: the layout).
 //
-// Checkpoints: none (cannot_save: the cache is memory, not a position; a resumed job
-// fills it again in its first epoch).
+// Checkpoints: none (cannot_save: the cache is memory). A job resumes with .resume = the
+// global_position it saved (epoch >= 1, step), at any replica and rank count (the same
+// global batches from there): it reads epoch 0 again (global_shuffle at epoch 0) to fill
+// the caches, serving none of it, then serves that epoch from that step. Without it, a
+// job resumed mid-epoch caches the rest of that epoch only.
 #pragma once
 
 #include <algorithm>
@@ -76,6 +74,7 @@
 #include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/source.hpp"
+#include "ferry/sources/global_shuffle.hpp"
 #include "ferry/stage.hpp"
 #include "ferry/stages/detail/cache_arena.hpp"
 #include "ferry/stages/detail/cache_exchange.hpp"
@@ -104,6 +103,8 @@ struct cache_on_device_options {
   bool shuffle = true;     // a new order of each replica's rows every epoch
   bool across_replicas = false;  // one order of all replicas' rows each epoch (the top); needs shuffle
   rank_exchange* ranks = nullptr;  // with it: the processes sharing that order (host replicas; not owned)
+  // With it: start at this saved epoch (>= 1) and step, epoch 0 read whole first (the top).
+  std::optional<global_position> resume = std::nullopt;
 };
 
 namespace detail {
@@ -128,8 +129,10 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   cache_on_device_source(Up up, cache_on_device_options o) : stage<cache_on_device_source, Up>(std::move(up)), o_(o) {
     if (o_.across_replicas && !o_.shuffle)
       throw config_error("cache_on_device: across_replicas reorders rows across replicas each epoch; it needs shuffle");
-    if (o_.ranks && !o_.across_replicas)
-      throw config_error("cache_on_device: ranks share one order only with across_replicas = true");
+    if ((o_.ranks || o_.resume) && !o_.across_replicas)
+      throw config_error("cache_on_device: ranks and resume need across_replicas = true (one order for any count)");
+    if (o_.resume && o_.resume->epoch == 0)
+      throw config_error("cache_on_device: a resume in epoch 0 goes to global_shuffle (the cache fills in epoch 0)");
     exchange_.set_ranks(o_.ranks);
   }
   // Takes o's caches (o is left with none).
@@ -152,6 +155,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   enum class mode { filling, serving, streaming };
 
   std::optional<V> pull() {
+    if (o_.resume && !resumed_) return resume();
     if (state_ == mode::serving) return serve();
     std::optional<V> st = this->pull_up();
     if (state_ == mode::streaming) return st;
@@ -169,6 +173,19 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     if (!kept) give_up();  // over budget, over_budget::stream
     ++steps_;
     return st;
+  }
+
+  // A resumed job's first step: epoch 0 read whole into the caches, then the saved epoch's
+  // order from the saved step.
+  std::optional<V> resume() {
+    resumed_ = true;
+    while (state_ == mode::filling && pull()) continue;
+    const global_position& at = *o_.resume;
+    epoch_ = at.epoch - 1;
+    start_epoch();  // the ranks' agreement, the end of the fill, the saved epoch's order
+    exchange_.check_resume(at, state_ == mode::serving, steps_);
+    step_ = at.step;
+    return serve();
   }
 
   // The upstream from now on, every epoch; the memory freed.
@@ -199,10 +216,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   }
 
   // What one cached row costs a replica: its bytes, twice with shuffle.
-  std::size_t per_row() const noexcept {
-    return row_bytes_ * (o_.shuffle ? 2 : 1);
-  }
-  std::size_t footprint(std::uint64_t rows) const noexcept { return std::size_t(rows) * per_row(); }
+  std::size_t per_row() const noexcept { return row_bytes_ * (o_.shuffle ? 2 : 1); }
 
   // Epoch 0: appends each replica's real rows to its cache; false when over budget under
   // over_budget::stream.
@@ -210,15 +224,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     if (arenas_.empty()) {
       arenas_.resize(st.replicas());
       for (std::size_t r = 0; r < st.replicas(); ++r) {
-        auto& a = arenas_[r];
-        a.device = st[r].device();
-        a.stream = st[r].stream();
-        a.cache.assign(nf, nullptr);
-        a.epoch.assign(nf, nullptr);
-        a.capacity.assign(nf, 0);
-        a.host_cache.resize(nf);
-        a.host_epoch.resize(nf);
-        if (a.device >= 0 && o_.shuffle && !has_kernel) no_gather_kernel::launch({}, nullptr);  // before caching
+        arena_init(arenas_[r], st[r].device(), st[r].stream(), nf);
+        if (st[r].device() >= 0 && o_.shuffle && !has_kernel) no_gather_kernel::launch({}, nullptr);  // before caching
       }
       rows_per_step_.assign(st.replicas(), 0);
       row_bytes_ = 0;
@@ -241,7 +248,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       const std::uint64_t want = a.rows + add;
       if (!within_budget(r, want)) return false;
       for (std::size_t f = 0; f < nf; ++f) {
-        grow(a, f, want);
+        arena_grow(a, f, field_bytes_[f], want, o_.budget_bytes ? o_.budget_bytes / per_row() : 0);
         arena_copy_in(a, f, std::size_t(a.rows) * field_bytes_[f], rb.field_bytes(f).data(), std::size_t(add) * field_bytes_[f]);
       }
       a.rows = want;
@@ -252,7 +259,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 
   // Whether replica r may hold `rows` rows; throws under over_budget::error.
   bool within_budget(std::size_t r, std::uint64_t rows) const {
-    if (!o_.budget_bytes || footprint(rows) <= o_.budget_bytes) return true;
+    if (!o_.budget_bytes || std::size_t(rows) * per_row() <= o_.budget_bytes) return true;
     if (o_.when_over == over_budget::stream) return false;
     throw_over_budget(r, o_.budget_bytes, steps_, rows, row_bytes_, o_.shuffle);
   }
@@ -260,14 +267,6 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   static std::size_t elem_bytes(const V& st, std::size_t f) {
     const auto& rb = st[0];
     return rb.size() ? rb.field_bytes(f).size() / rb.size() : st.host_batch().element_bytes(f);
-  }
-
-  // Room for `rows` rows of field f: doubling, capped by the budget.
-  void grow(replica_arena& a, std::size_t f, std::uint64_t rows) {
-    if (rows <= a.capacity[f]) return;
-    std::uint64_t cap = std::max<std::uint64_t>(rows, a.capacity[f] * 2);
-    if (o_.budget_bytes) cap = std::max(rows, std::min<std::uint64_t>(cap, o_.budget_bytes / per_row()));
-    arena_resize(a, f, field_bytes_[f], cap, a.rows);
   }
 
   // The end of epoch 0: each replica's serving buffer holds steps x rows-a-step rows (the
@@ -359,6 +358,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   mode state_ = mode::filling;
   bool filled_ = false;  // epoch 0 read to its end with every step cached
   bool padded_ = false;  // epoch 0 had padding rows (remainder_policy::pad): later epochs pad alike
+  bool resumed_ = false;  // o_.resume's fill is done
   std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0;  // steps: epoch 0's count
   std::vector<std::size_t> rows_per_step_;
   std::size_t row_bytes_ = 0;

@@ -80,6 +80,17 @@ struct replica_arena {
   std::size_t bytes = 0;    // memory held
 };
 
+// A new replica's arena, with nf fields and nothing cached.
+inline void arena_init(replica_arena& a, int device, cuda_stream stream, std::size_t nf) {
+  a.device = device;
+  a.stream = stream;
+  a.cache.assign(nf, nullptr);
+  a.epoch.assign(nf, nullptr);
+  a.capacity.assign(nf, 0);
+  a.host_cache.resize(nf);
+  a.host_epoch.resize(nf);
+}
+
 // Gives a block back (device: after the work enqueued on the replica's stream).
 inline void arena_release(replica_arena& a, std::byte* p, std::size_t bytes) noexcept {
   a.bytes -= std::min(a.bytes, bytes);
@@ -160,4 +171,12 @@ inline void arena_copy_in(replica_arena& a, std::size_t f, std::size_t at, const
 #endif
 }
 
+
+// Room for `rows` rows of field f (eb bytes each): doubling, capped at max_rows (0: none).
+inline void arena_grow(replica_arena& a, std::size_t f, std::size_t eb, std::uint64_t rows, std::uint64_t max_rows) {
+  if (rows <= a.capacity[f]) return;
+  std::uint64_t cap = std::max<std::uint64_t>(rows, a.capacity[f] * 2);
+  if (max_rows) cap = std::max(rows, std::min(cap, max_rows));
+  arena_resize(a, f, eb, cap, a.rows);
+}
 }  // namespace ferry::detail

@@ -40,6 +40,7 @@
 #include "ferry/config.hpp"
 #include "ferry/detail/permutation.hpp"
 #include "ferry/error.hpp"
+#include "ferry/sources/global_shuffle.hpp"
 #include "ferry/stages/detail/cache_arena.hpp"
 
 #if defined(FERRY_WITH_CUDART)
@@ -187,6 +188,19 @@ class cache_exchange {
   // Rows numbered so far (epoch 0), all replicas.
   std::uint64_t rows() const noexcept { return step_base_.empty() ? 0 : step_base_.back(); }
   std::uint64_t steps() const noexcept { return step_base_.empty() ? 0 : step_base_.size() - 1; }
+  // A resume at `at` (cache_on_device_options::resume), after the fill and the first
+  // rewind: throws config_error unless the cache serves, at.global_batch (when not 0) is
+  // the rows of epoch 0's first global step, and at.step is within the epoch's `steps`.
+  void check_resume(const global_position& at, bool serving, std::uint64_t steps) const {
+    const std::string where = "cache_on_device: resume at epoch " + std::to_string(at.epoch) + ", step " +
+                              std::to_string(at.step) + ": ";
+    const std::uint64_t g = step_base_.size() > 1 ? step_base_[1] : 0;
+    if (!serving) throw config_error(where + "the cache was not filled (over budget, or a rank short)");
+    if (at.global_batch && at.global_batch != g)
+      throw config_error(where + "saved with global steps of " + std::to_string(at.global_batch) +
+                         " rows, epoch 0's have " + std::to_string(g));
+    if (at.step > steps) throw config_error(where + "past the epoch's " + std::to_string(steps) + " steps");
+  }
   // The layout (after finish()), valid while this object is unchanged.
   cache_layout_view view() const noexcept {
     return {step_base_.data(), in_step_.data(), local_base_.data(), steps(), replicas_};
