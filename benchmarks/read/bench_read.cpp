@@ -189,8 +189,8 @@ int main(int argc, char** argv) {
   std::printf("ratio tfrecord interleave/cat: %.2f (interleave/from_files: %.2f)\n", cat_tf / t_il, t_tf / t_il);
   std::printf("ratio ferry/pytorch records/s: %.1f (target >= 20)\n", r_torch);
   std::printf("ratio tfrecord global order/hand-written pread loop: %.2f (reads in map(2 workers): %.2f; "
-              "global order/from_files: %.2f; index/cat: %.2f)\n",
-              t_pread / t_global, t_pread / t_global_w, t_tf / t_global, t_index / cat_tf);
+              "global order/from_files: %.2f; cat/index build: %.2f)\n",
+              t_pread / t_global, t_pread / t_global_w, t_tf / t_global, cat_tf / t_index);
   std::printf("{\"bench\":\"read\",\"record_bytes\":%zu,\"records\":%.0f,\"cat_fixed_s\":%.5f,\"ferry_fixed_s\":%.5f,"
               "\"cat_tfrecord_s\":%.5f,\"ferry_tfrecord_s\":%.5f,\"torch_records_per_s\":%.0f,"
               "\"ratio_fixed_cat\":%.3f,\"ratio_tfrecord_cat\":%.3f,\"ratio_torch\":%.2f,"

@@ -387,6 +387,12 @@ TEST_CASE("cache_on_device resume: a saved epoch and step continue the same glob
   auto other_g = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(1, 3, 24)});
   CHECK_THROWS_WITH_AS(other_g.next(), doctest::Contains("saved with global steps of 24 rows, epoch 0's have 12"),
                        ferry::config_error);
+  auto other_n = pipeline(data, reads, 2,
+                          {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 3, 500, 12}});
+  CHECK_THROWS_WITH_AS(other_n.next(), doctest::Contains("saved over 500 rows, but epoch 0 has 20 steps of 12"),
+                       ferry::config_error);
+  // A resume that failed fails the next call again: epoch 0 is never served.
+  CHECK_THROWS_AS(other_n.next(), ferry::config_error);
   auto over = pipeline(data, reads, 2,
                        {.budget_bytes = 1000, .when_over = ferry::over_budget::stream, .seed = 4, .across_replicas = true,
                         .resume = at(1, 3, 12)});

@@ -536,16 +536,29 @@ TEST_CASE("cache_on_device across ranks: the one-process order, rows from other 
     auto q = pipeline(W, me, me == 0 ? 1 : 2, &ex);
     while (q.next()) {
     }
-    CHECK_THROWS_WITH_AS(q.rewind(), doctest::Contains("every rank needs the same steps and replicas"), ferry::config_error);
+    CHECK_THROWS_WITH_AS(q.rewind(), doctest::Contains("every rank needs the same steps, replicas and seed"), ferry::config_error);
     CHECK_FALSE(q.cached());
     std::uint64_t got = 0;
     while (q.next()) ++got;
     CHECK(got == steps);
   }
+  // Another seed on rank 0: the same, naming the seeds.
+  {
+    auto q = ferry::global_shuffle(ids, {.seed = 3, .global_batch = G, .ranks = W, .rank = me}) | ferry::batch(G / W) |
+             ferry::distribute(ferry::host_replicas{2}) |
+             ferry::cache_on_device({.seed = me == 0 ? 6u : 5u, .across_replicas = true, .ranks = &ex});
+    while (q.next()) {
+    }
+    CHECK_THROWS_WITH_AS(q.rewind(), doctest::Contains("replicas and seed"), ferry::config_error);
+    CHECK_FALSE(q.cached());
+  }
   // Rank 0 stops epoch 0 part way: no rank serves a cache (all agree at the rewind), none hangs.
   {
     auto q = pipeline(W, me, 2, &ex);
-    for (std::uint64_t s = 0; s < (me == 0 ? 3 : steps); ++s) REQUIRE(q.next());
+    for (std::uint64_t s = 0; s < 3; ++s) REQUIRE(q.next());
+    if (me != 0)  // the others read epoch 0 to its end: their caches are whole
+      while (q.next()) {
+      }
     q.rewind();
     CHECK_FALSE(q.cached());
     std::uint64_t got = 0;

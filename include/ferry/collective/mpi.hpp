@@ -148,16 +148,23 @@ class mpi_communicator {
                       "MPI_Allgather");
   }
   // Units of `unit` bytes to and from every rank (counts per rank, rank by rank in the
-  // buffers): MPI_Alltoallv, in bytes while both buffers hold at most INT_MAX bytes, else
-  // over a contiguous type of `unit` bytes (counts and offsets in units). Throws
-  // ferry::error past INT_MAX units in one buffer, or for a unit of 0.
+  // buffers): MPI_Alltoallv, in bytes while every rank's buffers hold at most INT_MAX bytes,
+  // else over a contiguous type of `unit` bytes (counts and offsets in units; the ranks agree
+  // which, by an all-reduce). Throws ferry::error on every rank when a rank's buffer passes
+  // INT_MAX units, for a unit of 0.
   void all_to_all_bytes(const void* send, const std::uint64_t* send_counts, void* recv,
                         const std::uint64_t* recv_counts, std::size_t unit) {
     if (unit == 0) throw error("MPI: all_to_all_bytes: a unit of 0 bytes");
     const std::size_t n = std::size_t(size_);
     std::uint64_t so = 0, ro = 0;
     for (std::size_t p = 0; p < n; ++p) so += send_counts[p], ro += recv_counts[p];
-    const bool bytes = std::max(so, ro) <= std::uint64_t(INT_MAX) / unit;  // MPI_BYTE: the fastest path
+    // Every rank picks the same path and fails alike (counts differ by rank): MAX of a code.
+    const std::uint64_t most = std::max(so, ro);
+    int path = most <= std::uint64_t(INT_MAX) / unit ? 0 : most <= std::uint64_t(INT_MAX) ? 1 : 2;
+    detail::mpi_check(MPI_Allreduce(MPI_IN_PLACE, &path, 1, MPI_INT, MPI_MAX, comm_), "MPI_Allreduce");
+    if (path == 2)
+      throw error("MPI: all_to_all_bytes: a rank trades more than INT_MAX units of " + std::to_string(unit) + " bytes");
+    const bool bytes = path == 0;  // MPI_BYTE: the fastest path
     const std::uint64_t scale = bytes ? unit : 1;
     std::vector<int> sc(n), sd(n), rc(n), rd(n);
     so = ro = 0;
@@ -172,7 +179,10 @@ class mpi_communicator {
     MPI_Datatype t = MPI_BYTE;
     if (!bytes) {
       detail::mpi_check(MPI_Type_contiguous(as_int(unit, "all_to_all_bytes"), MPI_BYTE, &t), "MPI_Type_contiguous");
-      detail::mpi_check(MPI_Type_commit(&t), "MPI_Type_commit");
+      if (const int rc = MPI_Type_commit(&t); rc != MPI_SUCCESS) {
+        MPI_Type_free(&t);
+        detail::mpi_check(rc, "MPI_Type_commit");
+      }
     }
     const int rc_all = MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_);
     if (!bytes) MPI_Type_free(&t);

@@ -141,10 +141,11 @@ class row_files {
 
   // Rows in all the files.
   std::uint64_t size() const noexcept { return s_->total; }
-  // The dtype and shape of npy/IDX rows (none for fixed_length).
+  // The dtype and shape of npy/IDX rows (none for the other formats).
   const std::optional<array_meta>& meta() const noexcept { return meta_; }
   // Row i (i < size(): else std::out_of_range), read now; its origin is the file and the
-  // row's offset. Throws io_error for a failed or short read.
+  // row's offset. Throws io_error for a failed or short read; TFRecord: format_error for a
+  // data CRC mismatch or a header changed since indexing.
   record operator[](std::uint64_t i) const {
     if (i >= s_->total) throw std::out_of_range("row_files: row " + std::to_string(i) + " of " + std::to_string(s_->total));
     const std::size_t k = std::size_t(std::upper_bound(s_->ends.begin(), s_->ends.end(), i) - s_->ends.begin());

@@ -1,8 +1,7 @@
 // ferry/stages/cache_on_device.hpp: after the first epoch, steps come from each replica's
 // own memory: no host reads, no host-to-device copies.
 //
-//   auto steps = ferry::global_shuffle(rows, {.seed = 7, .global_batch = 384})
-//              | ferry::map(decode) | ferry::batch(384)
+//   auto steps = ferry::global_shuffle(rows, {.seed = 7, .global_batch = 384}) | ferry::batch(384)
 //              | ferry::distribute(ferry::cuda::devices{0, 1, 2})
 //              | ferry::cuda::cache_on_device({.budget_bytes = 40ull << 30, .seed = 7});   // cache_on_device.cuh
 //   for (int e = 0; e < epochs; ++e, steps.rewind())
@@ -37,20 +36,22 @@
 //
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget,
 // replicas, devices or streams that change between steps, a device replica with the
-// host-only stage and shuffle (at the first step), across_replicas without shuffle or
-// ranks without across_replicas (when built), GPUs that cannot read each other's memory
-// or GPU replicas across ranks, ranks whose epoch 0 had other step or replica counts (at
-// the end of epoch 0, on every rank). cuda_error, std::bad_alloc, what the rank_exchange
-// throws: whatever fails while filling, at the end of epoch 0 or in a reorder frees the
-// caches, and the stage streams the upstream from then on (nothing half cached or half
-// reordered is ever served).
+// host-only stage and shuffle (at the first step), across_replicas without shuffle, ranks or
+// resume without it, a resume in epoch 0 (when built), GPUs that cannot read each other's
+// memory, GPU replicas across ranks, ranks whose epoch 0 had other step or replica counts or
+// seeds, another rank's failure (at the end of epoch 0, on every rank), a resume past the
+// epoch, of another global batch or dataset size, or without a filled cache (at the first
+// next()). cuda_error, std::bad_alloc, what the rank_exchange throws: whatever fails while
+// filling, at the end of epoch 0 or in a reorder frees the caches, and the stage streams
+// from then on (on every rank: nothing half cached or half reordered is ever served).
 //
 // Memory: per replica, after epoch 0, (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
 // with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
-// across ranks, the traded rows' buffers (kept, grown when an epoch trades more). While
+// across ranks, the traded rows' buffers (kept between epochs). While
 // epoch 0 fills it, the cache doubles as it grows, capped by the budget. Freed with the
-// stage; nothing else is allocated after epoch 0 (on GPUs, across_replicas: the layout).
+// stage; nothing else is allocated after epoch 0 (but the layout on GPUs; across ranks,
+// the traded rows' buffers when an epoch trades more).
 //
 // Checkpoints: none (cannot_save: the cache is memory). A job resumes with .resume = the
 // global_position it saved (epoch >= 1, step), at any replica and rank count (the same
@@ -63,6 +64,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
@@ -133,7 +135,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       throw config_error("cache_on_device: ranks and resume need across_replicas = true (one order for any count)");
     if (o_.resume && o_.resume->epoch == 0)
       throw config_error("cache_on_device: a resume in epoch 0 goes to global_shuffle (the cache fills in epoch 0)");
-    exchange_.set_ranks(o_.ranks);
+    exchange_.set_ranks(o_.ranks, o_.seed);
   }
   // Takes o's caches (o is left with none).
   cache_on_device_source(cache_on_device_source&&) noexcept = default;
@@ -156,7 +158,10 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 
   std::optional<V> pull() {
     if (o_.resume && !resumed_) return resume();
-    if (state_ == mode::serving) return serve();
+    return state_ == mode::serving ? serve() : fill();
+  }
+  // Epoch 0 (or streaming): the upstream's step, kept.
+  std::optional<V> fill() {
     std::optional<V> st = this->pull_up();
     if (state_ == mode::streaming) return st;
     if (!st) {
@@ -175,24 +180,20 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     return st;
   }
 
-  // A resumed job's first step: epoch 0 read whole into the caches, then the saved epoch's
-  // order from the saved step.
+  // A resumed job's first step: epoch 0 read into the caches, the saved epoch from its step.
   std::optional<V> resume() {
-    resumed_ = true;
-    while (state_ == mode::filling && pull()) continue;
+    while (state_ == mode::filling && fill()) continue;
     const global_position& at = *o_.resume;
     epoch_ = at.epoch - 1;
     start_epoch();  // the ranks' agreement, the end of the fill, the saved epoch's order
     exchange_.check_resume(at, state_ == mode::serving, steps_);
     step_ = at.step;
+    resumed_ = true;
     return serve();
   }
 
   // The upstream from now on, every epoch; the memory freed.
-  void give_up() noexcept {
-    free_all();
-    state_ = mode::streaming;
-  }
+  void give_up() noexcept { free_all(), state_ = mode::streaming; }
 
   void start_epoch() {
     ++epoch_;
@@ -205,7 +206,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     }
     try {
       if (state_ == mode::filling) {
-        finish_fill();
+        std::exception_ptr e;  // across ranks, every rank learns whether one failed here
+        try { finish_fill(); } catch (...) { e = std::current_exception(); }
+        exchange_.settle(e);
         state_ = mode::serving;
       }
       if (state_ == mode::serving) reorder();
@@ -325,13 +328,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     V s = step_access::make<T>(empty_, arenas_.size(), step_);
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       const auto& a = arenas_[r];
-      const std::uint64_t b = rows_per_step_[r], first = std::min<std::uint64_t>(step_ * b, a.served);
-      const std::uint64_t real = first < a.rows ? std::min<std::uint64_t>(b, a.rows - first) : 0;
-      const std::uint64_t size = padded_ ? std::min<std::uint64_t>(b, a.served - first) : real;
+      const replica_slice sl = served_slice(a, rows_per_step_[r], step_, padded_);
       std::array<const std::byte*, nf> data{};
-      for (std::size_t f = 0; f < nf; ++f)
-        data[f] = (o_.shuffle ? a.epoch[f] : a.cache[f]) + std::size_t(first) * field_bytes_[f];
-      const replica_slice sl{std::size_t(first), std::size_t(size), std::size_t(real)};
+      for (std::size_t f = 0; f < nf; ++f) data[f] = (o_.shuffle ? a.epoch[f] : a.cache[f]) + sl.first * field_bytes_[f];
       set_fixed_replica(s[r], data.data(), field_bytes_.data(), sl, a.device, a.stream);
     }
     ++step_;

@@ -15,6 +15,7 @@
 #include "ferry/cuda/stream_handle.hpp"
 #include "ferry/detail/permutation.hpp"
 #include "ferry/error.hpp"
+#include "ferry/step.hpp"
 
 #if defined(FERRY_WITH_CUDART)
 #include <cuda_runtime_api.h>
@@ -171,6 +172,14 @@ inline void arena_copy_in(replica_arena& a, std::size_t f, std::size_t at, const
 #endif
 }
 
+
+// A later epoch's step `step` of a replica serving b rows a step: its first row, rows and
+// real rows (under pad, every slice keeps epoch 0's size, the padding rows past `rows`).
+inline replica_slice served_slice(const replica_arena& a, std::uint64_t b, std::uint64_t step, bool padded) noexcept {
+  const std::uint64_t first = std::min<std::uint64_t>(step * b, a.served);
+  const std::uint64_t real = first < a.rows ? std::min<std::uint64_t>(b, a.rows - first) : 0;
+  return {std::size_t(first), std::size_t(padded ? std::min<std::uint64_t>(b, a.served - first) : real), std::size_t(real)};
+}
 
 // Room for `rows` rows of field f (eb bytes each): doubling, capped at max_rows (0: none).
 inline void arena_grow(replica_arena& a, std::size_t f, std::size_t eb, std::uint64_t rows, std::uint64_t max_rows) {

@@ -11,7 +11,9 @@
 // The numbering is kept as epoch 0's step layout, not per row: for each step, where each
 // replica's rows start among the step's and in the replica's cache (8 x (2R + 2) bytes a
 // step). A row's global index and a global index's (replica, row) are binary searches in
-// it, in host code and (FERRY_HOST_DEVICE) in a kernel. Host replicas copy the rows here.
+// it, in host code and (FERRY_HOST_DEVICE) in a kernel (host code walks a replica's rows
+// step by step, so a row's own global index needs no search). Host replicas copy the rows
+// here.
 // Device replicas (one process): at the end of epoch 0 each replica's device gets the
 // layout and, per field, the table of every replica's cache address (16 bytes a step and
 // replica, copied once); peer access is enabled between the replicas' devices (a config_error where the
@@ -23,8 +25,10 @@
 // replica of the job), global replica w x R + r being rank w's replica r (the order of
 // global_shuffle's parts); each later epoch every rank asks each other rank for the rows
 // it serves that rank cached (their global indices, one all-to-all) and gets them (one
-// all-to-all per field). GPU replicas across ranks would need an NCCL all-to-all: not
-// built (a config_error). Throws cuda_error, config_error, std::bad_alloc, what the
+// all-to-all per field). Where local work may fail on one rank only (the end of epoch 0,
+// a reorder's allocations) the ranks then agree (settle) and all throw or none does, so
+// no rank waits in a collective another will not call. GPU replicas across ranks would
+// need an NCCL all-to-all: not built (a config_error). Throws cuda_error, config_error, std::bad_alloc, what the
 // rank_exchange throws; runs on the stage's caller's thread; no user code.
 #pragma once
 
@@ -32,6 +36,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -129,7 +134,7 @@ class cache_exchange {
   cache_exchange() = default;
   cache_exchange(cache_exchange&& o) noexcept
       : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)),
-        ranks_(o.ranks_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
+        ranks_(o.ranks_), seed_(o.seed_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
     o.dev_.clear();
   }
   cache_exchange& operator=(cache_exchange&&) = delete;
@@ -141,18 +146,24 @@ class cache_exchange {
     for (std::vector<std::uint64_t>* v : {&step_base_, &in_step_, &local_base_}) v->clear();
     replicas_ = first_ = local_ = 0;
   }
-  // This process is one rank of x's group (nullptr or a group of one: this process alone).
-  void set_ranks(rank_exchange* x) noexcept { ranks_ = x; }
+  // This process is one rank of x's group (nullptr or a group of one: this process alone),
+  // with the stage's seed (checked equal on every rank).
+  void set_ranks(rank_exchange* x, std::uint64_t seed) noexcept { ranks_ = x, seed_ = seed; }
   bool across_ranks() const noexcept { return ranks_ && ranks_->size() > 1; }
   // Across ranks, at the first rewind (every rank calls it, whatever its state): false
   // unless every rank has a whole epoch 0 cached (`mine` for this one). Later, or alone: true.
+  // Across ranks, after local work that may have failed on this rank only (e): every rank
+  // learns whether any failed, and all throw (e, or a config_error saying another rank
+  // failed) or none does. Alone: rethrows e, if any.
+  void settle(std::exception_ptr e) {
+    const bool all = all_ranks_true(!e);
+    if (e) std::rethrow_exception(e);
+    if (!all) throw config_error("cache_on_device: another rank failed (its own error says why); every rank streams");
+  }
   bool agree_once(bool mine) {
     if (!across_ranks() || agreed_) return true;
     agreed_ = true;
-    const std::uint64_t w = mine;
-    std::vector<std::uint64_t> all(std::size_t(ranks_->size()));
-    ranks_->all_gather(&w, sizeof w, all.data());
-    return std::all_of(all.begin(), all.end(), [](std::uint64_t v) { return v == 1; });
+    return all_ranks_true(mine);
   }
   // Epoch 0: one step's real rows, valid(r) of them for replica r < replicas. Throws
   // std::bad_alloc.
@@ -194,11 +205,15 @@ class cache_exchange {
   void check_resume(const global_position& at, bool serving, std::uint64_t steps) const {
     const std::string where = "cache_on_device: resume at epoch " + std::to_string(at.epoch) + ", step " +
                               std::to_string(at.step) + ": ";
-    const std::uint64_t g = step_base_.size() > 1 ? step_base_[1] : 0;
+    const std::uint64_t g = step_base_.size() > 1 ? step_base_[1] : 0, G = at.global_batch;
     if (!serving) throw config_error(where + "the cache was not filled (over budget, or a rank short)");
-    if (at.global_batch && at.global_batch != g)
-      throw config_error(where + "saved with global steps of " + std::to_string(at.global_batch) +
-                         " rows, epoch 0's have " + std::to_string(g));
+    if (G && G != g)
+      throw config_error(where + "saved with global steps of " + std::to_string(G) + " rows, epoch 0's have " +
+                         std::to_string(g));
+    if (G && at.dataset_size && steps != at.dataset_size / G && steps != (at.dataset_size + G - 1) / G)
+      throw config_error(where + "saved over " + std::to_string(at.dataset_size) + " rows, but epoch 0 has " +
+                         std::to_string(steps) + " steps of " + std::to_string(G) +
+                         " (another dataset, or the upstream not at epoch 0)");
     if (at.step > steps) throw config_error(where + "past the epoch's " + std::to_string(steps) + " steps");
   }
   // The layout (after finish()), valid while this object is unchanged.
@@ -327,40 +342,60 @@ class cache_exchange {
         }
       }
     };
-    // The requests, per rank in this rank's rows' order, then joined in rank order.
-    asks_of_.resize(W);
-    for (auto& a : asks_of_) a.clear();
-    each_row([&](std::size_t, std::uint64_t, std::uint64_t g, std::size_t p, std::uint64_t, std::uint64_t) {
-      if (p != me) asks_of_[p].push_back(g);
-    });
-    std::vector<std::uint64_t> ask(W, 0), at(W + 1, 0);
-    for (std::size_t p = 0; p < W; ++p) at[p + 1] = at[p] + (ask[p] = asks_of_[p].size());
-    asks_.resize(std::size_t(at[W]));
-    for (std::size_t p = 0; p < W; ++p) std::copy(asks_of_[p].begin(), asks_of_[p].end(), asks_.begin() + std::ptrdiff_t(at[p]));
-    std::vector<std::uint64_t> next(at.begin(), at.end() - 1);
+    // The requests, per rank in this rank's rows' order, then joined in rank order; room
+    // for the widest field's rows back. Local work: the ranks settle before trading.
+    std::size_t widest = 0;
+    for (std::size_t f = 0; f < fields; ++f) widest = std::max(widest, field_bytes[f]);
+    std::exception_ptr err;
+    try {
+      asks_of_.resize(W);
+      for (auto& a : asks_of_) a.clear();
+      each_row([&](std::size_t, std::uint64_t, std::uint64_t g, std::size_t p, std::uint64_t, std::uint64_t) {
+        if (p != me) asks_of_[p].push_back(g);
+      });
+      ask_.assign(W, 0), at_.assign(W + 1, 0), counts_.resize(W * W), give_.resize(W);
+      for (std::size_t p = 0; p < W; ++p) at_[p + 1] = at_[p] + (ask_[p] = asks_of_[p].size());
+      asks_.resize(std::size_t(at_[W]));
+      for (std::size_t p = 0; p < W; ++p) std::copy(asks_of_[p].begin(), asks_of_[p].end(), asks_.begin() + std::ptrdiff_t(at_[p]));
+      back_.resize(std::size_t(at_[W]) * widest);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    settle(err);
     // Every rank's asks of every rank: what this one gives p is what p asks of it.
-    std::vector<std::uint64_t> counts(W * W), give(W);
-    ranks_->all_gather(ask.data(), W * sizeof(std::uint64_t), counts.data());
+    ranks_->all_gather(ask_.data(), W * sizeof(std::uint64_t), counts_.data());
     std::uint64_t asked = 0;
-    for (std::size_t p = 0; p < W; ++p) asked += (give[p] = counts[p * W + me]);
-    wanted_.resize(std::size_t(asked));
-    ranks_->all_to_all(asks_.data(), ask.data(), wanted_.data(), give.data(), sizeof(std::uint64_t));
+    for (std::size_t p = 0; p < W; ++p) asked += (give_[p] = counts_[p * W + me]);
+    try {
+      wanted_.resize(std::size_t(asked));
+      out_.resize(std::size_t(asked) * widest);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    settle(err);
+    ranks_->all_to_all(asks_.data(), ask_.data(), wanted_.data(), give_.data(), sizeof(std::uint64_t));
+    for (const std::uint64_t g : wanted_) {  // rows this rank cached, else no rank trades
+      std::uint64_t q = 0, i = 0;
+      if (g < rows()) l.owner(g, q, i);
+      if (g >= rows() || q / R != me) {
+        err = std::make_exception_ptr(config_error("cache_on_device: across ranks: asked for row " + std::to_string(g) +
+                                                   ", which this rank did not cache (ranks with other layouts)"));
+        break;
+      }
+    }
+    settle(err);
+    std::vector<std::uint64_t>& next = next_;
     for (std::size_t f = 0; f < fields; ++f) {
       const std::size_t eb = field_bytes[f];
-      out_.resize(std::size_t(asked) * eb);
       gather_batch copy(eb);
       for (std::size_t k = 0; k < wanted_.size(); ++k) {
         std::uint64_t q = 0, i = 0;
-        if (wanted_[k] < rows()) l.owner(wanted_[k], q, i);
-        if (wanted_[k] >= rows() || q / R != me)
-          throw config_error("cache_on_device: across ranks: asked for row " + std::to_string(wanted_[k]) +
-                             ", which this rank did not cache (ranks with other layouts)");
+        l.owner(wanted_[k], q, i);
         copy.add(out_.data() + k * eb, arenas[std::size_t(q % R)].cache[f] + i * eb);
       }
       copy.flush();
-      back_.resize(std::size_t(at[W]) * eb);
-      ranks_->all_to_all(out_.data(), give.data(), back_.data(), ask.data(), eb);
-      std::copy(at.begin(), at.end() - 1, next.begin());
+      ranks_->all_to_all(out_.data(), give_.data(), back_.data(), ask_.data(), eb);
+      next.assign(at_.begin(), at_.end() - 1);
       each_row([&](std::size_t r, std::uint64_t j, std::uint64_t, std::size_t p, std::uint64_t q, std::uint64_t i) {
         copy.add(arenas[r].epoch[f] + j * eb, p == me ? arenas[std::size_t(q)].cache[f] + i * eb : back_.data() + next[p]++ * eb);
       });
@@ -369,20 +404,29 @@ class cache_exchange {
   }
 
  private:
+  // Whether `mine` holds on every rank (one all-gather); alone, mine.
+  bool all_ranks_true(bool mine) {
+    if (!across_ranks()) return mine;
+    const std::uint64_t w = mine;
+    std::vector<std::uint64_t> all(std::size_t(ranks_->size()));
+    ranks_->all_gather(&w, sizeof w, all.data());
+    return std::all_of(all.begin(), all.end(), [](std::uint64_t v) { return v == 1; });
+  }
   // Across ranks: rank w's replicas' counts joined into the job's layout (global replica
   // w x R + r), every rank the same.
   void merge_ranks() {
     const std::uint64_t W = std::uint64_t(ranks_->size()), w = std::uint64_t(ranks_->rank());
     const std::uint64_t s = steps(), R = replicas_;
-    const std::uint64_t mine[2] = {s, R};
-    std::vector<std::uint64_t> shape(2 * W);
+    const std::uint64_t mine[3] = {s, R, seed_};
+    std::vector<std::uint64_t> shape(3 * W);
     ranks_->all_gather(mine, sizeof mine, shape.data());
     for (std::uint64_t p = 0; p < W; ++p)
-      if (shape[2 * p] != s || shape[2 * p + 1] != R)
-        throw config_error("cache_on_device: across ranks, every rank needs the same steps and replicas in epoch 0: "
-                           "rank " + std::to_string(p) + " had " + std::to_string(shape[2 * p]) + " steps of " +
-                           std::to_string(shape[2 * p + 1]) + " replicas, rank " + std::to_string(w) + " " +
-                           std::to_string(s) + " of " + std::to_string(R));
+      if (shape[3 * p] != s || shape[3 * p + 1] != R || shape[3 * p + 2] != seed_)
+        throw config_error("cache_on_device: across ranks, every rank needs the same steps, replicas and seed in "
+                           "epoch 0: rank " + std::to_string(p) + " had " + std::to_string(shape[3 * p]) + " steps of " +
+                           std::to_string(shape[3 * p + 1]) + " replicas, seed " + std::to_string(shape[3 * p + 2]) +
+                           "; rank " + std::to_string(w) + " " + std::to_string(s) + " of " + std::to_string(R) +
+                           ", seed " + std::to_string(seed_));
     std::vector<std::uint64_t> mine_counts(s * R), all(W * s * R);
     for (std::uint64_t k = 0; k < s; ++k)
       for (std::uint64_t r = 0; r < R; ++r)
@@ -460,11 +504,13 @@ class cache_exchange {
   std::uint64_t replicas_ = 0;  // the job's (all ranks') after finish()
   std::vector<device_side> dev_;  // device replicas: per replica
   rank_exchange* ranks_ = nullptr;
+  std::uint64_t seed_ = 0;
   bool agreed_ = false;  // agree_once ran (clear() keeps it: once a job)
   std::uint64_t first_ = 0, local_ = 0;  // this rank's first global replica, and its count
   // Across ranks, kept between epochs: requests, rows asked of this rank, rows out and back.
   std::vector<std::uint64_t> asks_, wanted_;
   std::vector<std::vector<std::uint64_t>> asks_of_;  // per rank
+  std::vector<std::uint64_t> ask_, at_, counts_, give_, next_;  // per rank (counts: W x W)
   std::vector<std::byte> out_, back_;
 };
 
