@@ -179,9 +179,9 @@ class mpi_communicator {
     MPI_Datatype t = MPI_BYTE;
     if (!bytes) {
       detail::mpi_check(MPI_Type_contiguous(as_int(unit, "all_to_all_bytes"), MPI_BYTE, &t), "MPI_Type_contiguous");
-      if (const int rc = MPI_Type_commit(&t); rc != MPI_SUCCESS) {
+      if (const int status = MPI_Type_commit(&t); status != MPI_SUCCESS) {
         MPI_Type_free(&t);
-        detail::mpi_check(rc, "MPI_Type_commit");
+        detail::mpi_check(status, "MPI_Type_commit");
       }
     }
     const int rc_all = MPI_Alltoallv(send, sc.data(), sd.data(), t, recv, rc.data(), rd.data(), t, comm_);

@@ -11,6 +11,7 @@
 #include "ferry/collective/agree_steps.hpp"
 #include "ferry/collective/communicator.hpp"
 #include "ferry/collective/mpi.hpp"
+#include "ferry/collective/rank_exchange.hpp"
 #if !defined(FERRY_WITH_CUDART) || __has_include(<nccl.h>)
 #include "ferry/collective/nccl.hpp"
 #endif
@@ -38,14 +39,17 @@
 #include "ferry/sources/from_files.hpp"
 #include "ferry/sources/from_generator.hpp"
 #include "ferry/sources/from_range.hpp"
+#include "ferry/sources/global_shuffle.hpp"
 #include "ferry/sources/idx.hpp"
 #include "ferry/sources/npy.hpp"
 #include "ferry/sources/record.hpp"
+#include "ferry/sources/row_files.hpp"
 #include "ferry/sources/text_lines.hpp"
 #include "ferry/sources/tfrecord.hpp"
 #include "ferry/stage.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/cache.hpp"
+#include "ferry/stages/cache_on_device.hpp"
 #include "ferry/stages/concatenate.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/filter.hpp"
@@ -181,6 +185,24 @@ std::size_t stages(const std::vector<std::string>& files) {
                  ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::pad});
     for (auto& st : steps)
       for (std::size_t r = 0; r < st.replicas(); ++r) n += st[r].field<0>().size() + st[r].field<1>().size();
+  }
+  {  // records by index in one global order; a cache with one order across replicas (and ranks)
+    if (!files.empty()) {
+      const ferry::row_files rows(files, ferry::tfrecord{}, {.max_record_bytes = 1 << 20});
+      auto g = ferry::global_shuffle(rows, {.seed = 1, .global_batch = 8}) | ferry::map(decode) | ferry::batch(8);
+      n += drain(g);
+    }
+    ferry::rank_exchange* ranks = nullptr;
+#if defined(FERRY_HAVE_MPI)
+    ferry::mpi_communicator world;
+    ferry::rank_exchange_over<ferry::mpi_communicator> over(world);
+    ranks = &over;
+#endif
+    auto c = ferry::global_shuffle(std::vector<example>(64), {.seed = 2, .global_batch = 8}) | ferry::batch(8) |
+             ferry::distribute(ferry::host_replicas{2}) |
+             ferry::cache_on_device({.seed = 3, .across_replicas = true, .ranks = ranks,
+                                     .resume = ferry::global_position{1, 2, 64, 8}});
+    n += drain(c);
   }
 #if defined(FERRY_WITH_CUDART)
   n += resume([&] {
