@@ -36,7 +36,6 @@
 #include "ferry/collective/agree_steps.hpp"
 #include "ferry/collective/rank_exchange.hpp"
 #include "ferry/distributed.hpp"
-#include "ferry/sources/detail/crc32c.hpp"
 #include "ferry/sources/fixed_length.hpp"
 #include "ferry/sources/from_files.hpp"
 #include "ferry/sources/global_shuffle.hpp"
@@ -51,6 +50,7 @@
 #include "ferry/train/host_backend.hpp"
 #include "ferry/train/host_trainer.hpp"
 #include "ferry/train/mirrored_trainer.hpp"
+#include "sources/helpers.hpp"  // tfrecord_of
 
 using namespace std::chrono_literals;
 namespace fs = std::filesystem;
@@ -300,20 +300,11 @@ std::vector<std::string> write_id_files(const fs::path& dir, const std::vector<i
 }
 // The same ids as TFRecord files (each record's data is one id), for row_files' index.
 std::vector<std::string> write_id_tfrecords(const fs::path& dir, const std::vector<int>& sizes) {
-  namespace crc = ferry::detail::crc32c;
-  const auto le = [](std::uint64_t v, int n) {
-    std::string s;
-    for (int i = 0; i < n; ++i) s += char(v >> (8 * i));
-    return s;
-  };
   std::vector<std::string> files;
   std::int64_t id = 0;
   for (std::size_t f = 0; f < sizes.size(); ++f) {
     std::string bytes;
-    for (int i = 0; i < sizes[f]; ++i, ++id) {
-      const std::string len = le(8, 8), data = le(std::uint64_t(id), 8);
-      bytes += len + le(crc::mask(crc::value(len.data(), 8)), 4) + data + le(crc::mask(crc::value(data.data(), 8)), 4);
-    }
+    for (int i = 0; i < sizes[f]; ++i, ++id) bytes += src_test::tfrecord_of(src_test::le(std::uint64_t(id), 8));
     char name[48];
     std::snprintf(name, sizeof name, "ids-%02zu.tfrecord", f);
     files.push_back((dir / name).string());
