@@ -42,6 +42,25 @@ struct sim_gather {
       }
     });
   }
+  // With a device_exchange: the plan and the moves, as the host oracles (the sim's
+  // scratch: one value a row, written, so that the stage's sizing is exercised).
+  static std::size_t plan_scratch(std::uint64_t rows) { return std::size_t(rows) * 8; }
+  static void plan(const ferry::detail::exchange_plan_args& a, ferry::cuda_stream s) {
+    const auto& l = a.layout;
+    const std::uint64_t R = l.replicas, S = l.steps;
+    sim::launch(static_cast<cudaStream_t>(s), "exchange_plan",
+                {{l.step_base, (S + 1) * 8}, {l.in_step, S * (R + 1) * 8}, {l.local_base, R * (S + 1) * 8}},
+                {{a.send_rows, a.rows * 8}, {a.recv_rows, a.rows * 8}, {a.at, (R + 1) * 16}, {a.scratch, a.scratch_bytes}},
+                [a] {
+                  ferry::detail::plan_exchange_host(a);
+                  if (a.scratch_bytes) std::memset(a.scratch, 0, a.scratch_bytes);
+                });
+  }
+  static void move_rows(const ferry::detail::move_rows_args& a, ferry::cuda_stream s) {
+    const std::size_t n = std::size_t(a.rows) * a.row_bytes;
+    sim::launch(static_cast<cudaStream_t>(s), a.scatter ? "unpack" : "pack", {{a.src, n}, {a.idx, a.rows * 8}},
+                {{a.dst, n}}, [a] { ferry::detail::move_rows_host(a); });
+  }
 };
 
 }  // namespace ferry_test

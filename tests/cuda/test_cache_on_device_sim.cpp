@@ -5,18 +5,27 @@
 // at all and no allocation after the first reorder, every access ordered on the replicas'
 // streams (the simulator's race check: the consumer's kernels read what the gather wrote,
 // the next gather waits for them), the budget's stream choice frees the device memory;
-// across_replicas: the global gather reads the other GPU's cache through peer access.
+// across_replicas: the global gather reads the other GPU's cache through peer access, or
+// (.devices) the replicas trade rows through the simulated NCCL, in one process or across
+// two simulated ranks (threads, each with its own pipeline).
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>  // the simulator's (this test's include path puts it first)
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <mutex>
+#include <thread>
 #include <tuple>
 #include <vector>
+
+#include "ferry/collective/nccl.hpp"
+#include "ferry/collective/rank_exchange.hpp"
 
 #include "ferry/cuda/devices.hpp"
 #include "ferry/memory/pinned.hpp"
@@ -58,9 +67,12 @@ std::vector<row> make_rows(u64 n) {
 
 // One epoch read the way a model reads it: a simulated kernel on the replica's stream
 // copies each field out, when the stream runs it.
+// (own_streams: wait for this pipeline's streams only, not the whole simulated machine:
+// another thread's pipeline may be mid-epoch.)
 template <class P>
-epoch_rows epoch_of(P& p, bool rewind = true) {
+epoch_rows epoch_of(P& p, bool rewind = true, bool own_streams = false) {
   epoch_rows out;
+  std::vector<std::pair<int, cudaStream_t>> streams;
   std::vector<std::vector<std::array<u64, 3>>> seen;
   std::mutex m;
   for (auto& st : p) {
@@ -70,6 +82,8 @@ epoch_rows epoch_of(P& p, bool rewind = true) {
       const auto a = rb.template field<0>();
       const auto b = rb.template field<1>();
       const std::size_t n = rb.valid();
+      if (own_streams && std::find(streams.begin(), streams.end(), std::pair(rb.device(), static_cast<cudaStream_t>(rb.stream()))) == streams.end())
+        streams.emplace_back(rb.device(), static_cast<cudaStream_t>(rb.stream()));
       if (n == 0) continue;
       const int prev = [] {
         int d = 0;
@@ -85,7 +99,11 @@ epoch_rows epoch_of(P& p, bool rewind = true) {
       cudaSetDevice(prev);
     }
   }
-  sim::drain();
+  if (!own_streams) sim::drain();
+  for (const auto& [d, st] : streams) {
+    cudaSetDevice(d);
+    cudaStreamSynchronize(st);
+  }
   for (const auto& v : seen) {
     out.emplace_back();
     for (const auto& x : v) {
@@ -100,9 +118,10 @@ epoch_rows epoch_of(P& p, bool rewind = true) {
 
 // The same pipeline's epochs on two host replicas (the device ones' oracle).
 std::vector<epoch_rows> host_epochs(const std::vector<row>& data, ferry::cache_on_device_options o,
-                                    ferry::remainder_policy policy, int epochs) {
-  auto h = ferry::from_range(data) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}, {.remainder = policy}) |
-           ferry::cache_on_device(o);
+                                    ferry::remainder_policy policy, int epochs, std::size_t replicas = 2,
+                                    std::size_t batch = 24) {
+  auto h = ferry::from_range(data) | ferry::batch(batch) |
+           ferry::distribute(ferry::host_replicas{replicas}, {.remainder = policy}) | ferry::cache_on_device(o);
   std::vector<epoch_rows> out;
   for (int e = 0; e < epochs; ++e) {
     epoch_rows er;
@@ -116,6 +135,89 @@ std::vector<epoch_rows> host_epochs(const std::vector<row>& data, ferry::cache_o
   }
   return out;
 }
+
+// Four epochs of `data` on two simulated GPUs (batches of 24, partial remainder) into
+// dev, the simulator's counters after the second and the fourth; whether the cache serves.
+bool four_epochs(const std::vector<row>& data, const ferry::cache_on_device_options& o, epoch_rows_list& dev,
+                 sim::counters& after1, sim::counters& after3) {
+  auto pool = ferry::make_pinned_pool();
+  auto p = ferry::from_range(data) | ferry::batch(24) |
+           ferry::distribute(ferry::cuda::devices{0, 1},
+                             {.remainder = ferry::remainder_policy::partial, .host_resource = pool}) |
+           sim_cache(o);
+  dev.push_back(epoch_of(p));
+  dev.push_back(epoch_of(p));
+  after1 = sim::stats();
+  dev.push_back(epoch_of(p));
+  dev.push_back(epoch_of(p));
+  after3 = sim::stats();
+  return p.cached();
+}
+
+// Simulated ranks: threads of one process, each a rank_exchange over shared memory. A
+// collective waits at most a minute for the others (then throws: no test hangs).
+class thread_ranks {
+ public:
+  explicit thread_ranks(int n) : n_(n), posted_(std::size_t(n)) {}
+  class member final : public ferry::rank_exchange {
+   public:
+    member(thread_ranks& g, int r) : g_(g), r_(r) {}
+    int rank() const override { return r_; }
+    int size() const override { return g_.n_; }
+    void all_gather(const void* mine, std::size_t bytes, void* all) override {
+      g_.post(r_, {mine, nullptr, bytes});
+      for (int p = 0; p < g_.n_; ++p)
+        std::memcpy(static_cast<std::byte*>(all) + std::size_t(p) * bytes, g_.posted_[std::size_t(p)].data, bytes);
+      g_.wait();  // nobody changes its buffer while another copies from it
+    }
+    void all_to_all(const void* send, const std::uint64_t* send_counts, void* recv, const std::uint64_t* recv_counts,
+                    std::size_t unit) override {
+      g_.post(r_, {send, send_counts, unit});
+      std::size_t at = 0;
+      for (int p = 0; p < g_.n_; ++p) {
+        const auto& o = g_.posted_[std::size_t(p)];
+        std::size_t from = 0;
+        for (int q = 0; q < r_; ++q) from += o.counts[q];
+        std::memcpy(static_cast<std::byte*>(recv) + at * unit, static_cast<const std::byte*>(o.data) + from * unit,
+                    recv_counts[p] * unit);
+        at += recv_counts[p];
+      }
+      g_.wait();
+    }
+
+   private:
+    thread_ranks& g_;
+    int r_;
+  };
+
+ private:
+  struct post_t {
+    const void* data;
+    const std::uint64_t* counts;
+    std::size_t bytes;
+  };
+  void post(int r, post_t p) {
+    posted_[std::size_t(r)] = p;
+    wait();
+  }
+  void wait() {
+    std::unique_lock l(m_);
+    const std::uint64_t gen = gen_;
+    if (++arrived_ == n_) {
+      arrived_ = 0, ++gen_;
+      cv_.notify_all();
+      return;
+    }
+    if (!cv_.wait_for(l, std::chrono::seconds(60), [&] { return gen_ != gen; }))
+      throw ferry::error("thread_ranks: a rank did not reach the collective in a minute");
+  }
+  int n_;
+  std::vector<post_t> posted_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  int arrived_ = 0;
+  std::uint64_t gen_ = 0;
+};
 
 }  // namespace
 
@@ -200,17 +302,8 @@ TEST_CASE("sim: across_replicas on two GPUs: the host replicas' orders, rows rea
     const ferry::cache_on_device_options o{.seed = 4, .across_replicas = true};
     epoch_rows_list dev;
     {
-      auto pool = ferry::make_pinned_pool();
-      auto p = ferry::from_range(data) | ferry::batch(24) |
-               ferry::distribute(ferry::cuda::devices{0, 1}, {.remainder = ferry::remainder_policy::partial, .host_resource = pool}) |
-               sim_cache(o);
-      dev.push_back(epoch_of(p));
-      dev.push_back(epoch_of(p));
-      const sim::counters after1 = sim::stats();
-      dev.push_back(epoch_of(p));
-      dev.push_back(epoch_of(p));
-      const sim::counters after3 = sim::stats();
-      CHECK(p.cached());
+      sim::counters after1, after3;
+      CHECK(four_epochs(data, o, dev, after1, after3));
       CHECK(sim::peer_enabled(0, 1));
       CHECK(sim::peer_enabled(1, 0));
       CHECK(after3.copies == after1.copies);  // no copy after the first reorder (the layout's, once)
@@ -250,4 +343,129 @@ TEST_CASE("sim: across_replicas over GPUs without peer access: a config_error at
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
   CHECK(sim::stats().live_device_blocks == 0);
+}
+
+TEST_CASE("sim: across_replicas with .devices (NCCL) on two GPUs without peer access: the host replicas' orders, "
+          "no host-to-device byte and no allocation after the first reorder, no race") {
+  for (int progress : {0, 3}) {
+    CAPTURE(progress);
+    sim::reset(6, progress);
+    sim::deny_peer_access();  // the exchange needs none
+    const auto data = make_rows(250);  // a short last batch: replicas with different row counts
+    epoch_rows_list dev;
+    {
+      auto comms = ferry::nccl_communicator::local({0, 1});
+      ferry::nccl_device_exchange ex(comms);
+      const ferry::cache_on_device_options o{.seed = 4, .across_replicas = true, .devices = &ex};
+      sim::counters after1, after3;
+      CHECK(four_epochs(data, o, dev, after1, after3));
+      CHECK(!sim::peer_enabled(0, 1));
+      CHECK(after3.h2d_bytes == after1.h2d_bytes);  // nothing from the host: the counts go the other way
+      CHECK(after3.device_allocs == after1.device_allocs);
+      CHECK(after3.collectives >= after1.collectives + 2 * 2);  // an all-to-all per field and epoch
+    }
+    CHECK(dev == host_epochs(data, {.seed = 4, .across_replicas = true}, ferry::remainder_policy::partial, 4));
+    sim::drain();
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    CHECK(sim::stats().live_device_blocks == 0);
+    CHECK(sim::live_nccl_comms() == 0);
+  }
+}
+
+TEST_CASE("sim: across_replicas with .devices over two simulated ranks of two GPUs each: the one-process order") {
+  // Rank w's step k is rows [48k + 24w, 48k + 24w + 24): the job's global batch k is one
+  // process's batch of 48 over four host replicas, global replica 2w + r rank w's replica r.
+  sim::reset(7, 2);
+  const std::size_t steps = 5;
+  const auto data = make_rows(48 * steps);
+  std::array<std::vector<row>, 2> part;
+  for (std::size_t k = 0; k < steps; ++k)
+    for (std::size_t w = 0; w < 2; ++w)
+      part[w].insert(part[w].end(), data.begin() + std::ptrdiff_t(48 * k + 24 * w),
+                     data.begin() + std::ptrdiff_t(48 * k + 24 * w + 24));
+  const ncclUniqueId id = ferry::nccl_communicator::unique_id();
+  std::array<std::vector<ferry::nccl_communicator>, 2> comms{ferry::nccl_communicator::join(id, 4, 0, {0, 1}),
+                                                            ferry::nccl_communicator::join(id, 4, 2, {0, 1})};
+  thread_ranks group(2);
+  std::array<epoch_rows_list, 2> got;
+  std::array<bool, 2> h2d_after1{}, cached{};
+  std::array<std::exception_ptr, 2> err;
+  {
+    std::vector<std::thread> ranks;
+    for (int w = 0; w < 2; ++w)
+      ranks.emplace_back([&, w] {
+        try {
+          thread_ranks::member me(group, w);
+          ferry::nccl_device_exchange ex(comms[std::size_t(w)]);
+          auto pool = ferry::make_pinned_pool();
+          auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
+                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+                   sim_cache({.seed = 9, .across_replicas = true, .ranks = &me, .devices = &ex});
+          auto& mine = got[std::size_t(w)];
+          mine.push_back(epoch_of(p, true, true));
+          mine.push_back(epoch_of(p, true, true));  // both ranks' uploads are done: each reorder waits for both
+          const std::uint64_t h2d = sim::stats().h2d_bytes;  // (the machine's: both ranks')
+          mine.push_back(epoch_of(p, true, true));
+          h2d_after1[std::size_t(w)] = sim::stats().h2d_bytes != h2d;
+          cached[std::size_t(w)] = p.cached();
+        } catch (...) {
+          err[std::size_t(w)] = std::current_exception();
+        }
+      });
+    for (auto& t : ranks) t.join();
+  }
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+  CHECK(cached == std::array{true, true});
+  CHECK(h2d_after1 == std::array{false, false});
+  const auto want = host_epochs(data, {.seed = 9, .across_replicas = true}, ferry::remainder_policy::drop, 3, 4, 48);
+  for (std::size_t e = 0; e < 3; ++e)
+    for (std::size_t w = 0; w < 2; ++w)
+      for (std::size_t r = 0; r < 2; ++r) {
+        CAPTURE(e);
+        CAPTURE(w);
+        CAPTURE(r);
+        CHECK(got[w][e][r] == want[e][2 * w + r]);
+      }
+  // Every row once an epoch, across the four replicas.
+  std::vector<u64> all;
+  for (std::size_t w = 0; w < 2; ++w)
+    for (std::size_t r = 0; r < 2; ++r) all.insert(all.end(), got[w][2][r].begin(), got[w][2][r].end());
+  std::sort(all.begin(), all.end());
+  std::vector<u64> ids(data.size());
+  for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  CHECK(all == ids);
+  comms[0].clear();
+  comms[1].clear();
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+}
+
+TEST_CASE("sim: .devices errors: host replicas, another process's ranks, GPU replicas across ranks without it") {
+  sim::reset(8, 1);
+  const auto data = make_rows(96);
+  auto comms = ferry::nccl_communicator::local({0, 1});
+  ferry::nccl_device_exchange ex(comms);
+  {
+    auto h = ferry::from_range(data) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}) |
+             ferry::cache_on_device({.across_replicas = true, .devices = &ex});
+    CHECK_THROWS_WITH_AS(h.begin(), doctest::Contains(".devices with host replicas"), ferry::config_error);
+  }
+  CHECK_THROWS_WITH_AS(ferry::cache_on_device(ferry::from_range(data) | ferry::batch(24) |
+                                                  ferry::distribute(ferry::host_replicas{2}),
+                                              {.devices = &ex}),
+                       doctest::Contains("need across_replicas"), ferry::config_error);
+  {  // one GPU replica on a two-rank exchange: the ranks are not the replicas'
+    auto pool = ferry::make_pinned_pool();
+    auto p = ferry::from_range(data) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0}, {.host_resource = pool}) |
+             sim_cache({.seed = 3, .across_replicas = true, .devices = &ex});
+    const epoch_rows e0 = epoch_of(p, false);
+    CHECK_THROWS_WITH_AS(p.rewind(), doctest::Contains("the device_exchange has ranks 0..1 of 2"), ferry::config_error);
+    CHECK(!p.cached());
+    CHECK(epoch_of(p) == e0);  // streamed: the upstream's order
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
 }

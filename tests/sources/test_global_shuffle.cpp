@@ -47,7 +47,7 @@ std::vector<u64> read_steps(const std::vector<u64>& data, ferry::global_shuffle_
 
 }  // namespace
 
-TEST_CASE("feistel_permutation: a bijection of [0, n), fixed by its key") {
+TEST_CASE("feistel_permutation: a bijection of [0, n), fixed by its key, and its inverse") {
   for (u64 n : {u64(0), u64(1), u64(2), u64(3), u64(5), u64(17), u64(63), u64(64), u64(65), u64(255), u64(256), u64(257),
                 u64(1000), u64(4095), u64(4096), u64(4097), u64(16385)}) {
     CAPTURE(n);
@@ -57,8 +57,10 @@ TEST_CASE("feistel_permutation: a bijection of [0, n), fixed by its key") {
     for (u64 i = 0; i < n; ++i) {
       seen.push_back(p(i));
       CHECK(p(i) == same(i));
+      CHECK(p.inverse(p(i)) == i);
       differ += p(i) != other(i);
     }
+    for (u64 v = 0; v < n; ++v) CHECK(p(p.inverse(v)) == v);
     std::sort(seen.begin(), seen.end());
     CHECK(seen == iota(n));
     if (n >= 17) CHECK(differ > n / 2);  // another key, another order

@@ -17,6 +17,9 @@
 //   ncclUniqueId id = ...;                                    // same bytes on every rank
 //   auto comms = ferry::nccl_communicator::join(id, nranks, first_rank, {0, 1});
 //
+// nccl_device_exchange: this process's communicators as a ferry::device_exchange (grouped
+// ncclSend/ncclRecv), for cache_on_device's row exchange between GPUs.
+//
 // Asynchronous errors: a peer that dies or a broken network shows up late, as an async
 // error of the communicator, not as a failed call. check_async() throws it (and aborts
 // the communicator); barrier() polls it while it waits (as mirrored_trainer's waits
@@ -44,6 +47,7 @@
 #include <vector>
 
 #include "ferry/collective/communicator.hpp"
+#include "ferry/collective/device_exchange.hpp"
 #include "ferry/cuda/stream_handle.hpp"
 #include "ferry/error.hpp"
 
@@ -210,6 +214,19 @@ class nccl_communicator {
   }
   bool aborted() const noexcept { return aborted_; }
 
+  // Point to point (bytes, device memory on device()), enqueued on `stream`: inside
+  // group_start() / group_end(), matched with the peer's call in order (NCCL's rule).
+  void send_bytes(const void* p, std::size_t bytes, int peer, cuda_stream stream) {
+    live("ncclSend");
+    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
+    detail::nccl_check(ncclSend(p, bytes, ncclUint8, peer, comm_, stream), "ncclSend");
+  }
+  void recv_bytes(void* p, std::size_t bytes, int peer, cuda_stream stream) {
+    live("ncclRecv");
+    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
+    detail::nccl_check(ncclRecv(p, bytes, ncclUint8, peer, comm_, stream), "ncclRecv");
+  }
+
   static void group_start() { detail::nccl_check(ncclGroupStart(), "ncclGroupStart"); }
   static void group_end() { detail::nccl_check(ncclGroupEnd(), "ncclGroupEnd"); }
 
@@ -242,6 +259,52 @@ class nccl_communicator {
 };
 
 static_assert(communicator<nccl_communicator>);
+
+// A device_exchange over this process's communicators of one clique (consecutive ranks, in
+// order: its replicas'): each all_to_all is one group of ncclSend/ncclRecv, every peer
+// included (zero counts too, which NCCL 2.12.10 and later allow), the rank's own part too.
+// Holds a reference: the communicators must outlive it. Throws config_error (constructor)
+// for no communicators or ranks that are not consecutive, ferry::error when NCCL fails
+// (the group is closed first).
+class nccl_device_exchange final : public device_exchange {
+ public:
+  explicit nccl_device_exchange(std::span<nccl_communicator> comms) : comms_(comms) {
+    if (comms_.empty()) throw config_error("nccl_device_exchange: no communicators");
+    for (std::size_t i = 1; i < comms_.size(); ++i)
+      if (comms_[i].rank() != comms_[0].rank() + int(i) || comms_[i].size() != comms_[0].size())
+        throw config_error("nccl_device_exchange: the communicators are not consecutive ranks of one clique (rank " +
+                           std::to_string(comms_[i].rank()) + " after " + std::to_string(comms_[i - 1].rank()) + ")");
+  }
+  int size() const override { return comms_[0].size(); }
+  int first() const override { return comms_[0].rank(); }
+  int local() const override { return int(comms_.size()); }
+  int device(int i) const override { return comms_[std::size_t(i)].device(); }
+  void all_to_all(std::span<const device_all_to_all_part> parts) override {
+    if (parts.size() != comms_.size())
+      throw config_error("nccl_device_exchange: " + std::to_string(parts.size()) + " parts for " +
+                         std::to_string(comms_.size()) + " ranks");
+    nccl_communicator::group_start();
+    try {
+      for (std::size_t i = 0; i < parts.size(); ++i) {
+        const device_all_to_all_part& x = parts[i];
+        std::uint64_t so = 0, ro = 0;
+        for (int p = 0; p < size(); ++p) {
+          comms_[i].send_bytes(x.send + so, std::size_t(x.send_bytes[p]), p, x.stream);
+          comms_[i].recv_bytes(x.recv + ro, std::size_t(x.recv_bytes[p]), p, x.stream);
+          so += x.send_bytes[p];
+          ro += x.recv_bytes[p];
+        }
+      }
+    } catch (...) {
+      (void)ncclGroupEnd();
+      throw;
+    }
+    nccl_communicator::group_end();
+  }
+
+ private:
+  std::span<nccl_communicator> comms_;
+};
 
 }  // namespace ferry
 

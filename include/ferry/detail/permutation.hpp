@@ -1,5 +1,5 @@
 // ferry/detail/permutation.hpp: a random permutation of [0, n) that is a function, not a
-// table: position -> index in O(1) memory, for any n, the same bit for bit on every build.
+// table: position -> index (and back) in O(1) memory, for any n, the same bit for bit on every build.
 //
 // A balanced Feistel network (four rounds of a SplitMix64-based round function) on the
 // smallest even bit width 2h with 2^(2h) >= n, cycle-walking values that land at or past n
@@ -35,6 +35,15 @@ class feistel_permutation {
     while (x >= n_);
     return x;
   }
+  // The position of value v (v < n): inverse(operator()(i)) == i. The rounds run
+  // backwards, walking the same cycle the other way.
+  FERRY_HOST_DEVICE std::uint64_t inverse(std::uint64_t v) const noexcept {
+    if (v >= n_) return v;
+    std::uint64_t x = v;
+    do x = decrypt(x);
+    while (x >= n_);
+    return x;
+  }
   // n.
   FERRY_HOST_DEVICE std::uint64_t size() const noexcept { return n_; }
 
@@ -47,6 +56,15 @@ class feistel_permutation {
       const std::uint64_t t = l ^ f;
       l = r;
       r = t;
+    }
+    return (l << half_) | r;
+  }
+  FERRY_HOST_DEVICE std::uint64_t decrypt(std::uint64_t x) const noexcept {
+    std::uint64_t l = x >> half_, r = x & mask_;
+    for (unsigned k = rounds; k-- > 0;) {
+      const std::uint64_t t = r ^ (splitmix64(keys_[k] ^ l)() & mask_);
+      r = l;
+      l = t;
     }
     return (l << half_) | r;
   }

@@ -18,8 +18,9 @@
 // step's memory is valid until the next rewind(). With across_replicas, an epoch is one
 // permutation, drawn from (seed, epoch), of the rows' places in epoch 0's global batches:
 // each replica's steps draw from the whole dataset, the same global batches for any
-// replica count. GPU replicas read each other's memory (peer access; one process). With
-// .ranks (host replicas in several processes, a rank_exchange), global replica w x R + r
+// replica count. GPU replicas read each other's memory (peer access; one process), or with
+// .devices (a device_exchange: NCCL) trade rows by all-to-all. With .ranks (several
+// processes, a rank_exchange; GPU replicas need .devices too), global replica w x R + r
 // is rank w's replica r, the order is the same for any rank count, and each epoch the
 // ranks trade rows by all-to-all (cache_exchange.hpp); unless every rank cached a whole
 // epoch 0 (agreed at the first rewind), every rank streams.
@@ -36,19 +37,22 @@
 //
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget,
 // replicas, devices or streams that change between steps, a device replica with the
-// host-only stage and shuffle (at the first step), across_replicas without shuffle, ranks or
-// resume without it, a resume in epoch 0 (when built), GPUs that cannot read each other's
-// memory, GPU replicas across ranks, ranks whose epoch 0 had other step or replica counts or
-// seeds, another rank's failure (at the end of epoch 0, on every rank), a resume past the
-// epoch, of another global batch or dataset size, or without a filled cache (at the first
-// next()). cuda_error, std::bad_alloc, what the rank_exchange throws: whatever fails while
+// host-only stage and shuffle (at the first step), across_replicas without shuffle, ranks,
+// devices or resume without it, a resume in epoch 0 (when built), GPUs that cannot read
+// each other's memory, GPU replicas across ranks without .devices, .devices not the
+// replicas' GPUs, ranks whose epoch 0 had other step or replica counts or seeds, another
+// rank's failure (at the end of epoch 0, on every rank), a resume past the epoch, of
+// another global batch or dataset size, or without a filled cache (at the first next()).
+// cuda_error, std::bad_alloc, what the rank_exchange and device_exchange throw: whatever fails while
 // filling, at the end of epoch 0 or in a reorder frees the caches, and the stage streams
 // from then on (on every rank: nothing half cached or half reordered is ever served).
 //
 // Memory: per replica, after epoch 0, (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
 // with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
-// across ranks, the traded rows' buffers (kept between epochs). While
+// across ranks, the traded rows' buffers (kept between epochs); with .devices, per replica
+// a receive buffer (its rows x the widest field), 16 bytes a row for its plan, and the
+// sort's scratch (about 24 bytes a row), all made once. While
 // epoch 0 fills it, the cache doubles as it grows, capped by the budget. Freed with the
 // stage; nothing else is allocated after epoch 0 (but the layout on GPUs; across ranks,
 // the traded rows' buffers when an epoch trades more).
@@ -104,7 +108,8 @@ struct cache_on_device_options {
   std::uint64_t seed = 0;  // with the epoch and the replica, fixes each epoch's order
   bool shuffle = true;     // a new order of each replica's rows every epoch
   bool across_replicas = false;  // one order of all replicas' rows each epoch (the top); needs shuffle
-  rank_exchange* ranks = nullptr;  // with it: the processes sharing that order (host replicas; not owned)
+  rank_exchange* ranks = nullptr;  // with it: the processes sharing that order (not owned)
+  device_exchange* devices = nullptr;  // with it: GPU replicas trade rows through it (NCCL; not owned)
   // With it: start at this saved epoch (>= 1) and step, epoch 0 read whole first (the top).
   std::optional<global_position> resume = std::nullopt;
 };
@@ -131,11 +136,11 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   cache_on_device_source(Up up, cache_on_device_options o) : stage<cache_on_device_source, Up>(std::move(up)), o_(o) {
     if (o_.across_replicas && !o_.shuffle)
       throw config_error("cache_on_device: across_replicas reorders rows across replicas each epoch; it needs shuffle");
-    if ((o_.ranks || o_.resume) && !o_.across_replicas)
-      throw config_error("cache_on_device: ranks and resume need across_replicas = true (one order for any count)");
+    if ((o_.ranks || o_.devices || o_.resume) && !o_.across_replicas)
+      throw config_error("cache_on_device: ranks, devices and resume need across_replicas = true (one order for any count)");
     if (o_.resume && o_.resume->epoch == 0)
       throw config_error("cache_on_device: a resume in epoch 0 goes to global_shuffle (the cache fills in epoch 0)");
-    exchange_.set_ranks(o_.ranks, o_.seed);
+    exchange_.set_ranks(o_.ranks, o_.devices, o_.seed);
   }
   // Takes o's caches (o is left with none).
   cache_on_device_source(cache_on_device_source&&) noexcept = default;
@@ -218,8 +223,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     }
   }
 
-  // What one cached row costs a replica: its bytes, twice with shuffle.
-  std::size_t per_row() const noexcept { return row_bytes_ * (o_.shuffle ? 2 : 1); }
+  // A cached row's cost: its bytes, twice with shuffle, + .devices' buffers (its widest field + 40).
+  std::size_t per_row() const noexcept { return row_bytes_ * (o_.shuffle ? 2 : 1) + (o_.devices ? widest_ + 40 : 0); }
 
   // Epoch 0: appends each replica's real rows to its cache; false when over budget under
   // over_budget::stream.
@@ -232,7 +237,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       }
       rows_per_step_.assign(st.replicas(), 0);
       row_bytes_ = 0;
-      for (std::size_t f = 0; f < nf; ++f) row_bytes_ += (field_bytes_[f] = elem_bytes(st, f));
+      for (std::size_t f = 0; f < nf; ++f) row_bytes_ += (field_bytes_[f] = step_field_bytes(st, f));
+      widest_ = *std::max_element(field_bytes_.begin(), field_bytes_.end());
+      if (o_.devices && st[0].device() < 0) throw config_error("cache_on_device: .devices with host replicas (use .ranks)");
       if (row_bytes_ == 0) throw config_error("cache_on_device: rows of 0 bytes");
     }
     if (st.replicas() != arenas_.size())
@@ -264,12 +271,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   bool within_budget(std::size_t r, std::uint64_t rows) const {
     if (!o_.budget_bytes || std::size_t(rows) * per_row() <= o_.budget_bytes) return true;
     if (o_.when_over == over_budget::stream) return false;
-    throw_over_budget(r, o_.budget_bytes, steps_, rows, row_bytes_, o_.shuffle);
-  }
-
-  static std::size_t elem_bytes(const V& st, std::size_t f) {
-    const auto& rb = st[0];
-    return rb.size() ? rb.field_bytes(f).size() / rb.size() : st.host_batch().element_bytes(f);
+    throw_over_budget(r, o_.budget_bytes, steps_, rows, row_bytes_, per_row());
   }
 
   // The end of epoch 0: each replica's serving buffer holds steps x rows-a-step rows (the
@@ -291,7 +293,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         a.epoch[f] = arena_alloc(a, a.host_epoch[f], std::size_t(serve_rows) * field_bytes_[f], serve_rows > a.rows);
       }
     }
-    if (o_.across_replicas && !arenas_.empty() && arenas_[0].device >= 0) exchange_.to_devices(arenas_, nf);
+    if (o_.across_replicas && !arenas_.empty() && arenas_[0].device >= 0)
+      exchange_.template to_devices<Launch>(arenas_, nf, widest_);
   }
 
   // A new epoch's order: each field's rows gathered into the epoch buffer with one key per
@@ -360,7 +363,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   bool resumed_ = false;  // o_.resume's fill is done
   std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0;  // steps: epoch 0's count
   std::vector<std::size_t> rows_per_step_;
-  std::size_t row_bytes_ = 0;
+  std::size_t row_bytes_ = 0, widest_ = 0;
   std::array<std::size_t, nf> field_bytes_{};
   std::shared_ptr<const batch_of<T>> empty_;
 };

@@ -165,6 +165,7 @@ struct counters {
   std::uint64_t device_allocs = 0;     // cudaMalloc
   std::uint64_t host_allocs = 0;       // cudaHostAlloc
   std::uint64_t copies = 0;            // cudaMemcpyAsync
+  std::uint64_t h2d_bytes = 0;         // of those, host to device
   std::uint64_t collectives = 0;       // collective instances run (aborted ones not counted)
   std::uint64_t live_device_blocks = 0;
   std::uint64_t live_streams = 0;

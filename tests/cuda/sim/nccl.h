@@ -24,7 +24,7 @@ enum ncclResult_t {
   ncclInProgress = 7,
 };
 enum ncclRedOp_t { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 };
-enum ncclDataType_t { ncclFloat32 = 7, ncclFloat = 7 };
+enum ncclDataType_t { ncclInt8 = 0, ncclChar = 0, ncclUint8 = 1, ncclFloat32 = 7, ncclFloat = 7 };
 
 #define NCCL_UNIQUE_ID_BYTES 128
 struct ncclUniqueId {
@@ -46,6 +46,16 @@ ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, nccl
                            ncclComm_t comm, cudaStream_t stream);
 ncclResult_t ncclBroadcast(const void* send, void* recv, std::size_t count, ncclDataType_t type, int root,
                            ncclComm_t comm, cudaStream_t stream);
+// Point to point, inside ncclGroupStart/End: the sim's subset. The group's calls of each
+// communicator become one member of one clique-wide instance at the outermost
+// ncclGroupEnd, so every rank of the clique must take part in each group that has them
+// (an all-to-all, as ferry's row exchange is; zero counts count, as in NCCL 2.12.10+).
+// Each send is matched with the peer's recv from this rank in call order, and a count that
+// differs is reported (sim::report).
+ncclResult_t ncclSend(const void* send, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
+ncclResult_t ncclRecv(void* recv, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream);
 
 namespace sim {
 // Communicators alive (made, not yet destroyed or aborted).

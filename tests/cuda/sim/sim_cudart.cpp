@@ -631,6 +631,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
     s.violations.push_back("cudaMemcpyAsync: a host destination that is device memory");
   tick();
   ++s.c.copies;
+  if (k == cudaMemcpyHostToDevice) s.c.h2d_bytes += n;
   static const char* names[] = {"", "H2D", "D2H", "D2D"};
   const double bw = k == cudaMemcpyDeviceToDevice ? sim::d2d_bytes_per_s : sim::link_bytes_per_s;
   op& o = enqueue(st, kind::copy, std::string(names[k]) + " copy of " + std::to_string(n) + " bytes",

@@ -2,7 +2,9 @@
 // simulator instances that run when every rank's member reaches the head of its stream.
 #include "nccl.h"
 
+#include <algorithm>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -20,6 +22,14 @@ struct clique {
   };
   // The buffers of each instance's members, by rank (filled as ranks enqueue).
   std::map<std::uint64_t, std::vector<buffers>> pending;
+  // A rank's sends and receives of one group (point to point).
+  struct p2p {
+    bool send = false;
+    int peer = 0;
+    const void* data = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::map<std::uint64_t, std::vector<std::vector<p2p>>> pending_p2p;
 };
 
 std::mutex m;
@@ -33,6 +43,13 @@ std::map<int, async_error> async_errors;
 long async_queries = 0;
 int live = 0;
 thread_local int group_depth = 0;
+// This thread's open group's point-to-point calls, per communicator and its stream, in call order.
+struct group_ops {
+  ncclComm* comm;
+  cudaStream_t stream;
+  std::vector<clique::p2p> ops;
+};
+thread_local std::vector<group_ops> group_p2p;
 
 }  // namespace
 
@@ -103,6 +120,92 @@ void reduce_sum_avg(std::vector<clique::buffers>& b, std::size_t count, int avg)
 void bcast(std::vector<clique::buffers>& b, std::size_t count, int root) {
   std::vector<float> v(b[root].send, b[root].send + count);
   for (auto& r : b) std::memcpy(r.recv, v.data(), count * sizeof(float));
+}
+
+std::size_t type_bytes(ncclDataType_t t) { return t == ncclFloat32 ? 4 : 1; }
+
+// One rank's group of sends and receives as its member of the clique's next instance; rank
+// 0's member moves every rank's bytes (each send into the peer's matching receive).
+ncclResult_t join_p2p(ncclComm* comm, cudaStream_t stream, std::vector<clique::p2p> ops) {
+  std::uint64_t seq;
+  std::vector<sim::range> reads, writes;
+  for (const auto& o : ops) (o.send ? reads : writes).push_back({o.data, o.bytes});
+  {
+    std::lock_guard lk(m);
+    seq = comm->next_seq++;
+    auto& b = comm->c->pending_p2p[seq];
+    b.resize(comm->c->nranks);
+    b[comm->rank] = std::move(ops);
+  }
+  std::function<void()> run;
+  if (comm->rank == 0) {
+    std::shared_ptr<clique> c = comm->c;
+    run = [c, seq] {
+      std::vector<std::vector<clique::p2p>> all;
+      {
+        std::lock_guard lk(m);
+        all = std::move(c->pending_p2p[seq]);
+        c->pending_p2p.erase(seq);
+      }
+      std::vector<std::vector<std::size_t>> next(all.size(), std::vector<std::size_t>(all.size(), 0));  // [to][from]
+      for (std::size_t from = 0; from < all.size(); ++from)
+        for (const auto& o : all[from]) {
+          if (!o.send) continue;
+          const std::size_t to = std::size_t(o.peer);
+          std::size_t& k = next[to][from];
+          std::size_t seen = 0;
+          const clique::p2p* match = nullptr;
+          for (const auto& r : all[to])
+            if (!r.send && r.peer == int(from) && seen++ == k) {
+              match = &r;
+              break;
+            }
+          ++k;
+          if (!match) {
+            sim::report("ncclSend from rank " + std::to_string(from) + " to " + std::to_string(to) +
+                        " has no matching ncclRecv in the group");
+            continue;
+          }
+          if (match->bytes != o.bytes) {
+            sim::report("ncclSend of " + std::to_string(o.bytes) + " bytes from rank " + std::to_string(from) +
+                        " to " + std::to_string(to) + " meets an ncclRecv of " + std::to_string(match->bytes));
+            continue;
+          }
+          if (o.bytes) std::memmove(const_cast<void*>(match->data), o.data, o.bytes);
+        }
+      for (std::size_t to = 0; to < all.size(); ++to) {
+        std::size_t recvs = 0, sends = 0;
+        for (const auto& r : all[to]) recvs += !r.send;
+        for (std::size_t from = 0; from < all.size(); ++from) sends += next[to][from];
+        if (recvs != sends)
+          sim::report("rank " + std::to_string(to) + " posted " + std::to_string(recvs) + " ncclRecv but " +
+                      std::to_string(sends) + " sends reached it");
+      }
+    };
+  }
+  int prev = 0;  // NCCL launches each rank's part on its own device, whichever is current
+  cudaGetDevice(&prev);
+  cudaSetDevice(comm->device);
+  const auto id = sim::join_collective(stream, comm->c.get(), seq, comm->rank, comm->c->nranks,
+                                       "ncclSend/ncclRecv group rank " + std::to_string(comm->rank), reads, writes,
+                                       std::move(run));
+  cudaSetDevice(prev);
+  return id ? ncclSuccess : ncclInvalidUsage;
+}
+
+ncclResult_t p2p_call(bool send, const void* data, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  if (!comm || peer < 0 || peer >= comm->c->nranks) return ncclInvalidArgument;
+  if (group_depth == 0) return ncclInvalidUsage;  // the sim's subset: inside a group
+  const std::size_t bytes = count * type_bytes(type);
+  if (bytes && sim::device_of(data) != comm->device)
+    sim::report(std::string(send ? "ncclSend" : "ncclRecv") + " (rank " + std::to_string(comm->rank) +
+                "): a buffer that is not device " + std::to_string(comm->device) + " memory");
+  auto it = std::find_if(group_p2p.begin(), group_p2p.end(), [&](const group_ops& g) { return g.comm == comm; });
+  if (it == group_p2p.end()) it = group_p2p.insert(group_p2p.end(), group_ops{comm, stream, {}});
+  if (it->stream != stream) return ncclInvalidUsage;  // one stream per communicator in a group
+  it->ops.push_back({send, peer, data, bytes});
+  return ncclSuccess;
 }
 
 }  // namespace
@@ -194,8 +297,22 @@ ncclResult_t ncclGroupStart() {
 }
 ncclResult_t ncclGroupEnd() {
   if (group_depth == 0) return ncclInvalidUsage;
-  --group_depth;
-  return ncclSuccess;
+  if (--group_depth > 0) return ncclSuccess;
+  std::vector<group_ops> groups = std::move(group_p2p);
+  group_p2p.clear();
+  ncclResult_t result = ncclSuccess;
+  for (auto& g : groups)
+    if (join_p2p(g.comm, g.stream, std::move(g.ops)) != ncclSuccess) result = ncclInvalidUsage;
+  return result;
+}
+
+ncclResult_t ncclSend(const void* send, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return p2p_call(true, send, count, type, peer, comm, stream);
+}
+ncclResult_t ncclRecv(void* recv, std::size_t count, ncclDataType_t type, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return p2p_call(false, recv, count, type, peer, comm, stream);
 }
 
 ncclResult_t ncclAllReduce(const void* send, void* recv, std::size_t count, ncclDataType_t type, ncclRedOp_t op,

@@ -57,15 +57,25 @@ struct no_gather_kernel {
 };
 
 // The config_error of a replica over its budget (over_budget::error): replica r, at step
-// `step`, would hold `rows` rows of row_bytes (twice with shuffle).
+// `step`, would hold `rows` rows of row_bytes, per_row bytes each with the shuffled copy
+// and the exchange's buffers.
 [[noreturn]] inline void throw_over_budget(std::size_t r, std::size_t budget, std::uint64_t step, std::uint64_t rows,
-                                           std::size_t row_bytes, bool shuffle) {
-  const std::size_t total = std::size_t(rows) * row_bytes * (shuffle ? 2 : 1);
+                                           std::size_t row_bytes, std::size_t per_row) {
   throw config_error("cache_on_device: replica " + std::to_string(r) + " needs more than its budget of " +
                      std::to_string(budget) + " bytes: at step " + std::to_string(step) + " its cache reaches " +
-                     std::to_string(total) + " bytes (" + std::to_string(rows) + " rows of " + std::to_string(row_bytes) +
-                     " bytes" + (shuffle ? ", twice: the cache and the epoch's shuffled copy" : "") +
+                     std::to_string(std::size_t(rows) * per_row) + " bytes (" + std::to_string(rows) + " rows of " +
+                     std::to_string(row_bytes) + " bytes" +
+                     (per_row == 2 * row_bytes ? std::string(", twice: the cache and the epoch's shuffled copy")
+                      : per_row > row_bytes ? ", " + std::to_string(per_row) + " a row with the epoch's shuffled copy "
+                                              "and the exchange's buffers" : std::string()) +
                      "); raise budget_bytes, or choose over_budget::stream");
+}
+
+// A step's field f bytes a row (V: distribute's step).
+template <class V>
+std::size_t step_field_bytes(const V& st, std::size_t f) {
+  const auto& rb = st[0];
+  return rb.size() ? rb.field_bytes(f).size() / rb.size() : st.host_batch().element_bytes(f);
 }
 
 // One replica's memory: per field, the cache (rows as cached) and this epoch's copy, each

@@ -27,9 +27,16 @@
 // it serves that rank cached (their global indices, one all-to-all) and gets them (one
 // all-to-all per field). Where local work may fail on one rank only (the end of epoch 0,
 // a reorder's allocations) the ranks then agree (settle) and all throw or none does, so
-// no rank waits in a collective another will not call. GPU replicas across ranks would
-// need an NCCL all-to-all: not built (a config_error). Throws cuda_error, config_error, std::bad_alloc, what the
-// rank_exchange throws; runs on the stage's caller's thread; no user code.
+// no rank waits in a collective another will not call.
+// GPU replicas with a device_exchange (NCCL: across ranks, or GPUs without peer access):
+// each later epoch every replica plans its trade on its device (exchange_plan_args: its
+// cached rows sorted by where they go, through the permutation's inverse, and its epoch
+// rows by where they come from; the per-replica counts come back to the host, 16 bytes a
+// replica pair), then per field packs its outgoing rows into its epoch buffer, trades them
+// by one all-to-all (grouped ncclSend/ncclRecv) into a receive buffer, and scatters them to
+// their places. Nothing is copied from the host after epoch 0.
+// Throws cuda_error, config_error, std::bad_alloc, what the rank_exchange and the
+// device_exchange throw; runs on the stage's caller's thread; no user code.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +48,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/collective/device_exchange.hpp"
 #include "ferry/collective/rank_exchange.hpp"
 #include "ferry/config.hpp"
 #include "ferry/detail/permutation.hpp"
@@ -106,6 +114,68 @@ struct global_gather_args {
   std::uint64_t key = 0;         // feistel_permutation(total_rows, key)
 };
 
+// One replica's plan of a later epoch's trade (device_exchange), made on its device:
+// send_rows = its cached rows ordered by (destination replica, destination row),
+// send_at[q] where destination q's start (G + 1 values); recv_rows = its epoch rows ordered
+// by (source replica, epoch row), recv_at alike. So what replica q sends to r, in order, is
+// what r expects from q, in order. Every pointer is device memory of the replica's device.
+struct exchange_plan_args {
+  cache_layout_view layout;
+  std::uint64_t replica = 0;     // global
+  std::uint64_t rows = 0;        // its cached rows (its epoch rows too)
+  std::uint64_t total_rows = 0;  // every replica's: the permutation's size
+  std::uint64_t key = 0;         // feistel_permutation(total_rows, key)
+  std::uint64_t *send_rows = nullptr, *recv_rows = nullptr;  // rows each
+  std::uint64_t* at = nullptr;   // send_at (G + 1), then recv_at (G + 1)
+  void* scratch = nullptr;       // the launcher's plan_scratch(rows) bytes
+  std::size_t scratch_bytes = 0;
+};
+// A pack (dst[k] = src[idx[k]]) or an unpack (dst[idx[k]] = src[k]) of `rows` rows of
+// row_bytes, device memory.
+struct move_rows_args {
+  const std::byte* src = nullptr;
+  std::byte* dst = nullptr;
+  const std::uint64_t* idx = nullptr;
+  std::uint64_t rows = 0;
+  std::size_t row_bytes = 0;
+  bool scatter = false;
+};
+// A plan's sort key: (replica, row), replicas < 2^24 and rows < 2^40.
+inline constexpr unsigned plan_row_bits = 40;
+
+// The plan on the host: the oracle the launchers' kernels implement.
+inline void plan_exchange_host(const exchange_plan_args& a) {
+  const feistel_permutation perm(a.total_rows, a.key);
+  const cache_layout_view& l = a.layout;
+  std::vector<std::uint64_t> sk(a.rows), rk(a.rows), order(a.rows);
+  for (std::uint64_t i = 0; i < a.rows; ++i) {
+    std::uint64_t q = 0, j = 0;
+    const std::uint64_t g = l.global(a.replica, i);
+    l.owner(perm.inverse(g), q, j);  // where this cached row goes
+    sk[i] = q << plan_row_bits | j;
+    l.owner(perm(g), q, j);  // where this epoch row comes from
+    rk[i] = q << plan_row_bits | i;
+  }
+  const auto out = [&](const std::vector<std::uint64_t>& k, std::uint64_t* rows, std::uint64_t* at) {
+    for (std::uint64_t i = 0; i < a.rows; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::uint64_t x, std::uint64_t y) { return k[x] < k[y]; });
+    for (std::uint64_t i = 0; i < a.rows; ++i) rows[i] = order[i];
+    std::uint64_t p = 0;
+    for (std::uint64_t q = 0; q <= l.replicas; ++q) {
+      while (p < a.rows && k[order[p]] >> plan_row_bits < q) ++p;
+      at[q] = p;
+    }
+  };
+  out(sk, a.send_rows, a.at);
+  out(rk, a.recv_rows, a.at + l.replicas + 1);
+}
+// A pack or unpack on the host (the launchers' oracle).
+inline void move_rows_host(const move_rows_args& a) {
+  for (std::uint64_t k = 0; k < a.rows; ++k)
+    if (a.scatter) std::memcpy(a.dst + a.idx[k] * a.row_bytes, a.src + k * a.row_bytes, a.row_bytes);
+    else std::memcpy(a.dst + k * a.row_bytes, a.src + a.idx[k] * a.row_bytes, a.row_bytes);
+}
+
 // Row copies from random places, 16 at a time, each source's first lines prefetched when
 // it is added, so that the cache misses of a batch overlap.
 class gather_batch {
@@ -134,7 +204,7 @@ class cache_exchange {
   cache_exchange() = default;
   cache_exchange(cache_exchange&& o) noexcept
       : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)),
-        ranks_(o.ranks_), seed_(o.seed_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
+        ranks_(o.ranks_), devx_(o.devx_), seed_(o.seed_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
     o.dev_.clear();
   }
   cache_exchange& operator=(cache_exchange&&) = delete;
@@ -147,8 +217,11 @@ class cache_exchange {
     replicas_ = first_ = local_ = 0;
   }
   // This process is one rank of x's group (nullptr or a group of one: this process alone),
-  // with the stage's seed (checked equal on every rank).
-  void set_ranks(rank_exchange* x, std::uint64_t seed) noexcept { ranks_ = x, seed_ = seed; }
+  // with the stage's seed (checked equal on every rank); GPU replicas trade rows through
+  // devx when given (else they read each other's memory: one process).
+  void set_ranks(rank_exchange* x, device_exchange* devx, std::uint64_t seed) noexcept {
+    ranks_ = x, devx_ = devx, seed_ = seed;
+  }
   bool across_ranks() const noexcept { return ranks_ && ranks_->size() > 1; }
   // Across ranks, at the first rewind (every rank calls it, whatever its state): false
   // unless every rank has a whole epoch 0 cached (`mine` for this one). Later, or alone: true.
@@ -222,16 +295,19 @@ class cache_exchange {
   }
 
 
-  // Device replicas, after finish(): the layout and every field's table of cache addresses
-  // on each replica's device, peer access enabled, and each replica's stream after every
-  // replica's epoch-0 work. Throws config_error (devices that cannot reach each other),
-  // cuda_error.
-  void to_devices(std::vector<replica_arena>& arenas, std::size_t fields) {
-    if (across_ranks())
-      throw config_error("cache_on_device: across_replicas over several ranks with GPU replicas needs an NCCL "
-                         "all-to-all, which is not built: use host replicas across ranks, or one process");
+  // Device replicas, after finish(): the layout on each replica's device; then with a
+  // device_exchange each replica's plan and receive buffers (`widest`: the widest field's
+  // row bytes), else every field's table of cache addresses, peer access enabled, and each
+  // replica's stream after every replica's epoch-0 work. Throws config_error (devices that
+  // cannot reach each other, a device_exchange that is not these replicas'), cuda_error.
+  template <class Launch>
+  void to_devices(std::vector<replica_arena>& arenas, std::size_t fields, std::size_t widest) {
+    if (across_ranks() && !devx_)
+      throw config_error("cache_on_device: across_replicas over several ranks with GPU replicas trades rows through "
+                         "NCCL: set .devices (a ferry::nccl_device_exchange of this process's replicas)");
 #if defined(FERRY_WITH_CUDART)
     free_devices();
+    if (devx_) return plan_buffers<Launch>(arenas, widest);
     const cache_layout_view host = view();
     const std::size_t R = arenas.size();
     std::vector<cuda::event> done(R);
@@ -249,12 +325,7 @@ class cache_exchange {
         if (q != r)
           FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(arenas[r].stream), done[q].get(), 0));
       }
-      device_side& side = dev_.emplace_back();
-      side.device = d;
-      side.stream = arenas[r].stream;
-      side.step_base = upload(side, host.step_base, host.steps + 1);
-      side.in_step = upload(side, host.in_step, host.steps * (R + 1));
-      side.local_base = upload(side, host.local_base, R * (host.steps + 1));
+      device_side& side = add_side(d, arenas[r].stream, host);
       for (std::size_t f = 0; f < fields; ++f) {
         std::vector<const std::byte*> srcs(R);
         for (std::size_t q = 0; q < R; ++q) srcs[q] = arenas[q].cache[f];
@@ -264,6 +335,7 @@ class cache_exchange {
 #else
     (void)arenas;
     (void)fields;
+    (void)widest;
     throw config_error("cache_on_device: a device replica in a build without the CUDA runtime (FERRY_WITH_CUDART)");
 #endif
   }
@@ -285,6 +357,9 @@ class cache_exchange {
       for (std::size_t f = 0; f < fields; ++f) gather_host(arenas, f, field_bytes[f], key);
       return;
     }
+#if defined(FERRY_WITH_CUDART)
+    if (devx_) return exchange_device<Launch>(arenas, field_bytes, fields, key);
+#endif
     for (std::size_t r = 0; r < arenas.size(); ++r) {
 #if defined(FERRY_WITH_CUDART)
       const cuda::device_guard g(arenas[r].device);
@@ -456,6 +531,11 @@ class cache_exchange {
     cuda_stream stream = nullptr;
     const std::uint64_t *step_base = nullptr, *in_step = nullptr, *local_base = nullptr;
     std::vector<const std::byte* const*> srcs;  // per field
+    // With a device_exchange: the plan's outputs, its scratch, the received rows.
+    std::uint64_t *send_rows = nullptr, *recv_rows = nullptr, *at = nullptr;
+    void* scratch = nullptr;
+    std::size_t scratch_bytes = 0;
+    std::byte* recv = nullptr;
     std::vector<void*> blocks;  // everything above, to free
   };
 
@@ -483,6 +563,113 @@ class cache_exchange {
     else
       FERRY_CUDA_TRY(e);
   }
+  // A replica's side on device d (current): the layout `host` uploaded.
+  device_side& add_side(int d, cuda_stream stream, const cache_layout_view& host) {
+    device_side& side = dev_.emplace_back();
+    side.device = d;
+    side.stream = stream;
+    side.step_base = upload(side, host.step_base, host.steps + 1);
+    side.in_step = upload(side, host.in_step, host.steps * (host.replicas + 1));
+    side.local_base = upload(side, host.local_base, host.replicas * (host.steps + 1));
+    return side;
+  }
+  static void* device_block(device_side& side, std::size_t bytes) {
+    void* p = nullptr;
+    FERRY_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
+    side.blocks.push_back(p);
+    return p;
+  }
+  // With a device_exchange: the layout and each replica's plan buffers on its device, sized
+  // once (every epoch trades each replica's rows: the same counts).
+  template <class Launch>
+  void plan_buffers(std::vector<replica_arena>& arenas, std::size_t widest) {
+    if constexpr (!requires { Launch::plan_scratch(std::uint64_t{}); }) {
+      throw config_error("cache_on_device: .devices needs a launcher with the exchange kernels "
+                         "(ferry::cuda::cache_on_device, or cache_gather_launcher's plan, move_rows and plan_scratch)");
+    } else {
+      const std::size_t R = arenas.size();
+      if (std::uint64_t(devx_->local()) != R || std::uint64_t(devx_->first()) != first_ ||
+          std::uint64_t(devx_->size()) != replicas_)
+        throw config_error("cache_on_device: the device_exchange has ranks " + std::to_string(devx_->first()) + ".." +
+                           std::to_string(devx_->first() + devx_->local() - 1) + " of " + std::to_string(devx_->size()) +
+                           "; this process's replicas are " + std::to_string(first_) + ".." +
+                           std::to_string(first_ + R - 1) + " of " + std::to_string(replicas_));
+      if (replicas_ >= (std::uint64_t(1) << (64 - plan_row_bits)))
+        throw config_error("cache_on_device: more than 2^24 replicas");
+      const cache_layout_view host = view();
+      host_at_.assign(R, std::vector<std::uint64_t>(2 * (replicas_ + 1)));
+      for (std::size_t r = 0; r < R; ++r) {
+        const int d = arenas[r].device;
+        if (devx_->device(int(r)) != d)
+          throw config_error("cache_on_device: replica " + std::to_string(r) + " is on GPU " + std::to_string(d) +
+                             ", its device_exchange rank on GPU " + std::to_string(devx_->device(int(r))));
+        const std::uint64_t n = arenas[r].rows;
+        if (n >= (std::uint64_t(1) << plan_row_bits)) throw config_error("cache_on_device: 2^40 rows or more in a replica");
+        const cuda::device_guard g(d);
+        device_side& side = add_side(d, arenas[r].stream, host);
+        side.send_rows = static_cast<std::uint64_t*>(device_block(side, std::size_t(n) * 8));
+        side.recv_rows = static_cast<std::uint64_t*>(device_block(side, std::size_t(n) * 8));
+        side.at = static_cast<std::uint64_t*>(device_block(side, std::size_t(replicas_ + 1) * 16));
+        side.scratch_bytes = Launch::plan_scratch(n);
+        side.scratch = device_block(side, side.scratch_bytes);
+        side.recv = static_cast<std::byte*>(device_block(side, std::size_t(n) * widest));
+      }
+    }
+  }
+  // A later epoch with a device_exchange: each replica's plan and its counts (then on the
+  // host: the one wait of the epoch), then per field a pack into the epoch buffer, one
+  // all-to-all, an unpack to the rows' places. Across ranks the ranks settle the plans first.
+  template <class Launch>
+  void exchange_device(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
+                       std::uint64_t key) {
+    if constexpr (requires { Launch::plan_scratch(std::uint64_t{}); }) {
+      const std::size_t R = arenas.size();
+      const std::uint64_t G = replicas_;
+      std::exception_ptr err;
+      try {
+        for (std::size_t r = 0; r < R; ++r) {
+          device_side& d = dev_[r];
+          const cuda::device_guard g(d.device);
+          Launch::plan({{d.step_base, d.in_step, d.local_base, steps(), G}, first_ + r, arenas[r].rows, rows(), key,
+                        d.send_rows, d.recv_rows, d.at, d.scratch, d.scratch_bytes},
+                       d.stream);
+          FERRY_CUDA_TRY(cudaMemcpyAsync(host_at_[r].data(), d.at, std::size_t(G + 1) * 16, cudaMemcpyDeviceToHost,
+                                         static_cast<cudaStream_t>(d.stream)));
+        }
+        for (std::size_t r = 0; r < R; ++r) {
+          const cuda::device_guard g(dev_[r].device);
+          FERRY_CUDA_TRY(cudaStreamSynchronize(static_cast<cudaStream_t>(dev_[r].stream)));
+        }
+      } catch (...) {
+        err = std::current_exception();
+      }
+      settle(err);
+      std::vector<std::vector<std::uint64_t>> sends(R, std::vector<std::uint64_t>(G)), recvs = sends;
+      std::vector<device_all_to_all_part> parts(R);
+      for (std::size_t f = 0; f < fields; ++f) {
+        const std::size_t eb = field_bytes[f];
+        for (std::size_t r = 0; r < R; ++r) {
+          device_side& d = dev_[r];
+          const std::uint64_t* at = host_at_[r].data();
+          for (std::uint64_t q = 0; q < G; ++q) {
+            sends[r][q] = (at[q + 1] - at[q]) * eb;
+            recvs[r][q] = (at[G + 1 + q + 1] - at[G + 1 + q]) * eb;
+          }
+          const cuda::device_guard g(d.device);
+          Launch::move_rows({arenas[r].cache[f], arenas[r].epoch[f], d.send_rows, arenas[r].rows, eb, false}, d.stream);
+          parts[r] = {arenas[r].epoch[f], sends[r].data(), d.recv, recvs[r].data(), d.stream};
+        }
+        devx_->all_to_all(parts);
+        for (std::size_t r = 0; r < R; ++r) {
+          device_side& d = dev_[r];
+          const cuda::device_guard g(d.device);
+          Launch::move_rows({d.recv, arenas[r].epoch[f], d.recv_rows, arenas[r].rows, eb, true}, d.stream);
+        }
+      }
+    } else {
+      (void)arenas, (void)field_bytes, (void)fields, (void)key;
+    }
+  }
 #endif
   // Frees the device copies, after every replica's work that may read them.
   void free_devices() noexcept {
@@ -504,6 +691,8 @@ class cache_exchange {
   std::uint64_t replicas_ = 0;  // the job's (all ranks') after finish()
   std::vector<device_side> dev_;  // device replicas: per replica
   rank_exchange* ranks_ = nullptr;
+  device_exchange* devx_ = nullptr;
+  std::vector<std::vector<std::uint64_t>> host_at_;  // with devx_: each replica's plan counts, on the host
   std::uint64_t seed_ = 0;
   bool agreed_ = false;  // agree_once ran (clear() keeps it: once a job)
   std::uint64_t first_ = 0, local_ = 0;  // this rank's first global replica, and its count
