@@ -469,3 +469,62 @@ TEST_CASE("sim: .devices errors: host replicas, another process's ranks, GPU rep
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
 }
+
+namespace {
+// A plan that fails (as a launch can) on the rank that uses it.
+struct failing_plan : ferry_test::sim_gather {
+  static void plan(const ferry::detail::exchange_plan_args&, ferry::cuda_stream) {
+    throw ferry::config_error("simulated plan failure");
+  }
+};
+constexpr ferry::detail::cache_on_device_t<failing_plan> failing_plan_cache{};
+}  // namespace
+
+TEST_CASE("sim: .devices across two simulated ranks, a plan that fails on one: both throw at the rewind, both "
+          "stream, no NCCL call, no hang") {
+  sim::reset(9, 1);
+  const auto data = make_rows(24 * 8);
+  const ncclUniqueId id = ferry::nccl_communicator::unique_id();
+  std::array<std::vector<ferry::nccl_communicator>, 2> comms{ferry::nccl_communicator::join(id, 4, 0, {0, 1}),
+                                                            ferry::nccl_communicator::join(id, 4, 2, {0, 1})};
+  thread_ranks group(2);
+  std::array<std::string, 2> what;
+  std::array<bool, 2> streams_again{};
+  std::array<std::exception_ptr, 2> err;
+  const std::uint64_t collectives = sim::stats().collectives;
+  const auto run = [&](int w, auto cache) {
+    try {
+      thread_ranks::member me(group, w);
+      ferry::nccl_device_exchange ex(comms[std::size_t(w)]);
+      auto pool = ferry::make_pinned_pool();
+      auto p = ferry::from_range(data) | ferry::batch(24) |
+               ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+               cache({.seed = 2, .across_replicas = true, .ranks = &me, .devices = &ex});
+      const epoch_rows e0 = epoch_of(p, false, true);
+      try {
+        p.rewind();
+      } catch (const ferry::config_error& e) {
+        what[std::size_t(w)] = e.what();
+      }
+      streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == e0;
+    } catch (...) {
+      err[std::size_t(w)] = std::current_exception();
+    }
+  };
+  {
+    std::thread a([&] { run(0, sim_cache); }), b([&] { run(1, failing_plan_cache); });
+    a.join();
+    b.join();
+  }
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+  CHECK(what[0].find("another rank failed") != std::string::npos);
+  CHECK(what[1].find("simulated plan failure") != std::string::npos);
+  CHECK(streams_again == std::array{true, true});
+  CHECK(sim::stats().collectives == collectives);  // no rank reached NCCL
+  comms[0].clear();
+  comms[1].clear();
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+}
