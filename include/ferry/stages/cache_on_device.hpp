@@ -151,10 +151,11 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   bool cached() const noexcept { return state_ == mode::serving; }
   // Rows cached by replica r (r < the replicas seen; 0 when none).
   std::uint64_t rows(std::size_t r) const noexcept { return r < arenas_.size() ? arenas_[r].rows : 0; }
-  // The most memory one replica holds for it now, in bytes (its cache and epoch blocks).
+  // The most memory one replica holds for it now, in bytes (its cache and epoch blocks, and
+  // with .devices the exchange's buffers).
   std::size_t bytes_per_replica() const noexcept {
     std::size_t m = 0;
-    for (const auto& a : arenas_) m = std::max(m, a.bytes);
+    for (std::size_t r = 0; r < arenas_.size(); ++r) m = std::max(m, arenas_[r].bytes + exchange_.device_bytes(r));
     return m;
   }
 
@@ -169,10 +170,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   std::optional<V> fill() {
     std::optional<V> st = this->pull_up();
     if (state_ == mode::streaming) return st;
-    if (!st) {
-      filled_ = steps_ > 0;  // the whole epoch is cached
-      return st;
-    }
+    if (!st) return filled_ = steps_ > 0, std::nullopt;  // filled: the whole epoch is cached
     bool kept = false;
     try {
       kept = keep(*st);

@@ -289,6 +289,8 @@ class cache_exchange {
                          " (another dataset, or the upstream not at epoch 0)");
     if (at.step > steps) throw config_error(where + "past the epoch's " + std::to_string(steps) + " steps");
   }
+  // Device memory replica r's side holds (the layout's copies, the trade's buffers).
+  std::size_t device_bytes(std::size_t r) const noexcept { return r < dev_.size() ? dev_[r].bytes : 0; }
   // The layout (after finish()), valid while this object is unchanged.
   cache_layout_view view() const noexcept {
     return {step_base_.data(), in_step_.data(), local_base_.data(), steps(), replicas_};
@@ -537,6 +539,7 @@ class cache_exchange {
     std::size_t scratch_bytes = 0;
     std::byte* recv = nullptr;
     std::vector<void*> blocks;  // everything above, to free
+    std::size_t bytes = 0;      // their size
   };
 
 #if defined(FERRY_WITH_CUDART)
@@ -546,6 +549,7 @@ class cache_exchange {
     void* p = nullptr;
     FERRY_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(n * sizeof(T), 1)));
     side.blocks.push_back(p);
+    side.bytes += n * sizeof(T);
     if (n) FERRY_CUDA_TRY(cudaMemcpy(p, v, n * sizeof(T), cudaMemcpyHostToDevice));
     return static_cast<const std::uint64_t*>(p);
   }
@@ -577,6 +581,7 @@ class cache_exchange {
     void* p = nullptr;
     FERRY_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)));
     side.blocks.push_back(p);
+    side.bytes += bytes;
     return p;
   }
   // With a device_exchange: the layout and each replica's plan buffers on its device, sized
