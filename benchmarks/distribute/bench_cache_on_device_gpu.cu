@@ -16,6 +16,9 @@
 //   reorder_across_vs_copy: the same with across_replicas (one order of both replicas'
 //                     rows: each kernel reads both caches; on one GPU no peer link is
 //                     crossed, so this is the kernel's cost, the model's input for NVLink)
+//   reorder_nccl_vs_copy: the same with .devices (NCCL, one replica trading with itself):
+//                     the plan (keys, CUB's sort), the pack, the trade, the unpack: the
+//                     per-GPU cost of the trade but the link (built with NCCL only)
 // Usage: bench_cache_on_device_gpu [rows (60000)] [ms per step (0.2)] [epochs (3)].
 // Exits 77 without a usable device.
 #include <cuda_runtime.h>
@@ -27,6 +30,9 @@
 #include <cstdlib>
 #include <vector>
 
+#if defined(FERRY_BENCH_NCCL)
+#include "ferry/collective/nccl.hpp"
+#endif
 #include "ferry/cuda/devices.hpp"
 #include "ferry/cuda/runtime.hpp"
 #include "ferry/memory/pinned.hpp"
@@ -134,9 +140,10 @@ int main(int argc, char** argv) {
     if (e > 0) copy_s = std::min(copy_s, seconds_since(t0));
   }
   FERRY_CUDA_LOG(cudaFree(copy));
-  auto reorder_s = [&](bool across) {
-    auto p = source() | ferry::batch(G) | ferry::distribute(ferry::cuda::devices{0, 0}, {.host_resource = pool}) |
-             ferry::cuda::cache_on_device({.seed = 1, .across_replicas = across});
+  auto reorder_s = [&](bool across, ferry::device_exchange* ex = nullptr) {
+    const ferry::cuda::devices gpus = ex ? ferry::cuda::devices{0} : ferry::cuda::devices{0, 0};
+    auto p = source() | ferry::batch(G) | ferry::distribute(gpus, {.host_resource = pool}) |
+             ferry::cuda::cache_on_device({.seed = 1, .across_replicas = across, .devices = ex});
     for (auto& st : p) (void)st;  // epoch 0 fills the caches
     double best = 1e30;
     for (int e = 0; e < epochs + 1; ++e) {  // the first rewind also trims the caches: not timed
@@ -154,6 +161,15 @@ int main(int argc, char** argv) {
   std::printf("reorder, across_replicas                  %9.4f s\n", across_s);
   std::printf("reorder_vs_copy: %.4f\n", local_s / copy_s);
   std::printf("reorder_across_vs_copy: %.4f\n", across_s / copy_s);
+#if defined(FERRY_BENCH_NCCL)
+  {
+    auto comms = ferry::nccl_communicator::local({0});
+    ferry::nccl_device_exchange ex(comms);
+    const double nccl_s = reorder_s(true, &ex);
+    std::printf("reorder, .devices (NCCL, one GPU)         %9.4f s\n", nccl_s);
+    std::printf("reorder_nccl_vs_copy: %.4f\n", nccl_s / copy_s);
+  }
+#endif
   FERRY_CUDA_LOG(cudaFree(resident));
   FERRY_CUDA_LOG(cudaFree(out));
   FERRY_CUDA_LOG(cudaStreamDestroy(s));
