@@ -33,6 +33,14 @@
 
 using namespace std::chrono_literals;
 
+// The simulated GPU under a sanitizer (its CI build runs this file against the simulator)
+// is 5-10x slower, more on a loaded machine: doctest's limits scale with it.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr double timeout_scale = 4;
+#else
+constexpr double timeout_scale = 1;
+#endif
+
 namespace {
 template <std::size_t N>
 struct row_of {
@@ -77,7 +85,7 @@ std::vector<ferry::cuda::event> timing_events(int n) {
 }  // namespace
 
 TEST_CASE("device contents equal the host batch, byte for byte, for every policy" *
-          doctest::timeout(60)) {
+          doctest::timeout(60 * timeout_scale)) {
   ferry_test::watchdog wd(120s, "bytes test");
   for (auto pol : {ferry::remainder_policy::drop, ferry::remainder_policy::pad,
                    ferry::remainder_policy::partial}) {
@@ -135,7 +143,7 @@ TEST_CASE("device contents equal the host batch, byte for byte, for every policy
 }
 
 TEST_CASE("padded batches: each replica's rows and lengths on the device equal the host batch's; "
-          "no allocation after the longest step" * doctest::timeout(60)) {
+          "no allocation after the longest step" * doctest::timeout(60 * timeout_scale)) {
   ferry_test::watchdog wd(120s, "padded test");
   using seq = std::pair<std::vector<std::int32_t>, std::int32_t>;
   constexpr std::size_t R = 3, per = 8, G = R * per, nsteps = 40, longest = 7;
@@ -200,7 +208,7 @@ TEST_CASE("padded batches: each replica's rows and lengths on the device equal t
 }
 
 TEST_CASE("ragged fields: each replica's values and rebased offsets on the device equal its rows" *
-          doctest::timeout(60)) {
+          doctest::timeout(60 * timeout_scale)) {
   ferry_test::watchdog wd(120s, "ragged test");
   using seq = std::pair<std::vector<std::int32_t>, std::int32_t>;
   constexpr std::size_t R = 3, per = 8, G = R * per, nsteps = 40;
@@ -243,7 +251,7 @@ TEST_CASE("ragged fields: each replica's values and rebased offsets on the devic
 }
 
 TEST_CASE("the hot path never waits on the host, and device memory stops growing" *
-          doctest::timeout(60)) {
+          doctest::timeout(60 * timeout_scale)) {
   ferry_test::watchdog wd(120s, "sync test");
   const auto data = make_data(64 * 200);
   unsigned long long* d_sum = nullptr;
@@ -303,7 +311,7 @@ TEST_CASE("the hot path never waits on the host, and device memory stops growing
 }
 
 TEST_CASE("copies of step k+1 overlap the kernel of step k (measured with events)" *
-          doctest::timeout(60)) {
+          doctest::timeout(60 * timeout_scale)) {
   ferry_test::watchdog wd(120s, "overlap test");
   const auto data = numbered_rows<256>(8192 * 8);  // 1 KiB rows: 8 MiB per step
   auto steps = ferry::from_range(data) | ferry::batch(8192) | ferry::prefetch(3) |
@@ -327,7 +335,7 @@ TEST_CASE("copies of step k+1 overlap the kernel of step k (measured with events
   CHECK(overlapped >= k - 2);  // the host may fall behind once while prefetch warms up
 }
 
-TEST_CASE("staging thread: copies overlap the kernels, which run back to back" * doctest::timeout(60)) {
+TEST_CASE("staging thread: copies overlap the kernels, which run back to back" * doctest::timeout(60 * timeout_scale)) {
   ferry_test::watchdog wd(120s, "staging overlap test");
   const auto data = numbered_rows<2048>(8192 * 8);  // 8 KiB rows: 64 MiB per step, 1.2 ms to copy at 55 GB/s
   auto steps = ferry::from_range(data) | ferry::batch(8192) | ferry::prefetch(3) |
@@ -351,7 +359,7 @@ TEST_CASE("staging thread: copies overlap the kernels, which run back to back" *
 #endif
 }
 
-TEST_CASE("abandoning mid-epoch synchronises and frees every block" * doctest::timeout(60)) {
+TEST_CASE("abandoning mid-epoch synchronises and frees every block" * doctest::timeout(60 * timeout_scale)) {
   ferry_test::watchdog wd(120s, "shutdown test");
   std::size_t free0 = 0, total = 0, free1 = 0;
   FERRY_CUDA_TRY(cudaMemGetInfo(&free0, &total));
