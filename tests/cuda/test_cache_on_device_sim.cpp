@@ -219,6 +219,40 @@ class thread_ranks {
   std::uint64_t gen_ = 0;
 };
 
+// Two simulated ranks of two GPUs each (a clique of four NCCL ranks, a thread_ranks
+// group): rank(w, its rank_exchange, its device_exchange) on a thread each, then the
+// first exception either thrown, the communicators destroyed, the simulator drained and
+// checked for races and leaks.
+template <class Rank>
+void two_sim_ranks(Rank&& rank) {
+  const ncclUniqueId id = ferry::nccl_communicator::unique_id();
+  std::array<std::vector<ferry::nccl_communicator>, 2> comms{ferry::nccl_communicator::join(id, 4, 0, {0, 1}),
+                                                            ferry::nccl_communicator::join(id, 4, 2, {0, 1})};
+  thread_ranks group(2);
+  std::array<std::exception_ptr, 2> err;
+  {
+    std::vector<std::thread> threads;
+    for (int w = 0; w < 2; ++w)
+      threads.emplace_back([&, w] {
+        try {
+          thread_ranks::member me(group, w);
+          ferry::nccl_device_exchange ex(comms[std::size_t(w)]);
+          rank(w, me, ex);
+        } catch (...) {
+          err[std::size_t(w)] = std::current_exception();
+        }
+      });
+    for (auto& t : threads) t.join();
+  }
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+  comms[0].clear();
+  comms[1].clear();
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+}
+
 }  // namespace
 
 TEST_CASE("sim: cache_on_device serves later epochs from device memory, no copy, no allocation, no race") {
@@ -383,39 +417,21 @@ TEST_CASE("sim: across_replicas with .devices over two simulated ranks of two GP
     for (std::size_t w = 0; w < 2; ++w)
       part[w].insert(part[w].end(), data.begin() + std::ptrdiff_t(48 * k + 24 * w),
                      data.begin() + std::ptrdiff_t(48 * k + 24 * w + 24));
-  const ncclUniqueId id = ferry::nccl_communicator::unique_id();
-  std::array<std::vector<ferry::nccl_communicator>, 2> comms{ferry::nccl_communicator::join(id, 4, 0, {0, 1}),
-                                                            ferry::nccl_communicator::join(id, 4, 2, {0, 1})};
-  thread_ranks group(2);
   std::array<epoch_rows_list, 2> got;
   std::array<bool, 2> h2d_after1{}, cached{};
-  std::array<std::exception_ptr, 2> err;
-  {
-    std::vector<std::thread> ranks;
-    for (int w = 0; w < 2; ++w)
-      ranks.emplace_back([&, w] {
-        try {
-          thread_ranks::member me(group, w);
-          ferry::nccl_device_exchange ex(comms[std::size_t(w)]);
-          auto pool = ferry::make_pinned_pool();
-          auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
-                   ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-                   sim_cache({.seed = 9, .across_replicas = true, .ranks = &me, .devices = &ex});
-          auto& mine = got[std::size_t(w)];
-          mine.push_back(epoch_of(p, true, true));
-          mine.push_back(epoch_of(p, true, true));  // both ranks' uploads are done: each reorder waits for both
-          const std::uint64_t h2d = sim::stats().h2d_bytes;  // (the machine's: both ranks')
-          mine.push_back(epoch_of(p, true, true));
-          h2d_after1[std::size_t(w)] = sim::stats().h2d_bytes != h2d;
-          cached[std::size_t(w)] = p.cached();
-        } catch (...) {
-          err[std::size_t(w)] = std::current_exception();
-        }
-      });
-    for (auto& t : ranks) t.join();
-  }
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
+  two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
+    auto pool = ferry::make_pinned_pool();
+    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+             sim_cache({.seed = 9, .across_replicas = true, .ranks = &me, .devices = &ex});
+    auto& mine = got[std::size_t(w)];
+    mine.push_back(epoch_of(p, true, true));
+    mine.push_back(epoch_of(p, true, true));  // both ranks' uploads are done: each reorder waits for both
+    const std::uint64_t h2d = sim::stats().h2d_bytes;  // (the machine's: both ranks')
+    mine.push_back(epoch_of(p, true, true));
+    h2d_after1[std::size_t(w)] = sim::stats().h2d_bytes != h2d;
+    cached[std::size_t(w)] = p.cached();
+  });
   CHECK(cached == std::array{true, true});
   CHECK(h2d_after1 == std::array{false, false});
   const auto want = host_epochs(data, {.seed = 9, .across_replicas = true}, ferry::remainder_policy::drop, 3, 4, 48);
@@ -435,11 +451,6 @@ TEST_CASE("sim: across_replicas with .devices over two simulated ranks of two GP
   std::vector<u64> ids(data.size());
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = i;
   CHECK(all == ids);
-  comms[0].clear();
-  comms[1].clear();
-  sim::drain();
-  for (const auto& v : sim::violations()) FAIL_CHECK(v);
-  CHECK(sim::stats().live_device_blocks == 0);
 }
 
 TEST_CASE("sim: .devices errors: host replicas, another process's ranks, GPU replicas across ranks without it") {
@@ -484,49 +495,30 @@ TEST_CASE("sim: .devices across two simulated ranks, a plan that fails on one: b
           "stream, no NCCL call, no hang") {
   sim::reset(9, 1);
   const auto data = make_rows(24 * 8);
-  const ncclUniqueId id = ferry::nccl_communicator::unique_id();
-  std::array<std::vector<ferry::nccl_communicator>, 2> comms{ferry::nccl_communicator::join(id, 4, 0, {0, 1}),
-                                                            ferry::nccl_communicator::join(id, 4, 2, {0, 1})};
-  thread_ranks group(2);
   std::array<std::string, 2> what;
   std::array<bool, 2> streams_again{};
-  std::array<std::exception_ptr, 2> err;
   const std::uint64_t collectives = sim::stats().collectives;
-  const auto run = [&](int w, auto cache) {
+  const auto run = [&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex, auto cache) {
+    auto pool = ferry::make_pinned_pool();
+    auto p = ferry::from_range(data) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+             cache({.seed = 2, .across_replicas = true, .ranks = &me, .devices = &ex});
+    const epoch_rows e0 = epoch_of(p, false, true);
     try {
-      thread_ranks::member me(group, w);
-      ferry::nccl_device_exchange ex(comms[std::size_t(w)]);
-      auto pool = ferry::make_pinned_pool();
-      auto p = ferry::from_range(data) | ferry::batch(24) |
-               ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-               cache({.seed = 2, .across_replicas = true, .ranks = &me, .devices = &ex});
-      const epoch_rows e0 = epoch_of(p, false, true);
-      try {
-        p.rewind();
-      } catch (const ferry::config_error& e) {
-        what[std::size_t(w)] = e.what();
-      }
-      streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == e0;
-    } catch (...) {
-      err[std::size_t(w)] = std::current_exception();
+      p.rewind();
+    } catch (const ferry::config_error& e) {
+      what[std::size_t(w)] = e.what();
     }
+    streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == e0;
   };
-  {
-    std::thread a([&] { run(0, sim_cache); }), b([&] { run(1, failing_plan_cache); });
-    a.join();
-    b.join();
-  }
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
+  two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
+    if (w == 0) run(w, me, ex, sim_cache);
+    else run(w, me, ex, failing_plan_cache);  // rank 1's plan fails
+  });
   CHECK(what[0].find("another rank failed") != std::string::npos);
   CHECK(what[1].find("simulated plan failure") != std::string::npos);
   CHECK(streams_again == std::array{true, true});
   CHECK(sim::stats().collectives == collectives);  // no rank reached NCCL
-  comms[0].clear();
-  comms[1].clear();
-  sim::drain();
-  for (const auto& v : sim::violations()) FAIL_CHECK(v);
-  CHECK(sim::stats().live_device_blocks == 0);
 }
 
 TEST_CASE("sim: .devices' buffers count in the budget and in bytes_per_replica") {
