@@ -530,18 +530,18 @@ TEST_CASE("sim: .devices' buffers count in the budget and in bytes_per_replica")
     return ferry::from_range(data) | ferry::batch(24) | ferry::distribute(ferry::cuda::devices{0, 1}) |
            sim_cache({.budget_bytes = budget, .seed = 1, .across_replicas = true, .devices = &ex});
   };
-  {  // 48 bytes a row fit, 48 + 16 (the receive buffer) + 40 (the plan) do not
+  {  // 48 bytes a row fit, 48 + 16 (the receive buffer) + 64 (the plan and the sort) do not
     auto p = pipeline(120 * 60);
-    CHECK_THROWS_WITH_AS(epoch_of(p, false), doctest::Contains("104 a row with the epoch's shuffled copy"),
+    CHECK_THROWS_WITH_AS(epoch_of(p, false), doctest::Contains("128 a row with the epoch's shuffled copy"),
                          ferry::config_error);
   }
   {
-    auto p = pipeline(120 * 104);
+    auto p = pipeline(120 * 128);
     const epoch_rows e0 = epoch_of(p);
     CHECK(p.cached());
     const std::size_t bytes = p.bytes_per_replica();
     CHECK(bytes > 120 * 48 + 120 * (16 + 16));  // the cache, the epoch copy, the received rows, the plan
-    CHECK(bytes <= 120 * 104 + 4096);  // (and the layout's copies, a few hundred bytes)
+    CHECK(bytes <= 120 * 128 + 4096);  // (and the layout's copies, a few hundred bytes)
     CHECK(epoch_of(p).size() == e0.size());
   }
   sim::drain();

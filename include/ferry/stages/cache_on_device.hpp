@@ -52,7 +52,7 @@
 // with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
 // across ranks, the traded rows' buffers (kept between epochs); with .devices, per replica
 // a receive buffer (its rows x the widest field), 16 bytes a row for its plan, and the
-// sort's scratch (about 24 bytes a row), all made once. While
+// sort's keys, values and CUB's buffers (about 48 bytes a row), all made once. While
 // epoch 0 fills it, the cache doubles as it grows, capped by the budget. Freed with the
 // stage; nothing else is allocated after epoch 0 (but the layout on GPUs; across ranks,
 // the traded rows' buffers when an epoch trades more).
@@ -170,7 +170,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   std::optional<V> fill() {
     std::optional<V> st = this->pull_up();
     if (state_ == mode::streaming) return st;
-    if (!st) return filled_ = steps_ > 0, std::nullopt;  // filled: the whole epoch is cached
+    if (!st) { filled_ = steps_ > 0; return st; }  // filled: the whole epoch was cached
     bool kept = false;
     try {
       kept = keep(*st);
@@ -221,8 +221,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     }
   }
 
-  // A cached row's cost: its bytes, twice with shuffle, + .devices' buffers (its widest field + 40).
-  std::size_t per_row() const noexcept { return row_bytes_ * (o_.shuffle ? 2 : 1) + (o_.devices ? widest_ + 40 : 0); }
+  // A cached row's cost: its bytes, twice with shuffle, + .devices' (its widest field, 16 plan, 48 sort).
+  std::size_t per_row() const noexcept { return row_bytes_ * (o_.shuffle ? 2 : 1) + (o_.devices ? widest_ + 64 : 0); }
 
   // Epoch 0: appends each replica's real rows to its cache; false when over budget under
   // over_budget::stream.
