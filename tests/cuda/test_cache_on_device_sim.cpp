@@ -66,24 +66,36 @@ std::vector<row> make_rows(u64 n) {
 }
 
 // One epoch read the way a model reads it: a simulated kernel on the replica's stream
-// copies each field out, when the stream runs it.
-// (own_streams: wait for this pipeline's streams only, not the whole simulated machine:
-// another thread's pipeline may be mid-epoch.)
-template <class P>
-epoch_rows epoch_of(P& p, bool rewind = true, bool own_streams = false) {
-  epoch_rows out;
-  std::vector<std::pair<int, cudaStream_t>> streams;
+// copies each field out, when the stream runs it (into `seen`, per replica).
+struct model_reads {
   std::vector<std::vector<std::array<u64, 3>>> seen;
   std::mutex m;
+  std::vector<std::pair<int, cudaStream_t>> streams;  // the replicas'
+  // The rows read, per replica (after the kernels ran); each row's fields checked.
+  epoch_rows rows() const {
+    epoch_rows out;
+    for (const auto& v : seen) {
+      out.emplace_back();
+      for (const auto& x : v) {
+        REQUIRE(x[1] == x[0] * 3);
+        REQUIRE(x[2] == x[0] * 7);
+        out.back().push_back(x[0]);
+      }
+    }
+    return out;
+  }
+};
+template <class P>
+void enqueue_reads(P& p, model_reads& mr) {
   for (auto& st : p) {
-    if (seen.empty()) seen.resize(st.replicas());
+    if (mr.seen.empty()) mr.seen.resize(st.replicas());
     for (std::size_t r = 0; r < st.replicas(); ++r) {
       const auto& rb = st[r];
       const auto a = rb.template field<0>();
       const auto b = rb.template field<1>();
       const std::size_t n = rb.valid();
-      if (own_streams && std::find(streams.begin(), streams.end(), std::pair(rb.device(), static_cast<cudaStream_t>(rb.stream()))) == streams.end())
-        streams.emplace_back(rb.device(), static_cast<cudaStream_t>(rb.stream()));
+      const std::pair<int, cudaStream_t> ds(rb.device(), static_cast<cudaStream_t>(rb.stream()));
+      if (std::find(mr.streams.begin(), mr.streams.end(), ds) == mr.streams.end()) mr.streams.push_back(ds);
       if (n == 0) continue;
       const int prev = [] {
         int d = 0;
@@ -92,26 +104,27 @@ epoch_rows epoch_of(P& p, bool rewind = true, bool own_streams = false) {
       }();
       cudaSetDevice(rb.device());
       sim::launch(static_cast<cudaStream_t>(rb.stream()), "model", {{a.data(), n * 8}, {b.data(), n * 16}}, {},
-                  [&seen, &m, r, a, b, n] {
-                    std::lock_guard<std::mutex> l(m);
-                    for (std::size_t i = 0; i < n; ++i) seen[r].push_back({a[i], b[i][0], b[i][1]});
+                  [&mr, r, a, b, n] {
+                    std::lock_guard<std::mutex> l(mr.m);
+                    for (std::size_t i = 0; i < n; ++i) mr.seen[r].push_back({a[i], b[i][0], b[i][1]});
                   });
       cudaSetDevice(prev);
     }
   }
+}
+// (own_streams: wait for this pipeline's streams only, not the whole simulated machine:
+// another thread's pipeline may be mid-epoch.)
+template <class P>
+epoch_rows epoch_of(P& p, bool rewind = true, bool own_streams = false) {
+  model_reads mr;
+  enqueue_reads(p, mr);
   if (!own_streams) sim::drain();
-  for (const auto& [d, st] : streams) {
-    cudaSetDevice(d);
-    cudaStreamSynchronize(st);
-  }
-  for (const auto& v : seen) {
-    out.emplace_back();
-    for (const auto& x : v) {
-      REQUIRE(x[1] == x[0] * 3);
-      REQUIRE(x[2] == x[0] * 7);
-      out.back().push_back(x[0]);
+  else
+    for (const auto& [d, st] : mr.streams) {
+      cudaSetDevice(d);
+      cudaStreamSynchronize(st);
     }
-  }
+  epoch_rows out = mr.rows();
   if (rewind) p.rewind();
   return out;
 }
@@ -546,4 +559,82 @@ TEST_CASE("sim: .devices' buffers count in the budget and in bytes_per_replica")
   }
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
+}
+
+namespace {
+// The exchange's plans, counted; from the fail_from-th on (when not 0) they fail to enqueue.
+struct counting_plan : ferry_test::sim_gather {
+  static inline int plans = 0, fail_from = 0;
+  static void plan(const ferry::detail::exchange_plan_args& a, ferry::cuda_stream s) {
+    if (++plans >= fail_from && fail_from > 0) throw ferry::config_error("simulated plan failure");
+    ferry_test::sim_gather::plan(a, s);
+  }
+};
+constexpr ferry::detail::cache_on_device_t<counting_plan> counting_cache{};
+}  // namespace
+
+TEST_CASE("sim: .devices: a later rewind only launches; the next epoch's plan was made while the epoch was served") {
+  sim::reset(11, 0);  // progress 0: the simulated GPUs run only what a host wait needs (and, at random, more)
+  counting_plan::plans = 0, counting_plan::fail_from = 0;
+  const auto data = make_rows(250);
+  epoch_rows_list got;
+  {
+    auto comms = ferry::nccl_communicator::local({0, 1});
+    ferry::nccl_device_exchange ex(comms);
+    auto pool = ferry::make_pinned_pool();
+    auto p = ferry::from_range(data) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1},
+                               {.remainder = ferry::remainder_policy::partial, .host_resource = pool}) |
+             counting_cache({.seed = 4, .across_replicas = true, .devices = &ex});
+    got.push_back(epoch_of(p));  // then the first trade: its plans in line, then epoch 2's
+    CHECK(counting_plan::plans == 4);
+    model_reads e1;
+    enqueue_reads(p, e1);  // epoch 1's consumers, enqueued behind its trade
+    const sim::counters before = sim::stats();
+    p.rewind();  // epoch 2's trade, planned at the rewind before
+    const sim::counters after = sim::stats();
+    CHECK(counting_plan::plans == 6);  // only epoch 3's, ahead
+    CHECK(after.stream_syncs == before.stream_syncs);  // no wait for epoch 1's consumers
+    CHECK(after.device_syncs == before.device_syncs);
+    CHECK(after.event_syncs == before.event_syncs + 2);  // each replica's plan: its counts on the host
+    CHECK(after.host_waits == before.host_waits + 2);    // and no other wait
+    CHECK(after.h2d_bytes == before.h2d_bytes);
+    CHECK(after.device_allocs == before.device_allocs);
+    sim::drain();
+    got.push_back(e1.rows());
+    got.push_back(epoch_of(p));
+  }
+  CHECK(got == host_epochs(data, {.seed = 4, .across_replicas = true}, ferry::remainder_policy::partial, 3));
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+  CHECK(sim::stats().live_streams == 0);
+  CHECK(sim::stats().live_events == 0);
+}
+
+TEST_CASE("sim: .devices: the next epoch's plan fails to enqueue: that epoch still serves, the rewind after "
+          "plans again, throws and streams") {
+  sim::reset(12, 2);
+  counting_plan::plans = 0, counting_plan::fail_from = 3;  // epoch 1's plans (2) work, the rest fail
+  const auto data = make_rows(24 * 8);
+  {
+    auto comms = ferry::nccl_communicator::local({0, 1});
+    ferry::nccl_device_exchange ex(comms);
+    auto pool = ferry::make_pinned_pool();
+    auto p = ferry::from_range(data) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+             counting_cache({.seed = 5, .across_replicas = true, .devices = &ex});
+    const epoch_rows e0 = epoch_of(p);  // the rewind after it: epoch 1's trade; epoch 2's plan fails, dropped
+    CHECK(p.cached());
+    const epoch_rows e1 = epoch_of(p, false);
+    CHECK(e1 == host_epochs(data, {.seed = 5, .across_replicas = true}, ferry::remainder_policy::partial, 2)[1]);
+    const int before = counting_plan::plans;
+    CHECK_THROWS_WITH_AS(p.rewind(), "simulated plan failure", ferry::config_error);
+    CHECK(counting_plan::plans == before + 1);  // planned in line again (and failed)
+    CHECK(!p.cached());
+    CHECK(epoch_of(p) == e0);  // streamed: the upstream's order
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
 }

@@ -33,7 +33,8 @@
 //
 // Threads: none of its own; runs on the thread calling next(). The device path enqueues
 // copies and gathers on each replica's stream (distribute's): work a consumer enqueues on
-// rb.stream() is ordered after them, and the next gather after it.
+// rb.stream() is ordered after them, and the next gather after it. With .devices, the next
+// epoch's plan runs on a stream of its own while an epoch is served (cache_exchange.hpp).
 //
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget,
 // replicas, devices or streams that change between steps, a device replica with the
@@ -51,11 +52,11 @@
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
 // with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
 // across ranks, the traded rows' buffers (kept between epochs); with .devices, per replica
-// a receive buffer (its rows x the widest field), 16 bytes a row for its plan, and the
-// sort's keys, values and CUB's buffers (about 48 bytes a row), all made once. While
-// epoch 0 fills it, the cache doubles as it grows, capped by the budget. Freed with the
-// stage; nothing else is allocated after epoch 0 (but the layout on GPUs; across ranks,
-// the traded rows' buffers when an epoch trades more).
+// a receive buffer (its rows x the widest field), 16 bytes a row for its plan, the sort's
+// keys, values and CUB's buffers (about 48 bytes a row), a stream, two events and 16 pinned
+// bytes a replica of the job, made once. Epoch 0's cache doubles as it grows, capped by the
+// budget. Freed with the stage; nothing else is allocated after epoch 0 (but the layout on
+// GPUs; across ranks, the traded rows' buffers when an epoch trades more).
 //
 // Checkpoints: none (cannot_save: the cache is memory). A job resumes with .resume = the
 // global_position it saved (epoch >= 1, step), at any replica and rank count (the same
@@ -142,8 +143,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       throw config_error("cache_on_device: a resume in epoch 0 goes to global_shuffle (the cache fills in epoch 0)");
     exchange_.set_ranks(o_.ranks, o_.devices, o_.seed);
   }
-  // Takes o's caches (o is left with none).
-  cache_on_device_source(cache_on_device_source&&) noexcept = default;
+  cache_on_device_source(cache_on_device_source&&) noexcept = default;  // takes o's caches (o keeps none)
   cache_on_device_source& operator=(cache_on_device_source&&) = delete;  // distribute cannot be assigned either
   ~cache_on_device_source() { free_all(); }
 
@@ -299,9 +299,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   // replica (its fields stay together); without shuffle the cache serves as it is.
   void reorder() {
     if (!o_.shuffle) return;
+    const auto all = [&](std::uint64_t e) { return mix_seed({0x646576636163ull, o_.seed, e, 0x616c6cull /* "all" */}); };
     if (o_.across_replicas)
-      return exchange_.template reorder<Launch>(arenas_, field_bytes_.data(), nf,
-                                                mix_seed({0x646576636163ull, o_.seed, epoch_, 0x616c6cull /* "all" */}));
+      return exchange_.template reorder<Launch>(arenas_, field_bytes_.data(), nf, all(epoch_), all(epoch_ + 1));
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       auto& a = arenas_[r];
       if (a.rows == 0) continue;

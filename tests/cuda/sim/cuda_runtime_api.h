@@ -85,6 +85,7 @@ enum cudaStreamCaptureStatus {
 #define cudaStreamNonBlocking 0x01
 #define cudaEventDefault 0x00
 #define cudaEventDisableTiming 0x02
+#define cudaHostAllocDefault 0x00
 #define cudaHostAllocPortable 0x01
 
 struct cudaDeviceProp {

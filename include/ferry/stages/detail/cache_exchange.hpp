@@ -34,7 +34,10 @@
 // rows by where they come from; the per-replica counts come back to the host, 16 bytes a
 // replica pair), then per field packs its outgoing rows into its epoch buffer, trades them
 // by one all-to-all (grouped ncclSend/ncclRecv) into a receive buffer, and scatters them to
-// their places. Nothing is copied from the host after epoch 0.
+// their places. Nothing is copied from the host after epoch 0. The plans run on a stream of
+// their own: right after an epoch's trade, the next epoch's plan and its counts' copy are
+// enqueued there (after the trade: it frees the plan's buffers), so they run while the
+// epoch is served and the rewind only launches (no wait for the replica's stream to drain).
 // Throws cuda_error, config_error, std::bad_alloc, what the rank_exchange and the
 // device_exchange throw; runs on the stage's caller's thread; no user code.
 #pragma once
@@ -204,7 +207,7 @@ class cache_exchange {
   cache_exchange() = default;
   cache_exchange(cache_exchange&& o) noexcept
       : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)),
-        ranks_(o.ranks_), devx_(o.devx_), seed_(o.seed_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
+        ranks_(o.ranks_), devx_(o.devx_), ahead_(o.ahead_), ahead_key_(o.ahead_key_), seed_(o.seed_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
     o.dev_.clear();
   }
   cache_exchange& operator=(cache_exchange&&) = delete;
@@ -349,10 +352,11 @@ class cache_exchange {
   }
 
   // A later epoch's gathers, every field (field_bytes[f] a row) of every replica: here for
-  // host replicas, Launch::launch_global on each replica's stream for device ones.
+  // host replicas, Launch::launch_global on each replica's stream for device ones (with a
+  // device_exchange: the trade, and the plan for the next epoch's key, next_key).
   template <class Launch>
   void reorder(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
-               std::uint64_t key) {
+               std::uint64_t key, std::uint64_t next_key) {
     if (arenas.empty()) return;
     if (arenas[0].device < 0) {
       if (across_ranks()) return exchange_host(arenas, field_bytes, fields, key);
@@ -360,7 +364,7 @@ class cache_exchange {
       return;
     }
 #if defined(FERRY_WITH_CUDART)
-    if (devx_) return exchange_device<Launch>(arenas, field_bytes, fields, key);
+    if (devx_) return exchange_device<Launch>(arenas, field_bytes, fields, key, next_key);
 #endif
     for (std::size_t r = 0; r < arenas.size(); ++r) {
 #if defined(FERRY_WITH_CUDART)
@@ -538,7 +542,12 @@ class cache_exchange {
     void* scratch = nullptr;
     std::size_t scratch_bytes = 0;
     std::byte* recv = nullptr;
-    std::vector<void*> blocks;  // everything above, to free
+    // The plans' stream, events (cudaEvent_t) recorded after a plan's counts reach host_at
+    // (planned) and after a trade's last unpack (traded), and host_at (pinned: send_at, recv_at).
+    cuda_stream plan_stream = nullptr;
+    void *planned = nullptr, *traded = nullptr;
+    std::uint64_t* host_at = nullptr;
+    std::vector<void*> blocks;  // the device memory above, to free
     std::size_t bytes = 0;      // their size
   };
 
@@ -602,7 +611,6 @@ class cache_exchange {
       if (replicas_ >= (std::uint64_t(1) << (64 - plan_row_bits)))
         throw config_error("cache_on_device: more than 2^24 replicas");
       const cache_layout_view host = view();
-      host_at_.assign(R, std::vector<std::uint64_t>(2 * (replicas_ + 1)));
       for (std::size_t r = 0; r < R; ++r) {
         const int d = arenas[r].device;
         if (devx_->device(int(r)) != d)
@@ -618,32 +626,56 @@ class cache_exchange {
         side.scratch_bytes = Launch::plan_scratch(n);
         side.scratch = device_block(side, side.scratch_bytes);
         side.recv = static_cast<std::byte*>(device_block(side, std::size_t(n) * widest));
+        cudaStream_t ps = nullptr;
+        FERRY_CUDA_TRY(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking));
+        side.plan_stream = ps;
+        for (void** e : {&side.planned, &side.traded}) {
+          cudaEvent_t made = nullptr;
+          FERRY_CUDA_TRY(cudaEventCreateWithFlags(&made, cudaEventDisableTiming));
+          *e = made;
+        }
+        void* h = nullptr;
+        FERRY_CUDA_TRY(cudaHostAlloc(&h, std::size_t(replicas_ + 1) * 16, cudaHostAllocDefault));
+        side.host_at = static_cast<std::uint64_t*>(h);
+        // The first plan after epoch 0's work on the replica's stream.
+        FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(side.traded), static_cast<cudaStream_t>(side.stream)));
       }
     }
   }
-  // A later epoch with a device_exchange: each replica's plan and its counts (then on the
-  // host: the one wait of the epoch), then per field a pack into the epoch buffer, one
-  // all-to-all, an unpack to the rows' places. Across ranks the ranks settle the plans first.
+  // Replica r's plan for `key` on its plan stream, after its last trade (which read the
+  // plan's buffers), then its counts to host_at and `planned` recorded.
+  template <class Launch>
+  void enqueue_plan(const std::vector<replica_arena>& arenas, std::size_t r, std::uint64_t key) {
+    device_side& d = dev_[r];
+    const cuda::device_guard g(d.device);
+    const auto ps = static_cast<cudaStream_t>(d.plan_stream);
+    FERRY_CUDA_TRY(cudaStreamWaitEvent(ps, static_cast<cudaEvent_t>(d.traded), 0));
+    Launch::plan({{d.step_base, d.in_step, d.local_base, steps(), replicas_}, first_ + r, arenas[r].rows, rows(), key,
+                  d.send_rows, d.recv_rows, d.at, d.scratch, d.scratch_bytes},
+                 d.plan_stream);
+    FERRY_CUDA_TRY(cudaMemcpyAsync(d.host_at, d.at, std::size_t(replicas_ + 1) * 16, cudaMemcpyDeviceToHost, ps));
+    FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.planned), ps));
+  }
+  // A later epoch with a device_exchange: each replica's plan for `key` (enqueued at the
+  // rewind before, or now) and its counts on the host (the epoch's one wait, normally long
+  // over), then per field a pack into the epoch buffer, one all-to-all, an unpack to the
+  // rows' places; then the plan for `next_key`. Across ranks the ranks settle the plans first.
   template <class Launch>
   void exchange_device(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
-                       std::uint64_t key) {
+                       std::uint64_t key, std::uint64_t next_key) {
     if constexpr (requires { Launch::plan_scratch(std::uint64_t{}); }) {
       const std::size_t R = arenas.size();
       const std::uint64_t G = replicas_;
       std::exception_ptr err;
       try {
+        if (!ahead_ || ahead_key_ != key)
+          for (std::size_t r = 0; r < R; ++r) enqueue_plan<Launch>(arenas, r, key);
+        ahead_ = false;
         for (std::size_t r = 0; r < R; ++r) {
-          device_side& d = dev_[r];
+          const device_side& d = dev_[r];
           const cuda::device_guard g(d.device);
-          Launch::plan({{d.step_base, d.in_step, d.local_base, steps(), G}, first_ + r, arenas[r].rows, rows(), key,
-                        d.send_rows, d.recv_rows, d.at, d.scratch, d.scratch_bytes},
-                       d.stream);
-          FERRY_CUDA_TRY(cudaMemcpyAsync(host_at_[r].data(), d.at, std::size_t(G + 1) * 16, cudaMemcpyDeviceToHost,
-                                         static_cast<cudaStream_t>(d.stream)));
-        }
-        for (std::size_t r = 0; r < R; ++r) {
-          const cuda::device_guard g(dev_[r].device);
-          FERRY_CUDA_TRY(cudaStreamSynchronize(static_cast<cudaStream_t>(dev_[r].stream)));
+          FERRY_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(d.planned)));
+          FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(d.stream), static_cast<cudaEvent_t>(d.planned), 0));
         }
       } catch (...) {
         err = std::current_exception();
@@ -655,7 +687,7 @@ class cache_exchange {
         const std::size_t eb = field_bytes[f];
         for (std::size_t r = 0; r < R; ++r) {
           device_side& d = dev_[r];
-          const std::uint64_t* at = host_at_[r].data();
+          const std::uint64_t* at = d.host_at;
           for (std::uint64_t q = 0; q < G; ++q) {
             sends[r][q] = (at[q + 1] - at[q]) * eb;
             recvs[r][q] = (at[G + 1 + q + 1] - at[G + 1 + q]) * eb;
@@ -671,8 +703,19 @@ class cache_exchange {
           Launch::move_rows({d.recv, arenas[r].epoch[f], d.recv_rows, arenas[r].rows, eb, true}, d.stream);
         }
       }
+      for (std::size_t r = 0; r < R; ++r) {
+        const cuda::device_guard g(dev_[r].device);
+        FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(dev_[r].traded), static_cast<cudaStream_t>(dev_[r].stream)));
+      }
+      // The next epoch's plans, run while this epoch is served. One that fails to enqueue
+      // is dropped: the next rewind plans in line, and reports what fails then.
+      try {
+        for (std::size_t r = 0; r < R; ++r) enqueue_plan<Launch>(arenas, r, next_key);
+        ahead_ = true, ahead_key_ = next_key;
+      } catch (...) {
+      }
     } else {
-      (void)arenas, (void)field_bytes, (void)fields, (void)key;
+      (void)arenas, (void)field_bytes, (void)fields, (void)key, (void)next_key;
     }
   }
 #endif
@@ -683,13 +726,21 @@ class cache_exchange {
     int prev = -1;
     if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
     for (const device_side& d : dev_)
-      if (cudaSetDevice(d.device) == cudaSuccess) FERRY_CUDA_LOG(cudaStreamSynchronize(static_cast<cudaStream_t>(d.stream)));
-    for (const device_side& d : dev_)
       if (cudaSetDevice(d.device) == cudaSuccess)
+        for (cuda_stream st : {d.stream, d.plan_stream})
+          if (st) FERRY_CUDA_LOG(cudaStreamSynchronize(static_cast<cudaStream_t>(st)));
+    for (const device_side& d : dev_)
+      if (cudaSetDevice(d.device) == cudaSuccess) {
         for (void* p : d.blocks) FERRY_CUDA_LOG(cudaFree(p));
+        if (d.plan_stream) FERRY_CUDA_LOG(cudaStreamDestroy(static_cast<cudaStream_t>(d.plan_stream)));
+        for (void* e : {d.planned, d.traded})
+          if (e) FERRY_CUDA_LOG(cudaEventDestroy(static_cast<cudaEvent_t>(e)));
+        if (d.host_at) FERRY_CUDA_LOG(cudaFreeHost(d.host_at));
+      }
     if (prev >= 0) FERRY_CUDA_LOG(cudaSetDevice(prev));
 #endif
     dev_.clear();
+    ahead_ = false;
   }
 
   std::vector<std::uint64_t> step_base_, in_step_, local_base_;
@@ -697,7 +748,8 @@ class cache_exchange {
   std::vector<device_side> dev_;  // device replicas: per replica
   rank_exchange* ranks_ = nullptr;
   device_exchange* devx_ = nullptr;
-  std::vector<std::vector<std::uint64_t>> host_at_;  // with devx_: each replica's plan counts, on the host
+  bool ahead_ = false;  // with devx_: a plan enqueued for the epoch whose key is ahead_key_
+  std::uint64_t ahead_key_ = 0;
   std::uint64_t seed_ = 0;
   bool agreed_ = false;  // agree_once ran (clear() keeps it: once a job)
   std::uint64_t first_ = 0, local_ = 0;  // this rank's first global replica, and its count
