@@ -122,10 +122,12 @@ TEST_CASE("cache_on_device .devices on a GPU: the plan kernel (CUB's sort) equal
   u64* sb = up(l.step_base, S + 1);
   u64* is = up(l.in_step, S * (R + 1));
   u64* lb = up(l.local_base, R * (S + 1));
-  for (u64 r = 0; r < R; ++r) {
-    CAPTURE(r);
+  for (u64 k = 0; k < 2 * R; ++k) {  // from the rows as cached, then from another epoch's order
+    const u64 r = k % R;
+    CAPTURE(k);
     const u64 n = l.local_base[r * (S + 1) + S];
     ferry::detail::exchange_plan_args a{{sb, is, lb, S, R}, r, n, ex.rows(), 77};
+    a.from_shuffled = k >= R, a.from_key = 78;
     std::vector<u64> want_rows(2 * n), want_at(2 * (R + 1));
     ferry::detail::exchange_plan_args h = a;
     h.layout = l, h.send_rows = want_rows.data(), h.recv_rows = want_rows.data() + n, h.at = want_at.data();

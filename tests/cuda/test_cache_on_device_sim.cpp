@@ -7,19 +7,21 @@
 // the next gather waits for them), the budget's stream choice frees the device memory;
 // across_replicas: the global gather reads the other GPU's cache through peer access, or
 // (.devices) the replicas trade rows through the simulated NCCL, in one process or across
-// two simulated ranks (threads, each with its own pipeline).
+// two simulated ranks (threads, each with its own pipeline), one epoch ahead on a side stream.
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>  // the simulator's (this test's include path puts it first)
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -586,14 +588,14 @@ TEST_CASE("sim: .devices: a later rewind only launches; the next epoch's plan wa
              ferry::distribute(ferry::cuda::devices{0, 1},
                                {.remainder = ferry::remainder_policy::partial, .host_resource = pool}) |
              counting_cache({.seed = 4, .across_replicas = true, .devices = &ex});
-    got.push_back(epoch_of(p));  // then the first trade: its plans in line, then epoch 2's
-    CHECK(counting_plan::plans == 4);
+    got.push_back(epoch_of(p));  // then epoch 1's trade and epoch 2's, both planned in line, and epoch 3's plan
+    CHECK(counting_plan::plans == 6);
     model_reads e1;
     enqueue_reads(p, e1);  // epoch 1's consumers, enqueued behind its trade
     const sim::counters before = sim::stats();
-    p.rewind();  // epoch 2's trade, planned at the rewind before
+    p.rewind();  // epoch 2 was traded at the rewind before; epoch 3's trade, planned then too
     const sim::counters after = sim::stats();
-    CHECK(counting_plan::plans == 6);  // only epoch 3's, ahead
+    CHECK(counting_plan::plans == 8);  // only epoch 4's, ahead
     CHECK(after.stream_syncs == before.stream_syncs);  // no wait for epoch 1's consumers
     CHECK(after.device_syncs == before.device_syncs);
     CHECK(after.event_syncs == before.event_syncs + 2);  // each replica's plan: its counts on the host
@@ -615,7 +617,7 @@ TEST_CASE("sim: .devices: a later rewind only launches; the next epoch's plan wa
 TEST_CASE("sim: .devices: the next epoch's plan fails to enqueue: that epoch still serves, the rewind after "
           "plans again, throws and streams") {
   sim::reset(12, 2);
-  counting_plan::plans = 0, counting_plan::fail_from = 3;  // epoch 1's plans (2) work, the rest fail
+  counting_plan::plans = 0, counting_plan::fail_from = 5;  // epoch 1's and 2's plans (2 each) work, the rest fail
   const auto data = make_rows(24 * 8);
   {
     auto comms = ferry::nccl_communicator::local({0, 1});
@@ -624,7 +626,7 @@ TEST_CASE("sim: .devices: the next epoch's plan fails to enqueue: that epoch sti
     auto p = ferry::from_range(data) | ferry::batch(24) |
              ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
              counting_cache({.seed = 5, .across_replicas = true, .devices = &ex});
-    const epoch_rows e0 = epoch_of(p);  // the rewind after it: epoch 1's trade; epoch 2's plan fails, dropped
+    const epoch_rows e0 = epoch_of(p);  // the rewind after it: epochs 1 and 2 traded; epoch 3's plan fails, dropped
     CHECK(p.cached());
     const epoch_rows e1 = epoch_of(p, false);
     CHECK(e1 == host_epochs(data, {.seed = 5, .across_replicas = true}, ferry::remainder_policy::partial, 2)[1]);
@@ -633,6 +635,61 @@ TEST_CASE("sim: .devices: the next epoch's plan fails to enqueue: that epoch sti
     CHECK(counting_plan::plans == before + 1);  // planned in line again (and failed)
     CHECK(!p.cached());
     CHECK(epoch_of(p) == e0);  // streamed: the upstream's order
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+}
+
+TEST_CASE("sim: .devices under remainder_policy::pad, and a resume at a later epoch's step: the host replicas' rows") {
+  sim::reset(13, 2);
+  const auto data = make_rows(250);  // the last step: 10 real rows, 14 zero ones
+  const auto want = host_epochs(data, {.seed = 6, .across_replicas = true}, ferry::remainder_policy::pad, 5);
+  auto comms = ferry::nccl_communicator::local({0, 1});
+  ferry::nccl_device_exchange ex(comms);
+  const auto pipeline = [&](std::optional<ferry::global_position> at) {
+    return ferry::from_range(data) | ferry::batch(24) |
+           ferry::distribute(ferry::cuda::devices{0, 1}, {.remainder = ferry::remainder_policy::pad}) |
+           sim_cache({.seed = 6, .across_replicas = true, .devices = &ex, .resume = at});
+  };
+  // A served epoch's padding rows (past valid()), all zero; and how many there were.
+  const auto pad_rows_zero = [](auto& p, std::size_t& pads) {
+    std::atomic<bool> zero{true};
+    pads = 0;
+    for (auto& st : p)
+      for (std::size_t r = 0; r < st.replicas(); ++r) {
+        const auto a = st[r].template field<0>();
+        const std::size_t n = st[r].valid(), m = a.size();
+        if (m == n) continue;
+        pads += m - n;
+        cudaSetDevice(st[r].device());
+        sim::launch(static_cast<cudaStream_t>(st[r].stream()), "pad check", {{a.data() + n, (m - n) * 8}}, {},
+                    [&zero, a, n, m] {
+                      for (std::size_t i = n; i < m; ++i) zero = zero && a[i] == 0;
+                    });
+      }
+    sim::drain();
+    p.rewind();
+    return zero.load();
+  };
+  {
+    auto p = pipeline(std::nullopt);
+    for (std::size_t e = 0; e < 5; ++e) {
+      CAPTURE(e);
+      CHECK(epoch_of(p) == want[e]);
+    }
+    for (int e = 0; e < 2; ++e) {  // the blocks swap places each epoch: the padding stays zero in both
+      std::size_t pads = 0;
+      CHECK(pad_rows_zero(p, pads));
+      CHECK(pads == 14);
+    }
+  }
+  {
+    auto p = pipeline(ferry::global_position{3, 4, 250, 24});
+    epoch_rows rest = want[3];
+    for (auto& r : rest) r.erase(r.begin(), r.begin() + 4 * 12);  // 12 rows a replica a step
+    CHECK(epoch_of(p) == rest);  // epoch 3 from step 4: traded from the rows as cached
+    CHECK(epoch_of(p) == want[4]);
   }
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);

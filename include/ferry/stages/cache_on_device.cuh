@@ -65,19 +65,14 @@ __global__ void gather_global_kernel(const W* const* srcs, W* dst, std::uint64_t
   }
 }
 
-// A replica's trade plan (exchange_plan_args): row i's key to send (where it goes) and to
-// receive (where epoch row i comes from), and i itself.
-__global__ void plan_keys_kernel(cache_layout_view l, std::uint64_t replica, std::uint64_t rows,
-                                 feistel_permutation perm, std::uint64_t* send_keys, std::uint64_t* recv_keys,
-                                 std::uint64_t* vals) {
+// A replica's trade plan (exchange_plan_args): held row i's key to send (where it goes)
+// and to receive (where epoch row i comes from), and i itself.
+__global__ void plan_keys_kernel(plan_keys keys, std::uint64_t replica, std::uint64_t rows, std::uint64_t* send_keys,
+                                 std::uint64_t* recv_keys, std::uint64_t* vals) {
   for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < rows;
        i += std::uint64_t(gridDim.x) * blockDim.x) {
-    const std::uint64_t g = l.global(replica, i);
-    std::uint64_t q = 0, j = 0;
-    l.owner(perm.inverse(g), q, j);
-    send_keys[i] = q << plan_row_bits | j;
-    l.owner(perm(g), q, j);
-    recv_keys[i] = q << plan_row_bits | i;
+    send_keys[i] = keys.send(replica, i);
+    recv_keys[i] = keys.recv(replica, i);
     vals[i] = i;
   }
 }
@@ -165,8 +160,8 @@ struct gather_kernel {
     std::size_t temp_bytes = a.scratch_bytes - 4 * arrays(n);
     const int end_bit = int(plan_row_bits) + int(std::bit_width(G));
     if (n > 0) {
-      plan_keys_kernel<<<blocks(n), 256, 0, st>>>(a.layout, a.replica, n, feistel_permutation(a.total_rows, a.key),
-                                                   send_keys, recv_keys, vals);
+      const plan_keys keys{a.layout, {a.total_rows, a.key}, {a.total_rows, a.from_key}, a.from_shuffled};
+      plan_keys_kernel<<<blocks(n), 256, 0, st>>>(keys, a.replica, n, send_keys, recv_keys, vals);
       FERRY_CUDA_TRY(cudaGetLastError());
     }
     for (int side = 0; side < 2; ++side) {

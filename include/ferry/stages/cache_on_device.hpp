@@ -34,7 +34,7 @@
 // Threads: none of its own; runs on the thread calling next(). The device path enqueues
 // copies and gathers on each replica's stream (distribute's): work a consumer enqueues on
 // rb.stream() is ordered after them, and the next gather after it. With .devices, the next
-// epoch's plan runs on a stream of its own while an epoch is served (cache_exchange.hpp).
+// epoch's trade runs on a side stream while an epoch is served (cache_exchange.hpp).
 //
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget,
 // replicas, devices or streams that change between steps, a device replica with the
@@ -52,11 +52,10 @@
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
 // with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
 // across ranks, the traded rows' buffers (kept between epochs); with .devices, per replica
-// a receive buffer (its rows x the widest field), 16 bytes a row for its plan, the sort's
-// keys, values and CUB's buffers (about 48 bytes a row), a stream, two events and 16 pinned
-// bytes a replica of the job, made once. Epoch 0's cache doubles as it grows, capped by the
-// budget. Freed with the stage; nothing else is allocated after epoch 0 (but the layout on
-// GPUs; across ranks, the traded rows' buffers when an epoch trades more).
+// a receive buffer (its rows x the widest field), 16 + 48 bytes a row (the plan; the sort),
+// a stream, 3 events, 16 pinned bytes a job replica. Epoch 0's cache doubles as it grows,
+// capped by the budget. Freed with the stage; nothing else is allocated after epoch 0 (but
+// the layout on GPUs; across ranks, the traded rows' buffers when an epoch trades more).
 //
 // Checkpoints: none (cannot_save: the cache is memory). A job resumes with .resume = the
 // global_position it saved (epoch >= 1, step), at any replica and rank count (the same
@@ -274,7 +273,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 
   // The end of epoch 0: each replica's serving buffer holds steps x rows-a-step rows (the
   // cached ones, then zero rows for padding): the cache itself without shuffle, trimmed to
-  // that; with shuffle the cache is trimmed to its rows and the epoch buffer made.
+  // that; with shuffle the cache is trimmed to its rows (with .devices to the serving rows:
+  // the two blocks trade places each epoch) and the epoch buffer made.
   void finish_fill() {
     if (o_.across_replicas) exchange_.finish();
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
@@ -287,7 +287,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
           if (a.capacity[f] != serve_rows) arena_resize(a, f, field_bytes_[f], serve_rows, a.rows);
           continue;
         }
-        if (a.capacity[f] != a.rows) arena_resize(a, f, field_bytes_[f], a.rows, a.rows);
+        if (const std::uint64_t keep = o_.devices ? serve_rows : a.rows; a.capacity[f] != keep)
+          arena_resize(a, f, field_bytes_[f], keep, a.rows);
         a.epoch[f] = arena_alloc(a, a.host_epoch[f], std::size_t(serve_rows) * field_bytes_[f], serve_rows > a.rows);
       }
     }
@@ -299,9 +300,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   // replica (its fields stay together); without shuffle the cache serves as it is.
   void reorder() {
     if (!o_.shuffle) return;
-    const auto all = [&](std::uint64_t e) { return mix_seed({0x646576636163ull, o_.seed, e, 0x616c6cull /* "all" */}); };
-    if (o_.across_replicas)
-      return exchange_.template reorder<Launch>(arenas_, field_bytes_.data(), nf, all(epoch_), all(epoch_ + 1));
+    std::uint64_t all[3];  // this epoch's key, the next's, the one after
+    for (std::uint64_t k = 0; k < 3; ++k) all[k] = mix_seed({0x646576636163ull, o_.seed, epoch_ + k, 0x616c6cull /* "all" */});
+    if (o_.across_replicas) return exchange_.template reorder<Launch>(arenas_, field_bytes_.data(), nf, all);
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       auto& a = arenas_[r];
       if (a.rows == 0) continue;
@@ -348,8 +349,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       }
     }
     arenas_.clear();
-    filled_ = false;
-    padded_ = false;
+    filled_ = padded_ = false;
   }
 
   cache_on_device_options o_;

@@ -29,15 +29,21 @@
 // a reorder's allocations) the ranks then agree (settle) and all throw or none does, so
 // no rank waits in a collective another will not call.
 // GPU replicas with a device_exchange (NCCL: across ranks, or GPUs without peer access):
-// each later epoch every replica plans its trade on its device (exchange_plan_args: its
-// cached rows sorted by where they go, through the permutation's inverse, and its epoch
-// rows by where they come from; the per-replica counts come back to the host, 16 bytes a
-// replica pair), then per field packs its outgoing rows into its epoch buffer, trades them
-// by one all-to-all (grouped ncclSend/ncclRecv) into a receive buffer, and scatters them to
-// their places. Nothing is copied from the host after epoch 0. The plans run on a stream of
-// their own: right after an epoch's trade, the next epoch's plan and its counts' copy are
-// enqueued there (after the trade: it frees the plan's buffers), so they run while the
-// epoch is served and the rewind only launches (no wait for the replica's stream to drain).
+// each replica has two blocks a field, the rows in the order they are held (the served
+// epoch's) and the other; an epoch's trade moves every row from where it is held to where
+// the next epoch serves it. Each replica plans its part on its device (exchange_plan_args:
+// its held rows sorted by where they go, through the new permutation's inverse, and its
+// new rows by where they come from, through the held order's inverse; the per-replica
+// counts come back to the host, 16 bytes a replica pair), then per field packs its
+// outgoing rows into the other block, trades them by one all-to-all (grouped
+// ncclSend/ncclRecv) into a receive buffer, and scatters them to their places there.
+// Nothing is copied from the host after epoch 0. Plans and trades run on a side stream,
+// one epoch ahead: at the rewind into epoch e, each replica's stream waits for epoch e's
+// trade (enqueued at the rewind before) and the blocks swap; then epoch e + 1's trade is
+// enqueued on the side stream, after epoch e - 1's steps (which read the block it writes),
+// and the plan of the trade after it. So the trade runs while epoch e is served, and a
+// rewind waits for nothing but a plan's counts, normally long there (at the first rewind,
+// two trades are planned in line: epoch 1's, from the rows as cached, and epoch 2's).
 // Throws cuda_error, config_error, std::bad_alloc, what the rank_exchange and the
 // device_exchange throw; runs on the stage's caller's thread; no user code.
 #pragma once
@@ -117,11 +123,14 @@ struct global_gather_args {
   std::uint64_t key = 0;         // feistel_permutation(total_rows, key)
 };
 
-// One replica's plan of a later epoch's trade (device_exchange), made on its device:
-// send_rows = its cached rows ordered by (destination replica, destination row),
-// send_at[q] where destination q's start (G + 1 values); recv_rows = its epoch rows ordered
-// by (source replica, epoch row), recv_at alike. So what replica q sends to r, in order, is
-// what r expects from q, in order. Every pointer is device memory of the replica's device.
+// One replica's plan of a later epoch's trade (device_exchange), made on its device, from
+// the order its rows are held in (row i holds global index from(gid_r(i)): `from` the
+// permutation of from_key, or the identity: the rows as cached) to the epoch's (row i
+// holds perm(gid_r(i))): send_rows = its held rows ordered by (destination replica,
+// destination row), send_at[q] where destination q's start (G + 1 values); recv_rows = its
+// epoch rows ordered by (source replica, epoch row), recv_at alike. So what replica q sends
+// to r, in order, is what r expects from q, in order. Every pointer is device memory of the
+// replica's device.
 struct exchange_plan_args {
   cache_layout_view layout;
   std::uint64_t replica = 0;     // global
@@ -132,6 +141,29 @@ struct exchange_plan_args {
   std::uint64_t* at = nullptr;   // send_at (G + 1), then recv_at (G + 1)
   void* scratch = nullptr;       // the launcher's plan_scratch(rows) bytes
   std::size_t scratch_bytes = 0;
+  bool from_shuffled = false;    // the rows are held in from_key's order (else as cached)
+  std::uint64_t from_key = 0;
+};
+// A plan's sort key: (replica, row), replicas < 2^24 and rows < 2^40.
+inline constexpr unsigned plan_row_bits = 40;
+// Where a held row goes and where an epoch row comes from, as (replica, row) keys (the
+// plan's two sort keys): row i of the held order and of the epoch's.
+struct plan_keys {
+  cache_layout_view l;
+  feistel_permutation to, from;
+  bool shuffled;
+  FERRY_HOST_DEVICE std::uint64_t send(std::uint64_t replica, std::uint64_t i) const noexcept {
+    const std::uint64_t g = l.global(replica, i);
+    std::uint64_t q = 0, j = 0;
+    l.owner(to.inverse(shuffled ? from(g) : g), q, j);
+    return q << plan_row_bits | j;
+  }
+  FERRY_HOST_DEVICE std::uint64_t recv(std::uint64_t replica, std::uint64_t i) const noexcept {
+    const std::uint64_t g = to(l.global(replica, i));
+    std::uint64_t q = 0, j = 0;
+    l.owner(shuffled ? from.inverse(g) : g, q, j);
+    return q << plan_row_bits | i;
+  }
 };
 // A pack (dst[k] = src[idx[k]]) or an unpack (dst[idx[k]] = src[k]) of `rows` rows of
 // row_bytes, device memory.
@@ -143,21 +175,15 @@ struct move_rows_args {
   std::size_t row_bytes = 0;
   bool scatter = false;
 };
-// A plan's sort key: (replica, row), replicas < 2^24 and rows < 2^40.
-inline constexpr unsigned plan_row_bits = 40;
 
 // The plan on the host: the oracle the launchers' kernels implement.
 inline void plan_exchange_host(const exchange_plan_args& a) {
-  const feistel_permutation perm(a.total_rows, a.key);
   const cache_layout_view& l = a.layout;
+  const plan_keys keys{l, {a.total_rows, a.key}, {a.total_rows, a.from_key}, a.from_shuffled};
   std::vector<std::uint64_t> sk(a.rows), rk(a.rows), order(a.rows);
   for (std::uint64_t i = 0; i < a.rows; ++i) {
-    std::uint64_t q = 0, j = 0;
-    const std::uint64_t g = l.global(a.replica, i);
-    l.owner(perm.inverse(g), q, j);  // where this cached row goes
-    sk[i] = q << plan_row_bits | j;
-    l.owner(perm(g), q, j);  // where this epoch row comes from
-    rk[i] = q << plan_row_bits | i;
+    sk[i] = keys.send(a.replica, i);  // where this held row goes
+    rk[i] = keys.recv(a.replica, i);  // where this epoch row comes from
   }
   const auto out = [&](const std::vector<std::uint64_t>& k, std::uint64_t* rows, std::uint64_t* at) {
     for (std::uint64_t i = 0; i < a.rows; ++i) order[i] = i;
@@ -207,7 +233,7 @@ class cache_exchange {
   cache_exchange() = default;
   cache_exchange(cache_exchange&& o) noexcept
       : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)),
-        ranks_(o.ranks_), devx_(o.devx_), ahead_(o.ahead_), ahead_key_(o.ahead_key_), seed_(o.seed_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
+        ranks_(o.ranks_), devx_(o.devx_), trades_(o.trades_), seed_(o.seed_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
     o.dev_.clear();
   }
   cache_exchange& operator=(cache_exchange&&) = delete;
@@ -352,11 +378,12 @@ class cache_exchange {
   }
 
   // A later epoch's gathers, every field (field_bytes[f] a row) of every replica: here for
-  // host replicas, Launch::launch_global on each replica's stream for device ones (with a
-  // device_exchange: the trade, and the plan for the next epoch's key, next_key).
+  // host replicas, Launch::launch_global on each replica's stream for device ones (keys:
+  // this epoch's, the next's, the one after; a device_exchange trades ahead).
   template <class Launch>
   void reorder(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
-               std::uint64_t key, std::uint64_t next_key) {
+               const std::uint64_t* keys) {
+    const std::uint64_t key = keys[0];
     if (arenas.empty()) return;
     if (arenas[0].device < 0) {
       if (across_ranks()) return exchange_host(arenas, field_bytes, fields, key);
@@ -364,7 +391,7 @@ class cache_exchange {
       return;
     }
 #if defined(FERRY_WITH_CUDART)
-    if (devx_) return exchange_device<Launch>(arenas, field_bytes, fields, key, next_key);
+    if (devx_) return exchange_device<Launch>(arenas, field_bytes, fields, keys);
 #endif
     for (std::size_t r = 0; r < arenas.size(); ++r) {
 #if defined(FERRY_WITH_CUDART)
@@ -531,6 +558,12 @@ class cache_exchange {
     local_ = R;
   }
 
+  // The order a replica's rows are held in: a permutation's (key), or as cached.
+  struct held_order {
+    bool shuffled = false;
+    std::uint64_t key = 0;
+    bool operator==(const held_order&) const = default;
+  };
   // A replica's device copies: the layout's arrays and per field the cache addresses.
   struct device_side {
     int device = -1;
@@ -542,10 +575,11 @@ class cache_exchange {
     void* scratch = nullptr;
     std::size_t scratch_bytes = 0;
     std::byte* recv = nullptr;
-    // The plans' stream, events (cudaEvent_t) recorded after a plan's counts reach host_at
-    // (planned) and after a trade's last unpack (traded), and host_at (pinned: send_at, recv_at).
-    cuda_stream plan_stream = nullptr;
-    void *planned = nullptr, *traded = nullptr;
+    // The side stream (plans and trades), events (cudaEvent_t) recorded after a plan's counts
+    // reach host_at (planned), after a trade's last unpack (traded) and on the replica's
+    // stream at a rewind (mark), and host_at (pinned: send_at, recv_at).
+    cuda_stream side = nullptr;
+    void *planned = nullptr, *traded = nullptr, *mark = nullptr;
     std::uint64_t* host_at = nullptr;
     std::vector<void*> blocks;  // the device memory above, to free
     std::size_t bytes = 0;      // their size
@@ -628,8 +662,8 @@ class cache_exchange {
         side.recv = static_cast<std::byte*>(device_block(side, std::size_t(n) * widest));
         cudaStream_t ps = nullptr;
         FERRY_CUDA_TRY(cudaStreamCreateWithFlags(&ps, cudaStreamNonBlocking));
-        side.plan_stream = ps;
-        for (void** e : {&side.planned, &side.traded}) {
+        side.side = ps;
+        for (void** e : {&side.planned, &side.traded, &side.mark}) {
           cudaEvent_t made = nullptr;
           FERRY_CUDA_TRY(cudaEventCreateWithFlags(&made, cudaEventDisableTiming));
           *e = made;
@@ -637,85 +671,123 @@ class cache_exchange {
         void* h = nullptr;
         FERRY_CUDA_TRY(cudaHostAlloc(&h, std::size_t(replicas_ + 1) * 16, cudaHostAllocDefault));
         side.host_at = static_cast<std::uint64_t*>(h);
-        // The first plan after epoch 0's work on the replica's stream.
-        FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(side.traded), static_cast<cudaStream_t>(side.stream)));
       }
     }
   }
-  // Replica r's plan for `key` on its plan stream, after its last trade (which read the
-  // plan's buffers), then its counts to host_at and `planned` recorded.
+  // Replica r's plan from `from` to key's order on its side stream (after its last trade,
+  // which read the plan's buffers), then its counts to host_at and `planned` recorded.
   template <class Launch>
-  void enqueue_plan(const std::vector<replica_arena>& arenas, std::size_t r, std::uint64_t key) {
+  void enqueue_plan(const std::vector<replica_arena>& arenas, std::size_t r, held_order from, std::uint64_t key) {
     device_side& d = dev_[r];
     const cuda::device_guard g(d.device);
-    const auto ps = static_cast<cudaStream_t>(d.plan_stream);
-    FERRY_CUDA_TRY(cudaStreamWaitEvent(ps, static_cast<cudaEvent_t>(d.traded), 0));
+    const auto ss = static_cast<cudaStream_t>(d.side);
     Launch::plan({{d.step_base, d.in_step, d.local_base, steps(), replicas_}, first_ + r, arenas[r].rows, rows(), key,
-                  d.send_rows, d.recv_rows, d.at, d.scratch, d.scratch_bytes},
-                 d.plan_stream);
-    FERRY_CUDA_TRY(cudaMemcpyAsync(d.host_at, d.at, std::size_t(replicas_ + 1) * 16, cudaMemcpyDeviceToHost, ps));
-    FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.planned), ps));
+                  d.send_rows, d.recv_rows, d.at, d.scratch, d.scratch_bytes, from.shuffled, from.key},
+                 d.side);
+    FERRY_CUDA_TRY(cudaMemcpyAsync(d.host_at, d.at, std::size_t(replicas_ + 1) * 16, cudaMemcpyDeviceToHost, ss));
+    FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.planned), ss));
   }
-  // A later epoch with a device_exchange: each replica's plan for `key` (enqueued at the
-  // rewind before, or now) and its counts on the host (the epoch's one wait, normally long
-  // over), then per field a pack into the epoch buffer, one all-to-all, an unpack to the
-  // rows' places; then the plan for `next_key`. Across ranks the ranks settle the plans first.
+  // Every replica's plan from `from` to key's order, its counts on the host (enqueued now
+  // unless it was at the rewind before: then normally long done). Across ranks the ranks
+  // settle after it: all throw or none does, before any calls NCCL.
+  template <class Launch>
+  void ready_plans(const std::vector<replica_arena>& arenas, held_order from, std::uint64_t key) {
+    std::exception_ptr err;
+    try {
+      if (!(trades_.plan_ahead && trades_.plan_from == from && trades_.plan_to == key))
+        for (std::size_t r = 0; r < arenas.size(); ++r) enqueue_plan<Launch>(arenas, r, from, key);
+      trades_.plan_ahead = false;
+      for (const device_side& d : dev_) {
+        const cuda::device_guard g(d.device);
+        FERRY_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(d.planned)));
+      }
+    } catch (...) {
+      err = std::current_exception();
+    }
+    trades_.plan_ahead = false;
+    settle(err);
+  }
+  // Every replica's trade by the plans on the host, on its side stream: per field, its held
+  // rows (epoch buffer) packed into its other buffer (cache), one all-to-all of those into
+  // the receive buffer, an unpack to the rows' places in the other buffer; then `traded`.
+  template <class Launch>
+  void trade(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields) {
+    const std::size_t R = arenas.size();
+    const std::uint64_t G = replicas_;
+    std::vector<std::vector<std::uint64_t>> sends(R, std::vector<std::uint64_t>(G)), recvs = sends;
+    std::vector<device_all_to_all_part> parts(R);
+    for (std::size_t f = 0; f < fields; ++f) {
+      const std::size_t eb = field_bytes[f];
+      for (std::size_t r = 0; r < R; ++r) {
+        device_side& d = dev_[r];
+        const std::uint64_t* at = d.host_at;
+        for (std::uint64_t q = 0; q < G; ++q) {
+          sends[r][q] = (at[q + 1] - at[q]) * eb;
+          recvs[r][q] = (at[G + 1 + q + 1] - at[G + 1 + q]) * eb;
+        }
+        const cuda::device_guard g(d.device);
+        Launch::move_rows({arenas[r].epoch[f], arenas[r].cache[f], d.send_rows, arenas[r].rows, eb, false}, d.side);
+        parts[r] = {arenas[r].cache[f], sends[r].data(), d.recv, recvs[r].data(), d.side};
+      }
+      devx_->all_to_all(parts);
+      for (std::size_t r = 0; r < R; ++r) {
+        device_side& d = dev_[r];
+        const cuda::device_guard g(d.device);
+        Launch::move_rows({d.recv, arenas[r].cache[f], d.recv_rows, arenas[r].rows, eb, true}, d.side);
+      }
+    }
+    for (const device_side& d : dev_) {
+      const cuda::device_guard g(d.device);
+      FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.traded), static_cast<cudaStream_t>(d.side)));
+    }
+  }
+  // A later epoch with a device_exchange (keys: this epoch's order, the next one's, the one
+  // after). This epoch's rows were traded into the caches' blocks at the rewind before, on
+  // the side streams (else, at the first rewind, they are now: the rows as cached moved to
+  // the epoch buffers' place first); each replica's stream waits for them, and the two
+  // blocks swap places: the epoch buffers serve. Then the next epoch's trade is enqueued on
+  // the side streams, from the epoch buffers into the other blocks (after the last epoch's
+  // steps, which read them), so it runs while this epoch is served, and the plan after it.
   template <class Launch>
   void exchange_device(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
-                       std::uint64_t key, std::uint64_t next_key) {
+                       const std::uint64_t* keys) {
     if constexpr (requires { Launch::plan_scratch(std::uint64_t{}); }) {
       const std::size_t R = arenas.size();
-      const std::uint64_t G = replicas_;
-      std::exception_ptr err;
-      try {
-        if (!ahead_ || ahead_key_ != key)
-          for (std::size_t r = 0; r < R; ++r) enqueue_plan<Launch>(arenas, r, key);
-        ahead_ = false;
-        for (std::size_t r = 0; r < R; ++r) {
-          const device_side& d = dev_[r];
-          const cuda::device_guard g(d.device);
-          FERRY_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(d.planned)));
-          FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(d.stream), static_cast<cudaEvent_t>(d.planned), 0));
-        }
-      } catch (...) {
-        err = std::current_exception();
+      const auto swap_blocks = [&] {
+        for (replica_arena& a : arenas)
+          for (std::size_t f = 0; f < fields; ++f) std::swap(a.cache[f], a.epoch[f]);
+      };
+      if (!trades_.swapped_in) swap_blocks(), trades_.swapped_in = true, trades_.held = {};
+      for (std::size_t r = 0; r < R; ++r) {  // the side streams after the last epoch's steps
+        const device_side& d = dev_[r];
+        const cuda::device_guard g(d.device);
+        FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.mark), static_cast<cudaStream_t>(d.stream)));
+        FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(d.side), static_cast<cudaEvent_t>(d.mark), 0));
       }
-      settle(err);
-      std::vector<std::vector<std::uint64_t>> sends(R, std::vector<std::uint64_t>(G)), recvs = sends;
-      std::vector<device_all_to_all_part> parts(R);
-      for (std::size_t f = 0; f < fields; ++f) {
-        const std::size_t eb = field_bytes[f];
-        for (std::size_t r = 0; r < R; ++r) {
-          device_side& d = dev_[r];
-          const std::uint64_t* at = d.host_at;
-          for (std::uint64_t q = 0; q < G; ++q) {
-            sends[r][q] = (at[q + 1] - at[q]) * eb;
-            recvs[r][q] = (at[G + 1 + q + 1] - at[G + 1 + q]) * eb;
-          }
-          const cuda::device_guard g(d.device);
-          Launch::move_rows({arenas[r].cache[f], arenas[r].epoch[f], d.send_rows, arenas[r].rows, eb, false}, d.stream);
-          parts[r] = {arenas[r].epoch[f], sends[r].data(), d.recv, recvs[r].data(), d.stream};
-        }
-        devx_->all_to_all(parts);
-        for (std::size_t r = 0; r < R; ++r) {
-          device_side& d = dev_[r];
-          const cuda::device_guard g(d.device);
-          Launch::move_rows({d.recv, arenas[r].epoch[f], d.recv_rows, arenas[r].rows, eb, true}, d.stream);
-        }
+      if (!(trades_.trade_ahead && trades_.trade_to == keys[0])) {
+        ready_plans<Launch>(arenas, trades_.held, keys[0]);
+        trade<Launch>(arenas, field_bytes, fields);
       }
+      trades_.trade_ahead = false;
       for (std::size_t r = 0; r < R; ++r) {
-        const cuda::device_guard g(dev_[r].device);
-        FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(dev_[r].traded), static_cast<cudaStream_t>(dev_[r].stream)));
+        const device_side& d = dev_[r];
+        const cuda::device_guard g(d.device);
+        FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(d.stream), static_cast<cudaEvent_t>(d.traded), 0));
       }
-      // The next epoch's plans, run while this epoch is served. One that fails to enqueue
-      // is dropped: the next rewind plans in line, and reports what fails then.
+      swap_blocks();
+      trades_.held = {true, keys[0]};
+      ready_plans<Launch>(arenas, trades_.held, keys[1]);
+      trade<Launch>(arenas, field_bytes, fields);
+      trades_.trade_ahead = true, trades_.trade_to = keys[1];
+      // The plan after it. One that fails to enqueue is dropped: the next rewind plans in
+      // line, and reports what fails then.
       try {
-        for (std::size_t r = 0; r < R; ++r) enqueue_plan<Launch>(arenas, r, next_key);
-        ahead_ = true, ahead_key_ = next_key;
+        for (std::size_t r = 0; r < R; ++r) enqueue_plan<Launch>(arenas, r, {true, keys[1]}, keys[2]);
+        trades_.plan_ahead = true, trades_.plan_from = {true, keys[1]}, trades_.plan_to = keys[2];
       } catch (...) {
       }
     } else {
-      (void)arenas, (void)field_bytes, (void)fields, (void)key, (void)next_key;
+      (void)arenas, (void)field_bytes, (void)fields, (void)keys;
     }
   }
 #endif
@@ -727,20 +799,20 @@ class cache_exchange {
     if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
     for (const device_side& d : dev_)
       if (cudaSetDevice(d.device) == cudaSuccess)
-        for (cuda_stream st : {d.stream, d.plan_stream})
+        for (cuda_stream st : {d.stream, d.side})
           if (st) FERRY_CUDA_LOG(cudaStreamSynchronize(static_cast<cudaStream_t>(st)));
     for (const device_side& d : dev_)
       if (cudaSetDevice(d.device) == cudaSuccess) {
         for (void* p : d.blocks) FERRY_CUDA_LOG(cudaFree(p));
-        if (d.plan_stream) FERRY_CUDA_LOG(cudaStreamDestroy(static_cast<cudaStream_t>(d.plan_stream)));
-        for (void* e : {d.planned, d.traded})
+        if (d.side) FERRY_CUDA_LOG(cudaStreamDestroy(static_cast<cudaStream_t>(d.side)));
+        for (void* e : {d.planned, d.traded, d.mark})
           if (e) FERRY_CUDA_LOG(cudaEventDestroy(static_cast<cudaEvent_t>(e)));
         if (d.host_at) FERRY_CUDA_LOG(cudaFreeHost(d.host_at));
       }
     if (prev >= 0) FERRY_CUDA_LOG(cudaSetDevice(prev));
 #endif
     dev_.clear();
-    ahead_ = false;
+    trades_ = {};
   }
 
   std::vector<std::uint64_t> step_base_, in_step_, local_base_;
@@ -748,8 +820,15 @@ class cache_exchange {
   std::vector<device_side> dev_;  // device replicas: per replica
   rank_exchange* ranks_ = nullptr;
   device_exchange* devx_ = nullptr;
-  bool ahead_ = false;  // with devx_: a plan enqueued for the epoch whose key is ahead_key_
-  std::uint64_t ahead_key_ = 0;
+  // With devx_: the order the epoch buffers hold, whether the caches moved there (the
+  // first rewind), and what the side streams have enqueued for the next rewinds.
+  struct trade_state {
+    held_order held;
+    bool swapped_in = false, plan_ahead = false, trade_ahead = false;
+    held_order plan_from;  // plan_ahead: the plan from plan_from to plan_to's order
+    std::uint64_t plan_to = 0, trade_to = 0;  // trade_ahead: the other blocks hold trade_to's order
+  };
+  trade_state trades_;
   std::uint64_t seed_ = 0;
   bool agreed_ = false;  // agree_once ran (clear() keeps it: once a job)
   std::uint64_t first_ = 0, local_ = 0;  // this rank's first global replica, and its count
