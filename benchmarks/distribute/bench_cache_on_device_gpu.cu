@@ -18,7 +18,10 @@
 //                     crossed, so this is the kernel's cost, the model's input for NVLink)
 //   reorder_nccl_vs_copy: the same with .devices (NCCL, one replica trading with itself):
 //                     the plan (keys, CUB's sort), the pack, the trade, the unpack: the
-//                     per-GPU cost of the trade but the link (built with NCCL only)
+//                     per-GPU cost of the trade but the link (built with NCCL only). A
+//                     training loop gets the trade a unit a step while the epoch before is
+//                     served; rewinding with no step between makes it whole at the rewind,
+//                     so this times all its units
 // Usage: bench_cache_on_device_gpu [rows (60000)] [ms per step (0.2)] [epochs (3)].
 // Exits 77 without a usable device.
 #include <cuda_runtime.h>

@@ -21,6 +21,8 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <numeric>
+#include <span>
 #include <optional>
 #include <thread>
 #include <tuple>
@@ -268,6 +270,31 @@ void two_sim_ranks(Rank&& rank) {
   CHECK(sim::stats().live_device_blocks == 0);
 }
 
+// Two ranks' parts of `data`, `steps` global batches of 48: rank w's step k is rows
+// [48k + 24w, 48k + 24w + 24), so the job's global batch k is one process's batch of 48.
+template <class Row>
+std::array<std::vector<Row>, 2> rank_parts(const std::vector<Row>& data, std::size_t steps) {
+  std::array<std::vector<Row>, 2> part;
+  for (std::size_t k = 0; k < steps; ++k)
+    for (std::size_t w = 0; w < 2; ++w)
+      part[w].insert(part[w].end(), data.begin() + std::ptrdiff_t(48 * k + 24 * w),
+                     data.begin() + std::ptrdiff_t(48 * k + 24 * w + 24));
+  return part;
+}
+// Each rank's epochs (two replicas each) against one process's four host replicas' (want):
+// global replica 2w + r is rank w's replica r.
+void check_rank_epochs(const std::array<epoch_rows_list, 2>& got, const std::vector<epoch_rows>& want) {
+  for (std::size_t w = 0; w < 2; ++w) REQUIRE(got[w].size() == want.size());
+  for (std::size_t e = 0; e < want.size(); ++e)
+    for (std::size_t w = 0; w < 2; ++w)
+      for (std::size_t r = 0; r < 2; ++r) {
+        CAPTURE(e);
+        CAPTURE(w);
+        CAPTURE(r);
+        CHECK(got[w][e][r] == want[e][2 * w + r]);
+      }
+}
+
 }  // namespace
 
 TEST_CASE("sim: cache_on_device serves later epochs from device memory, no copy, no allocation, no race") {
@@ -427,11 +454,7 @@ TEST_CASE("sim: across_replicas with .devices over two simulated ranks of two GP
   sim::reset(7, 2);
   const std::size_t steps = 5;
   const auto data = make_rows(48 * steps);
-  std::array<std::vector<row>, 2> part;
-  for (std::size_t k = 0; k < steps; ++k)
-    for (std::size_t w = 0; w < 2; ++w)
-      part[w].insert(part[w].end(), data.begin() + std::ptrdiff_t(48 * k + 24 * w),
-                     data.begin() + std::ptrdiff_t(48 * k + 24 * w + 24));
+  const auto part = rank_parts(data, steps);
   std::array<epoch_rows_list, 2> got;
   std::array<bool, 2> h2d_after1{}, cached{};
   two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
@@ -449,15 +472,7 @@ TEST_CASE("sim: across_replicas with .devices over two simulated ranks of two GP
   });
   CHECK(cached == std::array{true, true});
   CHECK(h2d_after1 == std::array{false, false});
-  const auto want = host_epochs(data, {.seed = 9, .across_replicas = true}, ferry::remainder_policy::drop, 3, 4, 48);
-  for (std::size_t e = 0; e < 3; ++e)
-    for (std::size_t w = 0; w < 2; ++w)
-      for (std::size_t r = 0; r < 2; ++r) {
-        CAPTURE(e);
-        CAPTURE(w);
-        CAPTURE(r);
-        CHECK(got[w][e][r] == want[e][2 * w + r]);
-      }
+  check_rank_epochs(got, host_epochs(data, {.seed = 9, .across_replicas = true}, ferry::remainder_policy::drop, 3, 4, 48));
   // Every row once an epoch, across the four replicas.
   std::vector<u64> all;
   for (std::size_t w = 0; w < 2; ++w)
@@ -588,14 +603,15 @@ TEST_CASE("sim: .devices: a later rewind only launches; the next epoch's plan wa
              ferry::distribute(ferry::cuda::devices{0, 1},
                                {.remainder = ferry::remainder_policy::partial, .host_resource = pool}) |
              counting_cache({.seed = 4, .across_replicas = true, .devices = &ex});
-    got.push_back(epoch_of(p));  // then epoch 1's trade and epoch 2's, both planned in line, and epoch 3's plan
-    CHECK(counting_plan::plans == 6);
+    got.push_back(epoch_of(p));  // then epoch 1's trade, planned in line, and epoch 2's plan
+    CHECK(counting_plan::plans == 4);
     model_reads e1;
-    enqueue_reads(p, e1);  // epoch 1's consumers, enqueued behind its trade
+    enqueue_reads(p, e1);  // epoch 1's consumers; epoch 2's trade a unit a step, then epoch 3's plan
+    CHECK(counting_plan::plans == 6);
     const sim::counters before = sim::stats();
-    p.rewind();  // epoch 2 was traded at the rewind before; epoch 3's trade, planned then too
+    p.rewind();  // epoch 2's rows are traded; epoch 3's trade begins
     const sim::counters after = sim::stats();
-    CHECK(counting_plan::plans == 8);  // only epoch 4's, ahead
+    CHECK(counting_plan::plans == 6);
     CHECK(after.stream_syncs == before.stream_syncs);  // no wait for epoch 1's consumers
     CHECK(after.device_syncs == before.device_syncs);
     CHECK(after.event_syncs == before.event_syncs + 2);  // each replica's plan: its counts on the host
@@ -626,9 +642,9 @@ TEST_CASE("sim: .devices: the next epoch's plan fails to enqueue: that epoch sti
     auto p = ferry::from_range(data) | ferry::batch(24) |
              ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
              counting_cache({.seed = 5, .across_replicas = true, .devices = &ex});
-    const epoch_rows e0 = epoch_of(p);  // the rewind after it: epochs 1 and 2 traded; epoch 3's plan fails, dropped
+    const epoch_rows e0 = epoch_of(p);  // the rewind after it: epoch 1 traded, epoch 2 planned
     CHECK(p.cached());
-    const epoch_rows e1 = epoch_of(p, false);
+    const epoch_rows e1 = epoch_of(p, false);  // with epoch 2's trade; epoch 3's plan fails, dropped
     CHECK(e1 == host_epochs(data, {.seed = 5, .across_replicas = true}, ferry::remainder_policy::partial, 2)[1]);
     const int before = counting_plan::plans;
     CHECK_THROWS_WITH_AS(p.rewind(), "simulated plan failure", ferry::config_error);
@@ -694,4 +710,130 @@ TEST_CASE("sim: .devices under remainder_policy::pad, and a resume at a later ep
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
   CHECK(sim::stats().live_device_blocks == 0);
+}
+
+namespace {
+// A device_exchange that counts its all-to-alls (forwarding them).
+struct counting_exchange final : ferry::device_exchange {
+  ferry::device_exchange& inner;
+  int calls = 0;
+  explicit counting_exchange(ferry::device_exchange& x) : inner(x) {}
+  int size() const override { return inner.size(); }
+  int first() const override { return inner.first(); }
+  int local() const override { return inner.local(); }
+  int device(int i) const override { return inner.device(i); }
+  void all_to_all(std::span<const ferry::device_all_to_all_part> parts) override {
+    ++calls;
+    inner.all_to_all(parts);
+  }
+};
+using big_row = std::tuple<u64, std::array<u64, 4096>>;  // 32 KiB and 8 bytes
+std::vector<big_row> make_big_rows(u64 n) {
+  std::vector<big_row> data(n);
+  for (u64 i = 0; i < n; ++i) {
+    std::get<0>(data[i]) = i;
+    std::get<1>(data[i]).fill(i * 3);
+    std::get<1>(data[i])[4095] = i * 7;
+  }
+  return data;
+}
+// One epoch of big rows read by simulated kernels on the replicas' streams: the ids, and
+// whether every row's wide field matched its id. With `ex`, calls_at gets the all-to-alls
+// made while each step was served (next() serves). own_streams: as epoch_of's.
+template <class P>
+std::pair<epoch_rows, bool> big_epoch(P& p, counting_exchange* ex = nullptr, std::vector<int>* calls_at = nullptr,
+                                      bool own_streams = false) {
+  epoch_rows got;
+  std::atomic<bool> ok{true};
+  std::mutex m;
+  std::vector<std::pair<int, cudaStream_t>> streams;
+  int last = ex ? ex->calls : 0;
+  for (auto& st : p) {
+    if (ex) calls_at->push_back(ex->calls - last), last = ex->calls;
+    got.resize(st.replicas());
+    for (std::size_t r = 0; r < st.replicas(); ++r) {
+      const auto a = st[r].template field<0>();
+      const auto b = st[r].template field<1>();
+      const std::size_t n = st[r].valid();
+      const std::pair<int, cudaStream_t> ds(st[r].device(), static_cast<cudaStream_t>(st[r].stream()));
+      if (std::find(streams.begin(), streams.end(), ds) == streams.end()) streams.push_back(ds);
+      if (n == 0) continue;
+      cudaSetDevice(st[r].device());
+      sim::launch(ds.second, "model", {{a.data(), n * 8}, {b.data(), n * 32768}}, {}, [&, r, a, b, n] {
+        std::lock_guard<std::mutex> l(m);
+        for (std::size_t i = 0; i < n; ++i) {
+          got[r].push_back(a[i]);
+          if (b[i][0] != a[i] * 3 || b[i][4094] != a[i] * 3 || b[i][4095] != a[i] * 7) ok = false;
+        }
+      });
+    }
+  }
+  if (!own_streams) sim::drain();
+  else
+    for (const auto& [d, st] : streams) {
+      cudaSetDevice(d);
+      cudaStreamSynchronize(st);
+    }
+  return {got, ok.load()};
+}
+}  // namespace
+
+TEST_CASE("sim: .devices trades in chunks, a few a step while the epoch before is served: the host replicas' rows") {
+  sim::reset(14, 1);
+  const auto data = make_big_rows(250);
+  // 125 rows of 32 KiB a replica (3.9 MiB: 3 chunks a field, at least 1 MiB of the widest),
+  // 11 steps: 2 fields x 3 chunks = 6 units an epoch.
+  const auto want = host_epochs(make_rows(250), {.seed = 8, .across_replicas = true}, ferry::remainder_policy::partial, 4);
+  auto comms = ferry::nccl_communicator::local({0, 1});
+  ferry::nccl_device_exchange nccl(comms);
+  counting_exchange ex(nccl);
+  auto pool = ferry::make_pinned_pool();
+  auto p = ferry::from_range(data) | ferry::batch(24) |
+           ferry::distribute(ferry::cuda::devices{0, 1},
+                             {.remainder = ferry::remainder_policy::partial, .host_resource = pool}) |
+           sim_cache({.seed = 8, .across_replicas = true, .devices = &ex});
+  for (int e = 0; e < 4; ++e) {
+    CAPTURE(e);
+    std::vector<int> calls_at;
+    const auto [got, fields_ok] = big_epoch(p, &ex, &calls_at);
+    CHECK(fields_ok);
+    CHECK(got == want[std::size_t(e)]);
+    CAPTURE(calls_at);
+    if (e >= 1) {  // the next epoch's 6 units, spread over the 11 steps: one at most a step
+      CHECK(std::accumulate(calls_at.begin(), calls_at.end(), 0) == 6);
+      CHECK(*std::max_element(calls_at.begin(), calls_at.end()) == 1);
+    } else {
+      CHECK(ex.calls == 0);
+    }
+    const int before = ex.calls;
+    p.rewind();
+    CHECK(ex.calls - before == (e == 0 ? 6 : 0));  // epoch 1's trade in line at the first rewind; later, none
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+}
+
+TEST_CASE("sim: .devices trades in chunks over two simulated ranks of two GPUs each (unequal counts a pair): the "
+          "one-process order") {
+  // As the two-rank test above, with rows of 32 KiB: 96 a replica, 3 MiB, 3 chunks a field.
+  sim::reset(15, 2);
+  const std::size_t steps = 8;
+  const auto part = rank_parts(make_big_rows(48 * steps), steps);
+  std::array<epoch_rows_list, 2> got;
+  std::array<bool, 2> ok{true, true};
+  two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
+    auto pool = ferry::make_pinned_pool();
+    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+             sim_cache({.seed = 11, .across_replicas = true, .ranks = &me, .devices = &ex});
+    for (int e = 0; e < 4; ++e) {
+      const auto [rows, fine] = big_epoch(p, nullptr, nullptr, true);
+      got[std::size_t(w)].push_back(rows);
+      ok[std::size_t(w)] = ok[std::size_t(w)] && fine;
+      p.rewind();
+    }
+  });
+  CHECK(ok == std::array{true, true});
+  check_rank_epochs(got, host_epochs(make_rows(48 * steps), {.seed = 11, .across_replicas = true},
+                                     ferry::remainder_policy::drop, 4, 4, 48));
 }

@@ -27,14 +27,17 @@ namespace ferry {
 
 // One local rank's part of an all-to-all: to each rank p, send_bytes[p] bytes taken from
 // `send` rank after rank; from each rank p, recv_bytes[p] bytes into `recv`, rank after
-// rank (recv_bytes[p] here = send_bytes[this rank] on p: the caller agrees the counts).
-// Device memory of the rank's device; enqueued on `stream`.
+// rank (recv_bytes[p] here = send_bytes[this rank] on p: the caller agrees the counts);
+// or, with send_at / recv_at, rank p's bytes at those offsets. Device memory of the rank's
+// device; enqueued on `stream`.
 struct device_all_to_all_part {
   const std::byte* send = nullptr;            // what goes out, rank after rank
   const std::uint64_t* send_bytes = nullptr;  // size() counts (host memory)
   std::byte* recv = nullptr;                  // what comes in, rank after rank
   const std::uint64_t* recv_bytes = nullptr;  // size() counts (host memory)
   cuda_stream stream = nullptr;               // the rank's stream: the trade is ordered on it
+  const std::uint64_t* send_at = nullptr;     // size() offsets in send (host memory), or rank after rank
+  const std::uint64_t* recv_at = nullptr;     // size() offsets in recv (host memory), or rank after rank
 };
 
 // This process's ranks of a clique of GPUs that exchange bytes (see the file's top).

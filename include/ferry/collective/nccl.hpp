@@ -289,6 +289,8 @@ class nccl_device_exchange final : public device_exchange {
         const device_all_to_all_part& x = parts[i];
         std::uint64_t so = 0, ro = 0;
         for (int p = 0; p < size(); ++p) {
+          if (x.send_at) so = x.send_at[p];
+          if (x.recv_at) ro = x.recv_at[p];
           comms_[i].send_bytes(x.send + so, std::size_t(x.send_bytes[p]), p, x.stream);
           comms_[i].recv_bytes(x.recv + ro, std::size_t(x.recv_bytes[p]), p, x.stream);
           so += x.send_bytes[p];

@@ -34,7 +34,7 @@
 // Threads: none of its own; runs on the thread calling next(). The device path enqueues
 // copies and gathers on each replica's stream (distribute's): work a consumer enqueues on
 // rb.stream() is ordered after them, and the next gather after it. With .devices, the next
-// epoch's trade runs on a side stream while an epoch is served (cache_exchange.hpp).
+// epoch's trade runs on a side stream, a unit a step, while an epoch is served.
 //
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget,
 // replicas, devices or streams that change between steps, a device replica with the
@@ -335,6 +335,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       for (std::size_t f = 0; f < nf; ++f) data[f] = (o_.shuffle ? a.epoch[f] : a.cache[f]) + sl.first * field_bytes_[f];
       set_fixed_replica(s[r], data.data(), field_bytes_.data(), sl, a.device, a.stream);
     }
+    if (o_.across_replicas) exchange_.template on_step<Launch>(arenas_, field_bytes_.data(), step_, steps_);
     ++step_;
     return s;
   }
@@ -357,8 +358,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   cache_exchange exchange_;  // across_replicas: epoch 0's step layout
   mode state_ = mode::filling;
   bool filled_ = false;  // epoch 0 read to its end with every step cached
-  bool padded_ = false;  // epoch 0 had padding rows (remainder_policy::pad): later epochs pad alike
-  bool resumed_ = false;  // o_.resume's fill is done
+  bool padded_ = false, resumed_ = false;  // epoch 0 had padding rows (later ones pad alike); o_.resume's fill is done
   std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0;  // steps: epoch 0's count
   std::vector<std::size_t> rows_per_step_;
   std::size_t row_bytes_ = 0, widest_ = 0;

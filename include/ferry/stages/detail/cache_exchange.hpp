@@ -39,11 +39,14 @@
 // ncclSend/ncclRecv) into a receive buffer, and scatters them to their places there.
 // Nothing is copied from the host after epoch 0. Plans and trades run on a side stream,
 // one epoch ahead: at the rewind into epoch e, each replica's stream waits for epoch e's
-// trade (enqueued at the rewind before) and the blocks swap; then epoch e + 1's trade is
-// enqueued on the side stream, after epoch e - 1's steps (which read the block it writes),
-// and the plan of the trade after it. So the trade runs while epoch e is served, and a
-// rewind waits for nothing but a plan's counts, normally long there (at the first rewind,
-// two trades are planned in line: epoch 1's, from the rows as cached, and epoch 2's).
+// trade (made while epoch e - 1 was served) and the blocks swap; epoch e + 1's trade
+// begins, its units (a field's slice of every replica pair's run) enqueued on the side
+// stream as epoch e's steps are served, a few a step (on_step), after epoch e - 1's steps
+// (which read the block they write), and after the last unit the plan of the trade after
+// it. NCCL runs one communicator's calls in the order they are made, whatever the stream,
+// so a whole trade would hold the epoch's first all-reduce back; a unit holds one back by a
+// unit's time. A rewind waits for nothing but a plan's counts, normally long there (the
+// first rewind plans and trades epoch 1 in line, from the rows as cached).
 // Throws cuda_error, config_error, std::bad_alloc, what the rank_exchange and the
 // device_exchange throw; runs on the stage's caller's thread; no user code.
 #pragma once
@@ -402,6 +405,28 @@ class cache_exchange {
     }
   }
 
+  // While an epoch of `steps` is served, at its step `step` (device replicas with a
+  // device_exchange; else nothing): the next epoch's trade units due by then, so that they
+  // spread over the epoch. NCCL runs one communicator's calls in the order they are made,
+  // on every stream: a whole trade at the rewind would hold the epoch's first all-reduce
+  // back until it ended, a unit a step holds each back a unit's time at most.
+  template <class Launch>
+  void on_step(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::uint64_t step,
+               std::uint64_t steps) {
+#if defined(FERRY_WITH_CUDART)
+    if constexpr (requires { Launch::plan_scratch(std::uint64_t{}); }) {
+      if (!devx_ || !trades_.trade_ahead || trades_.done == trades_.units) return;
+      const std::uint64_t due = steps ? (trades_.units * (step + 1) + steps - 1) / steps : trades_.units;
+      try {
+        trade_units<Launch>(arenas, field_bytes, std::min(due, trades_.units));
+      } catch (...) {
+        trades_.trade_ahead = false;  // the next rewind trades in line, and reports what fails then
+      }
+    }
+#endif
+    (void)arenas, (void)field_bytes, (void)step, (void)steps;
+  }
+
   // A later epoch's field f (rows of eb bytes) for every host replica: replica r's epoch
   // row j = the row with global index perm(gid_r(j)), from its replica's cache.
   void gather_host(std::vector<replica_arena>& arenas, std::size_t f, std::size_t eb, std::uint64_t key) const {
@@ -707,47 +732,81 @@ class cache_exchange {
     trades_.plan_ahead = false;
     settle(err);
   }
-  // Every replica's trade by the plans on the host, on its side stream: per field, its held
-  // rows (epoch buffer) packed into its other buffer (cache), one all-to-all of those into
-  // the receive buffer, an unpack to the rows' places in the other buffer; then `traded`.
+  // The next trade, to key's order, by the plans on the host (their counts kept): in
+  // units, a field's rows in `chunks` slices of every replica pair's run, so that it can be
+  // enqueued a step at a time (on_step). Chunks: one a step at most (fields x chunks <=
+  // steps) and about 1 MiB a replica at least (the same count on every rank: the job's
+  // sizes). plan_next: the key of the plan enqueued after the last unit.
+  void begin_trade(std::uint64_t key, std::uint64_t plan_next, const std::size_t* field_bytes, std::size_t fields) {
+    std::size_t widest = 0;
+    for (std::size_t f = 0; f < fields; ++f) widest = std::max(widest, field_bytes[f]);
+    const std::uint64_t per_replica = rows() / std::max<std::uint64_t>(replicas_, 1) * widest;
+    trades_.chunks = std::max<std::uint64_t>(1, std::min<std::uint64_t>(steps() / std::max<std::size_t>(fields, 1),
+                                                                        per_replica >> 20));
+    trades_.units = fields * trades_.chunks, trades_.done = 0;
+    trades_.trade_ahead = true, trades_.trade_to = key, trades_.plan_next = plan_next;
+    trades_.at.resize(dev_.size());
+    trades_.x.resize(dev_.size());
+    trades_.parts.resize(dev_.size());
+    for (std::size_t r = 0; r < dev_.size(); ++r) {
+      trades_.at[r].assign(dev_[r].host_at, dev_[r].host_at + 2 * (replicas_ + 1));
+      trades_.x[r].resize(4 * replicas_);
+    }
+  }
+  // The pending trade's units up to `upto`, on the side streams. A unit: (its field's first)
+  // the held rows (epoch block) packed into the other block, one all-to-all of a slice of
+  // each replica pair's run into the receive buffer, (its field's last) the unpack to the
+  // rows' places in the other block. After the last: `traded`, and the plan after it (one
+  // that fails to enqueue is dropped: the next rewind plans in line, and reports it).
   template <class Launch>
-  void trade(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields) {
+  void trade_units(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::uint64_t upto) {
     const std::size_t R = arenas.size();
-    const std::uint64_t G = replicas_;
-    std::vector<std::vector<std::uint64_t>> sends(R, std::vector<std::uint64_t>(G)), recvs = sends;
-    std::vector<device_all_to_all_part> parts(R);
-    for (std::size_t f = 0; f < fields; ++f) {
-      const std::size_t eb = field_bytes[f];
+    const std::uint64_t G = replicas_, K = trades_.chunks;
+    std::vector<device_all_to_all_part>& parts = trades_.parts;
+    for (; trades_.done < upto; ++trades_.done) {
+      const std::size_t f = std::size_t(trades_.done / K), eb = field_bytes[f];
+      const std::uint64_t k = trades_.done % K;
       for (std::size_t r = 0; r < R; ++r) {
         device_side& d = dev_[r];
-        const std::uint64_t* at = d.host_at;
+        const std::uint64_t* at = trades_.at[r].data();  // rows: send_at (G + 1), recv_at (G + 1)
+        std::uint64_t* x = trades_.x[r].data();  // bytes and offsets, sent and received
         for (std::uint64_t q = 0; q < G; ++q) {
-          sends[r][q] = (at[q + 1] - at[q]) * eb;
-          recvs[r][q] = (at[G + 1 + q + 1] - at[G + 1 + q]) * eb;
+          const std::uint64_t n = at[q + 1] - at[q], m = at[G + 2 + q] - at[G + 1 + q];
+          x[q] = (n * (k + 1) / K - n * k / K) * eb, x[G + q] = (at[q] + n * k / K) * eb;
+          x[2 * G + q] = (m * (k + 1) / K - m * k / K) * eb, x[3 * G + q] = (at[G + 1 + q] + m * k / K) * eb;
         }
         const cuda::device_guard g(d.device);
-        Launch::move_rows({arenas[r].epoch[f], arenas[r].cache[f], d.send_rows, arenas[r].rows, eb, false}, d.side);
-        parts[r] = {arenas[r].cache[f], sends[r].data(), d.recv, recvs[r].data(), d.side};
+        if (k == 0)
+          Launch::move_rows({arenas[r].epoch[f], arenas[r].cache[f], d.send_rows, arenas[r].rows, eb, false}, d.side);
+        parts[r] = {arenas[r].cache[f], x, d.recv, x + 2 * G, d.side, x + G, x + 3 * G};
       }
       devx_->all_to_all(parts);
-      for (std::size_t r = 0; r < R; ++r) {
-        device_side& d = dev_[r];
+      if (k + 1 == K)
+        for (std::size_t r = 0; r < R; ++r) {
+          device_side& d = dev_[r];
+          const cuda::device_guard g(d.device);
+          Launch::move_rows({d.recv, arenas[r].cache[f], d.recv_rows, arenas[r].rows, eb, true}, d.side);
+        }
+      if (trades_.done + 1 < trades_.units) continue;
+      for (const device_side& d : dev_) {
         const cuda::device_guard g(d.device);
-        Launch::move_rows({d.recv, arenas[r].cache[f], d.recv_rows, arenas[r].rows, eb, true}, d.side);
+        FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.traded), static_cast<cudaStream_t>(d.side)));
       }
-    }
-    for (const device_side& d : dev_) {
-      const cuda::device_guard g(d.device);
-      FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.traded), static_cast<cudaStream_t>(d.side)));
+      const held_order from{true, trades_.trade_to};
+      try {
+        for (std::size_t r = 0; r < R; ++r) enqueue_plan<Launch>(arenas, r, from, trades_.plan_next);
+        trades_.plan_ahead = true, trades_.plan_from = from, trades_.plan_to = trades_.plan_next;
+      } catch (...) {
+      }
     }
   }
   // A later epoch with a device_exchange (keys: this epoch's order, the next one's, the one
-  // after). This epoch's rows were traded into the caches' blocks at the rewind before, on
-  // the side streams (else, at the first rewind, they are now: the rows as cached moved to
-  // the epoch buffers' place first); each replica's stream waits for them, and the two
-  // blocks swap places: the epoch buffers serve. Then the next epoch's trade is enqueued on
-  // the side streams, from the epoch buffers into the other blocks (after the last epoch's
-  // steps, which read them), so it runs while this epoch is served, and the plan after it.
+  // after). This epoch's rows were traded into the other blocks while the last epoch was
+  // served (else, at the first rewind, they are now: the rows as cached moved to the epoch
+  // blocks' place first; an epoch cut short: the rest now); each replica's stream waits for
+  // them, and the two blocks swap places. Then the next epoch's trade begins: its units
+  // are enqueued on the side streams step by step (on_step), after the last epoch's steps,
+  // which read the block they write.
   template <class Launch>
   void exchange_device(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
                        const std::uint64_t* keys) {
@@ -766,8 +825,9 @@ class cache_exchange {
       }
       if (!(trades_.trade_ahead && trades_.trade_to == keys[0])) {
         ready_plans<Launch>(arenas, trades_.held, keys[0]);
-        trade<Launch>(arenas, field_bytes, fields);
+        begin_trade(keys[0], keys[1], field_bytes, fields);
       }
+      trade_units<Launch>(arenas, field_bytes, trades_.units);
       trades_.trade_ahead = false;
       for (std::size_t r = 0; r < R; ++r) {
         const device_side& d = dev_[r];
@@ -777,15 +837,7 @@ class cache_exchange {
       swap_blocks();
       trades_.held = {true, keys[0]};
       ready_plans<Launch>(arenas, trades_.held, keys[1]);
-      trade<Launch>(arenas, field_bytes, fields);
-      trades_.trade_ahead = true, trades_.trade_to = keys[1];
-      // The plan after it. One that fails to enqueue is dropped: the next rewind plans in
-      // line, and reports what fails then.
-      try {
-        for (std::size_t r = 0; r < R; ++r) enqueue_plan<Launch>(arenas, r, {true, keys[1]}, keys[2]);
-        trades_.plan_ahead = true, trades_.plan_from = {true, keys[1]}, trades_.plan_to = keys[2];
-      } catch (...) {
-      }
+      begin_trade(keys[1], keys[2], field_bytes, fields);
     } else {
       (void)arenas, (void)field_bytes, (void)fields, (void)keys;
     }
@@ -826,7 +878,12 @@ class cache_exchange {
     held_order held;
     bool swapped_in = false, plan_ahead = false, trade_ahead = false;
     held_order plan_from;  // plan_ahead: the plan from plan_from to plan_to's order
-    std::uint64_t plan_to = 0, trade_to = 0;  // trade_ahead: the other blocks hold trade_to's order
+    std::uint64_t plan_to = 0;
+    // trade_ahead: the trade to trade_to's order into the other blocks, `done` of its
+    // `units` enqueued (fields x chunks), by the counts `at` (per replica), then the plan to plan_next.
+    std::uint64_t trade_to = 0, chunks = 1, units = 0, done = 0, plan_next = 0;
+    std::vector<std::vector<std::uint64_t>> at, x;  // x: a unit's bytes and offsets (kept: no allocation a step)
+    std::vector<device_all_to_all_part> parts;
   };
   trade_state trades_;
   std::uint64_t seed_ = 0;
