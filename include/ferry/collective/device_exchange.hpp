@@ -10,7 +10,10 @@
 //              | ferry::cuda::cache_on_device({.seed = 7, .across_replicas = true, .ranks = &mpi_ex, .devices = &ex});
 //
 // The clique's ranks are the job's GPU replicas: global replica w x R + r (rank w's
-// replica r) is clique rank w x R + r, on that replica's device.
+// replica r) is clique rank w x R + r, on that replica's device. cache_on_device calls it a
+// unit a step while an epoch is served: give it the communicators the trainer all-reduces
+// with, so that NCCL orders both alike on every rank (NCCL does not promise that calls on
+// two communicators running at once cannot deadlock).
 //
 // Threads: one exchange is used by one thread at a time (the stage's caller), which
 // drives all of this process's ranks (one group); runs no user code. Errors: what the
