@@ -78,7 +78,8 @@ std::size_t step_field_bytes(const V& st, std::size_t f) {
   return rb.size() ? rb.field_bytes(f).size() / rb.size() : st.host_batch().element_bytes(f);
 }
 
-// One replica's memory: per field, the cache (rows as cached) and this epoch's copy, each
+// One replica's memory: per field, the cache (rows as cached; with a device_exchange, the
+// block the next epoch's trade fills: the two swap each epoch) and this epoch's copy, each
 // one block (device memory, or a host vector).
 struct replica_arena {
   int device = -1;  // -1: host memory

@@ -45,8 +45,11 @@
 // (which read the block they write), and after the last unit the plan of the trade after
 // it. NCCL runs one communicator's calls in the order they are made, whatever the stream,
 // so a whole trade would hold the epoch's first all-reduce back; a unit holds one back by a
-// unit's time. A rewind waits for nothing but a plan's counts, normally long there (the
-// first rewind plans and trades epoch 1 in line, from the rows as cached).
+// unit's time. A rewind waits for a plan's counts and for no replica stream; that plan
+// follows the trade's last unit, which comes with the epoch's last step when there are as
+// many units as steps, so the host waits for that unit (after the step before's
+// all-reduce, in NCCL's order), its unpack and the plan's sort (the first rewind plans
+// and trades epoch 1 in line, from the rows as cached).
 // Throws cuda_error, config_error, std::bad_alloc, what the rank_exchange and the
 // device_exchange throw; runs on the stage's caller's thread; no user code.
 #pragma once
@@ -713,7 +716,7 @@ class cache_exchange {
     FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.planned), ss));
   }
   // Every replica's plan from `from` to key's order, its counts on the host (enqueued now
-  // unless it was at the rewind before: then normally long done). Across ranks the ranks
+  // unless it was enqueued after the trade's last unit). Across ranks the ranks
   // settle after it: all throw or none does, before any calls NCCL.
   template <class Launch>
   void ready_plans(const std::vector<replica_arena>& arenas, held_order from, std::uint64_t key) {
@@ -734,9 +737,10 @@ class cache_exchange {
   }
   // The next trade, to key's order, by the plans on the host (their counts kept): in
   // units, a field's rows in `chunks` slices of every replica pair's run, so that it can be
-  // enqueued a step at a time (on_step). Chunks: one a step at most (fields x chunks <=
-  // steps) and about 1 MiB a replica at least (the same count on every rank: the job's
-  // sizes). plan_next: the key of the plan enqueued after the last unit.
+  // enqueued a step at a time (on_step). Chunks: fields x chunks <= steps (one unit a step
+  // at most, unless steps < fields or a resume catches up) and about 1 MiB a replica at
+  // least (the same count on every rank: the job's sizes). plan_next: the key of the plan
+  // enqueued after the last unit.
   void begin_trade(std::uint64_t key, std::uint64_t plan_next, const std::size_t* field_bytes, std::size_t fields) {
     std::size_t widest = 0;
     for (std::size_t f = 0; f < fields; ++f) widest = std::max(widest, field_bytes[f]);
