@@ -724,7 +724,6 @@ class cache_exchange {
     try {
       if (!(trades_.plan_ahead && trades_.plan_from == from && trades_.plan_to == key))
         for (std::size_t r = 0; r < arenas.size(); ++r) enqueue_plan<Launch>(arenas, r, from, key);
-      trades_.plan_ahead = false;
       for (const device_side& d : dev_) {
         const cuda::device_guard g(d.device);
         FERRY_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(d.planned)));
@@ -732,7 +731,7 @@ class cache_exchange {
     } catch (...) {
       err = std::current_exception();
     }
-    trades_.plan_ahead = false;
+    trades_.plan_ahead = false;  // used (or failed) either way
     settle(err);
   }
   // The next trade, to key's order, by the plans on the host (their counts kept): in
