@@ -726,6 +726,7 @@ struct counting_exchange final : ferry::device_exchange {
     ++calls;
     inner.all_to_all(parts);
   }
+  void abort() noexcept override { inner.abort(); }
 };
 using big_row = std::tuple<u64, std::array<u64, 4096>>;  // 32 KiB and 8 bytes
 std::vector<big_row> make_big_rows(u64 n) {
@@ -799,9 +800,11 @@ TEST_CASE("sim: .devices trades in chunks, a few a step while the epoch before i
     CHECK(fields_ok);
     CHECK(got == want[std::size_t(e)]);
     CAPTURE(calls_at);
-    if (e >= 1) {  // the next epoch's 6 units, spread over the 11 steps: one at most a step
+    if (e >= 1) {  // the next epoch's 6 units, spread over the first 9 of 11 steps: one at most a step
       CHECK(std::accumulate(calls_at.begin(), calls_at.end(), 0) == 6);
       CHECK(*std::max_element(calls_at.begin(), calls_at.end()) == 1);
+      REQUIRE(calls_at.size() == 11);
+      CHECK(calls_at[9] + calls_at[10] == 0);  // the last two steps left for the last unit and the plan
     } else {
       CHECK(ex.calls == 0);
     }
@@ -836,4 +839,102 @@ TEST_CASE("sim: .devices trades in chunks over two simulated ranks of two GPUs e
   CHECK(ok == std::array{true, true});
   check_rank_epochs(got, host_epochs(make_rows(48 * steps), {.seed = 11, .across_replicas = true},
                                      ferry::remainder_policy::drop, 4, 4, 48));
+}
+
+namespace {
+// Moves (packs and unpacks) counted on each thread (a simulated rank); the fail_at-th on
+// the thread fails to enqueue (when not 0), as a launch can.
+struct failing_move : ferry_test::sim_gather {
+  static inline thread_local int moves = 0, fail_at = 0;
+  static void move_rows(const ferry::detail::move_rows_args& a, ferry::cuda_stream s) {
+    if (++moves == fail_at) throw ferry::error("simulated move failure");
+    ferry_test::sim_gather::move_rows(a, s);
+  }
+};
+constexpr ferry::detail::cache_on_device_t<failing_move> failing_move_cache{};
+// A device_exchange whose fail_at-th all-to-all (when not 0) fails before calling NCCL;
+// aborts counted.
+struct failing_exchange final : ferry::device_exchange {
+  ferry::device_exchange& inner;
+  int calls = 0, fail_at = 0, aborts = 0;
+  explicit failing_exchange(ferry::device_exchange& x) : inner(x) {}
+  int size() const override { return inner.size(); }
+  int first() const override { return inner.first(); }
+  int local() const override { return inner.local(); }
+  int device(int i) const override { return inner.device(i); }
+  void all_to_all(std::span<const ferry::device_all_to_all_part> parts) override {
+    if (++calls == fail_at) throw ferry::error("simulated NCCL failure");
+    inner.all_to_all(parts);
+  }
+  void abort() noexcept override { ++aborts, inner.abort(); }
+};
+}  // namespace
+
+TEST_CASE("sim: .devices over two simulated ranks, a unit that fails on one while an epoch is served: its NCCL calls "
+          "still pair up, both serve that epoch whole, both throw at the rewind and stream, no hang") {
+  sim::reset(16, 2);
+  const std::size_t steps = 8;
+  const auto part = rank_parts(make_rows(48 * steps), steps);
+  std::array<epoch_rows_list, 2> got;
+  std::array<std::string, 2> what;
+  std::array<bool, 2> streams_again{};
+  two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
+    auto pool = ferry::make_pinned_pool();
+    // 2 fields, 2 replicas: the first rewind packs and unpacks 8 times in line; rank 1's
+    // 11th move is epoch 2's trade's, enqueued while epoch 1 is served.
+    failing_move::moves = 0, failing_move::fail_at = w == 1 ? 11 : 0;
+    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+             failing_move_cache({.seed = 13, .across_replicas = true, .ranks = &me, .devices = &ex});
+    got[std::size_t(w)].push_back(epoch_of(p, true, true));
+    got[std::size_t(w)].push_back(epoch_of(p, false, true));  // epoch 1, whole: the failure was in the next trade
+    try {
+      p.rewind();
+    } catch (const ferry::error& e) {
+      what[std::size_t(w)] = e.what();
+    }
+    streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == got[std::size_t(w)][0];
+    CHECK(failing_move::moves >= 11);
+  });
+  check_rank_epochs(got, host_epochs(make_rows(48 * steps), {.seed = 13, .across_replicas = true},
+                                     ferry::remainder_policy::drop, 2, 4, 48));
+  CHECK(what[0].find("another rank failed") != std::string::npos);
+  CHECK(what[1].find("simulated move failure") != std::string::npos);
+  CHECK(streams_again == std::array{true, true});
+}
+
+TEST_CASE("sim: .devices over two simulated ranks, an all-to-all that fails on one: it aborts its exchange at once, "
+          "the other at the rewind; both throw there and stream, nothing waits") {
+  sim::reset(17, 2);
+  const std::size_t steps = 8;
+  const auto part = rank_parts(make_rows(48 * steps), steps);
+  std::array<epoch_rows_list, 2> got;
+  std::array<std::string, 2> what;
+  std::array<int, 2> aborts_in_epoch{}, aborts_after{};
+  std::array<bool, 2> streams_again{};
+  two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
+    auto pool = ferry::make_pinned_pool();
+    failing_exchange fx(ex);
+    fx.fail_at = w == 1 ? 3 : 0;  // 2 calls at the first rewind (2 fields), then epoch 2's trade's first
+    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+             sim_cache({.seed = 14, .across_replicas = true, .ranks = &me, .devices = &fx});
+    got[std::size_t(w)].push_back(epoch_of(p, true, true));
+    got[std::size_t(w)].push_back(epoch_of(p, false, true));  // rank 0's calls of epoch 2's trade wait for rank 1's
+    aborts_in_epoch[std::size_t(w)] = fx.aborts;
+    try {
+      p.rewind();
+    } catch (const ferry::error& e) {
+      what[std::size_t(w)] = e.what();
+    }
+    aborts_after[std::size_t(w)] = fx.aborts;
+    streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == got[std::size_t(w)][0];
+  });
+  check_rank_epochs(got, host_epochs(make_rows(48 * steps), {.seed = 14, .across_replicas = true},
+                                     ferry::remainder_policy::drop, 2, 4, 48));
+  CHECK(aborts_in_epoch == std::array{0, 1});
+  CHECK(aborts_after == std::array{1, 1});
+  CHECK(what[0].find("another rank's trade failed in NCCL") != std::string::npos);
+  CHECK(what[1].find("simulated NCCL failure") != std::string::npos);
+  CHECK(streams_again == std::array{true, true});
 }

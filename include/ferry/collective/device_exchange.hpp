@@ -17,7 +17,9 @@
 //
 // Threads: one exchange is used by one thread at a time (the stage's caller), which
 // drives all of this process's ranks (one group); runs no user code. Errors: what the
-// communicator throws (ferry::error naming the NCCL call).
+// communicator throws (ferry::error naming the NCCL call). A call that fails leaves the
+// clique's calls unmatched: cache_on_device then aborts the exchange on every rank (at its
+// next rewind), so nothing waits for them.
 #pragma once
 
 #include <cstddef>
@@ -60,6 +62,11 @@ class device_exchange {
   // on each part's stream, returns at once. Every rank of the clique calls it, with the
   // same count of parts as its local().
   virtual void all_to_all(std::span<const device_all_to_all_part> parts) = 0;
+  // Ends this process's unfinished calls (a rank that stopped calling will never match
+  // them: NCCL's ncclCommAbort), so that their streams drain; every later call throws.
+  // cache_on_device calls it on every rank when a trade's call failed on any rank.
+  // Idempotent; never throws.
+  virtual void abort() noexcept = 0;
 };
 
 }  // namespace ferry

@@ -303,6 +303,11 @@ class nccl_device_exchange final : public device_exchange {
     }
     nccl_communicator::group_end();
   }
+  // Aborts every communicator (nccl_communicator::abort): the trainer's too, when they are
+  // the same (they should be: see device_exchange.hpp).
+  void abort() noexcept override {
+    for (nccl_communicator& c : comms_) c.abort();
+  }
 
  private:
   std::span<nccl_communicator> comms_;

@@ -42,11 +42,12 @@
 // devices or resume without it, a resume in epoch 0 (when built), GPUs that cannot read
 // each other's memory, GPU replicas across ranks without .devices, .devices not the
 // replicas' GPUs, ranks whose epoch 0 had other step or replica counts or seeds, another
-// rank's failure (at the end of epoch 0, on every rank), a resume past the epoch, of
-// another global batch or dataset size, or without a filled cache (at the first next()).
-// cuda_error, std::bad_alloc, what the rank_exchange and device_exchange throw: whatever fails while
-// filling, at the end of epoch 0 or in a reorder frees the caches, and the stage streams
-// from then on (on every rank: nothing half cached or half reordered is ever served).
+// rank's failure (at the end of epoch 0 or a rewind, on every rank), a resume past the
+// epoch, of another global batch or dataset size, or without a filled cache (at the first
+// next()). cuda_error, std::bad_alloc, what the rank_exchange and device_exchange throw:
+// whatever fails while filling, at the end of epoch 0, in a reorder or in .devices' trade
+// (kept until the rewind) frees the caches, and the stage streams from then on (on every
+// rank: nothing half cached or half reordered is ever served; docs/distribute.md).
 //
 // Memory: per replica, after epoch 0, (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
@@ -223,8 +224,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   // A cached row's cost: its bytes, twice with shuffle, + .devices' (its widest field, 16 plan, 48 sort).
   std::size_t per_row() const noexcept { return row_bytes_ * (o_.shuffle ? 2 : 1) + (o_.devices ? widest_ + 64 : 0); }
 
-  // Epoch 0: appends each replica's real rows to its cache; false when over budget under
-  // over_budget::stream.
+  // Epoch 0: each replica's real rows appended to its cache; false: over budget, under ::stream.
   bool keep(const V& st) {
     if (arenas_.empty()) {
       arenas_.resize(st.replicas());

@@ -45,11 +45,13 @@
 // (which read the block they write), and after the last unit the plan of the trade after
 // it. NCCL runs one communicator's calls in the order they are made, whatever the stream,
 // so a whole trade would hold the epoch's first all-reduce back; a unit holds one back by a
-// unit's time. A rewind waits for a plan's counts and for no replica stream; that plan
-// follows the trade's last unit, which comes with the epoch's last step when there are as
-// many units as steps, so the host waits for that unit (after the step before's
-// all-reduce, in NCCL's order), its unpack and the plan's sort (the first rewind plans
-// and trades epoch 1 in line, from the rows as cached).
+// unit's time. The units end two steps before the epoch does, so a rewind's one wait, for
+// the plan after the last unit, finds its counts on the host (the first rewind plans and
+// trades epoch 1 in line, from the rows as cached). A trade's failure is kept until the
+// rewind (the served epoch is whole); a rank whose launch failed still makes its NCCL
+// calls, one whose NCCL call failed aborts the device_exchange; at the rewind the ranks
+// settle before any wait or NCCL call, and all give up (the others aborting too when a
+// call failed) or none does.
 // Throws cuda_error, config_error, std::bad_alloc, what the rank_exchange and the
 // device_exchange throw; runs on the stage's caller's thread; no user code.
 #pragma once
@@ -410,24 +412,27 @@ class cache_exchange {
 
   // While an epoch of `steps` is served, at its step `step` (device replicas with a
   // device_exchange; else nothing): the next epoch's trade units due by then, so that they
-  // spread over the epoch. NCCL runs one communicator's calls in the order they are made,
-  // on every stream: a whole trade at the rewind would hold the epoch's first all-reduce
-  // back until it ended, a unit a step holds each back a unit's time at most.
+  // spread over the epoch's first trade_span(steps) steps (the last few left for the last
+  // unit, its unpack and the next plan). NCCL runs one communicator's calls in the order
+  // they are made, on every stream: a whole trade at the rewind would hold the epoch's
+  // first all-reduce back until it ended, a unit a step holds each back a unit's time at
+  // most. Never throws: a failure is kept for the next rewind (trade_units).
   template <class Launch>
   void on_step(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::uint64_t step,
-               std::uint64_t steps) {
+               std::uint64_t steps) noexcept {
 #if defined(FERRY_WITH_CUDART)
     if constexpr (requires { Launch::plan_scratch(std::uint64_t{}); }) {
       if (!devx_ || !trades_.trade_ahead || trades_.done == trades_.units) return;
-      const std::uint64_t due = steps ? (trades_.units * (step + 1) + steps - 1) / steps : trades_.units;
-      try {
-        trade_units<Launch>(arenas, field_bytes, std::min(due, trades_.units));
-      } catch (...) {
-        trades_.trade_ahead = false;  // the next rewind trades in line, and reports what fails then
-      }
+      const std::uint64_t span = trade_span(steps), u = trades_.units;
+      trade_units<Launch>(arenas, field_bytes, step + 1 >= span ? u : std::min(u, (u * (step + 1) + span - 1) / span));
     }
 #endif
     (void)arenas, (void)field_bytes, (void)step, (void)steps;
+  }
+  // The steps of an epoch of `steps` that its trade's units spread over: all but the last
+  // two (one of 4 to 7 steps; none of 3 or fewer).
+  static std::uint64_t trade_span(std::uint64_t steps) noexcept {
+    return std::max<std::uint64_t>(1, steps - std::min<std::uint64_t>(2, steps / 4));
   }
 
   // A later epoch's field f (rows of eb bytes) for every host replica: replica r's epoch
@@ -716,23 +721,43 @@ class cache_exchange {
     FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.planned), ss));
   }
   // Every replica's plan from `from` to key's order, its counts on the host (enqueued now
-  // unless it was enqueued after the trade's last unit). Across ranks the ranks
-  // settle after it: all throw or none does, before any calls NCCL.
+  // unless it was enqueued after the trade's last unit), then the trade to key's order
+  // begun (begin_trade). Local work: across ranks the caller settles (settle_trade) before
+  // any rank calls NCCL.
   template <class Launch>
-  void ready_plans(const std::vector<replica_arena>& arenas, held_order from, std::uint64_t key) {
-    std::exception_ptr err;
-    try {
-      if (!(trades_.plan_ahead && trades_.plan_from == from && trades_.plan_to == key))
-        for (std::size_t r = 0; r < arenas.size(); ++r) enqueue_plan<Launch>(arenas, r, from, key);
-      for (const device_side& d : dev_) {
-        const cuda::device_guard g(d.device);
-        FERRY_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(d.planned)));
-      }
-    } catch (...) {
-      err = std::current_exception();
-    }
+  void plan_trade(const std::vector<replica_arena>& arenas, held_order from, std::uint64_t key, std::uint64_t plan_next,
+                  const std::size_t* field_bytes, std::size_t fields) {
+    const bool ahead = trades_.plan_ahead && trades_.plan_from == from && trades_.plan_to == key;
     trades_.plan_ahead = false;  // used (or failed) either way
-    settle(err);
+    if (!ahead)
+      for (std::size_t r = 0; r < arenas.size(); ++r) enqueue_plan<Launch>(arenas, r, from, key);
+    for (const device_side& d : dev_) {
+      const cuda::device_guard g(d.device);
+      FERRY_CUDA_TRY(cudaEventSynchronize(static_cast<cudaEvent_t>(d.planned)));
+    }
+    begin_trade(key, plan_next, field_bytes, fields);
+  }
+  // Across ranks, at a rewind: every rank learns whether one's trade failed (e, or a failure
+  // kept by trade_units; `broken`: an NCCL call failed, its calls no longer pair up). Then
+  // all throw (e, or an error saying another rank failed) or none does; when one broke,
+  // every rank first aborts the device_exchange, which ends the calls no rank will match.
+  // Alone: the same, without the all-gather. Before any wait for the side streams' work.
+  void settle_trade(std::exception_ptr e) {
+    if (!e) e = trades_.failed;
+    trades_.failed = nullptr;
+    const std::uint64_t mine = trades_.broken ? 2 : e ? 1 : 0;
+    std::uint64_t worst = mine;
+    if (across_ranks()) {
+      std::vector<std::uint64_t> all(std::size_t(ranks_->size()));
+      ranks_->all_gather(&mine, sizeof mine, all.data());
+      worst = *std::max_element(all.begin(), all.end());
+    }
+    if (worst == 2 && !trades_.broken) devx_->abort(), trades_.broken = true;
+    if (e) std::rethrow_exception(e);
+    if (worst == 2)
+      throw error("cache_on_device: another rank's trade failed in NCCL (its own error says why); the device_exchange "
+                  "is aborted here too (its communicators: every later call on them throws); every rank streams");
+    if (worst == 1) throw config_error("cache_on_device: another rank failed (its own error says why); every rank streams");
   }
   // The next trade, to key's order, by the plans on the host (their counts kept): in
   // units, a field's rows in `chunks` slices of every replica pair's run, so that it can be
@@ -761,12 +786,23 @@ class cache_exchange {
   // each replica pair's run into the receive buffer, (its field's last) the unpack to the
   // rows' places in the other block. After the last: `traded`, and the plan after it (one
   // that fails to enqueue is dropped: the next rewind plans in line, and reports it).
+  // Never throws: a local failure (a launch, an event) is kept in trades_.failed and the
+  // units go on, so that every rank's NCCL calls still pair up; a failed all-to-all marks
+  // the trade broken, aborts the device_exchange (its calls can no longer pair up) and
+  // ends the units here. The next rewind's settle_trade reports either on every rank.
   template <class Launch>
-  void trade_units(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::uint64_t upto) {
+  void trade_units(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::uint64_t upto) noexcept {
     const std::size_t R = arenas.size();
     const std::uint64_t G = replicas_, K = trades_.chunks;
     std::vector<device_all_to_all_part>& parts = trades_.parts;
-    for (; trades_.done < upto; ++trades_.done) {
+    const auto local = [&](auto&& work) {  // kept, not thrown: the NCCL calls go on
+      try {
+        work();
+      } catch (...) {
+        if (!trades_.failed) trades_.failed = std::current_exception();
+      }
+    };
+    for (; trades_.done < upto && !trades_.broken; ++trades_.done) {
       const std::size_t f = std::size_t(trades_.done / K), eb = field_bytes[f];
       const std::uint64_t k = trades_.done % K;
       for (std::size_t r = 0; r < R; ++r) {
@@ -778,23 +814,35 @@ class cache_exchange {
           x[q] = (n * (k + 1) / K - n * k / K) * eb, x[G + q] = (at[q] + n * k / K) * eb;
           x[2 * G + q] = (m * (k + 1) / K - m * k / K) * eb, x[3 * G + q] = (at[G + 1 + q] + m * k / K) * eb;
         }
-        const cuda::device_guard g(d.device);
-        if (k == 0)
-          Launch::move_rows({arenas[r].epoch[f], arenas[r].cache[f], d.send_rows, arenas[r].rows, eb, false}, d.side);
         parts[r] = {arenas[r].cache[f], x, d.recv, x + 2 * G, d.side, x + G, x + 3 * G};
+        if (k == 0)
+          local([&] {
+            const cuda::device_guard g(d.device);
+            Launch::move_rows({arenas[r].epoch[f], arenas[r].cache[f], d.send_rows, arenas[r].rows, eb, false}, d.side);
+          });
       }
-      devx_->all_to_all(parts);
+      try {
+        devx_->all_to_all(parts);
+      } catch (...) {
+        if (!trades_.failed) trades_.failed = std::current_exception();
+        trades_.broken = true;
+        devx_->abort();  // now: the trainer's calls on these communicators fail rather than wait
+        return;
+      }
       if (k + 1 == K)
-        for (std::size_t r = 0; r < R; ++r) {
-          device_side& d = dev_[r];
-          const cuda::device_guard g(d.device);
-          Launch::move_rows({d.recv, arenas[r].cache[f], d.recv_rows, arenas[r].rows, eb, true}, d.side);
-        }
+        for (std::size_t r = 0; r < R; ++r)
+          local([&] {
+            device_side& d = dev_[r];
+            const cuda::device_guard g(d.device);
+            Launch::move_rows({d.recv, arenas[r].cache[f], d.recv_rows, arenas[r].rows, eb, true}, d.side);
+          });
       if (trades_.done + 1 < trades_.units) continue;
-      for (const device_side& d : dev_) {
-        const cuda::device_guard g(d.device);
-        FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.traded), static_cast<cudaStream_t>(d.side)));
-      }
+      local([&] {
+        for (const device_side& d : dev_) {
+          const cuda::device_guard g(d.device);
+          FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.traded), static_cast<cudaStream_t>(d.side)));
+        }
+      });
       const held_order from{true, trades_.trade_to};
       try {
         for (std::size_t r = 0; r < R; ++r) enqueue_plan<Launch>(arenas, r, from, trades_.plan_next);
@@ -809,7 +857,9 @@ class cache_exchange {
   // blocks' place first; an epoch cut short: the rest now); each replica's stream waits for
   // them, and the two blocks swap places. Then the next epoch's trade begins: its units
   // are enqueued on the side streams step by step (on_step), after the last epoch's steps,
-  // which read the block they write.
+  // which read the block they write. Across ranks, every failure is settled (settle_trade)
+  // before the host waits for the side streams and before any NCCL call: every rank throws
+  // or none does, and the stage streams on every rank.
   template <class Launch>
   void exchange_device(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
                        const std::uint64_t* keys) {
@@ -819,28 +869,39 @@ class cache_exchange {
         for (replica_arena& a : arenas)
           for (std::size_t f = 0; f < fields; ++f) std::swap(a.cache[f], a.epoch[f]);
       };
-      if (!trades_.swapped_in) swap_blocks(), trades_.swapped_in = true, trades_.held = {};
-      for (std::size_t r = 0; r < R; ++r) {  // the side streams after the last epoch's steps
-        const device_side& d = dev_[r];
-        const cuda::device_guard g(d.device);
-        FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.mark), static_cast<cudaStream_t>(d.stream)));
-        FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(d.side), static_cast<cudaEvent_t>(d.mark), 0));
+      std::exception_ptr err;
+      try {
+        if (!trades_.swapped_in) swap_blocks(), trades_.swapped_in = true, trades_.held = {};
+        for (std::size_t r = 0; r < R; ++r) {  // the side streams after the last epoch's steps
+          const device_side& d = dev_[r];
+          const cuda::device_guard g(d.device);
+          FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.mark), static_cast<cudaStream_t>(d.stream)));
+          FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(d.side), static_cast<cudaEvent_t>(d.mark), 0));
+        }
+        if (!(trades_.trade_ahead && trades_.trade_to == keys[0]))  // no trade ahead: the first rewind, a resume
+          plan_trade<Launch>(arenas, trades_.held, keys[0], keys[1], field_bytes, fields);
+      } catch (...) {
+        err = std::current_exception();
       }
-      if (!(trades_.trade_ahead && trades_.trade_to == keys[0])) {
-        ready_plans<Launch>(arenas, trades_.held, keys[0]);
-        begin_trade(keys[0], keys[1], field_bytes, fields);
+      settle_trade(err);  // the trade so far, on every rank
+      if (trades_.done < trades_.units) {  // in line: no trade ahead, or an epoch cut short
+        trade_units<Launch>(arenas, field_bytes, trades_.units);
+        settle_trade(nullptr);
       }
-      trade_units<Launch>(arenas, field_bytes, trades_.units);
       trades_.trade_ahead = false;
-      for (std::size_t r = 0; r < R; ++r) {
-        const device_side& d = dev_[r];
-        const cuda::device_guard g(d.device);
-        FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(d.stream), static_cast<cudaEvent_t>(d.traded), 0));
+      try {
+        for (std::size_t r = 0; r < R; ++r) {
+          const device_side& d = dev_[r];
+          const cuda::device_guard g(d.device);
+          FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(d.stream), static_cast<cudaEvent_t>(d.traded), 0));
+        }
+        swap_blocks();
+        trades_.held = {true, keys[0]};
+        plan_trade<Launch>(arenas, trades_.held, keys[1], keys[2], field_bytes, fields);
+      } catch (...) {
+        err = std::current_exception();
       }
-      swap_blocks();
-      trades_.held = {true, keys[0]};
-      ready_plans<Launch>(arenas, trades_.held, keys[1]);
-      begin_trade(keys[1], keys[2], field_bytes, fields);
+      settle_trade(err);  // before the next trade's first NCCL call
     } else {
       (void)arenas, (void)field_bytes, (void)fields, (void)keys;
     }
@@ -885,6 +946,8 @@ class cache_exchange {
     // trade_ahead: the trade to trade_to's order into the other blocks, `done` of its
     // `units` enqueued (fields x chunks), by the counts `at` (per replica), then the plan to plan_next.
     std::uint64_t trade_to = 0, chunks = 1, units = 0, done = 0, plan_next = 0;
+    std::exception_ptr failed;  // the first local failure of the trade (trade_units), for the rewind
+    bool broken = false;        // an all-to-all failed: the device_exchange is aborted
     std::vector<std::vector<std::uint64_t>> at, x;  // x: a unit's bytes and offsets (kept: no allocation a step)
     std::vector<device_all_to_all_part> parts;
   };
