@@ -295,6 +295,16 @@ void check_rank_epochs(const std::array<epoch_rows_list, 2>& got, const std::vec
       }
 }
 
+// What the rewind throws (ferry::error), or "".
+template <class P>
+std::string rewind_error(P& p) {
+  try {
+    p.rewind();
+  } catch (const ferry::error& e) {
+    return e.what();
+  }
+  return {};
+}
 }  // namespace
 
 TEST_CASE("sim: cache_on_device serves later epochs from device memory, no copy, no allocation, no race") {
@@ -534,11 +544,7 @@ TEST_CASE("sim: .devices across two simulated ranks, a plan that fails on one: b
              ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
              cache({.seed = 2, .across_replicas = true, .ranks = &me, .devices = &ex});
     const epoch_rows e0 = epoch_of(p, false, true);
-    try {
-      p.rewind();
-    } catch (const ferry::config_error& e) {
-      what[std::size_t(w)] = e.what();
-    }
+    what[std::size_t(w)] = rewind_error(p);
     streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == e0;
   };
   two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
@@ -888,11 +894,7 @@ TEST_CASE("sim: .devices over two simulated ranks, a unit that fails on one whil
              failing_move_cache({.seed = 13, .across_replicas = true, .ranks = &me, .devices = &ex});
     got[std::size_t(w)].push_back(epoch_of(p, true, true));
     got[std::size_t(w)].push_back(epoch_of(p, false, true));  // epoch 1, whole: the failure was in the next trade
-    try {
-      p.rewind();
-    } catch (const ferry::error& e) {
-      what[std::size_t(w)] = e.what();
-    }
+    what[std::size_t(w)] = rewind_error(p);
     streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == got[std::size_t(w)][0];
     CHECK(failing_move::moves >= 11);
   });
@@ -903,14 +905,15 @@ TEST_CASE("sim: .devices over two simulated ranks, a unit that fails on one whil
   CHECK(streams_again == std::array{true, true});
 }
 
-TEST_CASE("sim: .devices over two simulated ranks, an all-to-all that fails on one: it aborts its exchange at once, "
-          "the other at the rewind; both throw there and stream, nothing waits") {
+TEST_CASE("sim: .devices over two simulated ranks, an all-to-all that fails on one while an epoch is served: next() "
+          "throws it there once, after aborting its exchange; the other aborts at the rewind; both throw there and "
+          "stream, nothing waits") {
   sim::reset(17, 2);
   const std::size_t steps = 8;
   const auto part = rank_parts(make_rows(48 * steps), steps);
   std::array<epoch_rows_list, 2> got;
   std::array<std::string, 2> what;
-  std::array<int, 2> aborts_in_epoch{}, aborts_after{};
+  std::array<int, 2> aborts_in_epoch{}, aborts_after{}, thrown_in_epoch{};
   std::array<bool, 2> streams_again{};
   two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
     auto pool = ferry::make_pinned_pool();
@@ -920,21 +923,95 @@ TEST_CASE("sim: .devices over two simulated ranks, an all-to-all that fails on o
              ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
              sim_cache({.seed = 14, .across_replicas = true, .ranks = &me, .devices = &fx});
     got[std::size_t(w)].push_back(epoch_of(p, true, true));
-    got[std::size_t(w)].push_back(epoch_of(p, false, true));  // rank 0's calls of epoch 2's trade wait for rank 1's
-    aborts_in_epoch[std::size_t(w)] = fx.aborts;
-    try {
-      p.rewind();
-    } catch (const ferry::error& e) {
-      what[std::size_t(w)] = e.what();
+    model_reads mr;  // epoch 1; rank 0's calls of epoch 2's trade wait for rank 1's
+    for (bool more = true; more;) {
+      try {
+        enqueue_reads(p, mr);  // on rank 1, the step whose unit failed is served again
+        more = false;
+      } catch (const ferry::error& e) {
+        CHECK(std::string(e.what()).find("simulated NCCL failure") != std::string::npos);
+        ++thrown_in_epoch[std::size_t(w)];
+      }
     }
+    for (const auto& [d, st] : mr.streams) {
+      cudaSetDevice(d);
+      cudaStreamSynchronize(st);
+    }
+    got[std::size_t(w)].push_back(mr.rows());
+    aborts_in_epoch[std::size_t(w)] = fx.aborts;
+    what[std::size_t(w)] = rewind_error(p);
     aborts_after[std::size_t(w)] = fx.aborts;
     streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == got[std::size_t(w)][0];
   });
   check_rank_epochs(got, host_epochs(make_rows(48 * steps), {.seed = 14, .across_replicas = true},
                                      ferry::remainder_policy::drop, 2, 4, 48));
+  CHECK(thrown_in_epoch == std::array{0, 1});
   CHECK(aborts_in_epoch == std::array{0, 1});
   CHECK(aborts_after == std::array{1, 1});
   CHECK(what[0].find("another rank's trade failed in NCCL") != std::string::npos);
   CHECK(what[1].find("simulated NCCL failure") != std::string::npos);
   CHECK(streams_again == std::array{true, true});
+}
+
+namespace {
+// Plans counted on each thread (a simulated rank); from the fail_from-th on (when not 0)
+// they fail to enqueue.
+struct failing_plan_from : ferry_test::sim_gather {
+  static inline thread_local int plans = 0, fail_from = 0;
+  static void plan(const ferry::detail::exchange_plan_args& a, ferry::cuda_stream s) {
+    if (++plans >= fail_from && fail_from > 0) throw ferry::config_error("simulated plan failure");
+    ferry_test::sim_gather::plan(a, s);
+  }
+};
+constexpr ferry::detail::cache_on_device_t<failing_plan_from> failing_plan_from_cache{};
+}  // namespace
+
+TEST_CASE("sim: .devices over two simulated ranks, failures at the first rewind on one rank (an all-to-all of the "
+          "trade made in line, the next epoch's plan): both throw there and stream, nothing waits") {
+  for (const int which : {0, 1, 2}) {  // the first call fails, the second, or the plans after the swap
+    CAPTURE(which);
+    sim::reset(18 + which, 2);
+    const std::size_t steps = 8;
+    const auto part = rank_parts(make_rows(48 * steps), steps);
+    std::array<std::string, 2> what;
+    std::array<bool, 2> streams_again{};
+    two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
+      auto pool = ferry::make_pinned_pool();
+      failing_exchange fx(ex);
+      fx.fail_at = w == 1 && which < 2 ? which + 1 : 0;
+      // 2 replicas: epoch 1's plans are the first 2, epoch 2's (after the swap) the next 2.
+      failing_plan_from::plans = 0, failing_plan_from::fail_from = w == 1 && which == 2 ? 3 : 0;
+      auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
+               ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+               failing_plan_from_cache({.seed = 15, .across_replicas = true, .ranks = &me, .devices = &fx});
+      const epoch_rows e0 = epoch_of(p, false, true);
+      what[std::size_t(w)] = rewind_error(p);
+      streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == e0;
+    });
+    CHECK(what[0].find(which < 2 ? "another rank's trade failed in NCCL" : "another rank failed") != std::string::npos);
+    CHECK(what[1].find(which < 2 ? "simulated NCCL failure" : "simulated plan failure") != std::string::npos);
+    CHECK(streams_again == std::array{true, true});
+  }
+}
+
+TEST_CASE("sim: .devices over two simulated ranks that cut an epoch short at different steps: the rest of the trade "
+          "is made in line where it is left, the next epoch is the one-process order") {
+  sim::reset(21, 2);
+  const std::size_t steps = 8;
+  const auto part = rank_parts(make_rows(48 * steps), steps);
+  std::array<epoch_rows_list, 2> got;
+  two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
+    auto pool = ferry::make_pinned_pool();
+    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
+             sim_cache({.seed = 16, .across_replicas = true, .ranks = &me, .devices = &ex});
+    got[std::size_t(w)].push_back(epoch_of(p, true, true));
+    // epoch 1: rank 0 takes every step (every unit of epoch 2's trade made), rank 1 one step
+    for (std::size_t k = 0; k < (w == 0 ? steps : 1); ++k) REQUIRE(p.next());
+    p.rewind();
+    got[std::size_t(w)].push_back(epoch_of(p, true, true));  // epoch 2
+  });
+  const auto want = host_epochs(make_rows(48 * steps), {.seed = 16, .across_replicas = true},
+                                ferry::remainder_policy::drop, 3, 4, 48);
+  check_rank_epochs(got, {want[0], want[2]});
 }

@@ -18,8 +18,9 @@
 // Threads: one exchange is used by one thread at a time (the stage's caller), which
 // drives all of this process's ranks (one group); runs no user code. Errors: what the
 // communicator throws (ferry::error naming the NCCL call). A call that fails leaves the
-// clique's calls unmatched: cache_on_device then aborts the exchange on every rank (at its
-// next rewind), so nothing waits for them.
+// clique's calls unmatched: cache_on_device aborts the exchange on that rank at once and
+// throws, and on the others at its next rewind; the job should end (abort_on_exception:
+// ranks that reach no rewind wait in NCCL otherwise).
 #pragma once
 
 #include <cstddef>

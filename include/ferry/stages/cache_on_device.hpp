@@ -46,8 +46,8 @@
 // epoch, of another global batch or dataset size, or without a filled cache (at the first
 // next()). cuda_error, std::bad_alloc, what the rank_exchange and device_exchange throw:
 // whatever fails while filling, at the end of epoch 0, in a reorder or in .devices' trade
-// (kept until the rewind) frees the caches, and the stage streams from then on (on every
-// rank: nothing half cached or half reordered is ever served; docs/distribute.md).
+// (kept until the rewind; a failed NCCL call also thrown by next() at once) frees the
+// caches, and the stage streams from then on (on every rank; docs/distribute.md).
 //
 // Memory: per replica, after epoch 0, (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;

@@ -49,9 +49,9 @@
 // the plan after the last unit, finds its counts on the host (the first rewind plans and
 // trades epoch 1 in line, from the rows as cached). A trade's failure is kept until the
 // rewind (the served epoch is whole); a rank whose launch failed still makes its NCCL
-// calls, one whose NCCL call failed aborts the device_exchange; at the rewind the ranks
-// settle before any wait or NCCL call, and all give up (the others aborting too when a
-// call failed) or none does.
+// calls, one whose NCCL call failed aborts the device_exchange and throws it at once; at
+// the rewind the ranks settle before an NCCL call or a host wait could depend on it, and
+// all give up (the others aborting too when a call failed) or none does.
 // Throws cuda_error, config_error, std::bad_alloc, what the rank_exchange and the
 // device_exchange throw; runs on the stage's caller's thread; no user code.
 #pragma once
@@ -241,7 +241,8 @@ class cache_exchange {
   cache_exchange() = default;
   cache_exchange(cache_exchange&& o) noexcept
       : step_base_(std::move(o.step_base_)), in_step_(std::move(o.in_step_)), local_base_(std::move(o.local_base_)), replicas_(o.replicas_), dev_(std::move(o.dev_)),
-        ranks_(o.ranks_), devx_(o.devx_), trades_(o.trades_), seed_(o.seed_), agreed_(o.agreed_), first_(o.first_), local_(o.local_) {
+        ranks_(o.ranks_), devx_(o.devx_), trades_(std::move(o.trades_)), seed_(o.seed_), agreed_(o.agreed_), first_(o.first_),
+        local_(o.local_), votes_(std::move(o.votes_)) {
     o.dev_.clear();
   }
   cache_exchange& operator=(cache_exchange&&) = delete;
@@ -255,9 +256,12 @@ class cache_exchange {
   }
   // This process is one rank of x's group (nullptr or a group of one: this process alone),
   // with the stage's seed (checked equal on every rank); GPU replicas trade rows through
-  // devx when given (else they read each other's memory: one process).
-  void set_ranks(rank_exchange* x, device_exchange* devx, std::uint64_t seed) noexcept {
+  // devx when given (else they read each other's memory: one process). Throws
+  // std::bad_alloc (the agreements' buffer: made now, so that no rank fails to allocate it
+  // at a collective the others enter).
+  void set_ranks(rank_exchange* x, device_exchange* devx, std::uint64_t seed) {
     ranks_ = x, devx_ = devx, seed_ = seed;
+    votes_.assign(x ? std::size_t(x->size()) : 0, 0);
   }
   bool across_ranks() const noexcept { return ranks_ && ranks_->size() > 1; }
   // Across ranks, at the first rewind (every rank calls it, whatever its state): false
@@ -416,15 +420,18 @@ class cache_exchange {
   // unit, its unpack and the next plan). NCCL runs one communicator's calls in the order
   // they are made, on every stream: a whole trade at the rewind would hold the epoch's
   // first all-reduce back until it ended, a unit a step holds each back a unit's time at
-  // most. Never throws: a failure is kept for the next rewind (trade_units).
+  // most. A local failure is kept for the next rewind (trade_units); a failed NCCL call is
+  // thrown now, once (the device_exchange aborted: the job should end, as the trainer's
+  // next call on those communicators will say), and kept for the rewind too.
   template <class Launch>
   void on_step(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::uint64_t step,
-               std::uint64_t steps) noexcept {
+               std::uint64_t steps) {
 #if defined(FERRY_WITH_CUDART)
     if constexpr (requires { Launch::plan_scratch(std::uint64_t{}); }) {
-      if (!devx_ || !trades_.trade_ahead || trades_.done == trades_.units) return;
+      if (!devx_ || !trades_.trade_ahead || trades_.done == trades_.units || trades_.broken) return;
       const std::uint64_t span = trade_span(steps), u = trades_.units;
       trade_units<Launch>(arenas, field_bytes, step + 1 >= span ? u : std::min(u, (u * (step + 1) + span - 1) / span));
+      if (trades_.broken) std::rethrow_exception(trades_.failed);
     }
 #endif
     (void)arenas, (void)field_bytes, (void)step, (void)steps;
@@ -549,9 +556,8 @@ class cache_exchange {
   bool all_ranks_true(bool mine) {
     if (!across_ranks()) return mine;
     const std::uint64_t w = mine;
-    std::vector<std::uint64_t> all(std::size_t(ranks_->size()));
-    ranks_->all_gather(&w, sizeof w, all.data());
-    return std::all_of(all.begin(), all.end(), [](std::uint64_t v) { return v == 1; });
+    ranks_->all_gather(&w, sizeof w, votes_.data());
+    return std::all_of(votes_.begin(), votes_.end(), [](std::uint64_t v) { return v == 1; });
   }
   // Across ranks: rank w's replicas' counts joined into the job's layout (global replica
   // w x R + r), every rank the same.
@@ -748,9 +754,8 @@ class cache_exchange {
     const std::uint64_t mine = trades_.broken ? 2 : e ? 1 : 0;
     std::uint64_t worst = mine;
     if (across_ranks()) {
-      std::vector<std::uint64_t> all(std::size_t(ranks_->size()));
-      ranks_->all_gather(&mine, sizeof mine, all.data());
-      worst = *std::max_element(all.begin(), all.end());
+      ranks_->all_gather(&mine, sizeof mine, votes_.data());
+      worst = *std::max_element(votes_.begin(), votes_.end());
     }
     if (worst == 2 && !trades_.broken) devx_->abort(), trades_.broken = true;
     if (e) std::rethrow_exception(e);
@@ -785,8 +790,8 @@ class cache_exchange {
   // the held rows (epoch block) packed into the other block, one all-to-all of a slice of
   // each replica pair's run into the receive buffer, (its field's last) the unpack to the
   // rows' places in the other block. After the last: `traded`, and the plan after it (one
-  // that fails to enqueue is dropped: the next rewind plans in line, and reports it).
-  // Never throws: a local failure (a launch, an event) is kept in trades_.failed and the
+  // that fails to enqueue is dropped: the next rewind plans in line, and reports a failure
+  // then). Never throws: a local failure (a launch, an event) is kept in trades_.failed and the
   // units go on, so that every rank's NCCL calls still pair up; a failed all-to-all marks
   // the trade broken, aborts the device_exchange (its calls can no longer pair up) and
   // ends the units here. The next rewind's settle_trade reports either on every rank.
@@ -858,8 +863,11 @@ class cache_exchange {
   // them, and the two blocks swap places. Then the next epoch's trade begins: its units
   // are enqueued on the side streams step by step (on_step), after the last epoch's steps,
   // which read the block they write. Across ranks, every failure is settled (settle_trade)
-  // before the host waits for the side streams and before any NCCL call: every rank throws
-  // or none does, and the stage streams on every rank.
+  // before an NCCL call could depend on it and before the host waits for a side stream
+  // that holds NCCL calls (the first rewind's plan waits before any is queued): the plans
+  // (without a trade ahead), then the whole trade (the units left made in line, on every
+  // rank, however many each has left), then the next plan; every rank throws or none
+  // does, and the stage streams on every rank.
   template <class Launch>
   void exchange_device(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
                        const std::uint64_t* keys) {
@@ -869,6 +877,8 @@ class cache_exchange {
         for (replica_arena& a : arenas)
           for (std::size_t f = 0; f < fields; ++f) std::swap(a.cache[f], a.epoch[f]);
       };
+      // The same on every rank: set at the last rewind, which every rank passed.
+      const bool ahead = trades_.trade_ahead && trades_.trade_to == keys[0];
       std::exception_ptr err;
       try {
         if (!trades_.swapped_in) swap_blocks(), trades_.swapped_in = true, trades_.held = {};
@@ -878,16 +888,14 @@ class cache_exchange {
           FERRY_CUDA_TRY(cudaEventRecord(static_cast<cudaEvent_t>(d.mark), static_cast<cudaStream_t>(d.stream)));
           FERRY_CUDA_TRY(cudaStreamWaitEvent(static_cast<cudaStream_t>(d.side), static_cast<cudaEvent_t>(d.mark), 0));
         }
-        if (!(trades_.trade_ahead && trades_.trade_to == keys[0]))  // no trade ahead: the first rewind, a resume
+        if (!ahead)  // the first rewind, a resume: no NCCL call of the stage is queued yet
           plan_trade<Launch>(arenas, trades_.held, keys[0], keys[1], field_bytes, fields);
       } catch (...) {
         err = std::current_exception();
       }
-      settle_trade(err);  // the trade so far, on every rank
-      if (trades_.done < trades_.units) {  // in line: no trade ahead, or an epoch cut short
-        trade_units<Launch>(arenas, field_bytes, trades_.units);
-        settle_trade(nullptr);
-      }
+      if (!ahead) settle_trade(err), err = nullptr;  // every rank's plans, before the trade's first call
+      trade_units<Launch>(arenas, field_bytes, trades_.units);  // in line: what is left (an epoch cut short)
+      settle_trade(err);  // the whole trade, on every rank, before any wait for it
       trades_.trade_ahead = false;
       try {
         for (std::size_t r = 0; r < R; ++r) {
@@ -957,6 +965,7 @@ class cache_exchange {
   std::uint64_t first_ = 0, local_ = 0;  // this rank's first global replica, and its count
   // Across ranks, kept between epochs: requests, rows asked of this rank, rows out and back.
   std::vector<std::uint64_t> asks_, wanted_;
+  std::vector<std::uint64_t> votes_;  // an agreement's all-gather, a word a rank (set_ranks)
   std::vector<std::vector<std::uint64_t>> asks_of_;  // per rank
   std::vector<std::uint64_t> ask_, at_, counts_, give_, next_;  // per rank (counts: W x W)
   std::vector<std::byte> out_, back_;
