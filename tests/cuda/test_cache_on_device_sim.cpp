@@ -295,6 +295,13 @@ void check_rank_epochs(const std::array<epoch_rows_list, 2>& got, const std::vec
       }
 }
 
+// `rows` in batches of 24 on two simulated GPUs (distribute's defaults, a pinned pool of its
+// own), then `cache` with options o.
+template <class Rows, class Cache>
+auto on_two_gpus(const Rows& rows, Cache cache, const ferry::cache_on_device_options& o) {
+  return ferry::from_range(rows) | ferry::batch(24) |
+         ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = ferry::make_pinned_pool()}) | cache(o);
+}
 // What the rewind throws (ferry::error), or "".
 template <class P>
 std::string rewind_error(P& p) {
@@ -316,9 +323,7 @@ TEST_CASE("sim: cache_on_device serves later epochs from device memory, no copy,
     sim::counters after0{}, after1{};
     std::size_t bytes = 0;
     {
-      auto pool = ferry::make_pinned_pool();
-      auto p = ferry::from_range(data) | ferry::batch(24) |
-               ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) | sim_cache({.seed = 9});
+      auto p = on_two_gpus(data, sim_cache, {.seed = 9});
       dev.push_back(epoch_of(p));
       after0 = sim::stats();
       dev.push_back(epoch_of(p));
@@ -346,10 +351,7 @@ TEST_CASE("sim: over budget with over_budget::stream frees the cache and streams
   sim::reset(3, 2);
   const auto data = make_rows(240);
   {
-    auto pool = ferry::make_pinned_pool();
-    auto p = ferry::from_range(data) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-             sim_cache({.budget_bytes = 3000, .when_over = ferry::over_budget::stream});
+    auto p = on_two_gpus(data, sim_cache, {.budget_bytes = 3000, .when_over = ferry::over_budget::stream});
     const epoch_rows e0 = epoch_of(p);
     const auto c0 = sim::stats().copies;
     const epoch_rows e1 = epoch_of(p);
@@ -366,9 +368,7 @@ TEST_CASE("sim: a reorder that fails part way gives the cache up: the upstream s
   sim::reset(5, 2);
   const auto data = make_rows(240);
   {
-    auto pool = ferry::make_pinned_pool();
-    auto p = ferry::from_range(data) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) | failing_cache({.seed = 9});
+    auto p = on_two_gpus(data, failing_cache, {.seed = 9});
     const epoch_rows e0 = epoch_of<decltype(p)>(p, false);
     fail_at = 3;  // the second replica's first field, at the first reorder
     CHECK_THROWS_WITH_AS(p.rewind(), "simulated launch failure", ferry::config_error);
@@ -416,10 +416,7 @@ TEST_CASE("sim: across_replicas over GPUs without peer access: a config_error at
   sim::deny_peer_access();
   const auto data = make_rows(96);
   {
-    auto pool = ferry::make_pinned_pool();
-    auto p = ferry::from_range(data) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-             sim_cache({.seed = 3, .across_replicas = true});
+    auto p = on_two_gpus(data, sim_cache, {.seed = 3, .across_replicas = true});
     const epoch_rows e0 = epoch_of(p, false);
     CHECK_THROWS_WITH_AS(p.rewind(), doctest::Contains("GPU 0 cannot read GPU 1's memory (no peer access"),
                          ferry::config_error);
@@ -468,10 +465,8 @@ TEST_CASE("sim: across_replicas with .devices over two simulated ranks of two GP
   std::array<epoch_rows_list, 2> got;
   std::array<bool, 2> h2d_after1{}, cached{};
   two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
-    auto pool = ferry::make_pinned_pool();
-    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-             sim_cache({.seed = 9, .across_replicas = true, .ranks = &me, .devices = &ex});
+    auto p = on_two_gpus(part[std::size_t(w)], sim_cache,
+                         {.seed = 9, .across_replicas = true, .ranks = &me, .devices = &ex});
     auto& mine = got[std::size_t(w)];
     mine.push_back(epoch_of(p, true, true));
     mine.push_back(epoch_of(p, true, true));  // both ranks' uploads are done: each reorder waits for both
@@ -539,10 +534,7 @@ TEST_CASE("sim: .devices across two simulated ranks, a plan that fails on one: b
   std::array<bool, 2> streams_again{};
   const std::uint64_t collectives = sim::stats().collectives;
   const auto run = [&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex, auto cache) {
-    auto pool = ferry::make_pinned_pool();
-    auto p = ferry::from_range(data) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-             cache({.seed = 2, .across_replicas = true, .ranks = &me, .devices = &ex});
+    auto p = on_two_gpus(data, cache, {.seed = 2, .across_replicas = true, .ranks = &me, .devices = &ex});
     const epoch_rows e0 = epoch_of(p, false, true);
     what[std::size_t(w)] = rewind_error(p);
     streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == e0;
@@ -644,10 +636,7 @@ TEST_CASE("sim: .devices: the next epoch's plan fails to enqueue: that epoch sti
   {
     auto comms = ferry::nccl_communicator::local({0, 1});
     ferry::nccl_device_exchange ex(comms);
-    auto pool = ferry::make_pinned_pool();
-    auto p = ferry::from_range(data) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-             counting_cache({.seed = 5, .across_replicas = true, .devices = &ex});
+    auto p = on_two_gpus(data, counting_cache, {.seed = 5, .across_replicas = true, .devices = &ex});
     const epoch_rows e0 = epoch_of(p);  // the rewind after it: epoch 1 traded, epoch 2 planned
     CHECK(p.cached());
     const epoch_rows e1 = epoch_of(p, false);  // with epoch 2's trade; epoch 3's plan fails, dropped
@@ -831,10 +820,8 @@ TEST_CASE("sim: .devices trades in chunks over two simulated ranks of two GPUs e
   std::array<epoch_rows_list, 2> got;
   std::array<bool, 2> ok{true, true};
   two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
-    auto pool = ferry::make_pinned_pool();
-    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-             sim_cache({.seed = 11, .across_replicas = true, .ranks = &me, .devices = &ex});
+    auto p = on_two_gpus(part[std::size_t(w)], sim_cache,
+                         {.seed = 11, .across_replicas = true, .ranks = &me, .devices = &ex});
     for (int e = 0; e < 4; ++e) {
       const auto [rows, fine] = big_epoch(p, nullptr, nullptr, true);
       got[std::size_t(w)].push_back(rows);
@@ -885,13 +872,11 @@ TEST_CASE("sim: .devices over two simulated ranks, a unit that fails on one whil
   std::array<std::string, 2> what;
   std::array<bool, 2> streams_again{};
   two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
-    auto pool = ferry::make_pinned_pool();
     // 2 fields, 2 replicas: the first rewind packs and unpacks 8 times in line; rank 1's
     // 11th move is epoch 2's trade's, enqueued while epoch 1 is served.
     failing_move::moves = 0, failing_move::fail_at = w == 1 ? 11 : 0;
-    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-             failing_move_cache({.seed = 13, .across_replicas = true, .ranks = &me, .devices = &ex});
+    auto p = on_two_gpus(part[std::size_t(w)], failing_move_cache,
+                         {.seed = 13, .across_replicas = true, .ranks = &me, .devices = &ex});
     got[std::size_t(w)].push_back(epoch_of(p, true, true));
     got[std::size_t(w)].push_back(epoch_of(p, false, true));  // epoch 1, whole: the failure was in the next trade
     what[std::size_t(w)] = rewind_error(p);
@@ -916,12 +901,10 @@ TEST_CASE("sim: .devices over two simulated ranks, an all-to-all that fails on o
   std::array<int, 2> aborts_in_epoch{}, aborts_after{}, thrown_in_epoch{};
   std::array<bool, 2> streams_again{};
   two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
-    auto pool = ferry::make_pinned_pool();
     failing_exchange fx(ex);
     fx.fail_at = w == 1 ? 3 : 0;  // 2 calls at the first rewind (2 fields), then epoch 2's trade's first
-    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-             sim_cache({.seed = 14, .across_replicas = true, .ranks = &me, .devices = &fx});
+    auto p = on_two_gpus(part[std::size_t(w)], sim_cache,
+                         {.seed = 14, .across_replicas = true, .ranks = &me, .devices = &fx});
     got[std::size_t(w)].push_back(epoch_of(p, true, true));
     model_reads mr;  // epoch 1; rank 0's calls of epoch 2's trade wait for rank 1's
     for (bool more = true; more;) {
@@ -976,14 +959,12 @@ TEST_CASE("sim: .devices over two simulated ranks, failures at the first rewind 
     std::array<std::string, 2> what;
     std::array<bool, 2> streams_again{};
     two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
-      auto pool = ferry::make_pinned_pool();
       failing_exchange fx(ex);
       fx.fail_at = w == 1 && which < 2 ? which + 1 : 0;
       // 2 replicas: epoch 1's plans are the first 2, epoch 2's (after the swap) the next 2.
       failing_plan_from::plans = 0, failing_plan_from::fail_from = w == 1 && which == 2 ? 3 : 0;
-      auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
-               ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-               failing_plan_from_cache({.seed = 15, .across_replicas = true, .ranks = &me, .devices = &fx});
+      auto p = on_two_gpus(part[std::size_t(w)], failing_plan_from_cache,
+                           {.seed = 15, .across_replicas = true, .ranks = &me, .devices = &fx});
       const epoch_rows e0 = epoch_of(p, false, true);
       what[std::size_t(w)] = rewind_error(p);
       streams_again[std::size_t(w)] = !p.cached() && epoch_of(p, true, true) == e0;
@@ -1001,10 +982,8 @@ TEST_CASE("sim: .devices over two simulated ranks that cut an epoch short at dif
   const auto part = rank_parts(make_rows(48 * steps), steps);
   std::array<epoch_rows_list, 2> got;
   two_sim_ranks([&](int w, ferry::rank_exchange& me, ferry::device_exchange& ex) {
-    auto pool = ferry::make_pinned_pool();
-    auto p = ferry::from_range(part[std::size_t(w)]) | ferry::batch(24) |
-             ferry::distribute(ferry::cuda::devices{0, 1}, {.host_resource = pool}) |
-             sim_cache({.seed = 16, .across_replicas = true, .ranks = &me, .devices = &ex});
+    auto p = on_two_gpus(part[std::size_t(w)], sim_cache,
+                         {.seed = 16, .across_replicas = true, .ranks = &me, .devices = &ex});
     got[std::size_t(w)].push_back(epoch_of(p, true, true));
     // epoch 1: rank 0 takes every step (every unit of epoch 2's trade made), rank 1 one step
     for (std::size_t k = 0; k < (w == 0 ? steps : 1); ++k) REQUIRE(p.next());

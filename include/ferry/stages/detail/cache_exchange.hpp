@@ -269,15 +269,11 @@ class cache_exchange {
   // Across ranks, after local work that may have failed on this rank only (e): every rank
   // learns whether any failed, and all throw (e, or a config_error saying another rank
   // failed) or none does. Alone: rethrows e, if any.
-  void settle(std::exception_ptr e) {
-    const bool all = all_ranks_true(!e);
-    if (e) std::rethrow_exception(e);
-    if (!all) throw config_error("cache_on_device: another rank failed (its own error says why); every rank streams");
-  }
+  void settle(std::exception_ptr e) { throw_settled(e, worst_of_ranks(e ? 1 : 0)); }
   bool agree_once(bool mine) {
     if (!across_ranks() || agreed_) return true;
     agreed_ = true;
-    return all_ranks_true(mine);
+    return worst_of_ranks(mine ? 0 : 1) == 0;
   }
   // Epoch 0: one step's real rows, valid(r) of them for replica r < replicas. Throws
   // std::bad_alloc.
@@ -552,12 +548,20 @@ class cache_exchange {
   }
 
  private:
-  // Whether `mine` holds on every rank (one all-gather); alone, mine.
-  bool all_ranks_true(bool mine) {
+  // The largest of every rank's `mine` (one all-gather); alone, mine.
+  std::uint64_t worst_of_ranks(std::uint64_t mine) {
     if (!across_ranks()) return mine;
-    const std::uint64_t w = mine;
-    ranks_->all_gather(&w, sizeof w, votes_.data());
-    return std::all_of(votes_.begin(), votes_.end(), [](std::uint64_t v) { return v == 1; });
+    ranks_->all_gather(&mine, sizeof mine, votes_.data());
+    return *std::max_element(votes_.begin(), votes_.end());
+  }
+  // After an agreement on failures (worst: 0 none, 1 one failed, 2 a trade's NCCL call
+  // failed): e rethrown, else an error saying what another rank's was, else nothing.
+  static void throw_settled(std::exception_ptr e, std::uint64_t worst) {
+    if (e) std::rethrow_exception(e);
+    if (worst == 2)
+      throw error("cache_on_device: another rank's trade failed in NCCL (its own error says why); the device_exchange "
+                  "is aborted here too (its communicators: every later call on them throws); every rank streams");
+    if (worst == 1) throw config_error("cache_on_device: another rank failed (its own error says why); every rank streams");
   }
   // Across ranks: rank w's replicas' counts joined into the job's layout (global replica
   // w x R + r), every rank the same.
@@ -751,18 +755,9 @@ class cache_exchange {
   void settle_trade(std::exception_ptr e) {
     if (!e) e = trades_.failed;
     trades_.failed = nullptr;
-    const std::uint64_t mine = trades_.broken ? 2 : e ? 1 : 0;
-    std::uint64_t worst = mine;
-    if (across_ranks()) {
-      ranks_->all_gather(&mine, sizeof mine, votes_.data());
-      worst = *std::max_element(votes_.begin(), votes_.end());
-    }
+    const std::uint64_t worst = worst_of_ranks(trades_.broken ? 2 : e ? 1 : 0);
     if (worst == 2 && !trades_.broken) devx_->abort(), trades_.broken = true;
-    if (e) std::rethrow_exception(e);
-    if (worst == 2)
-      throw error("cache_on_device: another rank's trade failed in NCCL (its own error says why); the device_exchange "
-                  "is aborted here too (its communicators: every later call on them throws); every rank streams");
-    if (worst == 1) throw config_error("cache_on_device: another rank failed (its own error says why); every rank streams");
+    throw_settled(e, worst);
   }
   // The next trade, to key's order, by the plans on the host (their counts kept): in
   // units, a field's rows in `chunks` slices of every replica pair's run, so that it can be
