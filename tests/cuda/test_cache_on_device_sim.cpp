@@ -849,7 +849,10 @@ constexpr ferry::detail::cache_on_device_t<failing_move> failing_move_cache{};
 // aborts counted.
 struct failing_exchange final : ferry::device_exchange {
   ferry::device_exchange& inner;
-  int calls = 0, fail_at = 0, aborts = 0;
+  int calls = 0, fail_at = 0;
+  // Atomic: GCC 12 at -O1 (its IPA modref) read a plain count stale across the exception
+  // that follows the abort (-fno-ipa-modref fixed it); an atomic is never cached.
+  std::atomic<int> aborts{0};
   explicit failing_exchange(ferry::device_exchange& x) : inner(x) {}
   int size() const override { return inner.size(); }
   int first() const override { return inner.first(); }
@@ -859,7 +862,7 @@ struct failing_exchange final : ferry::device_exchange {
     if (++calls == fail_at) throw ferry::error("simulated NCCL failure");
     inner.all_to_all(parts);
   }
-  void abort() noexcept override { ++aborts, inner.abort(); }
+  void abort() noexcept override { aborts.fetch_add(1), inner.abort(); }
 };
 }  // namespace
 
