@@ -5,7 +5,9 @@
 // Images: photographs from Debian's mate-backgrounds (scripts/setup.sh installs it),
 // re-encoded as ImageNet-like files: 500 x 375 crops of them, at quality 90 with 4:2:0
 // chroma (libjpeg-turbo's encoder, encode_jpeg), built in memory here, so the figure is decoding alone.
-// Prints `fused_crop_speedup:` (target 1.5). Run: bench_jpeg_crop [images] [reps].
+// Prints `fused_crop_speedup:` (target 1.5), then where the time goes: the entropy decoding
+// that no crop can skip, the resize that both sides share, and the ceiling the crops'
+// geometry puts on the speedup. Run: bench_jpeg_crop [images] [reps].
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +35,25 @@ void resize_full(const fi::image& img, const fi::crop_window& win, const fi::cro
 }
 
 volatile std::uint64_t sink;
+
+// The entropy decoding alone: every row but the last skipped. libjpeg-turbo still decodes
+// the Huffman codes of the rows it skips (a JPEG without restart markers has no other way
+// to find a row), but runs no inverse DCT, upsampling or colour conversion for them.
+void entropy_only(const bytes_t& f) {
+  jpeg_decompress_struct c{};
+  jpeg_error_mgr e{};
+  c.err = jpeg_std_error(&e);  // exits on an error: the files are this benchmark's own
+  jpeg_create_decompress(&c);
+  jpeg_mem_src(&c, reinterpret_cast<const unsigned char*>(f.data()), f.size());
+  jpeg_read_header(&c, TRUE);
+  jpeg_start_decompress(&c);
+  jpeg_skip_scanlines(&c, c.output_height - 1);
+  thread_local std::vector<unsigned char> row;
+  row.resize(std::size_t(c.output_width) * c.output_components);
+  JSAMPROW r = row.data();
+  jpeg_read_scanlines(&c, &r, 1);
+  jpeg_destroy_decompress(&c);
+}
 
 }  // namespace
 
@@ -108,6 +129,29 @@ int main(int argc, char** argv) {
   }
   sink = sum_full + sum_fused;
 
+  // Where the time goes. The fused decode must entropy-decode every iMCU row down to the
+  // crop's last, and runs the rest of the decoder (inverse DCT, upsampling, colour) over
+  // the crop's iMCU-aligned area only: its floor is rows x entropy + area x (full - entropy).
+  const fi::image one = fi::decode_jpeg(files[0]);
+  const double entropy_s = bench::median_seconds(reps, [&] {
+    for (const bytes_t& f : files) entropy_only(f);
+  });
+  const double decode_s = bench::median_seconds(reps, [&] {
+    fi::image img;
+    for (const bytes_t& f : files) fi::decode_jpeg(f, img);
+  });
+  const double resize_s = bench::median_seconds(reps, [&] {  // the same windows and output, on one decoded image
+    for (std::size_t i = 0; i < files.size(); ++i) resize_full(one, wins[i], {224, 224, 3, bool(flips[i])}, a.data());
+  });
+  double rows = 0, area = 0;
+  for (const fi::crop_window& w : wins) {  // 16-pixel iMCUs (4:2:0)
+    const double bottom = std::min(375u, (w.top + w.height + 15) / 16 * 16);
+    rows += bottom / 375;
+    area += (bottom - w.top / 16 * 16) * (std::min(500u, (w.left + w.width + 15) / 16 * 16) - w.left / 16 * 16) / (375.0 * 500);
+  }
+  rows /= double(wins.size()), area /= double(wins.size());
+  const double floor_s = rows * entropy_s + area * (decode_s - entropy_s);
+
   // How far apart the two are (DCT scaling averages where bilinear picks), on 50 images.
   double diff = 0;
   for (std::size_t i = 0; i < std::min<std::size_t>(50, files.size()); ++i) {
@@ -148,5 +192,14 @@ int main(int argc, char** argv) {
               large_full_s * 1e3 / double(photos.size()), large_fused_s * 1e3 / double(photos.size()),
               large_full_s / large_fused_s);
   std::printf("fused_crop_speedup: %.3f\n", full_s / fused_s);
+  std::printf("where the time goes, us/image: full decode %.1f, of which entropy decoding %.1f (%.0f%%); resize %.1f (both sides)\n",
+              decode_s * 1e6 / n, entropy_s * 1e6 / n, 100 * entropy_s / decode_s, resize_s * 1e6 / n);
+  std::printf("the crops' iMCU rows reach %.1f%% of the height on average, their iMCU-aligned area %.1f%% of the image\n",
+              100 * rows, 100 * area);
+  std::printf("fused decode without the resize %.1f us/image, its floor %.1f (rows x entropy + area x the rest)\n",
+              (fused_s - resize_s) * 1e6 / n, floor_s * 1e6 / n);
+  std::printf("decode_only_speedup: %.3f\n", (full_s - resize_s) / (fused_s - resize_s));
+  std::printf("speedup_ceiling: %.3f with this resize, %.3f with a free one\n", (decode_s + resize_s) / (floor_s + resize_s),
+              decode_s / floor_s);
   return 0;
 }

@@ -5,17 +5,32 @@
 //
 // Threads: none; resize_bilinear runs on the calling thread and may run on several at once.
 // Errors: resize_bilinear throws std::bad_alloc only (its per-thread tables).
-// Memory: resize_bilinear keeps its column and row tables in per-thread buffers, reused.
+// Memory: resize_bilinear keeps its column table and one blended row in per-thread buffers, reused.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include "ferry/detail/random.hpp"
+
+#ifndef FERRY_IMAGE_SSE2
+#if defined(__SSE2__) && !defined(__CUDA_ARCH__)
+// 1: resize_bilinear takes its SSE2 steps (every x86-64 has SSE2). Define it 0 before the
+// include for the portable loops, which give the same bytes.
+#define FERRY_IMAGE_SSE2 1
+#else
+// 0: no SSE2 here; resize_bilinear's portable loops.
+#define FERRY_IMAGE_SSE2 0
+#endif
+#endif
+#if FERRY_IMAGE_SSE2
+#include <emmintrin.h>
+#endif
 
 namespace ferry::image {
 
@@ -54,13 +69,42 @@ struct pixels_view {
   std::size_t stride = 0;              // bytes from a row to the next
 };
 
+namespace detail {
+
+// Two source rows blended down, n values: (a (2048 - wy) + b wy + 8) >> 4, a level in
+// 128ths (at most 32640, so 16 bits). The SSE2 steps compute the same integers.
+inline void blend_down(const std::uint8_t* a, const std::uint8_t* b, std::int32_t wy, std::int16_t* v, std::size_t n) {
+  std::size_t k = 0;
+#if FERRY_IMAGE_SSE2
+  const __m128i wt = _mm_set1_epi32(std::int32_t(std::uint32_t(2048 - wy) | (std::uint32_t(wy) << 16)));
+  const __m128i zero = _mm_setzero_si128(), round = _mm_set1_epi32(8);
+  auto part = [&](__m128i pairs) {  // 4 (a, b) pairs, 16-bit, blended and scaled
+    return _mm_srai_epi32(_mm_add_epi32(_mm_madd_epi16(pairs, wt), round), 4);
+  };
+  for (; k + 16 <= n; k += 16) {
+    const __m128i ra = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + k));
+    const __m128i rb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + k));
+    const __m128i lo = _mm_unpacklo_epi8(ra, rb), hi = _mm_unpackhi_epi8(ra, rb);  // (a, b) byte pairs
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(v + k),
+                     _mm_packs_epi32(part(_mm_unpacklo_epi8(lo, zero)), part(_mm_unpackhi_epi8(lo, zero))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(v + k + 8),
+                     _mm_packs_epi32(part(_mm_unpacklo_epi8(hi, zero)), part(_mm_unpackhi_epi8(hi, zero))));
+  }
+#endif
+  for (; k < n; ++k) v[k] = std::int16_t((a[k] * (2048 - wy) + b[k] * wy + 8) >> 4);
+}
+
+}  // namespace detail
+
 // The window [x, x + w) x [y, y + h) of src, in real pixel coordinates, resized to
 // out.height x out.width (out.channels must be src's), mirrored when out.flip, into dst.
 // Bilinear: each output pixel's centre mapped into the window, from the two nearest rows
 // and columns, never outside the pixels that cover the window (a crop, then a resize, as
-// torchvision does). What decode_jpeg_crop uses after its partial decode, and decode_png_crop
-// after its full one; with src a whole decoded image, the same crop of a full decode. src.channels: 1 or 3. Throws std::bad_alloc
-// (its per-thread tables, once); runs on the caller's thread.
+// torchvision does). In integers: 11-bit weights, the two rows blended first (to 128ths of
+// a level), then the two columns; within a level of bilinear in doubles. What
+// decode_jpeg_crop uses after its partial decode, and decode_png_crop after its full one;
+// with src a whole decoded image, the same crop of a full decode. src.channels: 1 or 3.
+// Throws std::bad_alloc (its per-thread buffers, once); runs on the caller's thread.
 inline void resize_bilinear(const pixels_view& src, double x, double y, double w, double h, const crop_output& out,
                             std::uint8_t* dst) {
   const std::uint32_t C = src.channels;
@@ -69,66 +113,65 @@ inline void resize_bilinear(const pixels_view& src, double x, double y, double w
   const double xhi = std::min(double(src.width) - 1, std::max(xlo, std::ceil(x + w) - 1));
   const double yhi = std::min(double(src.height) - 1, std::max(ylo, std::ceil(y + h) - 1));
   const double sx = w / out.width, sy = h / out.height;
-  // Each output column's two source columns and weight, once per image, not per row;
-  // weights in 11-bit fixed point (integer arithmetic: 3x the float loop's speed).
-  thread_local std::vector<std::uint32_t> cols;
-  thread_local std::vector<std::int32_t> wxs;
-  cols.resize(2 * std::size_t(out.width));
-  wxs.resize(out.width);
+  const auto x0 = std::uint32_t(xlo);
+  // Each output column's two source columns (values from x0) and weights (2048 - wx, wx)
+  // as two 16-bit halves, once per image; weights in 11-bit fixed point.
+  thread_local std::vector<std::uint32_t> col_table;
+  thread_local std::vector<std::int32_t> wx_table;
+  col_table.resize(2 * std::size_t(out.width));
+  wx_table.resize(out.width);
+  std::uint32_t* const cols = col_table.data();  // raw pointers: the stores below cannot move them
+  std::int32_t* const wxs = wx_table.data();
   for (std::uint32_t i = 0; i < out.width; ++i) {
     const double sxp = std::clamp(x + (i + 0.5) * sx - 0.5, xlo, xhi);
     const auto xa = std::uint32_t(sxp);
     const std::uint32_t o = out.flip ? out.width - 1 - i : i;
-    cols[2 * o] = xa * C;
-    cols[2 * o + 1] = std::min<std::uint32_t>(xa + 1, std::uint32_t(xhi)) * C;
-    wxs[o] = std::int32_t(std::lround((sxp - double(xa)) * 2048));
+    cols[2 * o] = (xa - x0) * C;
+    cols[2 * o + 1] = (std::min<std::uint32_t>(xa + 1, std::uint32_t(xhi)) - x0) * C;
+    const auto wx = std::uint32_t(std::lround((sxp - double(xa)) * 2048));
+    wxs[o] = std::int32_t((2048 - wx) | (wx << 16));
   }
-  // Separable: each source row a pass needs is blended across once (kept while the next
-  // output row uses it too), then two such rows are blended down, a loop the compiler
-  // vectorises.
-  thread_local std::vector<std::int32_t> across[2];
-  const std::size_t n = std::size_t(out.width) * C;
-  across[0].resize(n);
-  across[1].resize(n);
-  std::size_t have[2] = {std::size_t(-1), std::size_t(-1)};  // the source row in each
-  auto rows = [&]<std::uint32_t K>() {  // K: the channel count, known to the compiler
-    auto blend_across = [&](std::size_t r, std::vector<std::int32_t>& h) {
-      const std::uint8_t* row = src.data + r * src.stride;
-      for (std::uint32_t i = 0; i < out.width; ++i) {
-        const std::uint32_t a = cols[2 * i], b = cols[2 * i + 1];
-        const std::int32_t wx = wxs[i];
-        for (std::uint32_t c = 0; c < K; ++c)
-          h[i * K + c] = std::int32_t(row[a + c]) * 2048 + (std::int32_t(row[b + c]) - row[a + c]) * wx;
+  // Separable, down first: each output row blends its two source rows over the columns the
+  // window covers (contiguous, 16 values an SSE2 step), then each output pixel blends two
+  // of those. Down first, the gathers are one per output pixel, not one per source row.
+  thread_local std::vector<std::int16_t> down_row;
+  const std::size_t span = (std::size_t(xhi) - x0 + 1) * C;
+  down_row.resize(span + 4);  // + 4: a pixel's 8-byte load reads a lane past its 3 values
+  std::int16_t* const v = down_row.data();
+  for (std::uint32_t j = 0; j < out.height; ++j) {
+    const double syp = std::clamp(y + (j + 0.5) * sy - 0.5, ylo, yhi);
+    const auto ya = std::size_t(syp);
+    const std::size_t yb = std::min<std::size_t>(ya + 1, std::size_t(yhi));
+    const auto wy = std::int32_t(std::lround((syp - double(ya)) * 2048));
+    detail::blend_down(src.data + ya * src.stride + std::size_t(x0) * C, src.data + yb * src.stride + std::size_t(x0) * C,
+                       wy, v, span);
+    std::uint8_t* o = dst + std::size_t(j) * out.width * C;
+    std::uint32_t i = 0;
+#if FERRY_IMAGE_SSE2
+    if (C == 3) {
+      // A pixel's (a, b) pairs per channel times (2048 - wx, wx), in one pmaddwd; stored as 4
+      // bytes, the 4th the next pixel's first (written next), but for the image's last pixel.
+      const __m128i round = _mm_set1_epi32(1 << 17);
+      const std::uint32_t stop = j + 1 == out.height ? out.width - 1 : out.width;
+      for (; i < stop; ++i) {
+        const __m128i pa = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + cols[2 * i]));
+        const __m128i pb = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + cols[2 * i + 1]));
+        const __m128i sum = _mm_madd_epi16(_mm_unpacklo_epi16(pa, pb), _mm_set1_epi32(wxs[i]));
+        const __m128i q = _mm_srai_epi32(_mm_add_epi32(sum, round), 18);
+        const __m128i px = _mm_packus_epi16(_mm_packs_epi32(q, q), q);
+        const std::int32_t four = _mm_cvtsi128_si32(px);
+        std::memcpy(o + 3 * std::size_t(i), &four, 4);
       }
-    };
-    for (std::uint32_t j = 0; j < out.height; ++j) {
-      const double syp = std::clamp(y + (j + 0.5) * sy - 0.5, ylo, yhi);
-      const auto ya = std::size_t(syp);
-      const std::size_t yb = std::min<std::size_t>(ya + 1, std::size_t(yhi));
-      const auto wy = std::int32_t(std::lround((syp - double(ya)) * 2048));
-      if (have[0] != ya) {
-        if (have[1] == ya) {
-          std::swap(across[0], across[1]);
-          std::swap(have[0], have[1]);
-        } else {
-          blend_across(ya, across[0]);
-          have[0] = ya;
-        }
-      }
-      if (have[1] != yb) {
-        blend_across(yb, across[1]);
-        have[1] = yb;
-      }
-      const std::int32_t* ta = across[0].data();
-      const std::int32_t* tb = across[1].data();
-      std::uint8_t* o = dst + std::size_t(j) * n;
-      for (std::size_t k = 0; k < n; ++k) o[k] = std::uint8_t((ta[k] * 2048 + (tb[k] - ta[k]) * wy + (1 << 21)) >> 22);
     }
-  };
-  if (C == 3)
-    rows.template operator()<3>();
-  else
-    rows.template operator()<1>();
+#endif
+    for (; i < out.width; ++i) {
+      const std::int16_t* pa = v + cols[2 * i];
+      const std::int16_t* pb = v + cols[2 * i + 1];
+      const std::int32_t wa = wxs[i] & 0xffff, wb = wxs[i] >> 16;
+      for (std::uint32_t c = 0; c < C; ++c)
+        o[std::size_t(i) * C + c] = std::uint8_t((pa[c] * wa + pb[c] * wb + (1 << 17)) >> 18);
+    }
+  }
 }
 
 // torchvision's RandomResizedCrop draw: an area of scale [lo, hi] of the image's and an
