@@ -73,10 +73,12 @@ TEST_CASE("resize_bilinear: its fixed-point specification exactly, at any size, 
     const std::size_t stride = std::size_t(width) * channels + g.below(8);
     // To the byte: the last row has no padding after it.
     const auto px = picture(stride * (height - 1) + std::size_t(width) * channels, t % 2 == 0, g);
-    // A window in real coordinates, inside the image.
+    // A window in real coordinates, from inside the image; one in four may hang over its
+    // right and bottom edges (sampling clamps to the last pixels).
     auto real = [&](double lo, double hi) { return lo + (hi - lo) * double(g.below(1 << 20)) / double(1 << 20); };
     const double x = real(0, width - 0.01), y = real(0, height - 0.01);
-    const double w = std::max(0.01, real(0, width - x)), h = std::max(0.01, real(0, height - y));
+    const double over = t % 4 == 0 ? 1.5 : 1.0;
+    const double w = std::max(0.01, real(0, over * width - x)), h = std::max(0.01, real(0, over * height - y));
     const fi::crop_output out{1 + std::uint32_t(g.below(t % 5 == 0 ? 400 : 120)), 1 + std::uint32_t(g.below(t % 7 == 0 ? 400 : 120)),
                               channels, g.below(2) == 0};
     CAPTURE(t);
@@ -134,4 +136,15 @@ TEST_CASE("resize_bilinear: within a level of bilinear in doubles; an image at i
   CAPTURE(off);
   CAPTURE(values);
   CHECK(off * 50 <= values);
+}
+
+TEST_CASE("resize_bilinear: an output with no rows or no columns writes nothing") {
+  const std::vector<std::uint8_t> px(4 * 4 * 3, 200);
+  for (const std::uint32_t channels : {1u, 3u})
+    for (const fi::crop_output out : {fi::crop_output{2, 0, channels, false}, fi::crop_output{0, 2, channels, true},
+                                      fi::crop_output{0, 0, channels, false}}) {
+      std::vector<std::uint8_t> guard(8, 7);  // would be written past a zero-sized output
+      fi::resize_bilinear({px.data(), 4, 4, channels, 4 * std::size_t(channels)}, 0, 0, 4, 4, out, guard.data());
+      CHECK(guard == std::vector<std::uint8_t>(8, 7));
+    }
 }

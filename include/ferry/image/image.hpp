@@ -20,8 +20,9 @@
 
 #ifndef FERRY_IMAGE_SSE2
 #if defined(__SSE2__) && !defined(__CUDA_ARCH__)
-// 1: resize_bilinear takes its SSE2 steps (every x86-64 has SSE2). Define it 0 before the
-// include for the portable loops, which give the same bytes.
+// 1: resize_bilinear takes its SSE2 steps (every x86-64 has SSE2). Define it 0 for the
+// whole program (every file that includes this) for the portable loops, which give the
+// same bytes.
 #define FERRY_IMAGE_SSE2 1
 #else
 // 0: no SSE2 here; resize_bilinear's portable loops.
@@ -103,11 +104,13 @@ inline void blend_down(const std::uint8_t* a, const std::uint8_t* b, std::int32_
 // torchvision does). In integers: 11-bit weights, the two rows blended first (to 128ths of
 // a level), then the two columns; within a level of bilinear in doubles. What
 // decode_jpeg_crop uses after its partial decode, and decode_png_crop after its full one;
-// with src a whole decoded image, the same crop of a full decode. src.channels: 1 or 3.
-// Throws std::bad_alloc (its per-thread buffers, once); runs on the caller's thread.
+// with src a whole decoded image, the same crop of a full decode. src.channels: 1 or 3;
+// the window's origin inside src. Throws std::bad_alloc (its per-thread buffers, when a
+// window wider than any before comes); runs on the caller's thread.
 inline void resize_bilinear(const pixels_view& src, double x, double y, double w, double h, const crop_output& out,
                             std::uint8_t* dst) {
   const std::uint32_t C = src.channels;
+  if (out.width == 0 || out.height == 0) return;  // nothing to write
   // The pixels covering the window, within src.
   const double xlo = std::max(0.0, std::floor(x)), ylo = std::max(0.0, std::floor(y));
   const double xhi = std::min(double(src.width) - 1, std::max(xlo, std::ceil(x + w) - 1));
