@@ -9,6 +9,7 @@
 // that no crop can skip, the resize that both sides share, and the ceiling the crops'
 // geometry puts on the speedup. Run: bench_jpeg_crop [images] [reps].
 #include <algorithm>
+#include <csetjmp>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -40,19 +41,16 @@ volatile std::uint64_t sink;
 // the Huffman codes of the rows it skips (a JPEG without restart markers has no other way
 // to find a row), but runs no inverse DCT, upsampling or colour conversion for them.
 void entropy_only(const bytes_t& f) {
-  jpeg_decompress_struct c{};
-  jpeg_error_mgr e{};
-  c.err = jpeg_std_error(&e);  // exits on an error: the files are this benchmark's own
-  jpeg_create_decompress(&c);
-  jpeg_mem_src(&c, reinterpret_cast<const unsigned char*>(f.data()), f.size());
-  jpeg_read_header(&c, TRUE);
-  jpeg_start_decompress(&c);
-  jpeg_skip_scanlines(&c, c.output_height - 1);
+  fi::detail::jpeg_decoder d;  // ferry's decoder set-up: the decode paths' memory source and errors
+  if (setjmp(d.err.jump)) d.fail();
+  fi::detail::read_header(d, f, {});
+  fi::detail::set_colour(d.cinfo, 3);
+  jpeg_start_decompress(&d.cinfo);
+  jpeg_skip_scanlines(&d.cinfo, d.cinfo.output_height - 1);
   thread_local std::vector<unsigned char> row;
-  row.resize(std::size_t(c.output_width) * c.output_components);
+  row.resize(std::size_t(d.cinfo.output_width) * d.cinfo.output_components);
   JSAMPROW r = row.data();
-  jpeg_read_scanlines(&c, &r, 1);
-  jpeg_destroy_decompress(&c);
+  jpeg_read_scanlines(&d.cinfo, &r, 1);
 }
 
 }  // namespace
