@@ -25,6 +25,7 @@
 #include "ferry/memory/pinned.hpp"
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
+#include "ferry/stages/bucket_by_sequence_length.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/map.hpp"
 #include "ferry/stages/padded_batch.hpp"
@@ -627,6 +628,58 @@ TEST_CASE("sim: padded batches of changing L reach every replica; no allocation 
     for (const auto& v : sim::violations()) FAIL_CHECK(v);
     CHECK(sim::stats().live_device_blocks == 0);
   }
+}
+
+// A token budget (bucket_by_sequence_length's max_tokens): batch_size() is max_tokens rows,
+// so distribute's G is large, while a batch of long rows has few. Each replica's block
+// holds the step's rows of L values, not G/R rows of them: device memory stays within a
+// few budgets' worth, whatever the step's shape.
+TEST_CASE("sim: a token budget's steps take device memory for their rows, not G/R rows of L" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  using seq = std::pair<std::vector<std::int32_t>, std::int32_t>;
+  constexpr std::size_t max_tokens = 2048, R = 2;
+  std::vector<seq> rows;
+  // 4 rows of 2048 tokens (batches of one: a replica with 1 row and one with none), then
+  // short rows (batches of up to 2048 / 16 = 128 rows).
+  for (std::int32_t i = 0; i < 4; ++i) rows.push_back({std::vector<std::int32_t>(max_tokens, i), i});
+  for (std::int32_t i = 0; i < 1024; ++i) rows.push_back({std::vector<std::int32_t>(16, i), i});
+  sim::reset(5, 4);
+  std::mutex m;
+  std::size_t most_used = 0, tokens = 0;
+  {
+    ferry::cuda::devices dev({0, 1});
+    auto p = ferry::from_range(rows) |
+             ferry::bucket_by_sequence_length([](const seq& s) { return s.first.size(); }, {64}, {},
+                                              {.max_tokens = max_tokens}) |
+             ferry::distribute(dev, {.remainder = ferry::remainder_policy::partial,
+                                     .host_resource = ferry::make_pinned_pool(), .steps_ahead = 0});
+    for (auto& st : p) {
+      for (std::size_t r = 0; r < R; ++r) {
+        REQUIRE(cudaSetDevice(st[r].device()) == cudaSuccess);
+        ferry::padded_view<std::int32_t> t = st[r].field<0>();
+        auto labels = st[r].field<1>();
+        sim::launch(st[r].stream(), "count tokens",
+                    {{t.values.data(), t.values.size_bytes()}, {t.lengths.data(), t.lengths.size_bytes()},
+                     {labels.data(), labels.size_bytes()}},
+                    {}, [&m, &tokens, t, labels] {  // tokens that are their row's label (as made above)
+                      std::lock_guard lk(m);
+                      for (std::size_t i = 0; i < t.size(); ++i)
+                        for (std::size_t j = 0; j < t.lengths[i]; ++j) tokens += t[i][j] == labels[i];
+                    });
+        std::size_t free = 0, total = 0;
+        REQUIRE(cudaMemGetInfo(&free, &total) == cudaSuccess);
+        most_used = std::max(most_used, total - free);
+      }
+    }
+    sim::drain();
+  }
+  CHECK(tokens == 4 * max_tokens + 1024 * 16);
+  // A step's block: at most 2048 tokens of 4 bytes, its lengths and labels (a few KiB), per
+  // step in flight. G/R rows of L = 2048 would be 1024 x 2048 x 4 bytes = 8 MiB a block.
+  CHECK(most_used < std::size_t(1) << 20);
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
 }
 
 // Ragged fields (batch() of vectors): each replica's values and its offsets, rebased to 0,

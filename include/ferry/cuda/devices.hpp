@@ -317,17 +317,19 @@ class devices_backend {
     st_->poll();
     backpressure_waits_.fetch_add(st_->wait_while_more_than(max_pending_), std::memory_order_relaxed);
 
-    // One block per replica, each field's full per-replica rows (and a padded field's
-    // lengths) at an aligned offset. Fixed fields: every step asks for the same size, so
-    // the pool always reuses. Padded fields' L, and ragged fields' values, change from step
-    // to step: blocks are the largest size seen, so after the largest step nothing more is
-    // allocated. A ragged field: its values, then its offsets rebased to 0 (rebased on the
+    // One block per replica, each field at an aligned offset. Fixed fields: the full
+    // per-replica rows, the same size every step, so the pool always reuses. Padded fields
+    // (with their lengths): the step's most rows a replica has, times L; L and the rows
+    // change from step to step (a token budget's batch of one row of L = max_tokens must
+    // not take per × L). Ragged fields: their values, which change too. Blocks are the
+    // largest size seen, so after the largest step nothing more is allocated. A ragged field: its values, then its offsets rebased to 0 (rebased on the
     // host into one pinned buffer the step keeps until its copies are done).
     auto aligned = [](std::size_t b) { return (b + field_alignment - 1) / field_alignment * field_alignment; };
     std::array<std::size_t, nf> off{}, aux_off{};
     std::size_t total = 0;
     constexpr bool has_ragged = !::ferry::detail::no_ragged<typename ::ferry::detail::field_list<T>::type>::value;
-    std::size_t rebased_words = 0;
+    std::size_t rebased_words = 0, most_rows = 0;
+    for (std::size_t r = 0; r < ord_.size(); ++r) most_rows = std::max(most_rows, slices[r].rows);
     for (std::size_t f = 0; f < nf; ++f) {
       off[f] = total;
       if (host->field_is_ragged(f)) {
@@ -341,11 +343,13 @@ class devices_backend {
         total += aligned((per + 1) * sizeof(std::uint64_t));
         continue;
       }
-      total += aligned(per * host->element_bytes(f));
       if (host->field_is_padded(f)) {
+        total += aligned(most_rows * host->element_bytes(f));
         aux_off[f] = total;
-        total += aligned(per * sizeof(std::uint32_t));
+        total += aligned(most_rows * sizeof(std::uint32_t));
+        continue;
       }
+      total += aligned(per * host->element_bytes(f));
     }
     block_bytes_ = std::max(block_bytes_, total);
     std::shared_ptr<const void> keep = host;
