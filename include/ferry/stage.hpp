@@ -41,6 +41,9 @@
 //                          A stage that collates batches (batch, padded_batch, pack,
 //                          bucket_by_sequence_length) says so with `collation&
 //                          collates()`: its rows per batch are its batch_size().
+//   replicas()             distribute()'s replicas per step, passed on by a stage of one
+//                          upstream whose elements keep their type (take, filter, prefetch
+//                          over steps), for lockstep()'s empty steps
 //   set_buffer_resource(r) kept by a stage that collates (collates().resource: where it
 //                          collates from), else handed to every upstream
 //   visit_stages(v)        the upstreams' rows, then this stage's (report_mode(),
@@ -194,6 +197,14 @@ class stage_base : public source_interface<Derived> {
     return requires(D& d) { { d.collates() } -> std::same_as<collation&>; };
   }
   template <class D = Derived>
+  static constexpr bool forwards_replicas() {
+    if constexpr (n_ups != 1)
+      return false;
+    else
+      return std::same_as<value_t<up_t<0>>, Value> &&
+             requires(const up_t<0>& u) { { u.replicas() } -> std::convertible_to<std::size_t>; };
+  }
+  template <class D = Derived>
   static constexpr bool forwards_batch_size() {
     if constexpr (n_ups == 0 || says_changes_batch_size<D> || collates_batches<D>())
       return false;
@@ -318,6 +329,12 @@ class stage_base : public source_interface<Derived> {
       });
       return common;
     }
+  }
+  std::size_t replicas() const
+    requires(forwards_replicas())
+  {
+    check_live();
+    return std::get<0>(n().ups).replicas();
   }
   // A stage that collates: its rows per batch. (collates() is not const: the same hook
   // takes distribute's pool.)

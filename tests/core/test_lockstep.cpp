@@ -105,6 +105,27 @@ TEST_CASE("lockstep pad: every rank takes the most steps, empty ones after its d
   }
 }
 
+// Stages between distribute() and lockstep (take, filter over steps) pass distribute's
+// replicas() on: a rank with no data at all still gets empty steps of 2 replicas, not 1.
+TEST_CASE("lockstep after take/filter: a rank with no step yet gets empty steps of distribute's replicas" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  const std::vector<u64> rows = {0, 9};
+  ferry::thread_group g{2};
+  std::vector<std::vector<std::size_t>> replicas(2);
+  std::vector<std::thread> ts;
+  for (std::size_t r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto comm = g.communicator(int(r));
+      auto steps = rank_steps(r == 0 ? 0 : rows[0], rows[r]) | ferry::take(100) |
+                   ferry::filter([](const auto&) { return true; }) | ferry::lockstep(comm, ferry::step_policy::pad);
+      for (auto& st : steps) replicas[r].push_back(st.replicas());
+    });
+  for (auto& t : ts) t.join();
+  CHECK(replicas[0] == std::vector<std::size_t>{2, 2, 2});
+  CHECK(replicas[1] == std::vector<std::size_t>{2, 2, 2});
+}
+
 TEST_CASE("lockstep drop: every rank takes the fewest steps" * doctest::timeout(60)) {
   ferry_test::watchdog wd(60s);
   const std::vector<u64> rows = {10, 30, 22};

@@ -17,8 +17,10 @@
 //   drop  the epoch ends at the first step some rank lacks; the others' steps after it are
 //         not seen this epoch (every step is full everywhere).
 //
-// The elements are distribute()'s steps; an empty step has as many replicas as the
-// upstream's backend, index() continuing the epoch's count, and no host batch rows.
+// The elements are distribute()'s steps; an empty step has as many replicas as
+// distribute() has (asked through the stages between, which pass replicas() on; an
+// upstream that hides it, such as an any_source, gives the last step's count, or 1 before
+// this rank's first step), index() continuing the epoch's count, and no host batch rows.
 // A trainer accepts it (empty slices wait for no copy, so their streams are not checked).
 //
 // Cost: one all_reduce_sum of two floats per step on `comm` (host memory: an MPI or
@@ -115,8 +117,8 @@ class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
 
   V empty_step(std::uint64_t k) {
     std::size_t r = replicas_;
-    if constexpr (requires(Up& u) { u.backend().replicas(); })
-      if (r == 0) r = this->up().backend().replicas();
+    if constexpr (requires(const Up& u) { u.replicas(); })  // distribute's, through the stages between
+      if (r == 0) r = this->up().replicas();
     if (!empty_) empty_ = std::make_shared<const batch_of<T>>();
     return step_access::make<T>(empty_, r == 0 ? 1 : r, k);
   }
