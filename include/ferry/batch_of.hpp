@@ -18,8 +18,10 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -235,6 +237,42 @@ E pad_as(double v) {
     return static_cast<E>(v);
   else
     return E{};
+}
+
+// Throws config_error when pad_value v is not a value of each ragged field's value type
+// (an integer type: a whole number in its range; a floating type: within its range, or not
+// finite), which converting it would make undefined. `stage` names the caller.
+template <class T>
+void check_pad_value(double v, const char* stage) {
+  using L = typename field_list<T>::type;
+  auto one = [&]<std::size_t I>(std::integral_constant<std::size_t, I>) {
+    using F = std::tuple_element_t<I, L>;
+    using E = typename field_traits<F>::element;
+    if constexpr (field_traits<F>::ragged && std::is_arithmetic_v<E>) {
+      using lim = std::numeric_limits<E>;
+      std::string range;
+      bool ok = false;
+      if constexpr (std::is_floating_point_v<E>) {
+        ok = !std::isfinite(v) || (v >= double(lim::lowest()) && v <= double(lim::max()));
+        range = "its finite range, or an infinity or NaN";
+      } else {  // (max + 1.0: 2^64 for uint64, whose max does not fit a double)
+        ok = std::trunc(v) == v && v >= double(lim::lowest()) && v < double(lim::max()) + 1.0;
+        range = "whole numbers from " +
+                (lim::is_signed ? std::to_string(static_cast<long long>(lim::lowest())) : std::string("0")) + " to " +
+                std::to_string(static_cast<unsigned long long>(lim::max()));
+      }
+      char shown[32];
+      std::snprintf(shown, sizeof shown, "%.17g", v);
+      if (!ok)
+        throw config_error(std::string(stage) + ": pad_value = " + shown + " is not a value of field " +
+                           std::to_string(I) + "'s type (" + std::to_string(sizeof(E)) + "-byte " +
+                           (std::is_floating_point_v<E> ? "floating point" : lim::is_signed ? "signed" : "unsigned") +
+                           ": " + range + ")");
+    }
+  };
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (one(std::integral_constant<std::size_t, I>{}), ...);
+  }(std::make_index_sequence<std::tuple_size_v<L>>{});
 }
 
 // field<I>() with I >= Count, named with T, the element type (source.hpp says how).

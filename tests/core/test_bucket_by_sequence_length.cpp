@@ -9,6 +9,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -224,7 +225,96 @@ TEST_CASE("bucket_by_sequence_length: empty rows; pad_to_bucket_boundary; a leng
   auto q = ferry::from_range(rows) |
            ferry::bucket_by_sequence_length([](const seq&) { return std::size_t(0); }, {1}, {4, 4},
                                             {.pad_to_bucket_boundary = true});
-  CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("more than the bucket's boundary - 1 = 0"), ferry::config_error);
+  // Rows 2 and 3 cannot be padded to bucket 0's L = 0: each is a config_error naming it,
+  // dropped at its place; the rows before stay in their bucket and come out at the end.
+  CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("row 2 of the epoch has 2 values in field 0, more than bucket 0's boundary - 1 = 0"),
+                       ferry::config_error);
+  CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("row 3 of the epoch has 1 values in field 0"), ferry::config_error);
+  auto rest = q.next();
+  REQUIRE(rest);
+  CHECK(rest->size() == 2);
+  CHECK(rest->field<1>()[1] == 1);
+  CHECK(!q.next());
+}
+
+// A row whose second ragged field length_fn does not count, longer than its bucket pads
+// to: it is dropped at its place with an error naming it, as a length_fn error is; its
+// bucket does not grow past its batch size, and every other row comes once (it used to
+// stay in its bucket, which then never filled, and every later call failed).
+TEST_CASE("bucket_by_sequence_length: a row its bucket cannot pad is dropped at its place; nothing else is lost") {
+  using two = std::tuple<std::vector<i32>, std::vector<i32>, i32>;
+  std::vector<two> rows(40);
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    rows[i] = {std::vector<i32>(i % 4, i32(i)), std::vector<i32>(i == 5 || i == 22 ? 9 : i % 3, i32(i)), i32(i)};
+  for (const bool resume : {false, true}) {
+    CAPTURE(resume);
+    auto make = [&] {
+      return ferry::from_range(rows) |
+             ferry::bucket_by_sequence_length([](const two& e) { return std::get<0>(e).size(); }, {4}, {4, 4},
+                                              {.pad_to_bucket_boundary = true});
+    };
+    auto p = make();
+    std::vector<int> seen(rows.size(), 0);
+    std::vector<std::string> errors;
+    std::size_t calls = 0;
+    for (;; ++calls) {
+      REQUIRE(calls < 100);
+      if (resume && calls == 3) {  // a checkpoint after the first error resumes the same rows
+        auto q = make();
+        ferry::restore_state(q, ferry::save_state(p));
+        p = std::move(q);
+      }
+      try {
+        auto b = p.next();
+        if (!b) break;
+        CHECK(b->size() <= 4);
+        for (i32 id : b->field<2>()) ++seen[std::size_t(id)];
+      } catch (const ferry::config_error& e) {
+        errors.push_back(e.what());
+      }
+    }
+    REQUIRE(errors.size() == 2);
+    CHECK(errors[0].find("row 5 of the epoch has 9 values in field 1, more than bucket 0's boundary - 1 = 3") !=
+          std::string::npos);
+    CHECK(errors[1].find("row 22 of the epoch") != std::string::npos);
+    for (std::size_t i = 0; i < rows.size(); ++i) CHECK(seen[i] == (i == 5 || i == 22 ? 0 : 1));
+  }
+}
+
+namespace {
+// A source with no save(): bucketing over it still runs (it just cannot be checkpointed).
+struct no_save_source : ferry::source_interface<no_save_source> {
+  using value_type = seq;
+  i32 i = 0, n = 30;
+  std::optional<seq> next() {
+    if (i == n) return std::nullopt;
+    const i32 k = i++;
+    return seq{std::vector<i32>(std::size_t(k % 5), k), k};
+  }
+};
+}  // namespace
+
+// An upstream that cannot be saved (an unordered parallel map; a source with no save()):
+// the rows flow as over any other, and save() is the config_error saying why, as prefetch's
+// is (snapshots were taken from next(), which then threw).
+TEST_CASE("bucket_by_sequence_length over an upstream that cannot be saved: rows flow; save() says why" *
+          doctest::timeout(60)) {
+  std::vector<seq> rows(200);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = {std::vector<i32>(i % 9, i32(i)), i32(i)};
+  auto p = ferry::from_range(rows) | ferry::map([](seq s) { return s; }, {.workers = 2, .ordered = false}) |
+           ferry::bucket_by_sequence_length(len_of, {3, 6}, {4, 4, 4}, {.max_wait = 8});
+  std::vector<int> seen(rows.size(), 0);
+  std::size_t batches = 0;
+  while (auto b = p.next()) {
+    for (i32 id : b->field<1>()) ++seen[std::size_t(id)];
+    if (++batches == 5)
+      CHECK_THROWS_WITH_AS((void)ferry::save_state(p), doctest::Contains("unordered"), ferry::config_error);
+  }
+  for (int c : seen) CHECK(c == 1);
+  auto q = no_save_source{} | ferry::bucket_by_sequence_length(len_of, {3}, {4, 4});
+  std::size_t n = 0;
+  while (auto b = q.next()) n += b->size();
+  CHECK(n == 30);
 }
 
 TEST_CASE("bucket_by_sequence_length: a checkpoint at every position resumes exactly (refills included)" *

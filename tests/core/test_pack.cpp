@@ -196,6 +196,48 @@ TEST_CASE("pack: an upstream error arrives at its place; the batch being built g
   CHECK(errors == 1);
   // Rows: (0,1) (2,3) [4 pulled, then the error: that row goes] (6,7) (8,9) (10,11).
   CHECK(firsts == std::vector<i32>{0, 2, 6, 8, 10});
+
+  // A sequence split across the failing batch: its rest was in that batch, and goes with
+  // it (as pack.hpp's Errors paragraph says); the next batch starts with document 2.
+  auto split = ferry::from_generator(4, [](u64 i) -> doc {
+                 if (i == 1) throw std::runtime_error("document 1 failed");
+                 return doc(i == 0 ? 9 : 6, i32(i * 100));
+               }) |
+               ferry::pack(6, 1);
+  std::vector<std::vector<i32>> got;
+  errors = 0;
+  for (;;) {
+    try {
+      auto b = split.next();
+      if (!b) break;
+      auto row = b->field<0>()[0];
+      got.emplace_back(row.begin(), row.end());
+    } catch (const std::runtime_error&) {
+      ++errors;
+    }
+  }
+  CHECK(errors == 1);
+  CHECK(got == std::vector<std::vector<i32>>{doc(6, 0), doc(6, 200), doc(6, 300)});
+}
+
+// An upstream that cannot be saved (an unordered parallel map): the tokens flow as over
+// any other upstream, and save() is the config_error saying why, as prefetch's is (the
+// snapshot before each pull used to throw from next()).
+TEST_CASE("pack over an upstream that cannot be saved: tokens flow; save() says why" * doctest::timeout(60)) {
+  std::vector<doc> docs(100);
+  for (std::size_t i = 0; i < docs.size(); ++i) docs[i] = doc(i % 11, i32(i));
+  auto p = ferry::from_range(docs) | ferry::map([](doc d) { return d; }, {.workers = 2, .ordered = false}) |
+           ferry::pack(8, 2);
+  std::vector<std::size_t> tokens(docs.size(), 0);
+  std::size_t batches = 0;
+  while (auto b = p.next()) {
+    auto t = b->field<0>();
+    for (std::size_t i = 0; i < t.size(); ++i)
+      for (std::size_t j = 0; j < t.lengths[i]; ++j) ++tokens[std::size_t(t[i][j])];
+    if (++batches == 3)
+      CHECK_THROWS_WITH_AS((void)ferry::save_state(p), doctest::Contains("unordered"), ferry::config_error);
+  }
+  for (std::size_t i = 0; i < docs.size(); ++i) CHECK(tokens[i] == docs[i].size());
 }
 
 TEST_CASE("pack then distribute: each host replica gets its rows, L tokens each") {

@@ -4,7 +4,9 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <memory_resource>
 #include <optional>
@@ -148,6 +150,39 @@ TEST_CASE("padded_batch: bad options are config_errors when the stage is written
   std::vector<seq> v(3);
   CHECK_THROWS_WITH_AS(ferry::padded_batch(ferry::from_range(v), 4, {.length = 0}),
                        doctest::Contains("length must be at least 1"), ferry::config_error);
+}
+
+// A pad_value that the field's type cannot hold would be undefined to convert (-1 to
+// uint8): refused, by padded_batch, bucket_by_sequence_length and pack alike, naming the
+// field and its type's range; values it holds are taken, the extremes included.
+TEST_CASE("padded_batch, bucket_by_sequence_length, pack: a pad_value the field's type cannot hold is refused") {
+  using bytes = std::pair<std::vector<std::uint8_t>, std::vector<std::int64_t>>;
+  std::vector<bytes> v = {{{1, 2}, {3}}, {{1}, {3, 4}}, {{1, 2}, {3}}};
+  auto pb = [&](double pad) { return ferry::from_range(v) | ferry::padded_batch(2, {.pad_value = pad}); };
+  CHECK_THROWS_WITH_AS(pb(-1), doctest::Contains("padded_batch: pad_value = -1 is not a value of field 0's type (1-byte unsigned: whole numbers from 0 to 255)"),
+                       ferry::config_error);
+  CHECK_THROWS_AS(pb(256), ferry::config_error);
+  CHECK_THROWS_AS(pb(0.5), ferry::config_error);
+  CHECK_THROWS_AS(pb(std::nan("")), ferry::config_error);
+  CHECK_THROWS_WITH_AS(pb(-129), doctest::Contains("field 0's type"), ferry::config_error);
+  auto b = pb(255).next();  // 255 fits both fields
+  REQUIRE(b);
+  CHECK(b->field<0>()[1][1] == 255);  // padding, in both fields
+  CHECK(b->field<1>()[0][1] == 255);
+  std::vector<std::pair<std::vector<std::int64_t>, std::vector<std::int64_t>>> w = {{{1}, {1, 2}}, {{1, 2}, {1}}};
+  CHECK_THROWS_WITH_AS(ferry::from_range(w) | ferry::padded_batch(2, {.pad_value = 9.3e18}),
+                       doctest::Contains("field 0's type (8-byte signed: whole numbers from -9223372036854775808"),
+                       ferry::config_error);
+  auto big = (ferry::from_range(w) | ferry::padded_batch(2, {.pad_value = -9223372036854775808.0})).next();
+  REQUIRE(big);
+  CHECK(big->field<0>()[0][1] == std::numeric_limits<std::int64_t>::min());
+  auto len = [](const bytes& e) { return e.first.size(); };
+  CHECK_THROWS_WITH_AS(ferry::from_range(v) | ferry::bucket_by_sequence_length(len, {2}, {2, 2}, {.pad_value = 300}),
+                       doctest::Contains("bucket_by_sequence_length: pad_value = 300"), ferry::config_error);
+  std::vector<std::vector<float>> docs(3, std::vector<float>{1.5f});
+  CHECK_THROWS_WITH_AS(ferry::from_range(docs) | ferry::pack(4, 1, {.pad_value = 1e300}),
+                       doctest::Contains("pack: pad_value = 1.0000000000000001e+300"), ferry::config_error);
+  CHECK_NOTHROW(ferry::from_range(docs) | ferry::pack(4, 1, {.pad_value = -INFINITY}));
 }
 
 TEST_CASE("padded_batch: a row longer than the length names the row; the next batch goes on") {

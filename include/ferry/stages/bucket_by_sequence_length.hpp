@@ -41,9 +41,12 @@
 // Threads: runs on the thread calling next(); length_fn runs there, once per element.
 //
 // Errors: config_error for boundaries that do not increase (or start at 0), a number of
-// batch sizes other than boundaries + 1, a batch size or multiple_of of 0. What length_fn
-// throws arrives from next() at its element's place; that element is dropped, and the
-// next call goes on after it. Upstream errors likewise; rows already in buckets stay.
+// batch sizes other than boundaries + 1, a batch size or multiple_of of 0, a pad_value that
+// is not a value of a ragged field's type. What length_fn throws arrives from next() at its
+// element's place; that element is dropped, and the next call goes on after it. So does a row that its bucket cannot pad: a ragged field of
+// 2^32 values or more, or (pad_to_bucket_boundary) longer than the boundary - 1 it is padded
+// to (a config_error naming the row; length_fn must count that field's values). Upstream
+// errors likewise; rows already in buckets stay.
 //
 // Memory: at most one partial batch per bucket (the sum of the batch sizes, less the
 // buckets' count, elements), plus the batch handed out; checkpoint snapshots of the
@@ -54,7 +57,9 @@
 // since, and the epoch indices of the rows in buckets. A restore restores the upstream to
 // the snapshot and pulls it forward again to where the save was (at most max_wait plus a
 // quarter of it rows, running the upstream's user code again), keeping the rows the
-// buckets held. Saving costs one upstream save() per max_wait/4 rows pulled.
+// buckets held. Saving costs one upstream save() per max_wait/4 rows pulled. Over an
+// upstream that cannot be saved (an unordered map, or none with save()) the data flows and
+// save() is the config_error saying why.
 #pragma once
 
 #include <algorithm>
@@ -139,6 +144,7 @@ class bucket_source
       : stage<bucket_source, Up, B>(std::move(up)), fn_(std::move(fn)),
         shape_{std::move(bounds), o.multiple_of, o.pad_to_bucket_boundary}, sizes_(std::move(sizes)),
         target_(0, std::move(o.resource)), o_(std::move(o)) {
+    check_pad_value<T>(o_.pad_value, name);
     if (o_.max_tokens) sizes_.assign(shape_.bounds.size() + 1, o_.max_tokens);  // rows a batch can hold at most
     buckets_.resize(sizes_.size());
     if (o_.max_wait == 0) o_.max_wait = 8 * std::accumulate(sizes_.begin(), sizes_.end(), std::size_t(0));
@@ -170,6 +176,7 @@ class bucket_source
       }
       const std::uint64_t idx = pulled_ - 1;
       const auto [b, len] = bucket_of(*e);  // length_fn may throw: the element goes
+      check_row(b, *e, idx);  // so may a row that cannot be padded: it goes too
       bucket& k = buckets_[b];
       k.rows.push_back(std::move(*e));
       k.index.push_back(idx);
@@ -197,13 +204,19 @@ class bucket_source
     }
   }
   void maybe_snapshot() {
-    if (pulled_ % every_ == 0 && (snaps_.empty() || snaps_.back().at != pulled_)) take_snapshot();
+    if constexpr (resumable_source<Up>)
+      if (save_error_.empty() && pulled_ % every_ == 0 && (snaps_.empty() || snaps_.back().at != pulled_))
+        take_snapshot();
   }
 
   // e's bucket and length (length_fn's).
   std::pair<std::size_t, std::size_t> bucket_of(const T& e) {
     const std::size_t len = static_cast<std::size_t>(fn_(e));
     return {shape_.bucket_of(len), len};
+  }
+  // Throws config_error for a row whose ragged fields bucket b cannot pad (bucket_shape::check_row).
+  void check_row(std::size_t b, const T& e, std::uint64_t idx) const {
+    each_ragged_size(e, [&](std::size_t f, std::size_t n) { shape_.check_row(b, n, f, idx); });
   }
   // Bucket b's L for the token budget: its longest length rounded as the padding is.
   std::size_t budget_width(std::size_t b) const {
@@ -225,10 +238,9 @@ class bucket_source
   B emit(std::size_t b, std::size_t count) {
     bucket& k = buckets_[b];
     const std::span<const T> rows(k.rows.data(), count);
-    std::array<std::size_t, nf> width{};
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      ((width[I] = field_width<I>(b, rows)), ...);
-    }(std::make_index_sequence<ns>{});  // (mask fields take their field's)
+    std::array<std::size_t, nf> width{};  // each ragged field's L (mask fields take their field's)
+    for (const T& e : rows) each_ragged_size(e, [&](std::size_t f, std::size_t n) { width[f] = std::max(width[f], n); });
+    for (std::size_t f = 0; f < ns; ++f) width[f] = shape_.width(b, width[f]);  // (rows checked: check_row)
     B out = collator_.collate_padded(target_.resource, rows, width, o_.pad_value);
     k.rows.erase(k.rows.begin(), k.rows.begin() + std::ptrdiff_t(count));
     k.index.erase(k.index.begin(), k.index.begin() + std::ptrdiff_t(count));
@@ -236,22 +248,20 @@ class bucket_source
     prune();
     return out;
   }
-  template <std::size_t I>
-  std::size_t field_width(std::size_t b, std::span<const T> rows) const {
-    if constexpr (!B::template is_padded<I>) {
-      return 0;
-    } else {
-      std::size_t longest = 0;
-      for (const T& e : rows) longest = std::max<std::size_t>(longest, std::ranges::size(get_field<I>(e)));
-      return shape_.field_width(b, longest, I);
-    }
-  }
 
   // Snapshots: the newest one at or before the oldest row in a bucket, and those after.
+  // An upstream that cannot be saved at all (config_error: an unordered map) is noted and
+  // the data still flows; save() throws why, as prefetch's does.
   void take_snapshot() {
     pipeline_state ps;
     state_writer w(ps);
-    this->up().save(w);
+    try {
+      this->up().save(w);
+    } catch (const config_error& e) {
+      save_error_ = e.what();
+      snaps_.clear();
+      return;
+    }
     snaps_.push_back({pulled_, std::move(ps.words)});
     prune();
   }
@@ -271,6 +281,7 @@ class bucket_source
   }
   // The upstream as of the snapshot the refill starts from (see the file's top).
   void save_upstream(state_writer& w) const {
+    if (!save_error_.empty()) throw config_error(save_error_);
     if (snaps_.empty()) {
       this->up().save(w);  // nothing pulled this epoch
       return;
@@ -291,20 +302,7 @@ class bucket_source
   void restore_words(state_reader& r) {
     const std::uint64_t from = r.get(), to = r.get();
     const bool ended = r.get_flag(name);
-    if (from > to || to - from > o_.max_wait + every_ + 1)
-      throw config_error("restore_state: bucket_by_sequence_length: a damaged state (a refill from row " +
-                         std::to_string(from) + " to " + std::to_string(to) + ")");
-    std::vector<std::vector<std::uint64_t>> want(buckets_.size());
-    for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      const std::uint64_t n = r.get_count(sizes_[b], name, "held", "holds in a bucket");
-      for (std::uint64_t i = 0; i < n; ++i) {
-        want[b].push_back(r.get());
-        if (want[b].back() < from || want[b].back() >= to || (i && want[b][i] <= want[b][i - 1]))
-          throw config_error("restore_state: bucket_by_sequence_length: a damaged state (row " +
-                             std::to_string(want[b].back()) + " in a bucket, outside rows " + std::to_string(from) +
-                             " to " + std::to_string(to) + ")");
-      }
-    }
+    const auto want = read_held(r, sizes_, from, to, o_.max_wait + every_ + 1);
     for (auto& k : buckets_) k.clear();
     snaps_.clear();
     pulled_ = from;
@@ -333,6 +331,7 @@ class bucket_source
             throw config_error("restore_state: bucket_by_sequence_length: row " + std::to_string(idx) +
                                " falls in another bucket than when the state was saved (another dataset, or "
                                "another length_fn?)");
+          check_row(b, *e, idx);
           buckets_[b].rows.push_back(std::move(*e));
           buckets_[b].index.push_back(idx);
           buckets_[b].lens.push_back(len);
@@ -360,6 +359,7 @@ class bucket_source
   std::deque<snapshot> snaps_;
   std::uint64_t pulled_ = 0;  // rows pulled this epoch (errors included)
   bool ended_ = false;  // the upstream has ended this epoch
+  std::string save_error_;  // why the upstream cannot be saved, once a snapshot found it
   batch_collator<P> collator_;
 };
 

@@ -27,9 +27,11 @@
 //
 // Threads: runs on the thread calling next(); no user code of its own.
 //
-// Errors: config_error for L == 0 or n == 0. An upstream error arrives at its place; the
-// batch being built is dropped with it, as batch() drops it (the sequence being split
-// stays: its rest starts the next batch).
+// Errors: config_error for L == 0 or n == 0, or a pad_value that is not a value of the token
+// type (-1 for uint8 tokens). An upstream error arrives at its place; the
+// batch being built is dropped with it, as batch() drops its elements: every token already
+// in it, the rest of a sequence split into it included. The next batch starts with the
+// sequence after the one that failed.
 //
 // Memory: the batch being built (3 fields of n × L values and n lengths each), and the
 // sequence being split.
@@ -37,7 +39,9 @@
 // Checkpoints: exact, and holding positions, not tokens: the upstream's position before
 // the sequence being split (a snapshot taken before each pull, when the upstream can
 // save) and how many of its tokens are already in rows. A restore pulls that one sequence
-// again. Saving costs one upstream save() per sequence pulled.
+// again. Saving costs one upstream save() per sequence pulled. Over an upstream that
+// cannot be saved (an unordered map) the data flows and save() is the config_error saying
+// why.
 #pragma once
 
 #include <algorithm>
@@ -97,6 +101,7 @@ class pack_source
   // Throws config_error for rows too large to address.
   pack_source(Up up, std::size_t len, std::size_t n, pack_options o)
       : stage<pack_source, Up, B>(std::move(up)), len_(len), target_(n, std::move(o.resource)), o_(std::move(o)) {
+    check_pad_value<T>(o_.pad_value, name);
     if (len_ > std::numeric_limits<std::uint32_t>::max() ||
         target_.rows > std::numeric_limits<std::size_t>::max() / len_ / (sizeof(E) + 8))
       throw config_error("pack: " + std::to_string(target_.rows) + " rows of " + std::to_string(len_) +
@@ -148,9 +153,15 @@ class pack_source
   bool next_sequence() {
     if (ended_) return false;
     if constexpr (snapshots) {
-      before_.words.clear();
-      state_writer w(before_);
-      this->up().save(w);
+      if (save_error_.empty()) {
+        before_.words.clear();
+        state_writer w(before_);
+        try {
+          this->up().save(w);
+        } catch (const config_error& e) {  // an upstream that cannot be saved: the data flows, save() says why
+          save_error_ = e.what();
+        }
+      }
     }
     cur_.reset();
     off_ = 0;
@@ -179,6 +190,7 @@ class pack_source
   bool splitting() const { return cur_ && off_ < cur_size(); }
   // The upstream before the sequence being split, when there is one.
   void save_upstream(state_writer& w) const {
+    if (!save_error_.empty()) throw config_error(save_error_);
     if (splitting())
       w.put_words(before_.words);
     else
@@ -220,6 +232,7 @@ class pack_source
   std::size_t off_ = 0;  // its tokens already in rows
   bool ended_ = false;  // the upstream has ended this epoch
   pipeline_state before_;  // the upstream's position before cur_ was pulled
+  std::string save_error_;  // why the upstream cannot be saved, once a snapshot found it
   batch_collator<P> col_;
 };
 

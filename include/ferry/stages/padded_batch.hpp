@@ -34,7 +34,8 @@
 // Threads: runs on the thread calling next(), which pulls the upstream and collates;
 // padded_batch runs no user code and starts no thread.
 //
-// Errors: config_error for n == 0, `length` == 0, `multiple_of` == 0, a batch too large to
+// Errors: config_error for n == 0, `length` == 0, `multiple_of` == 0, a pad_value that is
+// not a value of a padded field's type (-1 for uint8 tokens), a batch too large to
 // address, and a row longer than `length` without truncate ("padded_batch: row 1234 of the
 // epoch has 70 values in field 0, more than length = 64 ..."). Upstream errors propagate
 // unchanged. Either way the elements already pulled into the batch being built are
@@ -121,6 +122,7 @@ class padded_batch_source
   // Throws config_error for bad options (see the file's top).
   padded_batch_source(Up up, std::size_t n, padded_batch_options o)
       : stage<padded_batch_source, Up, B>(std::move(up)), target_(n, std::move(o.resource)), o_(std::move(o)) {
+    check_pad_value<T>(o_.pad_value, name);
     if (target_.rows > std::numeric_limits<std::size_t>::max() / 64)
       throw config_error("padded_batch: a batch of " + std::to_string(target_.rows) +
                          " rows does not fit in memory's address range; use a smaller batch size");
