@@ -1,7 +1,8 @@
 // cache_on_device on host replicas: later epochs come from each replica's cache (the
 // upstream is not read again), a permutation of the rows it cached with its fields kept
-// together, a new order each epoch fixed by the seed; the budget's two choices; an epoch 0
-// stopped part way is never served; padded remainders cache only real rows.
+// together, a new order each epoch fixed by the seed; the budget's two choices (the padding
+// rows served counted, the step over it not lost); an epoch 0 stopped part way is never
+// served; padded remainders cache only real rows; what a resume checks.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -397,4 +398,135 @@ TEST_CASE("cache_on_device resume: a saved epoch and step continue the same glob
                        {.budget_bytes = 1000, .when_over = ferry::over_budget::stream, .seed = 4, .across_replicas = true,
                         .resume = at(1, 3, 12)});
   CHECK_THROWS_WITH_AS(over.next(), doctest::Contains("the cache was not filled"), ferry::config_error);
+}
+
+TEST_CASE("cache_on_device: over budget under ::error, the step that failed is the next next()'s: no row lost") {
+  const auto data = ids(240);
+  std::atomic<u64> reads{0};
+  auto p = pipeline(data, reads, 2, {.budget_bytes = 5000, .seed = 1});  // the 18th step does not fit
+  std::vector<u64> seen;
+  std::size_t steps = 0, errors = 0;
+  for (;;) {
+    try {
+      auto st = p.next();
+      if (!st) break;
+      ++steps;
+      for (std::size_t r = 0; r < st->replicas(); ++r)
+        for (std::size_t i = 0; i < (*st)[r].valid(); ++i) seen.push_back((*st)[r].field<0>()[i]);
+    } catch (const ferry::config_error& e) {
+      ++errors;
+      CHECK(std::string(e.what()).find("needs more than its budget") != std::string::npos);
+    }
+  }
+  CHECK(errors == 1);
+  CHECK(steps == 20);  // every rank would have the others' step count
+  CHECK(sorted(seen) == data);
+  CHECK(!p.cached());
+  CHECK(p.bytes_per_replica() == 0);
+  p.rewind();
+  std::size_t s1 = 0;
+  const epoch_rows e1 = epoch_of(p, s1);  // streamed
+  CHECK(s1 == 20);
+  CHECK(e1[0].size() + e1[1].size() == 240);
+  // A rewind right after the error drops the held step: the next epoch starts whole.
+  auto q = pipeline(data, reads, 2, {.budget_bytes = 5000, .seed = 1});
+  CHECK_THROWS_AS([&] { while (q.next()) {} }(), ferry::config_error);
+  q.rewind();
+  const epoch_rows q1 = epoch_of(q, s1);
+  CHECK(s1 == 20);
+  CHECK(q1[0].size() + q1[1].size() == 240);
+}
+
+TEST_CASE("cache_on_device: under pad the budget counts the padding rows the steps serve") {
+  // 100 rows, 2 replicas, steps of 12: 9 steps of 6 rows a replica, the last one padded (4
+  // real rows on replica 0, none on 1): replica 0 caches 52 rows and serves 54.
+  const auto data = ids(100);
+  std::atomic<u64> reads{0};
+  for (bool shuffle : {true, false}) {
+    CAPTURE(shuffle);
+    const std::size_t need = shuffle ? (52 + 54) * 24 : 54 * 24;  // the cache (its rows), the served copy (54)
+    auto ok = pipeline(data, reads, 2, {.budget_bytes = need, .seed = 1, .shuffle = shuffle}, ferry::remainder_policy::pad);
+    std::size_t steps = 0;
+    (void)epoch_of(ok, steps);
+    CHECK(ok.cached());
+    CHECK(ok.bytes_per_replica() == need);
+    const epoch_rows e1 = epoch_of(ok, steps);
+    CHECK(steps == 9);
+    CHECK(e1[0].size() + e1[1].size() == 100);
+    auto tight = pipeline(data, reads, 2, {.budget_bytes = need - 1, .seed = 1, .shuffle = shuffle},
+                          ferry::remainder_policy::pad);
+    std::size_t got = 0;
+    const std::string said = "reaches " + std::to_string(need) + " bytes (52 rows of 24 bytes";
+    CHECK_THROWS_WITH_AS(
+        [&] {
+          while (tight.next()) ++got;
+        }(),
+        doctest::Contains(said.c_str()), ferry::config_error);
+    CHECK(got == 8);  // the padded last step is the one that passes it
+    CHECK(tight.next());  // and it is not lost
+    CHECK(!tight.next());
+    tight.rewind();
+    CHECK(!tight.cached());
+    auto streaming = pipeline(
+        data, reads, 2, {.budget_bytes = need - 1, .when_over = ferry::over_budget::stream, .seed = 1, .shuffle = shuffle},
+        ferry::remainder_policy::pad);
+    for (auto& st : streaming) {
+      (void)st;
+      CHECK(streaming.bytes_per_replica() < need);
+    }
+    streaming.rewind();
+    CHECK(!streaming.cached());
+    CHECK(streaming.bytes_per_replica() == 0);
+  }
+}
+
+TEST_CASE("cache_on_device resume: a dataset smaller than one global batch, and the dataset size checked exactly") {
+  using policy = ferry::remainder_policy;
+  // n < G: one short step (partial, pad), resumable; none under drop, said plainly.
+  for (auto pol : {policy::partial, policy::pad}) {
+    CAPTURE(int(pol));
+    const auto data = ids(10);
+    std::atomic<u64> reads{0};
+    auto whole = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true}, pol);
+    (void)global_steps(whole);
+    const auto e1 = global_steps(whole);
+    REQUIRE(e1.size() == 1);
+    for (std::size_t replicas : {std::size_t(1), std::size_t(3)}) {
+      CAPTURE(replicas);
+      auto p = pipeline(data, reads, replicas,
+                        {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 0, 10, 12}}, pol);
+      CHECK(global_steps(p) == e1);
+      auto other = pipeline(data, reads, replicas,
+                            {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 0, 11, 12}}, pol);
+      CHECK_THROWS_WITH_AS(other.next(), doctest::Contains("saved over 11 rows"), ferry::config_error);
+    }
+  }
+  std::atomic<u64> reads{0};
+  const auto small = ids(10);
+  auto none =
+      pipeline(small, reads, 2, {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 0, 10, 12}});
+  CHECK_THROWS_WITH_AS(none.next(), doctest::Contains("epoch 0 had no steps (fewer rows than one global batch"),
+                       ferry::config_error);
+  // Partial, pad: every row cached, so the saved size must be the rows cached (21 steps
+  // over 245 rows or over 250 alike).
+  const auto data = ids(245);
+  for (auto pol : {policy::partial, policy::pad}) {
+    CAPTURE(int(pol));
+    for (u64 saved : {u64(250), u64(241)}) {
+      auto p = pipeline(data, reads, 2,
+                        {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 3, saved, 12}}, pol);
+      const std::string said = "saved over " + std::to_string(saved) + " rows, but epoch 0 has 21 steps of 12, 245 rows cached";
+      CHECK_THROWS_WITH_AS(p.next(), doctest::Contains(said.c_str()), ferry::config_error);
+    }
+    auto ok = pipeline(data, reads, 2,
+                       {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 3, 245, 12}}, pol);
+    CHECK(global_steps(ok).size() == 18);
+  }
+  // Drop: 240 cached rows are a dataset of 240 to 251 (the same 20 steps): 252 is refused.
+  auto drop =
+      pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 3, 252, 12}});
+  CHECK_THROWS_WITH_AS(drop.next(), doctest::Contains("a dataset of 240 to 251"), ferry::config_error);
+  auto drop_ok =
+      pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 3, 251, 12}});
+  CHECK(global_steps(drop_ok).size() == 17);
 }

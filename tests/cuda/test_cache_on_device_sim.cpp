@@ -364,6 +364,52 @@ TEST_CASE("sim: over budget with over_budget::stream frees the cache and streams
   CHECK(sim::stats().live_device_blocks == 0);
 }
 
+TEST_CASE("sim: under remainder_policy::pad the budget counts the padding rows served; the step over it is not lost") {
+  sim::reset(17, 2);
+  const auto data = make_rows(250);  // 11 steps of 12 rows a replica: replica 0 caches 130 rows, serves 132
+  auto comms = ferry::nccl_communicator::local({0, 1});
+  ferry::nccl_device_exchange ex(comms);
+  const auto pipeline = [&](std::size_t budget, ferry::device_exchange* devices) {
+    return ferry::from_range(data) | ferry::batch(24) |
+           ferry::distribute(ferry::cuda::devices{0, 1}, {.remainder = ferry::remainder_policy::pad}) |
+           sim_cache({.budget_bytes = budget, .seed = 6, .across_replicas = devices != nullptr, .devices = devices});
+  };
+  // Without .devices: the cache (130 rows) and the served copy (132) of 24 bytes; with it,
+  // both blocks of 132 rows, and 80 bytes a cached row (its 16-byte field received, 64 the plan).
+  using want = std::pair<ferry::device_exchange*, std::size_t>;
+  for (const auto& [devices, need] : {want{nullptr, (130 + 132) * 24}, want{&ex, 2 * 132 * 24 + 130 * 80}}) {
+    CAPTURE(devices != nullptr);
+    {
+      auto p = pipeline(need - 1, devices);
+      std::size_t steps = 0;
+      std::string what;
+      for (;;) {
+        try {
+          if (!p.next()) break;
+          ++steps;
+        } catch (const ferry::config_error& e) {
+          what = e.what();
+        }
+      }
+      CHECK(what.find("2 zero rows padding its served steps") != std::string::npos);
+      CHECK(steps == 11);  // the padded step, over the budget, handed out after the error
+      p.rewind();
+      CHECK(!p.cached());
+      CHECK(p.bytes_per_replica() == 0);
+    }
+    {
+      auto p = pipeline(need, devices);
+      const epoch_rows e0 = epoch_of(p);
+      CHECK(p.cached());
+      if (!devices) CHECK(p.bytes_per_replica() == need);
+      CHECK(epoch_of(p).size() == e0.size());
+    }
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+}
+
 TEST_CASE("sim: a reorder that fails part way gives the cache up: the upstream serves, in its order") {
   sim::reset(5, 2);
   const auto data = make_rows(240);

@@ -543,6 +543,45 @@ TEST_CASE("cache_on_device across ranks: the one-process order, rows from other 
     CHECK_THROWS_WITH_AS(q.rewind(), doctest::Contains("replicas and seed"), ferry::config_error);
     CHECK_FALSE(q.cached());
   }
+  // Rows of another layout on rank 0 (a wider field; fields of other sizes, the same bytes):
+  // the same config_error on every rank at the first rewind, before any trade, then every
+  // rank streams whole rows (no torn values) and the next rewind does not hang.
+  {
+    const auto run = [&]<std::size_t A, std::size_t B>(const char* said) {
+      auto q = ferry::global_shuffle(ids, {.seed = 3, .global_batch = G, .ranks = W, .rank = me}) |
+               ferry::map([](std::int64_t id) {
+                 std::tuple<std::array<std::int64_t, A>, std::array<std::int64_t, B>> row;
+                 std::get<0>(row).fill(id), std::get<1>(row).fill(id);
+                 return row;
+               }) |
+               ferry::batch(G / W) | ferry::distribute(ferry::host_replicas{2}) |
+               ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = &ex});
+      while (q.next()) {
+      }
+      CHECK_THROWS_WITH_AS(q.rewind(), doctest::Contains(said), ferry::config_error);
+      CHECK_FALSE(q.cached());
+      std::uint64_t got = 0, torn = 0;
+      while (auto st = q.next()) {
+        ++got;
+        for (std::size_t r = 0; r < st->replicas(); ++r)
+          for (std::size_t i = 0; i < (*st)[r].valid(); ++i) {
+            const auto a = (*st)[r].template field<0>()[i];
+            const auto b = (*st)[r].template field<1>()[i];
+            torn += std::count_if(a.begin(), a.end(), [&](std::int64_t v) { return v != a[0]; });
+            torn += std::count_if(b.begin(), b.end(), [&](std::int64_t v) { return v != a[0]; });
+          }
+      }
+      CHECK(got == steps);
+      CHECK(torn == 0);
+      q.rewind();
+      CHECK_FALSE(q.cached());
+    };
+    const char* wider = "every rank's rows need the same fields, each of the same bytes";
+    if (me == 0) run.template operator()<2, 1>(wider);
+    else run.template operator()<3, 1>(wider);
+    if (me == 0) run.template operator()<2, 1>("(fields of other sizes)");
+    else run.template operator()<1, 2>("(fields of other sizes)");
+  }
   // Rank 0 stops epoch 0 part way: no rank serves a cache (all agree at the rewind), none hangs.
   {
     auto q = pipeline(W, me, 2, &ex);

@@ -25,11 +25,12 @@
 // ranks trade rows by all-to-all (cache_exchange.hpp); unless every rank cached a whole
 // epoch 0 (agreed at the first rewind), every rank streams.
 //
-// The budget (per replica, bytes, the cache and the shuffled copy together; 0: none):
-// over_budget::error throws config_error at the step that would pass it, naming the replica
-// and the size reached (then streams, if the caller goes on); over_budget::stream gives up
-// the cache there (freed) and passes the upstream through every epoch. Fixed-size fields
-// only (a ragged or padded field: a compile-time error); a cached step's host_batch() is empty.
+// The budget (per replica, bytes, the cache and the shuffled copy together, under pad with
+// the padding rows served; 0: none): over_budget::error throws config_error at the step that
+// would pass it, naming the replica and the size reached, then streams: that step is the
+// next next()'s (no row lost); over_budget::stream gives up the cache there (freed) and
+// passes the upstream through every epoch. Fixed-size fields only (a ragged or padded
+// field: a compile-time error); a cached step's host_batch() is empty.
 //
 // Threads: none of its own; runs on the thread calling next(). The device path enqueues
 // copies and gathers on each replica's stream (distribute's): work a consumer enqueues on
@@ -41,13 +42,14 @@
 // host-only stage and shuffle (at the first step), across_replicas without shuffle, ranks,
 // devices or resume without it, a resume in epoch 0 (when built), GPUs that cannot read
 // each other's memory, GPU replicas across ranks without .devices, .devices not the
-// replicas' GPUs, ranks whose epoch 0 had other step or replica counts or seeds, another
-// rank's failure (at the end of epoch 0 or a rewind, on every rank), a resume past the
-// epoch, of another global batch or dataset size, or without a filled cache (at the first
-// next()). cuda_error, std::bad_alloc, what the rank_exchange and device_exchange throw:
-// whatever fails while filling, at the end of epoch 0, in a reorder or in .devices' trade
-// (kept until the rewind; a failed NCCL call also thrown by next() at once) frees the
-// caches, and the stage streams from then on (on every rank; docs/distribute.md).
+// replicas' GPUs, ranks whose epoch 0 had other step or replica counts, seeds or row
+// layouts (fields, bytes), another rank's failure (at the end of epoch 0 or a rewind, on
+// every rank), a resume past the epoch, of another global batch or dataset size, or
+// without a filled cache (at the first next()). cuda_error, std::bad_alloc, what the
+// rank_exchange and device_exchange throw: whatever fails while filling, at the end of
+// epoch 0, in a reorder or in .devices' trade (kept until the rewind; a failed NCCL call
+// also thrown by next() at once) frees the caches, and the stage streams from then on (on
+// every rank; docs/distribute.md).
 //
 // Memory: per replica, after epoch 0, (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
@@ -61,8 +63,14 @@
 // Checkpoints: none (cannot_save: the cache is memory). A job resumes with .resume = the
 // global_position it saved (epoch >= 1, step), at any replica and rank count (the same
 // global batches from there): it reads epoch 0 again (global_shuffle at epoch 0) to fill
-// the caches, serving none of it, then serves that epoch from that step. Without it, a
-// job resumed mid-epoch caches the rest of that epoch only.
+// the caches, serving none of it, then serves that epoch from that step. Checked: G, the
+// step, the dataset size (exactly when the rows cached are not a multiple of G: partial,
+// pad; else to within G - 1: under drop, n to n + G - 1 rows fill the same steps). Not
+// seen (the upstream's position is not the stage's): an upstream not at epoch 0 whose
+// steps match. The same sequence only after a job whose first epoch 0 filled the cache
+// whole: one saved in epoch 0 (resumed by global_shuffle: the cache then holds the rest of
+// epoch 0 only), one whose epoch 0 stopped part way (refilled from the upstream's epoch 1)
+// or that streamed (over budget) served other rows from epoch 1 on.
 #pragma once
 
 #include <algorithm>
@@ -163,23 +171,25 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   enum class mode { filling, serving, streaming };
 
   std::optional<V> pull() {
+    if (held_) return std::exchange(held_, std::nullopt);  // the step whose keep() threw
     if (o_.resume && !resumed_) return resume();
     return state_ == mode::serving ? serve() : fill();
   }
-  // Epoch 0 (or streaming): the upstream's step, kept.
+  // Epoch 0 (or streaming): the upstream's step, kept. A step whose keep() throws (over
+  // budget under ::error, a failed copy) is held and handed out by the next next(): the
+  // caller who goes on loses no rows, and a rank keeps the others' step count.
   std::optional<V> fill() {
     std::optional<V> st = this->pull_up();
     if (state_ == mode::streaming) return st;
     if (!st) { filled_ = steps_ > 0; return st; }  // filled: the whole epoch was cached
-    bool kept = false;
+    ++steps_;
     try {
-      kept = keep(*st);
+      if (!keep(*st)) give_up();  // over budget, over_budget::stream
     } catch (...) {
       give_up();  // nothing half cached is ever served
+      if (!o_.resume) held_ = std::move(st);  // a resume's fill serves none of epoch 0
       throw;
     }
-    if (!kept) give_up();  // over budget, over_budget::stream
-    ++steps_;
     return st;
   }
 
@@ -199,6 +209,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   void give_up() noexcept { free_all(), state_ = mode::streaming; }
 
   void start_epoch() {
+    held_.reset();  // a step of the epoch left
     ++epoch_;
     step_ = 0;
     if (!exchange_.agree_once(state_ == mode::filling && filled_)) return give_up();
@@ -222,7 +233,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   }
 
   // A cached row's cost: its bytes, twice with shuffle, + .devices' (its widest field, 16 plan, 48 sort).
-  std::size_t per_row() const noexcept { return row_bytes_ * (o_.shuffle ? 2 : 1) + (o_.devices ? widest_ + 64 : 0); }
+  std::size_t per_row() const noexcept { return cache_bytes(1, 1, row_bytes_, widest_, o_.shuffle, o_.devices != nullptr); }
 
   // Epoch 0: each replica's real rows appended to its cache; false: over budget, under ::stream.
   bool keep(const V& st) {
@@ -242,6 +253,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     if (st.replicas() != arenas_.size())
       throw config_error("cache_on_device: steps of " + std::to_string(st.replicas()) + " replicas after " +
                          std::to_string(arenas_.size()));
+    for (std::size_t r = 0; r < st.replicas(); ++r) padded_ = padded_ || st[r].size() > st[r].valid();
     for (std::size_t r = 0; r < st.replicas(); ++r) {
       const auto& rb = st[r];
       auto& a = arenas_[r];
@@ -249,11 +261,11 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         throw config_error("cache_on_device: replica " + std::to_string(r) + " changed device or stream between "
                            "steps (device " + std::to_string(a.device) + " to " + std::to_string(rb.device()) + ")");
       rows_per_step_[r] = std::max(rows_per_step_[r], rb.size());
-      padded_ = padded_ || rb.size() > rb.valid();
-      const std::uint64_t add = rb.valid();
+      const std::uint64_t add = rb.valid(), want = a.rows + add;
+      // As if the epoch ended here (finish_fill's sizes): under pad, its padding rows too.
+      if (!within_budget(r, want, padded_ ? std::max<std::uint64_t>(want, steps_ * rows_per_step_[r]) : want))
+        return false;
       if (add == 0) continue;
-      const std::uint64_t want = a.rows + add;
-      if (!within_budget(r, want)) return false;
       for (std::size_t f = 0; f < nf; ++f) {
         arena_grow(a, f, field_bytes_[f], want, o_.budget_bytes ? o_.budget_bytes / per_row() : 0);
         arena_copy_in(a, f, std::size_t(a.rows) * field_bytes_[f], rb.field_bytes(f).data(), std::size_t(add) * field_bytes_[f]);
@@ -264,11 +276,13 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     return true;
   }
 
-  // Whether replica r may hold `rows` rows; throws under over_budget::error.
-  bool within_budget(std::size_t r, std::uint64_t rows) const {
-    if (!o_.budget_bytes || std::size_t(rows) * per_row() <= o_.budget_bytes) return true;
+  // Whether replica r may cache `rows` rows and serve `served` (padding rows with them);
+  // throws under over_budget::error.
+  bool within_budget(std::size_t r, std::uint64_t rows, std::uint64_t served) const {
+    const std::size_t need = cache_bytes(rows, served, row_bytes_, widest_, o_.shuffle, o_.devices != nullptr);
+    if (!o_.budget_bytes || need <= o_.budget_bytes) return true;
     if (o_.when_over == over_budget::stream) return false;
-    throw_over_budget(r, o_.budget_bytes, steps_, rows, row_bytes_, per_row());
+    throw_over_budget(r, o_.budget_bytes, steps_ - 1, rows, served - rows, row_bytes_, per_row(), need);
   }
 
   // The end of epoch 0: each replica's serving buffer holds steps x rows-a-step rows (the
@@ -276,7 +290,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   // that; with shuffle the cache is trimmed to its rows (with .devices to the serving rows:
   // the two blocks trade places each epoch) and the epoch buffer made.
   void finish_fill() {
-    if (o_.across_replicas) exchange_.finish();
+    if (o_.across_replicas) exchange_.finish(field_bytes_.data(), nf);
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       auto& a = arenas_[r];
       a.served = std::max<std::uint64_t>(a.rows, std::uint64_t(steps_) * rows_per_step_[r]);
@@ -303,22 +317,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     std::uint64_t all[3];  // this epoch's key, the next's, the one after
     for (std::uint64_t k = 0; k < 3; ++k) all[k] = mix_seed({0x646576636163ull, o_.seed, epoch_ + k, 0x616c6cull /* "all" */});
     if (o_.across_replicas) return exchange_.template reorder<Launch>(arenas_, field_bytes_.data(), nf, all);
-    for (std::size_t r = 0; r < arenas_.size(); ++r) {
-      auto& a = arenas_[r];
-      if (a.rows == 0) continue;
-      const std::uint64_t key = mix_seed({0x646576636163ull /* "devcac" */, o_.seed, epoch_, r});
-      for (std::size_t f = 0; f < nf; ++f) {
-        const gather_args g{a.cache[f], a.epoch[f], a.rows, field_bytes_[f], key, true};
-        if (a.device < 0) {
-          gather_rows_host(g);
-        } else {
-#if defined(FERRY_WITH_CUDART)
-          const cuda::device_guard dg(a.device);
-#endif
-          Launch::launch(g, a.stream);
-        }
-      }
-    }
+    gather_own<Launch>(arenas_, field_bytes_.data(), nf, o_.seed, epoch_);
   }
 
   // A later epoch's step: each replica's next rows of its serving buffer, as views (valid
@@ -364,6 +363,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   std::size_t row_bytes_ = 0, widest_ = 0;
   std::array<std::size_t, nf> field_bytes_{};
   std::shared_ptr<const batch_of<T>> empty_;
+  std::optional<V> held_;  // see fill()
 };
 
 // The type of ferry::cache_on_device (Launch: the device gather; the .cuh's for GPUs).

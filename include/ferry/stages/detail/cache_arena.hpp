@@ -14,6 +14,7 @@
 #include "ferry/config.hpp"
 #include "ferry/cuda/stream_handle.hpp"
 #include "ferry/detail/permutation.hpp"
+#include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/step.hpp"
 
@@ -56,18 +57,31 @@ struct no_gather_kernel {
   }
 };
 
+// The bytes a replica holds after epoch 0 with `rows` rows cached and `served` served
+// (under pad, with its steps' padding rows): the cache (trimmed to its rows with shuffle,
+// unless a device_exchange swaps it with the epoch block), the epoch's shuffled copy, and
+// a device_exchange's buffers (the widest field, 16 plan and 48 sort bytes a cached row).
+inline std::size_t cache_bytes(std::uint64_t rows, std::uint64_t served, std::size_t row_bytes, std::size_t widest,
+                               bool shuffle, bool devices) noexcept {
+  const std::uint64_t cache = shuffle && !devices ? rows : served;
+  return std::size_t(cache + (shuffle ? served : 0)) * row_bytes + (devices ? std::size_t(rows) * (widest + 64) : 0);
+}
+
 // The config_error of a replica over its budget (over_budget::error): replica r, at step
-// `step`, would hold `rows` rows of row_bytes, per_row bytes each with the shuffled copy
-// and the exchange's buffers.
+// `step`, would hold `bytes` for `rows` rows of row_bytes (per_row bytes each with the
+// shuffled copy and the exchange's buffers) and `pad` padding rows served with them.
 [[noreturn]] inline void throw_over_budget(std::size_t r, std::size_t budget, std::uint64_t step, std::uint64_t rows,
-                                           std::size_t row_bytes, std::size_t per_row) {
+                                           std::uint64_t pad, std::size_t row_bytes, std::size_t per_row,
+                                           std::size_t bytes) {
   throw config_error("cache_on_device: replica " + std::to_string(r) + " needs more than its budget of " +
                      std::to_string(budget) + " bytes: at step " + std::to_string(step) + " its cache reaches " +
-                     std::to_string(std::size_t(rows) * per_row) + " bytes (" + std::to_string(rows) + " rows of " +
+                     std::to_string(bytes) + " bytes (" + std::to_string(rows) + " rows of " +
                      std::to_string(row_bytes) + " bytes" +
                      (per_row == 2 * row_bytes ? std::string(", twice: the cache and the epoch's shuffled copy")
                       : per_row > row_bytes ? ", " + std::to_string(per_row) + " a row with the epoch's shuffled copy "
                                               "and the exchange's buffers" : std::string()) +
+                     (pad ? ", and " + std::to_string(pad) + " zero rows padding its served steps (remainder_policy::pad)"
+                          : std::string()) +
                      "); raise budget_bytes, or choose over_budget::stream");
 }
 
@@ -198,5 +212,29 @@ inline void arena_grow(replica_arena& a, std::size_t f, std::size_t eb, std::uin
   std::uint64_t cap = std::max<std::uint64_t>(rows, a.capacity[f] * 2);
   if (max_rows) cap = std::max(rows, std::min(cap, max_rows));
   arena_resize(a, f, eb, cap, a.rows);
+}
+
+// Each replica's own rows in a new order (without across_replicas): one gather per field
+// into its epoch block, one key per replica from (seed, epoch, replica), so that its fields
+// stay together; on the replica's stream (Launch) for a device replica.
+template <class Launch>
+void gather_own(std::vector<replica_arena>& arenas, const std::size_t* field_bytes, std::size_t fields,
+                std::uint64_t seed, std::uint64_t epoch) {
+  for (std::size_t r = 0; r < arenas.size(); ++r) {
+    replica_arena& a = arenas[r];
+    if (a.rows == 0) continue;
+    const std::uint64_t key = mix_seed({0x646576636163ull /* "devcac" */, seed, epoch, r});
+    for (std::size_t f = 0; f < fields; ++f) {
+      const gather_args g{a.cache[f], a.epoch[f], a.rows, field_bytes[f], key, true};
+      if (a.device < 0) {
+        gather_rows_host(g);
+      } else {
+#if defined(FERRY_WITH_CUDART)
+        const cuda::device_guard dg(a.device);
+#endif
+        Launch::launch(g, a.stream);
+      }
+    }
+  }
 }
 }  // namespace ferry::detail

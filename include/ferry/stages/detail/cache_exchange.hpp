@@ -293,12 +293,13 @@ class cache_exchange {
     step_base_.push_back(step_base_.back() + o);
   }
   // The end of epoch 0: each replica's rows before each step (across ranks, the job's
-  // layout first). Throws std::bad_alloc; config_error, on every rank, when the ranks had
-  // other step or replica counts.
-  void finish() {
+  // layout first; a row's `fields`, of field_bytes[f] each). Throws std::bad_alloc;
+  // config_error, on every rank, when the ranks had other step or replica counts, seeds,
+  // or rows of other fields or bytes.
+  void finish(const std::size_t* field_bytes = nullptr, std::size_t fields = 0) {
     local_ = replicas_;
     first_ = 0;
-    if (across_ranks()) merge_ranks();
+    if (across_ranks()) merge_ranks(field_bytes, fields);
     const std::uint64_t s = steps(), R = replicas_;
     local_base_.assign(R * (s + 1), 0);
     for (std::uint64_t r = 0; r < R; ++r)
@@ -310,20 +311,28 @@ class cache_exchange {
   std::uint64_t rows() const noexcept { return step_base_.empty() ? 0 : step_base_.back(); }
   std::uint64_t steps() const noexcept { return step_base_.empty() ? 0 : step_base_.size() - 1; }
   // A resume at `at` (cache_on_device_options::resume), after the fill and the first
-  // rewind: throws config_error unless the cache serves, at.global_batch (when not 0) is
-  // the rows of epoch 0's first global step, and at.step is within the epoch's `steps`.
+  // rewind: throws config_error unless the cache serves; at.global_batch G (when not 0) is
+  // the rows of epoch 0's first global step (fewer when it is the only step: a dataset
+  // smaller than G); at.dataset_size (with G) is the rows cached when they are not a
+  // multiple of G (partial, pad: every row), else within G - 1 above them (drop); and
+  // at.step is within the epoch's `steps`.
   void check_resume(const global_position& at, bool serving, std::uint64_t steps) const {
     const std::string where = "cache_on_device: resume at epoch " + std::to_string(at.epoch) + ", step " +
                               std::to_string(at.step) + ": ";
-    const std::uint64_t g = step_base_.size() > 1 ? step_base_[1] : 0, G = at.global_batch;
-    if (!serving) throw config_error(where + "the cache was not filled (over budget, or a rank short)");
-    if (G && G != g)
+    if (!serving)
+      throw config_error(where + (steps == 0 ? "epoch 0 had no steps (fewer rows than one global batch, under "
+                                               "remainder_policy::drop?): nothing was cached to resume"
+                                             : "the cache was not filled (over budget, or a rank short)"));
+    const std::uint64_t g = step_base_.size() > 1 ? step_base_[1] : 0, G = at.global_batch, N = rows();
+    if (G && G != g && !(steps == 1 && g < G))
       throw config_error(where + "saved with global steps of " + std::to_string(G) + " rows, epoch 0's have " +
                          std::to_string(g));
-    if (G && at.dataset_size && steps != at.dataset_size / G && steps != (at.dataset_size + G - 1) / G)
-      throw config_error(where + "saved over " + std::to_string(at.dataset_size) + " rows, but epoch 0 has " +
-                         std::to_string(steps) + " steps of " + std::to_string(G) +
-                         " (another dataset, or the upstream not at epoch 0)");
+    const std::uint64_t n = at.dataset_size;
+    if (G && n && (N % G ? n != N : n < N || n - N >= G))
+      throw config_error(where + "saved over " + std::to_string(n) + " rows, but epoch 0 has " + std::to_string(steps) +
+                         " steps of " + std::to_string(G) + ", " + std::to_string(N) + " rows cached (" +
+                         (N % G ? "every row" : "a dataset of " + std::to_string(N) + " to " + std::to_string(N + G - 1)) +
+                         "; another dataset, or the upstream not at epoch 0)");
     if (at.step > steps) throw config_error(where + "past the epoch's " + std::to_string(steps) + " steps");
   }
   // Device memory replica r's side holds (the layout's copies, the trade's buffers).
@@ -565,19 +574,31 @@ class cache_exchange {
   }
   // Across ranks: rank w's replicas' counts joined into the job's layout (global replica
   // w x R + r), every rank the same.
-  void merge_ranks() {
+  // Every rank checks the others' shapes (the same verdict on every rank, before any trade):
+  // the all-to-alls trade rows of one size.
+  void merge_ranks(const std::size_t* field_bytes, std::size_t fields) {
     const std::uint64_t W = std::uint64_t(ranks_->size()), w = std::uint64_t(ranks_->rank());
     const std::uint64_t s = steps(), R = replicas_;
-    const std::uint64_t mine[3] = {s, R, seed_};
-    std::vector<std::uint64_t> shape(3 * W);
+    std::uint64_t bytes = 0, hash = 0xcbf29ce484222325ull;  // the row's bytes, and each field's (FNV-1a)
+    for (std::size_t f = 0; f < fields; ++f) bytes += field_bytes[f], hash = (hash ^ field_bytes[f]) * 0x100000001b3ull;
+    constexpr std::size_t n = 6;
+    const std::uint64_t mine[n] = {s, R, seed_, fields, bytes, hash};
+    std::vector<std::uint64_t> shape(n * W);
     ranks_->all_gather(mine, sizeof mine, shape.data());
     for (std::uint64_t p = 0; p < W; ++p)
-      if (shape[3 * p] != s || shape[3 * p + 1] != R || shape[3 * p + 2] != seed_)
+      if (shape[n * p] != s || shape[n * p + 1] != R || shape[n * p + 2] != seed_)
         throw config_error("cache_on_device: across ranks, every rank needs the same steps, replicas and seed in "
-                           "epoch 0: rank " + std::to_string(p) + " had " + std::to_string(shape[3 * p]) + " steps of " +
-                           std::to_string(shape[3 * p + 1]) + " replicas, seed " + std::to_string(shape[3 * p + 2]) +
+                           "epoch 0: rank " + std::to_string(p) + " had " + std::to_string(shape[n * p]) + " steps of " +
+                           std::to_string(shape[n * p + 1]) + " replicas, seed " + std::to_string(shape[n * p + 2]) +
                            "; rank " + std::to_string(w) + " " + std::to_string(s) + " of " + std::to_string(R) +
                            ", seed " + std::to_string(seed_));
+    for (std::uint64_t p = 0; p < W; ++p)
+      if (shape[n * p + 3] != fields || shape[n * p + 4] != bytes || shape[n * p + 5] != hash)
+        throw config_error("cache_on_device: across ranks, every rank's rows need the same fields, each of the same "
+                           "bytes: rank " + std::to_string(p) + "'s rows have " + std::to_string(shape[n * p + 3]) +
+                           " fields, " + std::to_string(shape[n * p + 4]) + " bytes; rank " + std::to_string(w) +
+                           "'s " + std::to_string(fields) + " fields, " + std::to_string(bytes) + " bytes" +
+                           (shape[n * p + 3] == fields && shape[n * p + 4] == bytes ? " (fields of other sizes)" : ""));
     std::vector<std::uint64_t> mine_counts(s * R), all(W * s * R);
     for (std::uint64_t k = 0; k < s; ++k)
       for (std::uint64_t r = 0; r < R; ++r)
