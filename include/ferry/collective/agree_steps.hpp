@@ -35,12 +35,12 @@ namespace ferry {
 // top).
 enum class step_policy { drop, pad };
 
-// Steps a rank with `rows` rows takes at `batch` rows per step: full batches only (drop)
-// or one more for a partial last batch (pad).
-inline std::int64_t steps_for(std::int64_t rows, std::int64_t batch, step_policy p) {
+// Steps a rank with `rows` rows takes at `batch_rows` rows per step: full batches only
+// (drop) or one more for a partial last batch (pad). (Not `batch`: ferry::batch, the stage.)
+inline std::int64_t steps_for(std::int64_t rows, std::int64_t batch_rows, step_policy p) {
   if (rows < 0) throw config_error("steps_for: negative row count " + std::to_string(rows));
-  if (batch < 1) throw config_error("steps_for: the batch must hold at least 1 row");
-  return p == step_policy::drop ? rows / batch : (rows + batch - 1) / batch;
+  if (batch_rows < 1) throw config_error("steps_for: the batch must hold at least 1 row");
+  return p == step_policy::drop ? rows / batch_rows : (rows + batch_rows - 1) / batch_rows;
 }
 
 // Rows that element-level sharding (shard(world, rank, by_element)) gives `rank` out of

@@ -5,6 +5,9 @@
 // instantiated, so this file builds one of each kind of pipeline; it is compiled, not run.
 // The headers that need a third-party library are included where it is found: the CUDA
 // runtime API (FERRY_WITH_CUDART, set by the script), MPI, Thrust and OpenBLAS.
+// ferry.hpp first, as users include it: a header's name that shadows one declared before
+// it (a parameter named `batch` after ferry::batch) warns only in that order.
+#include "ferry/ferry.hpp"
 #include "ferry/any_source.hpp"
 #include "ferry/batch_of.hpp"
 #include "ferry/cache_codec.hpp"
