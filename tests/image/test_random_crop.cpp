@@ -187,6 +187,24 @@ TEST_CASE("decode_random_crop: a bad JPEG names its tar file and the byte offset
   }
 }
 
+TEST_CASE("decode_random_crop: a JPEG cut near its end fails in every epoch, not only where the crop reaches") {
+  // The fused crop decodes no row below its window; a cut below some windows must not let
+  // those epochs through.
+  std::string jpg = jpeg_of(320, 240, 4);
+  jpg.resize(jpg.size() * 19 / 20);
+  const crop c({.seed = 3});
+  int errors = 0;
+  for (std::uint64_t key = 0; key < 100; ++key) {
+    try {
+      (void)c({reinterpret_cast<const std::byte*>(jpg.data()), jpg.size()}, key);
+    } catch (const ferry::format_error& e) {
+      CHECK(e.offset() == jpg.size());
+      ++errors;
+    }
+  }
+  CHECK(errors == 100);
+}
+
 namespace {
 // protobuf's length-delimited field: tag, varint length, bytes.
 std::string varint(std::uint64_t v) {

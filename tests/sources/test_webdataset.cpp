@@ -345,22 +345,39 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     auto src = ferry::from_files({path}, ferry::webdataset{}, {.max_record_bytes = 1 << 20});
     CHECK(ferry::parse_webdataset(*src.next()).key == "a/1");
     expect_format_error([&] { src.next(); }, path, 1024, "long-name or pax headers reaching past max_record_bytes");
-    // A 2 MiB README between members of a sample, with max_record_bytes of 1 MiB: it ends
-    // the sample and is passed over a chunk at a time; nothing is lost.
+    // Files without a dot carry no sample data. Between members of a sample one is passed
+    // over inside it (WebDataset's group_by_keys): a/1 is one record with both members, not
+    // two with one key. At a shard's start a 2 MiB one (max_record_bytes 1 MiB) is passed
+    // over a chunk at a time, never buffered whole; after a member it would take the
+    // sample past the bound: the sample's error.
+    auto samples_of = [&](const std::string& bytes) {
+      write_file(path, bytes);
+      auto rs = ferry::from_files({path}, ferry::webdataset{}, {.chunk_bytes = 4096, .max_record_bytes = 1 << 20});
+      std::vector<std::string> got;
+      while (auto e = rs.next()) {
+        const auto smp = ferry::parse_webdataset(*e);
+        std::string s = smp.key + ":";
+        for (const auto& m : smp.members) s += " " + m.ext + "=" + std::string(m.data.str());
+        got.push_back(s);
+      }
+      return got;
+    };
     tar_writer r;
-    r.add("a/1.jpg", "one");
     r.add("README", std::string(2 << 20, 'r'));
+    r.add("a/1.jpg", "one");
+    r.add("LICENSE", std::string(600 << 10, 'l'));
     r.add("a/1.cls", "7");
+    r.add("NOTES", "n");
     r.add("a/2.jpg", "two");
     r.end();
-    write_file(path, r.out);
-    auto rs = ferry::from_files({path}, ferry::webdataset{}, {.chunk_bytes = 4096, .max_record_bytes = 1 << 20});
-    std::vector<std::string> got;
-    while (auto e = rs.next()) {
-      const auto smp = ferry::parse_webdataset(*e);
-      for (const auto& m : smp.members) got.push_back(smp.key + "." + m.ext + "=" + std::string(m.data.str()));
-    }
-    CHECK(got == std::vector<std::string>{"a/1.jpg=one", "a/1.cls=7", "a/2.jpg=two"});
+    CHECK(samples_of(r.out) == std::vector<std::string>{"a/1: jpg=one cls=7", "a/2: jpg=two"});
+    tar_writer big;
+    big.add("a/1.jpg", "one");
+    big.add("README", std::string(2 << 20, 'r'));
+    big.add("a/1.cls", "7");
+    big.end();
+    expect_format_error([&] { samples_of(big.out); }, path, 0,
+                        "sample 'a/1' is larger than max_record_bytes (1048576) with 'README'");
     // A pax size applies to the member, not to a long name between them.
     tar_writer p;
     const std::string rec = tar_writer::pax_record("size", "3");

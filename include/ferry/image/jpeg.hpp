@@ -13,10 +13,13 @@
 // so a crop that is more than twice the output size costs a fraction of a full decode; the
 // smallest k whose scaled crop is at least the output size in both directions is taken.
 // Only the crop's rows are decoded (jpeg_skip_scanlines before, none after) and, across,
-// only the iMCU columns it touches (jpeg_crop_scanline). The resizer is bilinear, sampling
-// pixel centres: after the DCT scaling the remaining reduction is less than 2x, where a
-// two-tap filter does not alias visibly, and the DCT scaling itself is the low-pass filter
-// for the rest (a full-resolution decode followed by bilinear would alias at 4x).
+// only the iMCU columns of its columns and of one more either side (jpeg_crop_scanline:
+// libjpeg repeats a region's edge chroma where a full decode interpolates, tens of levels
+// apart at 4:2:0 edges), so the crop has the pixels a full decode at that scale has.
+// The resizer is bilinear, sampling pixel centres: after the DCT scaling the remaining
+// reduction is less than 2x, where a two-tap filter does not alias visibly, and the DCT
+// scaling itself is the low-pass filter for the rest (a full-resolution decode followed by
+// bilinear would alias at 4x).
 //
 // Colour: out.channels 3 gives RGB, 1 grey (libjpeg converts); CMYK and YCCK JPEGs (Adobe,
 // inverted) are converted to RGB here. Progressive JPEGs decode as libjpeg-turbo decodes
@@ -29,8 +32,11 @@
 // warnings are errors here: a truncated image is not silently grey), and a header whose
 // size is 0 or more than limits.max_pixels (checked before anything is allocated from it);
 // the error's path is "JPEG" (map's element_error names the element), its offset the byte
-// libjpeg had reached. config_error for an output size or
-// channel count that is not valid, or a crop window outside the image. std::bad_alloc.
+// libjpeg had reached. A cut file fails every crop, whichever rows it needs: the scan's data
+// must end in an EOI marker, checked first (offset: the file's end; bytes after the EOI are
+// ignored, as by a full decode). Damaged data below a crop's rows goes unseen (not read).
+// config_error for an output size or channel count that is not valid, or a crop window
+// outside the image. std::bad_alloc.
 //
 // Memory: decode_jpeg returns a new image or reuses the caller's; decode_jpeg_crop writes
 // into the caller's span and keeps the decoded rows of the crop, and resize_bilinear its
@@ -151,6 +157,21 @@ inline void cmyk_to(const std::uint8_t* s, std::uint8_t* d, std::uint32_t channe
   }
 }
 
+// A file cut short, found before a crop that stops above the cut would decode it: the last
+// scan's data must be followed by an EOI marker (FF D9), as libjpeg's full decode requires;
+// bytes after it are ignored, as there. Entropy-coded data holds no FF D9 (an FF there is
+// followed by 00 or a restart marker) and the search starts after the SOS header (APPn and
+// COM segments before it may hold any bytes): a backwards scan, two bytes for most files.
+// (A file of several scans, progressive, libjpeg reads whole before any row: it finds a cut.)
+inline void check_eoi(const jpeg_decoder& d, std::span<const std::byte> bytes) {
+  const std::size_t from = d.offset();  // after the (first) SOS header
+  for (std::size_t i = bytes.size(); i >= from + 2; --i)
+    if (bytes[i - 1] == std::byte{0xD9} && bytes[i - 2] == std::byte{0xFF}) return;
+  throw format_error("JPEG", bytes.size(),
+                     "Premature end of JPEG file: truncated, no EOI marker after the scan's data from offset " +
+                         std::to_string(from) + " (of " + std::to_string(bytes.size()) + " bytes)");
+}
+
 // Rows decoded for a crop, reused by the thread's next call.
 inline std::vector<std::uint8_t>& crop_rows() {
   thread_local std::vector<std::uint8_t> rows;
@@ -229,6 +250,7 @@ inline void decode_jpeg_crop(std::span<const std::byte> bytes, const crop_window
     throw config_error("decode_jpeg_crop: the crop " + std::to_string(win.width) + "x" + std::to_string(win.height) +
                        " at (" + std::to_string(win.left) + ", " + std::to_string(win.top) + ") is not inside the " +
                        std::to_string(iw) + "x" + std::to_string(ih) + " image");
+  detail::check_eoi(d, bytes);  // a cut file fails whichever rows the window needs
   const unsigned k = jpeg_crop_scale(win, out);
   d.cinfo.scale_num = k;
   d.cinfo.scale_denom = 8;
@@ -243,8 +265,11 @@ inline void decode_jpeg_crop(std::span<const std::byte> bytes, const crop_window
   const std::uint32_t x1 = std::max(x0 + 1, std::min<std::uint32_t>(sw, std::uint32_t(std::ceil(fx0 + fw))));
   const std::uint32_t y0 = std::min<std::uint32_t>(sh - 1, std::uint32_t(fy0));
   const std::uint32_t y1 = std::max(y0 + 1, std::min<std::uint32_t>(sh, std::uint32_t(std::ceil(fy0 + fh))));
-  JDIMENSION cx = x0, cw = std::max<std::uint32_t>(1, x1 - x0);
-  if (cx != 0 || cw != sw) jpeg_crop_scanline(&d.cinfo, &cx, &cw);  // widened to iMCU columns
+  // A column more each side (inside the image), then widened to iMCU columns: libjpeg
+  // upsamples subsampled chroma at a cropped region's edges by repeating the edge sample,
+  // so the window's own columns get the neighbours a full decode gives them.
+  JDIMENSION cx = x0 ? x0 - 1 : 0, cw = std::min<std::uint32_t>(sw, x1 + 1) - cx;
+  if (cx != 0 || cw != sw) jpeg_crop_scanline(&d.cinfo, &cx, &cw);
   if (y0) jpeg_skip_scanlines(&d.cinfo, y0);
   const std::size_t stride = std::size_t(cw) * comps, rh = y1 - y0;
   rows.resize(stride * rh);

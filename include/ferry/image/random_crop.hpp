@@ -24,11 +24,12 @@
 // Threads: operator() runs on the thread calling it (map's workers) and may run on many at
 // once: the callable is immutable, decoding state is per call and per thread (jpeg.hpp).
 // Errors: format_error for a JPEG that cannot be decoded, naming the record's file and the
-// byte offset in that file (the member's data offset plus where libjpeg was), with
-// "JPEG:" and libjpeg's message; map() wraps it in an element_error naming the element. The
-// constructor throws config_error for options out of range (a scale or ratio range that is
-// empty, flip outside [0, 1]). Memory: the output array is the element (H * W * C bytes);
-// nothing else is allocated per call once a thread's buffers have grown.
+// byte offset in that file (the member's data offset plus jpeg.hpp's: where libjpeg was,
+// or the JPEG's end for a cut one), with "JPEG:" and libjpeg's message; map() wraps it in
+// an element_error naming the element. The constructor throws config_error for options
+// out of range (a scale or ratio range that is empty, flip outside [0, 1]). Memory: the
+// output array is the element (H * W * C bytes); nothing else is allocated per call once a
+// thread's buffers have grown.
 #pragma once
 
 #include <array>

@@ -11,18 +11,22 @@
 //
 // A record is one sample: the run of consecutive tar members whose names share a key
 // (WebDataset's rule: the key is the path up to the first dot of the base name, the
-// extension the rest: a/000123.seg.png is key a/000123, extension seg.png), from the
-// first member's header to the end of the last one's padding, so a sample is read,
-// sharded, interleaved, shuffled and checkpointed like any record, and costs no copy.
+// extension the rest, its case kept where WebDataset lowercases: a/000123.seg.png is key
+// a/000123, extension seg.png), from the first member's header to the end of the last
+// one's padding, so a sample is read, sharded, interleaved, shuffled and checkpointed like
+// any record, and costs no copy.
 // parse_webdataset(record) walks it again and gives each member as a record of its own
 // (record::part: the same storage), whose origin is the member's header.
 //
 // Tar as written by GNU tar, Python's tarfile and WebDataset's writers: POSIX ustar
 // (prefix + name), GNU long names ('L'), pax headers ('x': path and size), base-256
-// sizes; directories, links, global pax headers and names without a dot carry no sample
-// data and are passed over. A zero block ends an archive; reading goes on after it when
-// another archive follows (cat a.tar b.tar), as tar --ignore-zeros does. A sample is
-// buffered whole (its members must fit max_record_bytes together, 64 MiB by default).
+// sizes; directories, links, global pax headers and names without a dot (README) carry no
+// sample data and are passed over, as WebDataset's group_by_keys does: before a sample a
+// chunk at a time, after a member within the sample's span (only past them is it known
+// whether the sample goes on), so they never split one. A zero block ends an archive;
+// reading goes on after it when another archive follows (cat a.tar b.tar), as tar
+// --ignore-zeros does. A sample is buffered whole: its members and what is passed over
+// after them must fit max_record_bytes (64 MiB by default).
 //
 // Threads: the framer runs where from_files reads (the thread calling next(), or
 // interleave's reader threads); parse_webdataset on the calling thread (map's workers):
@@ -31,12 +35,13 @@
 // Errors: format_error, at the offset of the header where the bad member starts: "not a
 // tar header (checksum mismatch)", a size field that is not a number, a truncated header
 // or member ("truncated member 'a/1.jpg' (its header says n bytes, m are left)"), a long
-// name or pax header with no member after it, a sample larger than max_record_bytes; with
-// any of these the rest of the file cannot be read (a whole sample before a damaged header
-// comes out first). A sample with two members of one extension is a bad record:
-// error_policy::skip passes over it alone. An archive cut at a member's end cannot be told
-// from a whole one (tar has no count): its last sample has the members before the cut, and
-// at() names the one missing. An empty file is an archive of no samples.
+// name or pax header with no member after it, a sample larger than max_record_bytes (or
+// taken past it by a file passed over after a member: named); with any of these the rest
+// of the file cannot be read (a whole sample before a damaged header comes out first). A
+// sample with two members of one extension is a bad record: error_policy::skip passes
+// over it alone. An archive cut at a member's end cannot be told from a whole one (tar has
+// no count): its last sample has the members before the cut, and at() names the one
+// missing. An empty file is an archive of no samples.
 // parse_webdataset and at() throw format_error (see each).
 //
 // Memory: a sample is buffered whole in from_files' chunks (at most max_record_bytes);
@@ -299,12 +304,14 @@ struct wds_framer {
   void seek_rows(std::uint64_t) {}
   void open(byte_stream&) {}
 
-  // A sample is buffered whole: never more than max_record bytes of it.
-  void check_span(const byte_stream& s, const tar_entry& e, const std::string& key) const {
+  // A sample is buffered whole: never more than max_record bytes of it (`e`: its member or,
+  // named, an entry passed over inside it).
+  void check_span(const byte_stream& s, const tar_entry& e, const std::string& key, bool member) const {
     if (e.end > max_record)
       throw format_error(s.path(), s.offset(),
-                         "sample '" + key + "' is larger than max_record_bytes (" + std::to_string(max_record) +
-                             "): its members reach " + std::to_string(e.end) + " bytes");
+                         "sample '" + key + "' is larger than max_record_bytes (" + std::to_string(max_record) + ")" +
+                             (member ? "" : " with '" + e.name + "' (" + std::to_string(e.size) + " bytes) after a member") +
+                             ": it would reach " + std::to_string(e.end) + " bytes");
   }
 
   // Consumes an entry that carries no sample data (a directory, a file without a dot),
@@ -360,14 +367,13 @@ struct wds_framer {
           pass_over(s, e);
           continue;
         }
-      } else if (e.kind == tar_entry::eof || e.kind == tar_entry::zero || (member && k != key) ||
-                 (e.kind == tar_entry::file && !member)) {
-        break;  // the next sample's, or a file that belongs to none: not read further
+      } else if (e.kind == tar_entry::eof || e.kind == tar_entry::zero || (member && k != key)) {
+        break;  // the next sample's: not read further
       }
-      check_span(s, e, end == 0 ? std::string(k) : key);
+      check_span(s, e, end == 0 ? std::string(k) : key, member);
       rd.complete(view, e);
       pos = static_cast<std::size_t>(e.end);
-      if (!member) continue;  // within the sample (a directory between its members): kept in its span
+      if (!member) continue;  // a README or directory in the span: the sample may go on after it
       if (end == 0) key.assign(k);
       if (std::find(exts.begin(), exts.end(), x) != exts.end()) dup = true;
       exts.emplace_back(x);
