@@ -357,6 +357,50 @@ TEST_CASE("decode_jpeg_crop: a truncated JPEG fails for every window, with its o
   }
 }
 
+// libjpeg's warnings: those that lose no pixel (an unknown JFIF revision, bytes skipped
+// before a marker) decode to the file's pixels, as libjpeg-turbo's tools and PIL decode
+// them; one about the pixel data (a marker inside the scan's data: "premature end of data
+// segment") stays an error.
+TEST_CASE("JPEG warnings: harmless ones decode to the file's pixels; one about pixel data is an error") {
+  const std::uint32_t w = 96, h = 64;
+  const auto jpg = encode(picture(w, h, 3, 8), w, h, {.quality = 90, .subsample = true});
+  REQUIRE(jpg.size() > 20);
+  REQUIRE(jpg[6] == std::byte{'J'});  // APP0 "JFIF\0", then the revision: major, minor
+  const fi::image want = fi::decode_jpeg(jpg);
+  const fi::crop_window win{8, 16, 40, 64};
+  const fi::crop_output out{32, 32, 3, false};
+  const auto want_crop = fused(jpg, win, out);
+
+  bytes_t jfif2 = jpg;
+  jfif2[11] = std::byte{2};  // JFIF 2.01: "unknown JFIF revision number"
+  bytes_t extra = jpg;  // 3 bytes before the SOS marker: "3 extraneous bytes before marker 0xda"
+  std::size_t sos = 0;
+  for (std::size_t i = 2; i + 1 < extra.size() && sos == 0; ++i)
+    if (extra[i] == std::byte{0xFF} && extra[i + 1] == std::byte{0xDA}) sos = i;
+  REQUIRE(sos > 0);
+  extra.insert(extra.begin() + std::ptrdiff_t(sos), {std::byte{1}, std::byte{2}, std::byte{3}});
+  bytes_t tail = jpg;  // and before the EOI
+  REQUIRE(tail[tail.size() - 2] == std::byte{0xFF});
+  tail.insert(tail.end() - 2, {std::byte{1}, std::byte{2}, std::byte{3}});
+  for (const bytes_t* f : {&jfif2, &extra, &tail}) {
+    CHECK(fi::decode_jpeg(*f).pixels == want.pixels);
+    CHECK(fused(*f, win, out) == want_crop);
+  }
+
+  // A restart marker in the middle of the scan's data, where the file has no restart
+  // interval: libjpeg warns and pads the rest grey; here, an error.
+  std::size_t data = 0;
+  for (std::size_t i = 2; i + 3 < jpg.size() && data == 0; ++i)
+    if (jpg[i] == std::byte{0xFF} && jpg[i + 1] == std::byte{0xDA})
+      data = i + 2 + (std::size_t(jpg[i + 2]) << 8 | std::size_t(jpg[i + 3]));
+  REQUIRE(data > 0);
+  bytes_t hit = jpg;
+  const std::size_t mid = (data + jpg.size()) / 2;
+  hit.insert(hit.begin() + std::ptrdiff_t(mid), {std::byte{0xFF}, std::byte{0xD3}});
+  CHECK_THROWS_AS(fi::decode_jpeg(hit), ferry::format_error);
+  CHECK_THROWS_AS(fused(hit, {0, 0, h, w}, out), ferry::format_error);
+}
+
 TEST_CASE("JPEG bad input: not a JPEG, truncated, too many or no pixels, bad windows and sizes") {
   const std::uint32_t w = 64, h = 64;
   const auto jpg = encode(picture(w, h, 3, 5), w, h);

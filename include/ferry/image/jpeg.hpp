@@ -29,7 +29,9 @@
 // at once (map's workers): each call has its own decoder state.
 //
 // Errors: format_error for data that is not a JPEG, a truncated or corrupt one (libjpeg's
-// warnings are errors here: a truncated image is not silently grey), and a header whose
+// warnings about pixel data are errors here: a truncated image is not silently grey; those
+// that lose no pixel, such as an unknown JFIF revision or bytes skipped before a marker, are
+// not, as in libjpeg-turbo's own tools and PIL), and a header whose
 // size is 0 or more than limits.max_pixels (checked before anything is allocated from it);
 // the error's path is "JPEG" (map's element_error names the element), its offset the byte
 // libjpeg had reached. A cut file fails every crop, whichever rows it needs: the scan's data
@@ -57,6 +59,7 @@
 #include <vector>
 
 #include <jpeglib.h>  // after <cstdio> and <cstddef>: it uses FILE and size_t undeclared
+#include <jerror.h>   // the warnings' codes (J_MESSAGE_CODE)
 
 #include "ferry/error.hpp"
 #include "ferry/image/image.hpp"
@@ -90,8 +93,17 @@ extern "C" inline void ferry_jpeg_error_exit(j_common_ptr c) {
   (*c->err->format_message)(c, e->message);
   std::longjmp(e->jump, 1);
 }
+// Warnings that lose no pixel: metadata libjpeg does not understand (a JFIF revision, an
+// Adobe transform code, a bad ICC marker, unusual SOS parameters) or bytes it skips before
+// a marker. libjpeg-turbo and PIL decode such files, and so does ferry.
+inline bool harmless_warning(int code) {
+  return code == JWRN_JFIF_MAJOR || code == JWRN_ADOBE_XFORM || code == JWRN_BOGUS_ICC ||
+         code == JWRN_NOT_SEQUENTIAL || code == JWRN_EXTRANEOUS_DATA;
+}
 extern "C" inline void ferry_jpeg_emit_message(j_common_ptr c, int level) {
-  if (level < 0) ferry_jpeg_error_exit(c);  // a warning: corrupt or truncated data
+  // The other warnings (a premature end, a bad Huffman or arithmetic code, a lost restart
+  // marker, an inconsistent progression) mean pixels that are not the file's: an error.
+  if (level < 0 && !harmless_warning(c->err->msg_code)) ferry_jpeg_error_exit(c);
 }
 
 // One decompressor for one call; destroyed on every path.
