@@ -2,7 +2,8 @@
 // upstream is not read again), a permutation of the rows it cached with its fields kept
 // together, a new order each epoch fixed by the seed; the budget's two choices (the padding
 // rows served counted, the step over it not lost); an epoch 0 stopped part way is never
-// served; padded remainders cache only real rows; what a resume checks.
+// served; padded remainders cache only real rows; a resume in epoch 0 or later continues
+// the uninterrupted job's global batches at another replica count; what a resume checks.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -381,8 +382,9 @@ TEST_CASE("cache_on_device resume: a saved epoch and step continue the same glob
   const auto at = [](u64 e, u64 k, u64 g) { return ferry::global_position{e, k, 240, g}; };
   CHECK_THROWS_WITH_AS(pipeline(data, reads, 2, {.seed = 4, .resume = at(1, 0, 12)}),
                        doctest::Contains("need across_replicas"), ferry::config_error);
-  CHECK_THROWS_WITH_AS(pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(0, 3, 12)}),
-                       doctest::Contains("goes to global_shuffle"), ferry::config_error);
+  auto past0 = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(0, 21, 12)});
+  CHECK_THROWS_WITH_AS(past0.next(), doctest::Contains("resume at epoch 0, step 21: past the epoch's 20 steps"),
+                       ferry::config_error);
   auto past = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(1, 21, 12)});
   CHECK_THROWS_WITH_AS(past.next(), doctest::Contains("past the epoch's 20 steps"), ferry::config_error);
   auto other_g = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(1, 3, 24)});
@@ -529,4 +531,161 @@ TEST_CASE("cache_on_device resume: a dataset smaller than one global batch, and 
   auto drop_ok =
       pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 3, 251, 12}});
   CHECK(global_steps(drop_ok).size() == 17);
+}
+
+namespace {
+
+// `epochs` epochs of an uninterrupted job at `replicas` replicas, as global steps.
+std::vector<std::vector<std::vector<u64>>> whole_run(const std::vector<u64>& data, std::size_t replicas,
+                                                     ferry::remainder_policy pol, int epochs,
+                                                     ferry::cache_on_device_options o) {
+  std::atomic<u64> reads{0};
+  auto p = pipeline(data, reads, replicas, o, pol);
+  std::vector<std::vector<std::vector<u64>>> out;
+  for (int e = 0; e < epochs; ++e) out.push_back(global_steps(p));
+  return out;
+}
+
+// Step `want[0][k..]` of epoch 0, then epochs 1 to want.size() - 1 as want's, from a job
+// resumed at epoch 0, step k (its next() calls that throw counted in errors).
+template <class P>
+void check_resumed(P& p, const std::vector<std::vector<std::vector<u64>>>& want, u64 k, std::size_t& errors) {
+  std::vector<std::vector<u64>> rest;
+  for (;;) {
+    try {
+      auto st = p.next();
+      if (!st) break;
+      rest.emplace_back();
+      for (std::size_t r = 0; r < st->replicas(); ++r)
+        for (std::size_t i = 0; i < (*st)[r].valid(); ++i) rest.back().push_back((*st)[r].template field<0>()[i]);
+    } catch (const ferry::config_error& e) {
+      ++errors;
+      CHECK(std::string(e.what()).find("needs more than its budget") != std::string::npos);
+      REQUIRE(errors < 3);
+    }
+  }
+  p.rewind();
+  REQUIRE(rest.size() + k == want[0].size());
+  for (std::size_t i = 0; i < rest.size(); ++i) CHECK(rest[i] == want[0][k + i]);
+  for (std::size_t e = 1; e < want.size(); ++e) {
+    CAPTURE(e);
+    CHECK(global_steps(p) == want[e]);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cache_on_device resume in epoch 0: saved after k steps at R replicas, resumed at R', the whole job's "
+          "global batches in epochs 0, 1 and 2") {
+  using policy = ferry::remainder_policy;
+  for (auto [n, pol] : {std::pair{u64(240), policy::drop}, std::pair{u64(247), policy::drop},
+                        std::pair{u64(250), policy::partial}, std::pair{u64(250), policy::pad},
+                        std::pair{u64(245), policy::pad}}) {
+    CAPTURE(n);
+    CAPTURE(int(pol));
+    const auto data = ids(n);
+    const ferry::cache_on_device_options o{.seed = 4, .across_replicas = true};
+    for (auto [R, R2] : {std::pair{std::size_t(2), std::size_t(3)}, std::pair{std::size_t(4), std::size_t(1)},
+                         std::pair{std::size_t(1), std::size_t(2)}, std::pair{std::size_t(3), std::size_t(4)}}) {
+      CAPTURE(R);
+      CAPTURE(R2);
+      const auto want = whole_run(data, R, pol, 3, o);  // the uninterrupted job at R
+      const u64 steps = want[0].size();
+      for (u64 k : {u64(0), u64(1), u64(7), steps - 1, steps}) {
+        CAPTURE(k);
+        // The saved job: k global steps at R replicas, its position then.
+        std::atomic<u64> reads{0};
+        auto saved = pipeline(data, reads, R, o, pol);
+        for (u64 s = 0; s < k; ++s) {
+          std::vector<u64> got;
+          auto st = saved.next();
+          REQUIRE(st);
+          for (std::size_t r = 0; r < st->replicas(); ++r)
+            for (std::size_t i = 0; i < (*st)[r].valid(); ++i) got.push_back((*st)[r].field<0>()[i]);
+          CHECK(got == want[0][s]);
+        }
+        const ferry::global_position at{0, k, n, 12};
+        // The resumed job at R': the rest, the same global batches.
+        std::atomic<u64> r2{0};
+        auto p = pipeline(data, r2, R2, {.seed = 4, .across_replicas = true, .resume = at}, pol);
+        std::size_t errors = 0;
+        check_resumed(p, want, k, errors);
+        CHECK(errors == 0);
+        CHECK(r2 == n);  // epoch 0 read once (its first k steps cached, not served), the upstream not again
+        CHECK(p.cached());
+      }
+    }
+  }
+}
+
+TEST_CASE("cache_on_device resume in epoch 0: over budget while skipping or after, no row of the steps handed out lost "
+          "or repeated") {
+  // 240 rows, 2 replicas, 20 steps: a budget of 5000 bytes fits 17 steps, the 18th (step
+  // 17) passes it.
+  const auto data = ids(240);
+  const auto want = whole_run(data, 2, ferry::remainder_policy::drop, 1, {.seed = 1, .across_replicas = true});
+  for (u64 k : {u64(3), u64(17), u64(18), u64(20)}) {
+    CAPTURE(k);
+    const ferry::global_position at{0, k, 240, 12};
+    // ::error: one config_error, at the step over the budget; a skipped one is not handed
+    // out (the next next() goes on), one to hand out is the next next()'s. Then streams.
+    std::atomic<u64> reads{0};
+    auto p = pipeline(data, reads, 2, {.budget_bytes = 5000, .seed = 1, .across_replicas = true, .resume = at});
+    std::size_t errors = 0;
+    check_resumed(p, want, k, errors);
+    CHECK(errors == 1);
+    CHECK(!p.cached());
+    CHECK(p.bytes_per_replica() == 0);
+    // ::stream: no error, the steps handed out alike; the cache given up.
+    auto q = pipeline(data, reads, 2,
+                      {.budget_bytes = 5000, .when_over = ferry::over_budget::stream, .seed = 1, .across_replicas = true,
+                       .resume = at});
+    errors = 0;
+    check_resumed(q, want, k, errors);
+    CHECK(errors == 0);
+    CHECK(!q.cached());
+    // Streamed, the next epoch is the upstream's again (every row once).
+    std::size_t s = 0;
+    const epoch_rows e1 = epoch_of(q, s);
+    CHECK(sorted(flat(e1)) == sorted(flat(want[0])));
+  }
+}
+
+TEST_CASE("cache_on_device resume in epoch 0: a step past the epoch, another global batch or dataset size, config_errors") {
+  const auto data = ids(240);
+  std::atomic<u64> reads{0};
+  const auto opts = [](ferry::global_position at) {
+    return ferry::cache_on_device_options{.seed = 4, .across_replicas = true, .resume = at};
+  };
+  // Past epoch 0's 20 steps: at the first next() (the upstream ends first), and again.
+  auto past = pipeline(data, reads, 2, opts({0, 21, 240, 12}));
+  CHECK_THROWS_WITH_AS(past.next(), doctest::Contains("resume at epoch 0, step 21: past the epoch's 20 steps"),
+                       ferry::config_error);
+  CHECK_THROWS_AS(past.next(), ferry::config_error);
+  auto past_pad = pipeline(ids(250), reads, 3, opts({0, 23, 250, 12}), ferry::remainder_policy::pad);
+  CHECK_THROWS_WITH_AS(past_pad.next(), doctest::Contains("past the epoch's 21 steps"), ferry::config_error);
+  // The last step is no error: an empty rest of epoch 0, then epoch 1.
+  auto last = pipeline(data, reads, 2, opts({0, 20, 240, 12}));
+  CHECK(!last.next());
+  last.rewind();
+  CHECK(last.cached());
+  // G and the dataset size: at the end of epoch 0 (the first rewind), where the cache serves.
+  auto other_g = pipeline(data, reads, 2, opts({0, 3, 240, 24}));
+  std::size_t steps = 0;
+  while (other_g.next()) ++steps;
+  CHECK(steps == 17);
+  CHECK_THROWS_WITH_AS(other_g.rewind(), doctest::Contains("saved with global steps of 24 rows, epoch 0's have 12"),
+                       ferry::config_error);
+  auto other_n = pipeline(data, reads, 2, opts({0, 3, 500, 12}));
+  while (other_n.next()) {
+  }
+  CHECK_THROWS_WITH_AS(other_n.rewind(), doctest::Contains("saved over 500 rows, but epoch 0 has 20 steps of 12"),
+                       ferry::config_error);
+  auto other_pad = pipeline(ids(245), reads, 2, opts({0, 3, 250, 12}), ferry::remainder_policy::pad);
+  while (other_pad.next()) {
+  }
+  CHECK_THROWS_WITH_AS(other_pad.rewind(), doctest::Contains("saved over 250 rows"), ferry::config_error);
+  // Without across_replicas, as for a later epoch.
+  CHECK_THROWS_WITH_AS(pipeline(data, reads, 2, {.seed = 4, .resume = ferry::global_position{0, 3, 240, 12}}),
+                       doctest::Contains("need across_replicas"), ferry::config_error);
 }

@@ -89,10 +89,13 @@ struct model_reads {
     return out;
   }
 };
+// (valid: with it, each step's real rows per replica.)
 template <class P>
-void enqueue_reads(P& p, model_reads& mr) {
+void enqueue_reads(P& p, model_reads& mr, std::vector<std::vector<std::size_t>>* valid = nullptr) {
   for (auto& st : p) {
     if (mr.seen.empty()) mr.seen.resize(st.replicas());
+    if (valid) valid->emplace_back();
+    for (std::size_t r = 0; r < st.replicas() && valid; ++r) valid->back().push_back(st[r].valid());
     for (std::size_t r = 0; r < st.replicas(); ++r) {
       const auto& rb = st[r];
       const auto a = rb.template field<0>();
@@ -130,6 +133,29 @@ epoch_rows epoch_of(P& p, bool rewind = true, bool own_streams = false) {
     }
   epoch_rows out = mr.rows();
   if (rewind) p.rewind();
+  return out;
+}
+
+// One epoch as global batches: each step's real rows, replica after replica (read as
+// epoch_of reads them), then the rewind.
+template <class P>
+std::vector<std::vector<u64>> global_steps_of(P& p) {
+  model_reads mr;
+  std::vector<std::vector<std::size_t>> valid;
+  enqueue_reads(p, mr, &valid);
+  sim::drain();
+  const epoch_rows rows = mr.rows();
+  std::vector<std::vector<u64>> out;
+  std::vector<std::size_t> at(rows.size());
+  for (const auto& v : valid) {
+    out.emplace_back();
+    for (std::size_t r = 0; r < v.size(); ++r) {
+      out.back().insert(out.back().end(), rows[r].begin() + std::ptrdiff_t(at[r]),
+                        rows[r].begin() + std::ptrdiff_t(at[r] + v[r]));
+      at[r] += v[r];
+    }
+  }
+  p.rewind();
   return out;
 }
 
@@ -748,6 +774,49 @@ TEST_CASE("sim: .devices under remainder_policy::pad, and a resume at a later ep
     CHECK(epoch_of(p) == rest);  // epoch 3 from step 4: traded from the rows as cached
     CHECK(epoch_of(p) == want[4]);
   }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+}
+
+TEST_CASE("sim: a resume in epoch 0 at another replica count (3 host replicas saved, 2 GPUs resumed, peer access "
+          "or .devices): the whole job's global batches in epochs 0, 1 and 2") {
+  sim::reset(15, 2);
+  const auto data = make_rows(250);  // 11 steps of 24 under pad, the last of 10 real rows
+  // The uninterrupted job, on three host replicas: its global batches, 3 epochs.
+  auto h = ferry::from_range(data) | ferry::batch(24) |
+           ferry::distribute(ferry::host_replicas{3}, {.remainder = ferry::remainder_policy::pad}) |
+           ferry::cache_on_device({.seed = 6, .across_replicas = true});
+  std::vector<std::vector<std::vector<u64>>> want(3);
+  for (auto& e : want) {
+    for (auto& st : h) {
+      e.emplace_back();
+      for (std::size_t r = 0; r < st.replicas(); ++r)
+        for (std::size_t i = 0; i < st[r].valid(); ++i) e.back().push_back(st[r].field<0>()[i]);
+    }
+    h.rewind();
+  }
+  REQUIRE(want[0].size() == 11);
+  for (bool nccl : {false, true})
+    for (u64 k : {u64(4), u64(11)}) {
+      CAPTURE(nccl);
+      CAPTURE(k);
+      auto comms = ferry::nccl_communicator::local({0, 1});
+      ferry::nccl_device_exchange ex(comms);
+      {
+        auto p = ferry::from_range(data) | ferry::batch(24) |
+                 ferry::distribute(ferry::cuda::devices{0, 1}, {.remainder = ferry::remainder_policy::pad}) |
+                 sim_cache({.seed = 6, .across_replicas = true, .devices = nccl ? &ex : nullptr,
+                            .resume = ferry::global_position{0, k, 250, 24}});
+        const auto rest = global_steps_of(p);  // epoch 0 from step k
+        REQUIRE(rest.size() + k == want[0].size());
+        for (std::size_t i = 0; i < rest.size(); ++i) CHECK(rest[i] == want[0][k + i]);
+        CHECK(p.cached());
+        CHECK(global_steps_of(p) == want[1]);
+        CHECK(global_steps_of(p) == want[2]);
+      }
+      comms.clear();
+    }
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
   CHECK(sim::stats().live_device_blocks == 0);

@@ -663,6 +663,79 @@ TEST_CASE("cache_on_device across ranks: elastic resume (2 -> 4 -> 3) serves eve
   CHECK(std::count_if(visits.begin(), visits.end(), [](std::int64_t v) { return v > 1; }) == 0);
 }
 
+// Elastic resume of cache_on_device in epoch 0: a job at W/2 ranks serves epoch 0 to step
+// 5, a job at W ranks resumes there (.resume in epoch 0, global_shuffle from epoch 0, step
+// 0: the first 5 steps cached, not served) to step 13, a third at W - 1 resumes there and
+// finishes epoch 0, then serves epoch 1 from its caches (2 -> 4 -> 3 at 4 processes). Each
+// part of each global batch is what one process with one replica serves there, and every
+// row is served exactly once an epoch.
+TEST_CASE("cache_on_device across ranks: elastic resume in epoch 0 (2 -> 4 -> 3), then epoch 1 from the caches" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  auto& c = ctx();
+  auto& w = c.world();
+  const int W = c.world_size(), me = c.rank();
+  const std::uint64_t n = 500, G = 24, steps = n / G;
+  std::vector<std::int64_t> ids(n);
+  for (std::uint64_t i = 0; i < n; ++i) ids[i] = std::int64_t(i);
+  const auto pipeline = [&](std::uint64_t ranks, std::uint64_t rank, std::size_t R, ferry::rank_exchange* x,
+                            std::optional<ferry::global_position> at) {
+    return ferry::global_shuffle(ids, {.seed = 3, .global_batch = G, .ranks = ranks, .rank = rank}) |
+           ferry::batch(G / ranks) | ferry::distribute(ferry::host_replicas{R}) |
+           ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = x, .resume = at});
+  };
+  auto solo = pipeline(1, 0, 1, nullptr, std::nullopt);  // the oracle's epochs 0 and 1
+  std::vector<std::vector<std::vector<std::int64_t>>> oracle(2);
+  for (auto& e : oracle) {
+    while (auto st = solo.next()) {
+      const auto v = (*st)[0].field<0>().first((*st)[0].valid());
+      e.emplace_back(v.begin(), v.end());
+    }
+    solo.rewind();
+  }
+  const int ranks[] = {std::max(1, (W + 1) / 2), W, std::max(1, W - 1)};
+  const std::uint64_t cut[] = {0, 5, 13, steps};
+  std::vector<std::int64_t> visits(2 * n, 0);  // epoch 0's, then epoch 1's
+  // This rank's part of step s of epoch e, checked against the oracle, counted.
+  const auto take = [&](auto& p, std::uint64_t e, std::uint64_t s, int Wp) {
+    auto st = p.next();
+    REQUIRE(st);
+    std::vector<std::int64_t> mine;
+    for (std::size_t r = 0; r < st->replicas(); ++r)
+      for (std::int64_t id : (*st)[r].template field<0>().first((*st)[r].valid())) mine.push_back(id);
+    const std::uint64_t part_rows = G / std::uint64_t(Wp);
+    REQUIRE(mine.size() == part_rows);
+    CHECK(std::equal(mine.begin(), mine.end(), oracle[e][s].begin() + std::ptrdiff_t(std::uint64_t(me) * part_rows)));
+    for (std::int64_t id : mine) visits[e * n + std::size_t(id)]++;
+  };
+  for (int phase = 0; phase < 3; ++phase) {
+    const int Wp = ranks[phase];
+    MPI_Comm part = MPI_COMM_NULL;  // this phase's job: ranks [0, Wp)
+    MPI_Comm_split(MPI_COMM_WORLD, me < Wp ? 0 : MPI_UNDEFINED, me, &part);
+    if (me >= Wp) continue;
+    ferry::mpi_communicator job(part);
+    MPI_Comm_free(&part);
+    ferry::rank_exchange_over<ferry::mpi_communicator> ex(job);
+    std::optional<ferry::global_position> at;
+    if (phase > 0) at = ferry::global_position{0, cut[phase], n, G};
+    auto p = pipeline(std::uint64_t(Wp), std::uint64_t(me), 2, &ex, at);
+    for (std::uint64_t s = cut[phase]; s < cut[phase + 1]; ++s) take(p, 0, s, Wp);
+    if (phase < 2) continue;
+    CHECK_FALSE(p.next());  // the end of epoch 0
+    p.rewind();             // every rank cached a whole epoch 0: the caches serve
+    CHECK(p.cached());
+    for (std::uint64_t s = 0; s < steps; ++s) take(p, 1, s, Wp);
+    CHECK_FALSE(p.next());
+  }
+  w.all_reduce_sum(std::span<std::int64_t>(visits));
+  for (std::size_t e = 0; e < 2; ++e) {
+    CAPTURE(e);
+    const auto b = visits.begin() + std::ptrdiff_t(e * n), end = b + std::ptrdiff_t(n);
+    CHECK(std::count(b, end, 1) == std::int64_t(steps * G));
+    CHECK(std::count_if(b, end, [](std::int64_t v) { return v > 1; }) == 0);
+  }
+}
+
 TEST_CASE("uneven files with the trainer: pad with empty steps, no hang" * doctest::timeout(60)) {
   ferry_test::watchdog wd(60s);
   auto& c = ctx();

@@ -40,16 +40,16 @@
 // Errors: config_error for a ragged or padded upstream step (compile time), over budget,
 // replicas, devices or streams that change between steps, a device replica with the
 // host-only stage and shuffle (at the first step), across_replicas without shuffle, ranks,
-// devices or resume without it, a resume in epoch 0 (when built), GPUs that cannot read
-// each other's memory, GPU replicas across ranks without .devices, .devices not the
-// replicas' GPUs, ranks whose epoch 0 had other step or replica counts, seeds or row
-// layouts (fields, bytes), another rank's failure (at the end of epoch 0 or a rewind, on
-// every rank), a resume past the epoch, of another global batch or dataset size, or
-// without a filled cache (at the first next()). cuda_error, std::bad_alloc, what the
-// rank_exchange and device_exchange throw: whatever fails while filling, at the end of
-// epoch 0, in a reorder or in .devices' trade (kept until the rewind; a failed NCCL call
-// also thrown by next() at once) frees the caches, and the stage streams from then on (on
-// every rank; docs/distribute.md).
+// devices or resume without it, GPUs that cannot read each other's memory, GPU replicas
+// across ranks without .devices, .devices not the replicas' GPUs, ranks whose epoch 0 had
+// other step or replica counts, seeds or row layouts (fields, bytes), another rank's
+// failure (at the end of epoch 0 or a rewind, on every rank), a resume past the epoch, of
+// another global batch or dataset size, or without a filled cache (at the first next(); in
+// epoch 0, when the upstream ends before the step, and at the first rewind: Checkpoints).
+// cuda_error, std::bad_alloc, what the rank_exchange and device_exchange throw: whatever
+// fails while filling, at the end of epoch 0, in a reorder or in .devices' trade (kept
+// until the rewind; a failed NCCL call also thrown by next() at once) frees the caches,
+// and the stage streams from then on (on every rank; docs/distribute.md).
 //
 // Memory: per replica, after epoch 0, (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
@@ -61,16 +61,19 @@
 // the layout on GPUs; across ranks, the traded rows' buffers when an epoch trades more).
 //
 // Checkpoints: none (cannot_save: the cache is memory). A job resumes with .resume = the
-// global_position it saved (epoch >= 1, step), at any replica and rank count (the same
-// global batches from there): it reads epoch 0 again (global_shuffle at epoch 0) to fill
-// the caches, serving none of it, then serves that epoch from that step. Checked: G, the
-// step, the dataset size (exactly when the rows cached are not a multiple of G: partial,
-// pad; else to within G - 1: under drop, n to n + G - 1 rows fill the same steps). Not
-// seen (the upstream's position is not the stage's): an upstream not at epoch 0 whose
-// steps match. The same sequence only after a job whose first epoch 0 filled the cache
-// whole: one saved in epoch 0 (resumed by global_shuffle: the cache then holds the rest of
-// epoch 0 only), one whose epoch 0 stopped part way (refilled from the upstream's epoch 1)
-// or that streamed (over budget) served other rows from epoch 1 on.
+// global_position it saved (epoch, step), at any replica and rank count (the same global
+// batches from there), its upstream (global_shuffle) at epoch 0, step 0. In epoch 0, the
+// caches fill from its first step but next() hands out the steps from `step` on (those
+// before are cached, or streamed, and not returned; on every rank alike); later, epoch 0
+// is read whole to fill the caches, serving none of it, then that epoch is served from that
+// step. Checked: G, the step, the dataset size (exactly when the rows cached are not a
+// multiple of G: partial, pad; else to within G - 1: under drop, n to n + G - 1 rows fill
+// the same steps); in epoch 0 the step when the upstream ends before it, G and the size at
+// the end of epoch 0 (the first rewind), where the cache serves. Not seen (the upstream's
+// position is not the stage's): an upstream not at epoch 0 whose steps match. The same
+// sequence only where each job's epoch 0 filled the cache whole: one whose epoch 0 stopped
+// part way (refilled from the upstream's epoch 1) or that streamed (over budget) serves
+// other rows from epoch 1 on.
 #pragma once
 
 #include <algorithm>
@@ -119,7 +122,7 @@ struct cache_on_device_options {
   bool across_replicas = false;  // one order of all replicas' rows each epoch (the top); needs shuffle
   rank_exchange* ranks = nullptr;  // with it: the processes sharing that order (not owned)
   device_exchange* devices = nullptr;  // with it: GPU replicas trade rows through it (NCCL; not owned)
-  // With it: start at this saved epoch (>= 1) and step, epoch 0 read whole first (the top).
+  // With it: go on from this saved epoch and step, the upstream at epoch 0 (the top: Checkpoints).
   std::optional<global_position> resume = std::nullopt;
 };
 
@@ -147,8 +150,6 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       throw config_error("cache_on_device: across_replicas reorders rows across replicas each epoch; it needs shuffle");
     if ((o_.ranks || o_.devices || o_.resume) && !o_.across_replicas)
       throw config_error("cache_on_device: ranks, devices and resume need across_replicas = true (one order for any count)");
-    if (o_.resume && o_.resume->epoch == 0)
-      throw config_error("cache_on_device: a resume in epoch 0 goes to global_shuffle (the cache fills in epoch 0)");
     exchange_.set_ranks(o_.ranks, o_.devices, o_.seed);
   }
   cache_on_device_source(cache_on_device_source&&) noexcept = default;  // takes o's caches (o keeps none)
@@ -176,10 +177,13 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     return state_ == mode::serving ? serve() : fill();
   }
   // Epoch 0 (or streaming): the upstream's step, kept. A step whose keep() throws (over
-  // budget under ::error, a failed copy) is held and handed out by the next next(): the
-  // caller who goes on loses no rows, and a rank keeps the others' step count.
+  // budget under ::error, a failed copy) is held and handed out by the next next() (unless
+  // a resume skips it): the caller who goes on loses no rows, and a rank keeps the others'
+  // step count.
   std::optional<V> fill() {
     std::optional<V> st = this->pull_up();
+    const bool out = !o_.resume || resumed_;  // handed out (not a resume's steps before its own)
+    if (st && !out) ++skipped_;
     if (state_ == mode::streaming) return st;
     if (!st) { filled_ = steps_ > 0; return st; }  // filled: the whole epoch was cached
     ++steps_;
@@ -187,16 +191,24 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       if (!keep(*st)) give_up();  // over budget, over_budget::stream
     } catch (...) {
       give_up();  // nothing half cached is ever served
-      if (!o_.resume) held_ = std::move(st);  // a resume's fill serves none of epoch 0
+      if (out) held_ = std::move(st);
       throw;
     }
     return st;
   }
 
-  // A resumed job's first step: epoch 0 read into the caches, the saved epoch from its step.
+  // A resumed job's first step. In epoch 0: its first at.step steps filled (or streamed)
+  // and not handed out (after a skipped step's error, the next next() skips on), then the
+  // next one. Later: epoch 0 read into the caches, then the saved epoch from its step.
   std::optional<V> resume() {
-    while (state_ == mode::filling && fill()) continue;
     const global_position& at = *o_.resume;
+    if (at.epoch == 0) {
+      while (skipped_ < at.step)
+        if (!fill()) cache_exchange::throw_resume_past(at, skipped_);  // the upstream ended first
+      resumed_ = true;
+      return fill();
+    }
+    while (state_ == mode::filling && fill()) continue;
     epoch_ = at.epoch - 1;
     start_epoch();  // the ranks' agreement, the end of the fill, the saved epoch's order
     exchange_.check_resume(at, state_ == mode::serving, steps_);
@@ -210,6 +222,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 
   void start_epoch() {
     held_.reset();  // a step of the epoch left
+    if (o_.resume && o_.resume->epoch == 0) resumed_ = true;  // past its position (or given up)
     ++epoch_;
     step_ = 0;
     if (!exchange_.agree_once(state_ == mode::filling && filled_)) return give_up();
@@ -224,6 +237,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
         try { finish_fill(); } catch (...) { e = std::current_exception(); }
         exchange_.settle(e);
         state_ = mode::serving;
+        if (o_.resume && o_.resume->epoch == 0) exchange_.check_resume(*o_.resume, true, steps_);  // G, n
       }
       if (state_ == mode::serving) reorder();
     } catch (...) {
@@ -285,27 +299,12 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     throw_over_budget(r, o_.budget_bytes, steps_ - 1, rows, served - rows, row_bytes_, per_row(), need);
   }
 
-  // The end of epoch 0: each replica's serving buffer holds steps x rows-a-step rows (the
-  // cached ones, then zero rows for padding): the cache itself without shuffle, trimmed to
-  // that; with shuffle the cache is trimmed to its rows (with .devices to the serving rows:
-  // the two blocks trade places each epoch) and the epoch buffer made.
+  // The end of epoch 0: each replica's serving buffer (arena_finish), the layout's end.
   void finish_fill() {
     if (o_.across_replicas) exchange_.finish(field_bytes_.data(), nf);
-    for (std::size_t r = 0; r < arenas_.size(); ++r) {
-      auto& a = arenas_[r];
-      a.served = std::max<std::uint64_t>(a.rows, std::uint64_t(steps_) * rows_per_step_[r]);
-      const std::uint64_t serve_rows = padded_ ? a.served : a.rows;
-      a.served = serve_rows;
-      for (std::size_t f = 0; f < nf; ++f) {
-        if (!o_.shuffle) {
-          if (a.capacity[f] != serve_rows) arena_resize(a, f, field_bytes_[f], serve_rows, a.rows);
-          continue;
-        }
-        if (const std::uint64_t keep = o_.devices ? serve_rows : a.rows; a.capacity[f] != keep)
-          arena_resize(a, f, field_bytes_[f], keep, a.rows);
-        a.epoch[f] = arena_alloc(a, a.host_epoch[f], std::size_t(serve_rows) * field_bytes_[f], serve_rows > a.rows);
-      }
-    }
+    for (std::size_t r = 0; r < arenas_.size(); ++r)
+      arena_finish(arenas_[r], std::uint64_t(steps_) * rows_per_step_[r], padded_, o_.shuffle, o_.devices != nullptr,
+                   field_bytes_.data(), nf);
     if (o_.across_replicas && !arenas_.empty() && arenas_[0].device >= 0)
       exchange_.template to_devices<Launch>(arenas_, nf, widest_);
   }
@@ -341,13 +340,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 
   void free_all() noexcept {
     exchange_.clear();  // first: it waits for every replica's gathers, which read the others' caches
-    for (auto& a : arenas_) {
-      for (std::size_t f = 0; f < a.cache.size(); ++f) {
-        if (a.device < 0) break;
-        arena_release(a, a.cache[f], 0);
-        arena_release(a, a.epoch[f], 0);
-      }
-    }
+    for (auto& a : arenas_) arena_free(a);
     arenas_.clear();
     filled_ = padded_ = false;
   }
@@ -357,8 +350,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   cache_exchange exchange_;  // across_replicas: epoch 0's step layout
   mode state_ = mode::filling;
   bool filled_ = false;  // epoch 0 read to its end with every step cached
-  bool padded_ = false, resumed_ = false;  // epoch 0 had padding rows (later ones pad alike); o_.resume's fill is done
-  std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0;  // steps: epoch 0's count
+  bool padded_ = false, resumed_ = false;  // epoch 0 had padding rows (later ones pad alike); o_.resume reached
+  std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0, skipped_ = 0;  // steps: epoch 0's count; skipped: a resume's, not out
   std::vector<std::size_t> rows_per_step_;
   std::size_t row_bytes_ = 0, widest_ = 0;
   std::array<std::size_t, nf> field_bytes_{};

@@ -198,6 +198,35 @@ inline void arena_copy_in(replica_arena& a, std::size_t f, std::size_t at, const
 }
 
 
+// The end of epoch 0 for a replica of `slots` = steps x rows a step: its serving buffer
+// holds its cached rows, then under pad zero rows up to `slots`: the cache itself without
+// shuffle, trimmed to that; with shuffle the cache is trimmed to its rows (with a
+// device_exchange to the serving rows: the two blocks trade places each epoch) and the
+// epoch block made.
+inline void arena_finish(replica_arena& a, std::uint64_t slots, bool padded, bool shuffle, bool devices,
+                         const std::size_t* field_bytes, std::size_t fields) {
+  const std::uint64_t serve_rows = padded ? std::max(a.rows, slots) : a.rows;
+  a.served = serve_rows;
+  for (std::size_t f = 0; f < fields; ++f) {
+    if (!shuffle) {
+      if (a.capacity[f] != serve_rows) arena_resize(a, f, field_bytes[f], serve_rows, a.rows);
+      continue;
+    }
+    if (const std::uint64_t keep = devices ? serve_rows : a.rows; a.capacity[f] != keep)
+      arena_resize(a, f, field_bytes[f], keep, a.rows);
+    a.epoch[f] = arena_alloc(a, a.host_epoch[f], std::size_t(serve_rows) * field_bytes[f], serve_rows > a.rows);
+  }
+}
+
+// Gives a device replica's blocks back (a host replica's vectors go with the arena).
+inline void arena_free(replica_arena& a) noexcept {
+  if (a.device < 0) return;
+  for (std::size_t f = 0; f < a.cache.size(); ++f) {
+    arena_release(a, a.cache[f], 0);
+    arena_release(a, a.epoch[f], 0);
+  }
+}
+
 // A later epoch's step `step` of a replica serving b rows a step: its first row, rows and
 // real rows (under pad, every slice keeps epoch 0's size, the padding rows past `rows`).
 inline replica_slice served_slice(const replica_arena& a, std::uint64_t b, std::uint64_t step, bool padded) noexcept {

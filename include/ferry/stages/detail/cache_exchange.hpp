@@ -311,14 +311,14 @@ class cache_exchange {
   std::uint64_t rows() const noexcept { return step_base_.empty() ? 0 : step_base_.back(); }
   std::uint64_t steps() const noexcept { return step_base_.empty() ? 0 : step_base_.size() - 1; }
   // A resume at `at` (cache_on_device_options::resume), after the fill and the first
-  // rewind: throws config_error unless the cache serves; at.global_batch G (when not 0) is
+  // rewind (at.epoch >= 1), or at the end of epoch 0's fill where the cache serves
+  // (at.epoch 0): throws config_error unless the cache serves; at.global_batch G (when not 0) is
   // the rows of epoch 0's first global step (fewer when it is the only step: a dataset
   // smaller than G); at.dataset_size (with G) is the rows cached when they are not a
   // multiple of G (partial, pad: every row), else within G - 1 above them (drop); and
   // at.step is within the epoch's `steps`.
   void check_resume(const global_position& at, bool serving, std::uint64_t steps) const {
-    const std::string where = "cache_on_device: resume at epoch " + std::to_string(at.epoch) + ", step " +
-                              std::to_string(at.step) + ": ";
+    const std::string where = resume_where(at);
     if (!serving)
       throw config_error(where + (steps == 0 ? "epoch 0 had no steps (fewer rows than one global batch, under "
                                                "remainder_policy::drop?): nothing was cached to resume"
@@ -333,7 +333,14 @@ class cache_exchange {
                          " steps of " + std::to_string(G) + ", " + std::to_string(N) + " rows cached (" +
                          (N % G ? "every row" : "a dataset of " + std::to_string(N) + " to " + std::to_string(N + G - 1)) +
                          "; another dataset, or the upstream not at epoch 0)");
-    if (at.step > steps) throw config_error(where + "past the epoch's " + std::to_string(steps) + " steps");
+    if (at.step > steps) throw_resume_past(at, steps);
+  }
+  // The config_error of a resume at `at` past its epoch's `steps` steps.
+  [[noreturn]] static void throw_resume_past(const global_position& at, std::uint64_t steps) {
+    throw config_error(resume_where(at) + "past the epoch's " + std::to_string(steps) + " steps");
+  }
+  static std::string resume_where(const global_position& at) {
+    return "cache_on_device: resume at epoch " + std::to_string(at.epoch) + ", step " + std::to_string(at.step) + ": ";
   }
   // Device memory replica r's side holds (the layout's copies, the trade's buffers).
   std::size_t device_bytes(std::size_t r) const noexcept { return r < dev_.size() ? dev_[r].bytes : 0; }
