@@ -225,6 +225,16 @@ TEST_CASE("sim: steady state allocates nothing and waits for nothing on the host
     CHECK(t.augment_allocs_end == (keep ? 4u : 2u));
     check_clean(t);
   }
+  // A partial last batch (5 rows, short on each replica) takes a full batch's blocks: the
+  // pool reuses blocks of one size only, so a block sized to its rows was a new allocation.
+  scenario sc{.devices = {0, 1}, .per_replica = 8, .rows = 8 * 2 * 30 + 5,
+              .policy = ferry::remainder_policy::partial, .progress = 12, .seed = 6};
+  const trace t = run(sc);
+  REQUIRE(t.steps == 31);
+  CHECK(t.rows_checked == sc.rows);
+  CHECK(t.augment_allocs_end == t.augment_allocs_warm);
+  CHECK(t.augment_allocs_end == 2u);
+  check_clean(t);
 }
 
 TEST_CASE("sim: a failed allocation or launch is an error and leaks no block" * doctest::timeout(60)) {

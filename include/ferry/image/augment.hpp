@@ -48,13 +48,15 @@
 // Memory: augment_host allocates nothing (its per-row table is on the stack). An
 // augmenter's outputs come from pools: host memory from a buffer_pool, device memory from
 // one device_buffer_pool per device, reused in stream order (the block waits, on the GPU,
-// for the work enqueued before the last output in it was dropped): after warm-up, no
-// allocation per step.
+// for the work enqueued before the last output in it was dropped). Device blocks hold the
+// most rows a replica batch has had, so a short batch (a partial last one) reuses a full
+// one's block: after the largest step, no allocation per step.
 #pragma once
 
 #include <math.h>  // ::fmaf, declared __host__ __device__ by nvcc's math headers
 
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -317,6 +319,7 @@ class augmented {
       host_ = std::move(o.host_);
       data_ = std::exchange(o.data_, nullptr);
       rows_ = std::exchange(o.rows_, 0);
+      block_ = std::exchange(o.block_, 0);
       per_ = o.per_;
       device_ = o.device_;
       stream_ = o.stream_;
@@ -350,11 +353,11 @@ class augmented {
       const device_guard_noexcept g(device_);
       cudaEvent_t ev = pool_->try_take_event();
       if (ev && cudaEventRecord(ev, stream_) == cudaSuccess) {
-        pool_->release(data_, rows_ * per_ * sizeof(float), ev);
+        pool_->release(data_, block_, ev);
       } else {
         if (ev) pool_->give_event(ev);
         FERRY_CUDA_LOG(cudaStreamSynchronize(stream_));
-        pool_->release(data_, rows_ * per_ * sizeof(float), nullptr);
+        pool_->release(data_, block_, nullptr);
       }
     }
     pool_.reset();
@@ -379,7 +382,7 @@ class augmented {
 #endif
   buffer host_;
   float* data_ = nullptr;
-  std::size_t rows_ = 0, per_ = 0;
+  std::size_t rows_ = 0, per_ = 0, block_ = 0;  // block_: the device block's bytes (>= rows_ x per_ floats)
   int device_ = -1;
   cuda_stream stream_ = nullptr;
 };
@@ -442,7 +445,12 @@ class basic_augmenter {
 #if defined(FERRY_WITH_CUDART)
     std::shared_ptr<cuda::device_buffer_pool> pool = device_pool(rb.device());
     cuda::device_guard g(rb.device());
-    const std::size_t bytes = rb.size() * per * sizeof(float);
+    // The most rows seen: a short batch takes a full one's block (the pool reuses blocks of
+    // one size only), so the last, partial batch of an epoch allocates nothing.
+    std::size_t most = most_rows_.load(std::memory_order_relaxed);
+    while (most < rb.size() && !most_rows_.compare_exchange_weak(most, rb.size(), std::memory_order_relaxed)) {
+    }
+    const std::size_t bytes = std::max(most, rb.size()) * per * sizeof(float);
     const cudaStream_t s = rb.stream();
     auto* p = static_cast<float*>(pool->acquire(bytes, s));
     // From here `out` owns the block: if the launch throws, its destructor returns it after
@@ -450,6 +458,7 @@ class basic_augmenter {
     out.pool_ = std::move(pool);
     out.data_ = p;
     out.rows_ = rb.size();
+    out.block_ = bytes;
     Launch::launch(plan_, {reinterpret_cast<const std::uint8_t*>(in.data()), p, std::uint32_t(rb.size()), key, first_row},
                    rb.stream());
     return out;
@@ -479,6 +488,7 @@ class basic_augmenter {
   }
   mutable std::mutex m_;
   std::map<int, std::shared_ptr<cuda::device_buffer_pool>> pools_;  // one per device, made on first use
+  std::atomic<std::size_t> most_rows_{0};  // the most rows a device replica batch has had
 #endif
   augment_plan plan_;
   std::shared_ptr<buffer_pool> host_pool_;

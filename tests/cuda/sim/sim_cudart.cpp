@@ -45,6 +45,7 @@ struct op {
   int rank = 0, nranks = 1;
   bool aborted = false;
   double vend = 0;  // virtual time (s) at which it ends
+  std::vector<char> staged;  // a copy from pageable memory: its bytes, taken at the call
 };
 
 struct mem_access {
@@ -643,7 +644,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcp
   if (dev_dst) touch(o, dst, n, true);
   // From or to pageable memory the runtime stages the bytes through its own pinned buffer:
   // the call returns (in virtual time) when the copy has ended, so the host cannot run ahead.
-  if (k != cudaMemcpyDeviceToDevice && !pinned(dev_src ? dst : src, n)) observe(o.vend);
+  // From pageable memory the bytes are staged at the call, as the runtime does: the caller
+  // may free or reuse its buffer as soon as the call returns.
+  if (k != cudaMemcpyDeviceToDevice && !pinned(dev_src ? dst : src, n)) {
+    if (!dev_src) {
+      o.staged.assign(static_cast<const char*>(src), static_cast<const char*>(src) + n);
+      o.src = o.staged.data();
+    }
+    observe(o.vend);
+  }
   return cudaSuccess;
 }
 // The device's legacy default stream: made on first use, non-blocking itself so that

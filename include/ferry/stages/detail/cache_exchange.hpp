@@ -657,14 +657,20 @@ class cache_exchange {
   };
 
 #if defined(FERRY_WITH_CUDART)
-  // `n` values to a new block of the side's device (current), at once.
+  // `n` values to a new block of the side's device (current), there when this returns:
+  // cudaMemcpy from pageable memory may return before its DMA ends, and orders nothing
+  // before kernels on non-blocking streams (the replicas' and the plan's), so the device is
+  // synchronised after it. Once per table, at the end of epoch 0.
   template <class T>
   static const std::uint64_t* upload(device_side& side, const T* v, std::size_t n) {
     void* p = nullptr;
     FERRY_CUDA_TRY(cudaMalloc(&p, std::max<std::size_t>(n * sizeof(T), 1)));
     side.blocks.push_back(p);
     side.bytes += n * sizeof(T);
-    if (n) FERRY_CUDA_TRY(cudaMemcpy(p, v, n * sizeof(T), cudaMemcpyHostToDevice));
+    if (n) {
+      FERRY_CUDA_TRY(cudaMemcpy(p, v, n * sizeof(T), cudaMemcpyHostToDevice));
+      FERRY_CUDA_TRY(cudaDeviceSynchronize());
+    }
     return static_cast<const std::uint64_t*>(p);
   }
   // Device d (current) reads peer's memory from now on; throws config_error when it cannot.
