@@ -599,6 +599,27 @@ TEST_CASE("cache_on_device across ranks: the one-process order, rows from other 
   }
 }
 
+// The elastic-resume tests' job: `ids` in one global order, G rows a global step, at
+// `ranks` processes (this one `rank`), R host replicas each, cached across replicas and
+// ranks (x), resumed at `at`.
+auto elastic_cache_pipeline(const std::vector<std::int64_t>& ids, std::uint64_t G, std::uint64_t ranks,
+                            std::uint64_t rank, std::size_t R, ferry::rank_exchange* x,
+                            std::optional<ferry::global_position> at) {
+  return ferry::global_shuffle(ids, {.seed = 3, .global_batch = G, .ranks = ranks, .rank = rank}) |
+         ferry::batch(G / ranks) | ferry::distribute(ferry::host_replicas{R}) |
+         ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = x, .resume = at});
+}
+// This rank's rows of p's next step, every replica's in order (REQUIREs a step).
+template <class P>
+std::vector<std::int64_t> next_part(P& p) {
+  auto st = p.next();
+  REQUIRE(st);
+  std::vector<std::int64_t> mine;
+  for (std::size_t r = 0; r < st->replicas(); ++r)
+    for (std::int64_t id : (*st)[r].template field<0>().first((*st)[r].valid())) mine.push_back(id);
+  return mine;
+}
+
 // Elastic resume of cache_on_device across ranks: a job at W/2 ranks fills its caches and
 // trains epoch 1 to step 5, a job at W ranks resumes there (.resume: it reads epoch 0
 // again to fill, serving none of it) to step 13, a third at W - 1 finishes the epoch (2 ->
@@ -614,9 +635,7 @@ TEST_CASE("cache_on_device across ranks: elastic resume (2 -> 4 -> 3) serves eve
   for (std::uint64_t i = 0; i < n; ++i) ids[i] = std::int64_t(i);
   const auto pipeline = [&](std::uint64_t ranks, std::uint64_t rank, std::size_t R, ferry::rank_exchange* x,
                             std::optional<ferry::global_position> at) {
-    return ferry::global_shuffle(ids, {.seed = 3, .global_batch = G, .ranks = ranks, .rank = rank}) |
-           ferry::batch(G / ranks) | ferry::distribute(ferry::host_replicas{R}) |
-           ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = x, .resume = at});
+    return elastic_cache_pipeline(ids, G, ranks, rank, R, x, at);
   };
   auto solo = pipeline(1, 0, 1, nullptr, std::nullopt);  // the oracle's epoch 1
   while (solo.next()) {
@@ -647,11 +666,7 @@ TEST_CASE("cache_on_device across ranks: elastic resume (2 -> 4 -> 3) serves eve
       p.rewind();
     }
     for (std::uint64_t s = cut[phase]; s < cut[phase + 1]; ++s) {
-      auto st = p.next();
-      REQUIRE(st);
-      std::vector<std::int64_t> mine;
-      for (std::size_t r = 0; r < st->replicas(); ++r)
-        for (std::int64_t id : (*st)[r].field<0>().first((*st)[r].valid())) mine.push_back(id);
+      const std::vector<std::int64_t> mine = next_part(p);
       const std::uint64_t part_rows = G / std::uint64_t(Wp);
       REQUIRE(mine.size() == part_rows);
       CHECK(std::equal(mine.begin(), mine.end(), oracle[s].begin() + std::ptrdiff_t(std::uint64_t(me) * part_rows)));
@@ -680,9 +695,7 @@ TEST_CASE("cache_on_device across ranks: elastic resume in epoch 0 (2 -> 4 -> 3)
   for (std::uint64_t i = 0; i < n; ++i) ids[i] = std::int64_t(i);
   const auto pipeline = [&](std::uint64_t ranks, std::uint64_t rank, std::size_t R, ferry::rank_exchange* x,
                             std::optional<ferry::global_position> at) {
-    return ferry::global_shuffle(ids, {.seed = 3, .global_batch = G, .ranks = ranks, .rank = rank}) |
-           ferry::batch(G / ranks) | ferry::distribute(ferry::host_replicas{R}) |
-           ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = x, .resume = at});
+    return elastic_cache_pipeline(ids, G, ranks, rank, R, x, at);
   };
   auto solo = pipeline(1, 0, 1, nullptr, std::nullopt);  // the oracle's epochs 0 and 1
   std::vector<std::vector<std::vector<std::int64_t>>> oracle(2);
@@ -698,11 +711,7 @@ TEST_CASE("cache_on_device across ranks: elastic resume in epoch 0 (2 -> 4 -> 3)
   std::vector<std::int64_t> visits(2 * n, 0);  // epoch 0's, then epoch 1's
   // This rank's part of step s of epoch e, checked against the oracle, counted.
   const auto take = [&](auto& p, std::uint64_t e, std::uint64_t s, int Wp) {
-    auto st = p.next();
-    REQUIRE(st);
-    std::vector<std::int64_t> mine;
-    for (std::size_t r = 0; r < st->replicas(); ++r)
-      for (std::int64_t id : (*st)[r].template field<0>().first((*st)[r].valid())) mine.push_back(id);
+    const std::vector<std::int64_t> mine = next_part(p);
     const std::uint64_t part_rows = G / std::uint64_t(Wp);
     REQUIRE(mine.size() == part_rows);
     CHECK(std::equal(mine.begin(), mine.end(), oracle[e][s].begin() + std::ptrdiff_t(std::uint64_t(me) * part_rows)));
