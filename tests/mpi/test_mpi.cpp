@@ -609,6 +609,21 @@ auto elastic_cache_pipeline(const std::vector<std::int64_t>& ids, std::uint64_t 
          ferry::batch(G / ranks) | ferry::distribute(ferry::host_replicas{R}) |
          ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = x, .resume = at});
 }
+// The elastic tests' three jobs in turn, at ranks[k] processes each (ranks [0, ranks[k])
+// of the world): f(k, ranks[k], the job's rank exchange) on the ranks each job has.
+template <class F>
+void elastic_phases(const int (&ranks)[3], int me, F f) {
+  for (int phase = 0; phase < 3; ++phase) {
+    const int Wp = ranks[phase];
+    MPI_Comm part = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, me < Wp ? 0 : MPI_UNDEFINED, me, &part);
+    if (me >= Wp) continue;
+    ferry::mpi_communicator job(part);
+    MPI_Comm_free(&part);
+    ferry::rank_exchange_over<ferry::mpi_communicator> ex(job);
+    f(phase, Wp, ex);
+  }
+}
 // This rank's rows of p's next step, every replica's in order (REQUIREs a step).
 template <class P>
 std::vector<std::int64_t> next_part(P& p) {
@@ -649,14 +664,7 @@ TEST_CASE("cache_on_device across ranks: elastic resume (2 -> 4 -> 3) serves eve
   const int ranks[] = {std::max(1, (W + 1) / 2), W, std::max(1, W - 1)};
   const std::uint64_t cut[] = {0, 5, 13, steps};
   std::vector<std::int64_t> visits(n, 0);
-  for (int phase = 0; phase < 3; ++phase) {
-    const int Wp = ranks[phase];
-    MPI_Comm part = MPI_COMM_NULL;  // this phase's job: ranks [0, Wp)
-    MPI_Comm_split(MPI_COMM_WORLD, me < Wp ? 0 : MPI_UNDEFINED, me, &part);
-    if (me >= Wp) continue;
-    ferry::mpi_communicator job(part);
-    MPI_Comm_free(&part);
-    ferry::rank_exchange_over<ferry::mpi_communicator> ex(job);
+  elastic_phases(ranks, me, [&](int phase, int Wp, ferry::rank_exchange& ex) {
     std::optional<ferry::global_position> at;
     if (phase > 0) at = ferry::global_position{1, cut[phase], n, G};
     auto p = pipeline(std::uint64_t(Wp), std::uint64_t(me), 2, &ex, at);
@@ -672,7 +680,7 @@ TEST_CASE("cache_on_device across ranks: elastic resume (2 -> 4 -> 3) serves eve
       CHECK(std::equal(mine.begin(), mine.end(), oracle[s].begin() + std::ptrdiff_t(std::uint64_t(me) * part_rows)));
       for (std::int64_t id : mine) visits[std::size_t(id)]++;
     }
-  }
+  });
   w.all_reduce_sum(std::span<std::int64_t>(visits));
   CHECK(std::count(visits.begin(), visits.end(), 1) == std::int64_t(steps * G));
   CHECK(std::count_if(visits.begin(), visits.end(), [](std::int64_t v) { return v > 1; }) == 0);
@@ -717,25 +725,18 @@ TEST_CASE("cache_on_device across ranks: elastic resume in epoch 0 (2 -> 4 -> 3)
     CHECK(std::equal(mine.begin(), mine.end(), oracle[e][s].begin() + std::ptrdiff_t(std::uint64_t(me) * part_rows)));
     for (std::int64_t id : mine) visits[e * n + std::size_t(id)]++;
   };
-  for (int phase = 0; phase < 3; ++phase) {
-    const int Wp = ranks[phase];
-    MPI_Comm part = MPI_COMM_NULL;  // this phase's job: ranks [0, Wp)
-    MPI_Comm_split(MPI_COMM_WORLD, me < Wp ? 0 : MPI_UNDEFINED, me, &part);
-    if (me >= Wp) continue;
-    ferry::mpi_communicator job(part);
-    MPI_Comm_free(&part);
-    ferry::rank_exchange_over<ferry::mpi_communicator> ex(job);
+  elastic_phases(ranks, me, [&](int phase, int Wp, ferry::rank_exchange& ex) {
     std::optional<ferry::global_position> at;
     if (phase > 0) at = ferry::global_position{0, cut[phase], n, G};
     auto p = pipeline(std::uint64_t(Wp), std::uint64_t(me), 2, &ex, at);
     for (std::uint64_t s = cut[phase]; s < cut[phase + 1]; ++s) take(p, 0, s, Wp);
-    if (phase < 2) continue;
+    if (phase < 2) return;
     CHECK_FALSE(p.next());  // the end of epoch 0
     p.rewind();             // every rank cached a whole epoch 0: the caches serve
     CHECK(p.cached());
     for (std::uint64_t s = 0; s < steps; ++s) take(p, 1, s, Wp);
     CHECK_FALSE(p.next());
-  }
+  });
   w.all_reduce_sum(std::span<std::int64_t>(visits));
   for (std::size_t e = 0; e < 2; ++e) {
     CAPTURE(e);
