@@ -443,6 +443,38 @@ TEST_CASE("JPEG bad input: not a JPEG, truncated, too many or no pixels, bad win
   CHECK_THROWS_AS(fi::read_jpeg_header(with_size(60000, 60000)), ferry::format_error);
   CHECK_THROWS_AS(fused(with_size(60000, 60000), {0, 0, 10, 10}, {32, 32, 3, false}), ferry::format_error);
   CHECK_THROWS_AS(fi::decode_jpeg(with_size(64, 0)), ferry::format_error);
+  // Within the limit (2^28) but more blocks than the file has bits (a Huffman code is at
+  // least one): refused from the header, before libjpeg and the image allocate 768 MB.
+  for (const bool whole : {true, false}) {
+    CAPTURE(whole);
+    try {
+      if (whole)
+        fi::decode_jpeg(with_size(16000, 16000));
+      else
+        fused(with_size(16000, 16000), {0, 0, 10, 10}, {32, 32, 3, false});
+      FAIL("a 16000 x 16000 claim decoded from " << jpg.size() << " bytes");
+    } catch (const ferry::format_error& e) {
+      CHECK(std::string(e.what()).find("first scan needs at least") != std::string::npos);
+      CHECK(e.offset() > 0);
+      CHECK(e.offset() < jpg.size());
+    }
+  }
+  CHECK_THROWS_WITH_AS(fi::read_jpeg_header(with_size(16000, 16000)), doctest::Contains("first scan needs"),
+                       ferry::format_error);
+  // ... a bound real files stay inside: one flat colour, one bit a block in the DC scan of a
+  // progressive file (optimal Huffman tables), grey and colour, and baseline.
+  for (const auto& [channels, prog] : {std::pair{3u, true}, std::pair{1u, true}, std::pair{3u, false}}) {
+    CAPTURE(channels);
+    CAPTURE(prog);
+    const std::uint32_t fw = 2048, fh = 1536;
+    const std::vector<std::uint8_t> flat(std::size_t(fw) * fh * channels, 90);
+    const bytes_t f = encode(flat, fw, fh, {.quality = 50, .progressive = prog, .channels = channels, .subsample = true});
+    CAPTURE(f.size());
+    const fi::image img = fi::decode_jpeg(f, channels);
+    CHECK(img.width == fw);
+    CHECK(img.height == fh);
+    CHECK(std::all_of(img.pixels.begin(), img.pixels.end(), [](std::uint8_t v) { return v >= 88 && v <= 92; }));
+  }
   CHECK_THROWS_AS(fi::decode_jpeg(jpg, 3, {.max_pixels = 1000}), ferry::format_error);
 
   // Windows and sizes: config_errors.

@@ -32,7 +32,8 @@
 // warnings about pixel data are errors here: a truncated image is not silently grey; those
 // that lose no pixel, such as an unknown JFIF revision or bytes skipped before a marker, are
 // not, as in libjpeg-turbo's own tools and PIL), and a header whose
-// size is 0 or more than limits.max_pixels (checked before anything is allocated from it);
+// size is 0 or more than limits.max_pixels, or more than the file's bytes can code (a bit a
+// block of the first scan, for Huffman coding) (checked before anything is allocated from it);
 // the error's path is "JPEG" (map's element_error names the element), its offset the byte
 // libjpeg had reached. A cut file fails every crop, whichever rows it needs: the scan's data
 // must end in an EOI marker, checked first (offset: the file's end; bytes after the EOI are
@@ -149,6 +150,23 @@ inline void read_header(jpeg_decoder& d, std::span<const std::byte> bytes, const
                        "the header claims " + std::to_string(d.cinfo.image_width) + "x" +
                            std::to_string(d.cinfo.image_height) + " pixels, " +
                            (px == 0 ? std::string("none") : "more than the limit of " + std::to_string(lim.max_pixels)));
+  // Huffman codes are at least a bit long, and the first scan codes every block of its
+  // components (their DC, or all of a sequential block): a file too short for that is
+  // refused before libjpeg's buffers and the image are allocated from its claim (within the
+  // limit, hundreds of MB for a file of a few hundred bytes). Arithmetic coding can spend
+  // less than a bit a block: only the limit holds there.
+  if (!d.cinfo.arith_code && d.cinfo.Ss == 0) {
+    std::uint64_t blocks = 0;
+    for (int i = 0; i < d.cinfo.comps_in_scan; ++i)
+      blocks += std::uint64_t(d.cinfo.cur_comp_info[i]->width_in_blocks) * d.cinfo.cur_comp_info[i]->height_in_blocks;
+    const std::uint64_t least = (blocks + 7) / 8, left = bytes.size() - d.offset();
+    if (left < least)
+      throw format_error("JPEG", d.offset(),
+                         "the header claims " + std::to_string(d.cinfo.image_width) + "x" +
+                             std::to_string(d.cinfo.image_height) + " pixels, whose first scan needs at least " +
+                             std::to_string(least) + " bytes; the file has " + std::to_string(left) +
+                             " after its header (of " + std::to_string(bytes.size()) + " bytes)");
+  }
 }
 
 // The output colour space for `channels`; CMYK/YCCK come out as CMYK, converted after.
