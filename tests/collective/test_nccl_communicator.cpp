@@ -8,6 +8,9 @@
 //
 // (all integers or halves: exact in float; the average is exact for a power-of-two count,
 // NCCL's float average being a sum of x / count, and within a few ulps otherwise.)
+// Then nccl_device_exchange::all_to_all, every rank driven from one thread: rank r sends peer
+// p bytes of value 16 r + p + 1, checked at their offsets. Each call must leave the calling
+// thread's current device where it was (checked with another rank's device current).
 // Every CUDA call is checked. Plain cudaMemcpy runs on the legacy default stream, which the
 // communicator's cudaStreamNonBlocking stream is not ordered with: cudaDeviceSynchronize
 // after each upload and before each download orders them (as bench_nccl_allreduce does).
@@ -24,6 +27,8 @@
 #include <barrier>
 #include <cfloat>
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -131,6 +136,19 @@ int main() {
         CK(cudaDeviceSynchronize());  // the collective has ended before the legacy stream reads d
         CK(cudaMemcpy(h.data(), d, len * sizeof(float), cudaMemcpyDeviceToHost));
       };
+      // A call leaves the thread's current device where it was: here another rank's device
+      // (the same one with one GPU), put back to the rank's own after.
+      auto keeps_device = [&](const char* what, auto call) {
+        const int other = devs[std::size_t((r + 1) % count)];
+        CK(cudaSetDevice(other));
+        call();
+        int now = -1;
+        CK(cudaGetDevice(&now));
+        if (now != other)
+          fail(r, std::string(what) + " moved the thread's current device from " + std::to_string(other) + " to " +
+                      std::to_string(now));
+        CK(cudaSetDevice(devs[r]));
+      };
       // 1. all_reduce_sum
       phase([&] {
         CK(cudaSetDevice(devs[r]));
@@ -141,8 +159,8 @@ int main() {
         upload();
       });
       phase([&] {
-        comms[r].all_reduce_sum({d, len});
-        comms[r].barrier();
+        keeps_device("all_reduce_sum", [&] { comms[r].all_reduce_sum({d, len}); });
+        keeps_device("barrier", [&] { comms[r].barrier(); });
         download();
         wrong[r] += check(r, "all_reduce_sum", h, [&](std::size_t i) { return n * (n + 1) / 2 + n * float(i % 7); },
                           0.0f);
@@ -153,7 +171,7 @@ int main() {
         upload();
       });
       phase([&] {
-        comms[r].broadcast({d, len}, count - 1);
+        keeps_device("broadcast", [&] { comms[r].broadcast({d, len}, count - 1); });
         comms[r].barrier();
         download();
         wrong[r] += check(r, "broadcast from the last rank", h,
@@ -165,7 +183,7 @@ int main() {
         upload();
       });
       phase([&] {
-        comms[r].all_reduce_average({d, len});
+        keeps_device("all_reduce_average", [&] { comms[r].all_reduce_average({d, len}); });
         comms[r].barrier();
         download();
         wrong[r] += check(r, "all_reduce_average", h, [&](std::size_t i) { return (n - 1) + 0.5f * float(i % 3); },
@@ -182,6 +200,59 @@ int main() {
   for (auto& t : ts) t.join();
   int bad = 0;
   for (int b : wrong) bad += b;
+
+  // 4. nccl_device_exchange::all_to_all, every rank driven from this thread (one group of
+  // ncclSend/ncclRecv): rank r sends peer p `block` bytes of value 16 r + p + 1, so a
+  // block sent to the wrong peer or stored at the wrong offset is seen. The thread's
+  // current device (the first rank's) stays where it was.
+  int exchange_wrong = 0;
+  try {
+    const std::size_t block = 4096;
+    const auto K = std::size_t(count);
+    std::vector<std::byte*> snd(K, nullptr), rcv(K, nullptr);
+    std::vector<cudaStream_t> ss(K, nullptr);
+    const std::vector<std::uint64_t> sizes(K, block);
+    std::vector<ferry::device_all_to_all_part> parts(K);
+    for (std::size_t r = 0; r < K; ++r) {
+      CK(cudaSetDevice(devs[r]));
+      CK(cudaMalloc(&snd[r], K * block));
+      CK(cudaMalloc(&rcv[r], K * block));
+      CK(cudaStreamCreateWithFlags(&ss[r], cudaStreamNonBlocking));
+      for (std::size_t p = 0; p < K; ++p) CK(cudaMemset(snd[r] + p * block, int(16 * r + p + 1), block));
+      CK(cudaMemset(rcv[r], 0, K * block));
+      CK(cudaDeviceSynchronize());
+      parts[r] = {snd[r], sizes.data(), rcv[r], sizes.data(), ss[r]};
+    }
+    ferry::nccl_device_exchange ex(comms);
+    const int before = devs.front();  // the exchange sets each rank's device, the last one last
+    CK(cudaSetDevice(before));
+    ex.all_to_all(parts);
+    int now = -1;
+    CK(cudaGetDevice(&now));
+    if (now != before)
+      fail(-1, "nccl_device_exchange::all_to_all moved the thread's current device from " + std::to_string(before) +
+                   " to " + std::to_string(now));
+    std::vector<unsigned char> got(K * block);
+    for (std::size_t r = 0; r < K; ++r) {
+      CK(cudaSetDevice(devs[r]));
+      CK(cudaStreamSynchronize(ss[r]));
+      CK(cudaMemcpy(got.data(), rcv[r], K * block, cudaMemcpyDeviceToHost));
+      for (std::size_t q = 0; q < K; ++q)  // from rank q, at q's offset
+        for (std::size_t i = 0; i < block; ++i)
+          if (got[q * block + i] != (unsigned char)(16 * q + r + 1)) {
+            if (++exchange_wrong <= 3)
+              fail(int(r), "all_to_all: byte " + std::to_string(i) + " from rank " + std::to_string(q) + " is " +
+                               std::to_string(got[q * block + i]) + ", expected " + std::to_string(16 * q + r + 1));
+            break;
+          }
+      CK(cudaFree(snd[r]));
+      CK(cudaFree(rcv[r]));
+      CK(cudaStreamDestroy(ss[r]));
+    }
+  } catch (const std::exception& e) {
+    fail(-1, e.what());
+  }
+  bad += exchange_wrong;
 
   // abort(): later calls throw a clear error; destruction afterwards does not hang.
   bool clear = true;

@@ -29,6 +29,9 @@
 // when a replica fails. After either, every call
 // throws ferry::error saying the communicator was aborted.
 //
+// Threads: every call runs on the calling thread, and leaves that thread's current CUDA
+// device as it found it (each call sets its communicator's device for itself).
+//
 // Throws ferry::error naming the NCCL/CUDA call and its status string on failure.
 #pragma once
 
@@ -62,6 +65,24 @@ inline void cuda_check_nccl(cudaError_t r, const char* call) {
   if (r != cudaSuccess)
     throw error(std::string("CUDA: ") + call + " failed: " + cudaGetErrorString(r));
 }
+// Puts the calling thread's current device back when a call ends, however it ends: the
+// runtime's current device is the thread's own, and a communicator call (which sets its
+// device) must not move the caller's, whose next cudaMalloc or launch would go elsewhere.
+class nccl_device_restore {
+ public:
+  nccl_device_restore() {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+  }
+  ~nccl_device_restore() {
+    int now = -1;
+    if (prev_ >= 0 && (cudaGetDevice(&now) != cudaSuccess || now != prev_)) (void)cudaSetDevice(prev_);
+  }
+  nccl_device_restore(const nccl_device_restore&) = delete;
+  nccl_device_restore& operator=(const nccl_device_restore&) = delete;
+
+ private:
+  int prev_ = -1;
+};
 }  // namespace detail
 
 class nccl_communicator {
@@ -78,6 +99,7 @@ class nccl_communicator {
           throw config_error("nccl_communicator::local: device " + std::to_string(devices[i]) +
                              " is listed twice (NCCL supports one rank per device)");
     std::vector<ncclComm_t> raw(devices.size());
+    const detail::nccl_device_restore keep;
     detail::nccl_check(ncclCommInitAll(raw.data(), static_cast<int>(devices.size()),
                                        devices.data()),
                        "ncclCommInitAll");
@@ -109,6 +131,7 @@ class nccl_communicator {
                          std::to_string(first + k - 1) + " do not fit a clique of " +
                          std::to_string(nranks));
     std::vector<ncclComm_t> raw(devices.size(), nullptr);
+    const detail::nccl_device_restore keep;
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t st = ncclSuccess;
     for (int i = 0; i < k && st == ncclSuccess; ++i) {
@@ -162,6 +185,7 @@ class nccl_communicator {
   void all_reduce_average(std::span<float> s) { reduce(s, ncclAvg); }
   void broadcast(std::span<float> s, int root) {
     live("ncclBroadcast");
+    const detail::nccl_device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclBroadcast(s.data(), s.data(), s.size(), ncclFloat, root, comm_,
                                      stream_),
@@ -170,6 +194,7 @@ class nccl_communicator {
   // Every rank's queued work, collectives included, is done when barrier() returns.
   void barrier() {
     live("barrier");
+    const detail::nccl_device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     if (!scratch_) detail::cuda_check_nccl(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
     detail::nccl_check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
@@ -204,13 +229,11 @@ class nccl_communicator {
   // when no thread is inside a call on this communicator. Idempotent; never throws.
   void abort() noexcept {
     if (!comm_) return;
-    int prev = -1;
-    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    const detail::nccl_device_restore keep;
     cudaSetDevice(dev_);
     ncclCommAbort(comm_);
     comm_ = nullptr;
     aborted_ = true;
-    if (prev >= 0) cudaSetDevice(prev);
   }
   bool aborted() const noexcept { return aborted_; }
 
@@ -218,11 +241,13 @@ class nccl_communicator {
   // group_start() / group_end(), matched with the peer's call in order (NCCL's rule).
   void send_bytes(const void* p, std::size_t bytes, int peer, cuda_stream stream) {
     live("ncclSend");
+    const detail::nccl_device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclSend(p, bytes, ncclUint8, peer, comm_, stream), "ncclSend");
   }
   void recv_bytes(void* p, std::size_t bytes, int peer, cuda_stream stream) {
     live("ncclRecv");
+    const detail::nccl_device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclRecv(p, bytes, ncclUint8, peer, comm_, stream), "ncclRecv");
   }
@@ -240,6 +265,7 @@ class nccl_communicator {
   }
   void reduce(std::span<float> s, ncclRedOp_t op) {
     live("ncclAllReduce");
+    const detail::nccl_device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclAllReduce(s.data(), s.data(), s.size(), ncclFloat, op, comm_, stream_),
                        "ncclAllReduce");
