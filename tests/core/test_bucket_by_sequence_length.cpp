@@ -451,6 +451,17 @@ TEST_CASE("bucket_by_sequence_length with a token budget: rows x L within max_to
   }
   CHECK_THROWS_WITH_AS(ferry::bucket_by_sequence_length(len_of, {4}, {2, 2}, {.max_tokens = 64}),
                        doctest::Contains("not both"), ferry::config_error);
+  // distribute's G under a token budget is max_tokens: one that does not divide among the
+  // replicas is refused before any step, and the error says that it is max_tokens.
+  ferry::detail::splitmix64 g(5);
+  const auto rows = random_rows(g, 50, 20);
+  auto p = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, {8}, {}, {.max_tokens = 101}) |
+           ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::partial});
+  CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("global batch size 101 does not divide among 2 replicas"),
+                       ferry::config_error);
+  auto q = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, {8}, {}, {.max_tokens = 101}) |
+           ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::partial});
+  CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("max_tokens"), ferry::config_error);
 }
 
 TEST_CASE("bucket_by_sequence_length with_mask: the same batches, each with its mask") {

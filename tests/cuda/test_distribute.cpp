@@ -506,11 +506,17 @@ TEST_CASE("plan_slices against a row-by-row oracle: every policy, every short le
 }
 
 TEST_CASE("check_global_batch and check_batch_rows name the sizes") {
-  CHECK_NOTHROW(ferry::detail::check_global_batch(12, 3, false));
-  CHECK_THROWS_WITH_AS(ferry::detail::check_global_batch(10, 3, false),
-                       doctest::Contains("global batch size 10 does not divide among 3 replicas"), ferry::config_error);
-  CHECK_THROWS_WITH_AS(ferry::detail::check_global_batch(10, 3, true), doctest::Contains("inferred from the first batch"),
+  using from = ferry::detail::global_batch_from;
+  CHECK_NOTHROW(ferry::detail::check_global_batch(12, 3, from::upstream));
+  CHECK_THROWS_WITH_AS(ferry::detail::check_global_batch(10, 3, from::upstream),
+                       doctest::Contains("global batch size 10 does not divide among 3 replicas (the upstream batch "
+                                         "stage's batch_size(); bucket_by_sequence_length's under a token budget "
+                                         "is max_tokens)"),
                        ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::detail::check_global_batch(10, 3, from::option),
+                       doctest::Contains("3 replicas (distribute_options::global_batch)"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::detail::check_global_batch(10, 3, from::inferred),
+                       doctest::Contains("inferred from the first batch"), ferry::config_error);
   CHECK_NOTHROW(ferry::detail::check_batch_rows(12, 12, false));
   CHECK_THROWS_WITH_AS(ferry::detail::check_batch_rows(13, 12, false),
                        doctest::Contains("batch of 13 rows, larger than the global batch size 12"), ferry::config_error);

@@ -306,7 +306,7 @@ class distribute_source
     if (c.global.load(std::memory_order_relaxed) == 0) c.global.store(c.o.global_batch, std::memory_order_relaxed);
     if constexpr (sized_batches<Up>) {
       if (const std::size_t b = this->up().batch_size(); c.global.load(std::memory_order_relaxed) == 0 && b != 0) {
-        check_global_batch(b, c.be.replicas(), false);  // 0: unknown (any_source)
+        check_global_batch(b, c.be.replicas(), global_batch_from::upstream);  // 0: unknown (any_source)
         c.global.store(b, std::memory_order_relaxed);
       }
     }

@@ -23,14 +23,21 @@
 
 namespace ferry::detail {
 
-// Throws config_error when G rows do not divide among R replicas. inferred: G was taken
-// from the first batch's size (no batch() visible upstream).
-inline void check_global_batch(std::size_t g, std::size_t replicas, bool inferred) {
+// Where distribute's G came from, for its errors.
+enum class global_batch_from { option, upstream, inferred };
+
+// Throws config_error when G rows do not divide among R replicas, saying where G came from.
+inline void check_global_batch(std::size_t g, std::size_t replicas, global_batch_from from) {
   if (g % replicas == 0) return;
-  throw config_error("distribute: the global batch size " + std::to_string(g) +
-                     (inferred ? " (inferred from the first batch: no batch() visible upstream)" : "") +
-                     " does not divide among " + std::to_string(replicas) +
-                     " replicas; use a batch size that is a multiple of " + std::to_string(replicas) +
+  const bool inferred = from == global_batch_from::inferred;
+  throw config_error("distribute: the global batch size " + std::to_string(g) + " does not divide among " +
+                     std::to_string(replicas) + " replicas" +
+                     (inferred ? " (inferred from the first batch: no batch() visible upstream)"
+                      : from == global_batch_from::option
+                          ? " (distribute_options::global_batch)"
+                          : " (the upstream batch stage's batch_size(); bucket_by_sequence_length's under a "
+                            "token budget is max_tokens)") +
+                     "; use a batch size that is a multiple of " + std::to_string(replicas) +
                      (inferred ? ", and if that first batch was short (fewer rows than one batch), "
                                  "pass distribute_options::global_batch"
                                : ""));
@@ -57,7 +64,7 @@ inline std::size_t settle_global_batch(std::atomic<std::size_t>& known, bool& in
   std::size_t global = known.load(std::memory_order_relaxed);
   if (global == 0) {
     inferred = true;
-    check_global_batch(m, replicas, true);
+    check_global_batch(m, replicas, global_batch_from::inferred);
     global = m;
     known.store(m, std::memory_order_relaxed);
   }
@@ -74,7 +81,7 @@ inline void check_distribute_options(remainder_policy remainder, bool default_co
     throw config_error("distribute: remainder_policy::pad fills with value-initialised "
                        "elements, and this element type is not default-constructible; "
                        "use drop or partial");
-  if (global_batch != 0) check_global_batch(global_batch, replicas, false);
+  if (global_batch != 0) check_global_batch(global_batch, replicas, global_batch_from::option);
   if (staging_thread && (steps_ahead == 0 || steps_ahead > 64))
     throw config_error("distribute: with staging_thread, steps_ahead is the number of steps made ahead: "
                        "1 to 64 (got " + std::to_string(steps_ahead) + ")");
