@@ -16,7 +16,8 @@
 #   options           every combination of -Dtests, -Dbenchmarks, -Dexamples configures
 #   warnings          tests/consumers/warnings/warnings.cpp (every public header, the typical
 #                     pipelines instantiated) compiles against the install with -I and
-#                     -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror
+#                     -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror, by $CXX and by
+#                     clang++ where it is on PATH (its -Wconversion includes -Wsign-conversion)
 # The CUDA programs are g++ targets (no nvcc needed); they are built where the CUDA toolkit
 # is installed and run anywhere (without a driver they report no device and still pass).
 # Last line: "consumers: N passed, N failed". Exits non-zero when one failed.
@@ -57,6 +58,20 @@ run_programs() {
 }
 
 record() { if [ "$1" = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi; }
+
+# cxx_name CXX: what the compiler CXX is, clang++ or g++ (c++ is one of them), from the
+# macros it predefines (clang's include __GNUC__ too); CXX itself when neither.
+cxx_name() {
+  local m
+  m=$($1 -dM -E -x c++ /dev/null 2>/dev/null)  # $1 unquoted: CXX may be "ccache g++"
+  if grep -q '__clang__' <<<"$m"; then
+    echo clang++
+  elif grep -q '__GNUC__' <<<"$m"; then
+    echo g++
+  else
+    echo "$1"
+  fi
+}
 
 # 1. Meson subproject: a copy of the consumer with the checkout linked into subprojects/.
 consumer_sub() {
@@ -155,10 +170,13 @@ consumer_options() {
 # user's own code, not -isystem) and instantiated. -fsyntax-only instantiates every
 # template used (the same warnings as -O2 -c, measured, at a quarter of its 55 CPU-s).
 # The libraries behind the optional headers are -isystem, where found: the CUDA runtime
-# API (FERRY_WITH_CUDART), Thrust and OpenBLAS (the host trainer), MPI.
+# API (FERRY_WITH_CUDART), Thrust and OpenBLAS (the host trainer), MPI. Compiled by $CXX
+# (c++ by default), then by clang++ too where it is on PATH and $CXX is not clang: clang's
+# -Wconversion includes -Wsign-conversion, g++'s does not.
 consumer_warnings() {
-  local inc out n t0=$SECONDS cuda=/usr/local/cuda/include with="" f
+  local inc out n t0=$SECONDS cuda=/usr/local/cuda/include with="" f cxx ran=""
   local flags=(-std=c++20 -fsyntax-only -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror)
+  local cxxs=("${CXX:-c++}")
   [ $install_ok = 1 ] || { echo "FAIL warnings: ferry did not install (see above)"; return 1; }
   inc=$(dirname "$(dirname "$(find "$prefix" -path '*include/ferry/ferry.hpp' | head -n 1)")")
   if [ -f "$cuda/cuda_runtime_api.h" ]; then flags+=(-isystem "$cuda" -DFERRY_WITH_CUDART=1); with+=" cudart"; fi
@@ -171,13 +189,18 @@ consumer_warnings() {
     done
     flags+=(-DOMPI_SKIP_MPICXX=1); with+=" mpi"
   fi
-  if ! out=$(${CXX:-c++} "${flags[@]}" -I"$inc" "$consumers/warnings/warnings.cpp" 2>&1); then
-    n=$(grep -cE ': (warning|error):' <<<"$out")
-    echo "FAIL warnings: $n warnings/errors under ${flags[*]:2:6}:"
-    grep -E ': (warning|error):' <<<"$out" | head -n 15 | sed 's/^/    /'
-    return 1
-  fi
-  echo "PASS warnings: every public header, typical pipelines instantiated (with:${with:- none}): no warning under -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror, $((SECONDS - t0)) s"
+  if [ "$(cxx_name "${cxxs[0]}")" != clang++ ] && command -v clang++ >/dev/null; then cxxs+=(clang++); fi
+  for cxx in "${cxxs[@]}"; do
+    # $cxx unquoted, as $CXX may carry words of its own (ccache g++)
+    if ! out=$($cxx "${flags[@]}" -I"$inc" "$consumers/warnings/warnings.cpp" 2>&1); then
+      n=$(grep -cE ': (warning|error):' <<<"$out")
+      echo "FAIL warnings: $(cxx_name "$cxx"): $n warnings/errors under ${flags[*]:2:6}:"
+      grep -E ': (warning|error):' <<<"$out" | head -n 15 | sed 's/^/    /'
+      return 1
+    fi
+    ran+="${ran:+ and }$(cxx_name "$cxx")"
+  done
+  echo "PASS warnings: every public header, typical pipelines instantiated (with:${with:- none}): no warning from $ran under -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror, $((SECONDS - t0)) s"
 }
 
 consumer_sub

@@ -512,6 +512,19 @@ struct first_is_source : std::false_type {};
 template <class A0, class... A>
 struct first_is_source<A0, A...> : std::bool_constant<source<A0>> {};
 
+// An argument as stage_adaptor hands it to check() and make(): a signed integer (take(5)
+// passes an int) becomes std::uint64_t here, explicitly, the conversion the call would make
+// implicitly (the counts and sizes they take are std::uint64_t and std::size_t); clang's
+// -Wconversion (-Wsign-conversion) flags it in this header otherwise. Anything else passes
+// through as it is. A negative value wraps around as it did before: take(-1) is take(2^64 - 1).
+template <class A>
+constexpr decltype(auto) adaptor_arg(A&& a) noexcept {
+  if constexpr (std::is_integral_v<std::remove_cvref_t<A>> && std::is_signed_v<std::remove_cvref_t<A>>)
+    return static_cast<std::uint64_t>(a);
+  else
+    return std::forward<A>(a);
+}
+
 }  // namespace detail
 
 // The callable a stage is used through (`inline constexpr shard_t shard{};`): shard(src, n, i)
@@ -534,14 +547,14 @@ struct stage_adaptor {
     if constexpr (std::is_lvalue_reference_v<S>)
       return typename detail::pipeline_is_an_lvalue<S>::error_above{};
     else
-      return Derived::make(std::forward<S>(s), std::forward<A>(a)...);
+      return Derived::make(std::forward<S>(s), detail::adaptor_arg(std::forward<A>(a))...);
   }
   // take(n): checks the arguments now (config_error), then returns a closure holding
   // copies of them, for `src | take(n)`.
   template <class... A, class D = Derived>
     requires(!detail::first_is_source<A...>::value) && requires(const A&... a) { D::check(a...); }
   auto operator()(A... a) const {
-    Derived::check(a...);
+    Derived::check(detail::adaptor_arg(a)...);
     return make_closure([... a = std::move(a)]<class S>(S&& s) { return Derived{}(std::forward<S>(s), a...); });
   }
 };

@@ -41,7 +41,7 @@ struct pipeline_state {
   std::string to_bytes() const {
     std::string out((words.size() + 2) * 8, '\0');
     auto put = [&](std::size_t i, std::uint64_t w) {
-      for (int b = 0; b < 8; ++b) out[i * 8 + b] = static_cast<char>(w >> (8 * b));
+      for (std::size_t b = 0; b < 8; ++b) out[i * 8 + b] = static_cast<char>(w >> (8 * b));
     };
     put(0, magic);
     for (std::size_t i = 0; i < words.size(); ++i) put(i + 1, words[i]);
@@ -58,7 +58,8 @@ struct pipeline_state {
     if (bytes.size() < 16) throw fail("too short for a ferry pipeline state (magic and check word)");
     auto get = [&](std::size_t i) {
       std::uint64_t w = 0;
-      for (int b = 0; b < 8; ++b) w |= std::uint64_t(static_cast<unsigned char>(bytes[i * 8 + b])) << (8 * b);
+      for (std::size_t b = 0; b < 8; ++b)
+        w |= std::uint64_t(static_cast<unsigned char>(bytes[i * 8 + b])) << (8 * b);
       return w;
     };
     if (get(0) == magic_v1)

@@ -134,12 +134,12 @@ class nccl_communicator {
     const detail::nccl_device_restore keep;
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t st = ncclSuccess;
-    for (int i = 0; i < k && st == ncclSuccess; ++i) {
+    for (std::size_t i = 0; i < raw.size() && st == ncclSuccess; ++i) {
       if (cudaSetDevice(devices[i]) != cudaSuccess) {
         st = ncclUnhandledCudaError;
         break;
       }
-      st = ncclCommInitRank(&raw[i], nranks, id, first + i);
+      st = ncclCommInitRank(&raw[i], nranks, id, first + static_cast<int>(i));
     }
     const ncclResult_t end = ncclGroupEnd();
     if (st == ncclSuccess) st = end;
@@ -150,7 +150,8 @@ class nccl_communicator {
     }
     std::vector<nccl_communicator> out;
     out.reserve(devices.size());
-    for (int i = 0; i < k; ++i) out.push_back(nccl_communicator(raw[i], devices[i], first + i, nranks));
+    for (std::size_t i = 0; i < raw.size(); ++i)
+      out.push_back(nccl_communicator(raw[i], devices[i], first + static_cast<int>(i), nranks));
     return out;
   }
 

@@ -42,7 +42,8 @@ class thread_group {
  public:
   // Throws config_error for size < 1.
   explicit thread_group(int size)
-      : n_(size), bufs_(size > 0 ? size : 0), lens_(size > 0 ? size : 0) {
+      : n_(size), bufs_(size > 0 ? static_cast<std::size_t>(size) : 0),
+        lens_(size > 0 ? static_cast<std::size_t>(size) : 0) {
     if (size < 1)
       throw config_error("thread_group: the group needs at least 1 thread (got " +
                          std::to_string(size) + ")");
@@ -102,10 +103,12 @@ class thread_group {
   friend class thread_communicator;
 
   void all_reduce(int rank, std::span<float> s, bool average) {
-    bufs_[rank] = s.data();
-    lens_[rank] = s.size();
+    // rank is in [0, n_) (communicator() checked it), n_ >= 1 (the constructor did)
+    const auto r = static_cast<std::size_t>(rank), n = static_cast<std::size_t>(n_);
+    bufs_[r] = s.data();
+    lens_[r] = s.size();
     barrier();
-    for (int q = 0; q < n_; ++q)
+    for (std::size_t q = 0; q < n; ++q)
       if (lens_[q] != s.size()) {
         barrier();  // let every rank see the mismatch before anyone reposts
         throw config_error("thread_group::all_reduce: ranks passed buffers of different "
@@ -115,18 +118,19 @@ class thread_group {
       }
     if (n_ == 1) return;  // the sum (and mean) of one buffer is itself
     const std::size_t len = s.size();
-    const std::size_t lo = len * rank / n_, hi = len * (rank + 1) / n_;
+    const std::size_t lo = len * r / n, hi = len * (r + 1) / n;
     const float scale = average ? 1.0f / static_cast<float>(n_) : 1.0f;
     // Whole-slice passes (they vectorize), adding in rank order 0..N-1 as before.
     float* const acc = bufs_[0];
-    for (int q = 1; q < n_; ++q) {
+    for (std::size_t q = 1; q < n; ++q) {
       const float* const b = bufs_[q];
       for (std::size_t i = lo; i < hi; ++i) acc[i] += b[i];
     }
     if (average)
       for (std::size_t i = lo; i < hi; ++i) acc[i] *= scale;
     if (hi > lo)  // (an empty buffer may be null)
-      for (int q = 1; q < n_; ++q) std::memcpy(bufs_[q] + lo, acc + lo, (hi - lo) * sizeof(float));
+      for (std::size_t q = 1; q < n; ++q)
+        std::memcpy(bufs_[q] + lo, acc + lo, (hi - lo) * sizeof(float));
     barrier();  // nobody returns (and reuses its buffer) while others still read or write it
   }
 
@@ -134,17 +138,19 @@ class thread_group {
     if (root < 0 || root >= n_)
       throw config_error("thread_group::broadcast: root " + std::to_string(root) +
                          " is not a rank of a group of " + std::to_string(n_));
-    bufs_[rank] = s.data();
-    lens_[rank] = s.size();
+    // rank is in [0, n_) (communicator() checked it), root too (just checked)
+    const auto r = static_cast<std::size_t>(rank), from = static_cast<std::size_t>(root);
+    bufs_[r] = s.data();
+    lens_[r] = s.size();
     barrier();
-    if (lens_[root] != s.size()) {
+    if (lens_[from] != s.size()) {
       barrier();
       throw config_error("thread_group::broadcast: rank " + std::to_string(rank) + " passed " +
                          std::to_string(s.size()) + " floats, the root " +
-                         std::to_string(lens_[root]));
+                         std::to_string(lens_[from]));
     }
     if (rank != root)
-      for (std::size_t i = 0; i < s.size(); ++i) s[i] = bufs_[root][i];
+      for (std::size_t i = 0; i < s.size(); ++i) s[i] = bufs_[from][i];
     barrier();
   }
 

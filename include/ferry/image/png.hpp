@@ -170,7 +170,7 @@ struct png_decoder {
       const std::uint64_t end = p + std::uint64_t(png_u32(in.data + p)) + 12;
       if (at < end) {
         std::string type;
-        for (int i = 0; i < 4; ++i) {
+        for (std::size_t i = 0; i < 4; ++i) {
           const auto c = char(in.data[p + 4 + i]);
           type += (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') ? c : '?';
         }

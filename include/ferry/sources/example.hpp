@@ -107,7 +107,7 @@ class float_values {
   // Float i (i < size(), unchecked), read byte by byte.
   float operator[](std::size_t i) const noexcept {
     std::uint32_t v = 0;
-    for (int b = 3; b >= 0; --b) v = (v << 8) | std::to_integer<std::uint32_t>(p_[4 * i + b]);
+    for (std::size_t b = 4; b-- > 0;) v = (v << 8) | std::to_integer<std::uint32_t>(p_[4 * i + b]);
     return std::bit_cast<float>(v);
   }
   // The raw little-endian bytes (4 * size()).
@@ -142,8 +142,8 @@ class float_values {
     iterator(const float_values* v, std::size_t i) : v_(v), i_(i) {}
     // The current float.
     float operator*() const { return (*v_)[i_]; }
-    // The float d places on.
-    float operator[](difference_type d) const { return (*v_)[i_ + d]; }
+    // The float d places on (a negative d wraps around in size_t: -d places back).
+    float operator[](difference_type d) const { return (*v_)[i_ + static_cast<std::size_t>(d)]; }
     // The next float.
     iterator& operator++() { ++i_; return *this; }
     // The next float; returns the iterator before the step.
@@ -153,9 +153,9 @@ class float_values {
     // The float before; returns the iterator before the step.
     iterator operator--(int) { auto t = *this; --i_; return t; }
     // d floats on.
-    iterator& operator+=(difference_type d) { i_ += d; return *this; }
+    iterator& operator+=(difference_type d) { i_ += static_cast<std::size_t>(d); return *this; }
     // d floats back.
-    iterator& operator-=(difference_type d) { i_ -= d; return *this; }
+    iterator& operator-=(difference_type d) { i_ -= static_cast<std::size_t>(d); return *this; }
     // a moved d floats on.
     friend iterator operator+(iterator a, difference_type d) { return a += d; }
     // a moved d floats on.

@@ -37,6 +37,7 @@ template <std::ranges::random_access_range R>
 class range_source : public source_base<range_source<R>, std::ranges::range_value_t<R>> {
   friend source_base<range_source, std::ranges::range_value_t<R>>;
   using T = std::ranges::range_value_t<R>;
+  using D = std::ranges::range_difference_t<R>;  // i_ <= size() fits it
 
  public:
   static constexpr char name[] = "from_range";
@@ -47,12 +48,12 @@ class range_source : public source_base<range_source<R>, std::ranges::range_valu
  private:
   std::optional<T> pull() {
     if (i_ >= size()) return std::nullopt;
-    return std::optional<T>(std::ranges::begin(r_)[i_++]);
+    return std::optional<T>(std::ranges::begin(r_)[static_cast<D>(i_++)]);
   }
   std::size_t pull_bulk(std::span<T> out) {
     const std::uint64_t left = size() - i_;
     const std::size_t n = out.size() < left ? out.size() : static_cast<std::size_t>(left);
-    std::copy_n(std::ranges::begin(r_) + i_, n, out.begin());
+    std::copy_n(std::ranges::begin(r_) + static_cast<D>(i_), n, out.begin());
     i_ += n;
     return n;
   }

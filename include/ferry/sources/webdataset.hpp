@@ -157,7 +157,9 @@ struct tar_reader {
 
   static std::string field(const unsigned char* f, std::size_t n) {
     const void* z = std::memchr(f, 0, n);
-    return std::string(reinterpret_cast<const char*>(f), z ? static_cast<const unsigned char*>(z) - f : n);
+    // z is in [f, f + n): the distance is not negative
+    return std::string(reinterpret_cast<const char*>(f),
+                       z ? static_cast<std::size_t>(static_cast<const unsigned char*>(z) - f) : n);
   }
 
   // pax records "<len> <key>=<value>\n": path and size override the next header's.

@@ -32,8 +32,8 @@ struct softmax_xent_rows {
 
   // Row i: writes dlogits' row i and stats' row i.
   FERRY_HOST_DEVICE void operator()(std::size_t i) const {
-    const float* z = logits + i * classes;
-    float* d = dlogits + i * classes;
+    const float* z = logits + i * static_cast<std::size_t>(classes);  // classes >= 1 (mlp_layout)
+    float* d = dlogits + i * static_cast<std::size_t>(classes);
     const std::int32_t y = labels[i];
     const bool real = static_cast<int>(i) < valid && y >= 0 && y < classes;
     const float w = real ? (class_weights ? class_weights[y] : 1.0f) : 0.0f;
@@ -65,7 +65,7 @@ struct sum_stats {
   // Column k.
   FERRY_HOST_DEVICE void operator()(std::size_t k) const {
     float s = 0.0f;
-    for (int i = 0; i < n; ++i) s += stats[i * 4 + k];
+    for (int i = 0; i < n; ++i) s += stats[static_cast<std::size_t>(i) * 4 + k];
     out[k] = s;
   }
 };

@@ -225,7 +225,7 @@ class mirrored_trainer {
   // The model's shape and parameter offsets.
   const mlp_layout& layout() const { return reps_[0]->layout(); }
   // Replica r, for tests and tools (r < replicas(), unchecked).
-  replica<Backend>& replica_at(int r) { return *reps_[r]; }
+  replica<Backend>& replica_at(int r) { return *reps_[static_cast<std::size_t>(r)]; }
   // Training steps taken so far.
   std::uint64_t steps() const { return steps_; }
 
@@ -262,7 +262,7 @@ class mirrored_trainer {
   void train_step_async(std::span<const replica_input> in) {
     check(in);
     throttle();
-    run_all([&](int r) { reps_[r]->step(in[r], comms_[r], opts_.graphs); });
+    run_all([&](std::size_t r) { reps_[r]->step(in[r], comms_[r], opts_.graphs); });
     reps_[0]->add_to_totals();  // after run_all: a step that throws adds nothing
     mark();
     ++steps_;
@@ -300,7 +300,7 @@ class mirrored_trainer {
   // take_eval() reads, so evaluate and evaluate_async mix.
   step_stats evaluate(std::span<const replica_input> in) {
     check(in);
-    run_all([&](int r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
+    run_all([&](std::size_t r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
     reps_[0]->add_eval_to_totals();
     settle();
     return reps_[0]->read_eval();
@@ -322,7 +322,7 @@ class mirrored_trainer {
   void evaluate_async(std::span<const replica_input> in) {
     check(in);
     throttle();
-    run_all([&](int r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
+    run_all([&](std::size_t r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
     reps_[0]->add_eval_to_totals();  // after run_all: an evaluation that throws adds nothing
     mark();
   }
@@ -362,10 +362,10 @@ class mirrored_trainer {
     // call, not per step).
     const std::vector<float> old = parameters();
     try {
-      run_all([&](int r) { reps_[r]->upload_params(p); }, /*collectives=*/false);
+      run_all([&](std::size_t r) { reps_[r]->upload_params(p); }, /*collectives=*/false);
     } catch (...) {
       try {
-        run_all([&](int r) { reps_[r]->upload_params(old); }, /*collectives=*/false);
+        run_all([&](std::size_t r) { reps_[r]->upload_params(old); }, /*collectives=*/false);
       } catch (...) {
         spent_ = true;
         spent_why_ = "mirrored_trainer: set_parameters failed and the previous weights could "
@@ -481,11 +481,11 @@ class mirrored_trainer {
     errs_.resize(comms_.size());
     slices_.resize(comms_.size());
     for (std::size_t r = 1; r < comms_.size(); ++r)
-      workers_.emplace_back([this, r] { worker(static_cast<int>(r)); });
+      workers_.emplace_back([this, r] { worker(r); });
     // Each replica is built on its own thread (its memory is first touched there); then
     // rank 0's parameters are broadcast, so ranks of other processes agree too.
     try {
-      run_all([&](int r) {
+      run_all([&](std::size_t r) {
       reps_[r] = std::make_unique<replica<Backend>>(cfg_, opts_.opt, p0, opts_.max_rows, ctx[r]);
       if constexpr (requires { comms_[r].set_stream(ctx[r].stream); })
         comms_[r].set_stream(reps_[r]->backend().stream());
@@ -531,7 +531,7 @@ class mirrored_trainer {
   template <class F>
   void run_all(F&& job, bool collectives = true) {
     if (spent_) throw error(spent_why_);
-    std::function<void(int)> fn = std::ref(job);
+    std::function<void(std::size_t)> fn = std::ref(job);
     const std::size_t N = reps_.size();
     if (N > 1) {
       std::lock_guard lk(m_);
@@ -547,7 +547,7 @@ class mirrored_trainer {
       job_ = nullptr;
     }
     if (failed_ >= 0) {
-      std::exception_ptr e = errs_[failed_];
+      std::exception_ptr e = errs_[static_cast<std::size_t>(failed_)];  // failed_ >= 0: a replica
       for (auto& x : errs_) x = nullptr;
       failed_ = -1;
       if (reset_) reset_();
@@ -565,22 +565,22 @@ class mirrored_trainer {
       std::rethrow_exception(e);
     }
   }
-  void run_one(std::function<void(int)>& fn, int r) {
+  void run_one(std::function<void(std::size_t)>& fn, std::size_t r) {
     try {
       fn(r);
     } catch (...) {
       {
         std::lock_guard lk(fail_m_);
         errs_[r] = std::current_exception();
-        if (failed_ < 0) failed_ = r;  // the first failure, not the aborts it caused
+        if (failed_ < 0) failed_ = static_cast<int>(r);  // the first failure, not the aborts it caused
       }
       if (abort_) abort_();
     }
   }
-  void worker(int r) {
+  void worker(std::size_t r) {
     std::uint64_t seen = 0;
     for (;;) {
-      std::function<void(int)>* fn;
+      std::function<void(std::size_t)>* fn;
       {
         std::unique_lock lk(m_);
         cv_.wait(lk, [&] { return stop_ || gen_ != seen; });
@@ -612,7 +612,7 @@ class mirrored_trainer {
   std::vector<std::thread> workers_;
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
-  std::function<void(int)>* job_ = nullptr;
+  std::function<void(std::size_t)>* job_ = nullptr;
   std::uint64_t gen_ = 0;
   std::size_t done_ = 0;
   bool stop_ = false;

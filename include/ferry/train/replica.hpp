@@ -98,16 +98,16 @@ class replica {
     grads_ = be_.alloc(lay_.grad_floats());
     state_ = be_.alloc(P * opt_.state_per_param());
     for (std::size_t l = 0; l < lay_.layers(); ++l)
-      acts_.push_back(be_.alloc(std::size_t(max_rows) * lay_.out(l)));
-    d0_ = be_.alloc(std::size_t(max_rows) * lay_.widest());
-    d1_ = be_.alloc(std::size_t(max_rows) * lay_.widest());
+      acts_.push_back(be_.alloc(std::size_t(max_rows) * std::size_t(lay_.out(l))));
+    d0_ = be_.alloc(std::size_t(max_rows) * std::size_t(lay_.widest()));
+    d1_ = be_.alloc(std::size_t(max_rows) * std::size_t(lay_.widest()));
     stats_ = be_.alloc(std::size_t(max_rows) * 4);
-    ones_ = be_.alloc(max_rows);
+    ones_ = be_.alloc(std::size_t(max_rows));
     eval_ = be_.alloc(mlp_layout::extras);
     totals_ = be_.alloc(2 * mlp_layout::extras);  // zeroed: no steps yet
     eval_totals_ = be_.alloc(2 * mlp_layout::extras);
     if (opt_.kind == optimizer_kind::adam) sched_ = be_.alloc(adam_schedule::floats);
-    be_.fill(ones_, max_rows, 1.0f);
+    be_.fill(ones_, std::size_t(max_rows), 1.0f);
     be_.upload(params_, init.data(), P * sizeof(float));
     if (!cfg.class_weights.empty()) {
       cw_ = be_.alloc(cfg.class_weights.size());
@@ -152,7 +152,7 @@ class replica {
       be_.gemv_t(n, O, d, ones_, G + lay_.b_off[l]);
       if (l > 0) {
         be_.gemm(false, false, n, I, O, d, O, params_ + lay_.w_off[l], I, 0.0f, dn, I);
-        be_.for_each(std::size_t(n) * I, relu_backward{dn, acts_[l - 1]});
+        be_.for_each(std::size_t(n) * std::size_t(I), relu_backward{dn, acts_[l - 1]});
         std::swap(d, dn);
       }
     }
@@ -282,7 +282,7 @@ class replica {
   void graph_step(const replica_input& in, Comm& comm) {
     if constexpr (has_graphs) {
       check(in);
-      const std::size_t I = lay_.inputs();
+      const std::size_t I = std::size_t(lay_.inputs());
       if (!xin_) {  // on the first graph step, outside any capture
         xin_ = be_.alloc(std::size_t(max_rows_) * I);
         yin_ = be_.alloc(std::size_t(max_rows_));  // int32 labels, float-sized slots
