@@ -68,6 +68,8 @@ inline void cuda_check_nccl(cudaError_t r, const char* call) {
 // Puts the calling thread's current device back when a call ends, however it ends: the
 // runtime's current device is the thread's own, and a communicator call (which sets its
 // device) must not move the caller's, whose next cudaMalloc or launch would go elsewhere.
+// (Not cuda::device_guard: it puts back only a device it set itself, and it throws, where
+// join() sets several and abort() must not throw.)
 class nccl_device_restore {
  public:
   nccl_device_restore() {
