@@ -127,6 +127,9 @@ void check_replicas_agree(Trainer& t) {
     INFO("replica " << r);
     CHECK(t.replica_at(r).download_params() == p0);
   }
+  for (const int r : {-1, t.replicas(), t.replicas() + 7})
+    CHECK_THROWS_WITH_AS(t.replica_at(r), doctest::Contains(("replica_at: replica " + std::to_string(r) + " of").c_str()),
+                         ferry::config_error);
 }
 
 }  // namespace

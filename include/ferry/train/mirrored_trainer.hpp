@@ -224,8 +224,13 @@ class mirrored_trainer {
   int replicas() const { return static_cast<int>(reps_.size()); }
   // The model's shape and parameter offsets.
   const mlp_layout& layout() const { return reps_[0]->layout(); }
-  // Replica r, for tests and tools (r < replicas(), unchecked).
-  replica<Backend>& replica_at(int r) { return *reps_[static_cast<std::size_t>(r)]; }
+  // Replica r, for tests and tools; throws config_error for r outside [0, replicas()).
+  replica<Backend>& replica_at(int r) {
+    if (r < 0 || r >= replicas())
+      throw config_error("mirrored_trainer::replica_at: replica " + std::to_string(r) + " of " +
+                         std::to_string(replicas()) + " (replicas are 0 to " + std::to_string(replicas() - 1) + ")");
+    return *reps_[static_cast<std::size_t>(r)];
+  }
   // Training steps taken so far.
   std::uint64_t steps() const { return steps_; }
 
