@@ -349,7 +349,8 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     // over inside it (WebDataset's group_by_keys): a/1 is one record with both members, not
     // two with one key. At a shard's start a 2 MiB one (max_record_bytes 1 MiB) is passed
     // over a chunk at a time, never buffered whole; after a member it would take the
-    // sample past the bound: the sample's error.
+    // sample past the bound, so the sample ends before it, and only a member of the same
+    // key after it is an error (at that member, naming the file passed over).
     auto samples_of = [&](const std::string& bytes) {
       write_file(path, bytes);
       auto rs = ferry::from_files({path}, ferry::webdataset{}, {.chunk_bytes = 4096, .max_record_bytes = 1 << 20});
@@ -371,13 +372,32 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     r.add("a/2.jpg", "two");
     r.end();
     CHECK(samples_of(r.out) == std::vector<std::string>{"a/1: jpg=one cls=7", "a/2: jpg=two"});
+    for (const bool at_end : {false, true}) {
+      tar_writer after;
+      after.add("a/1.jpg", "one");
+      after.add("a/1.cls", "7");
+      after.add("README", std::string(2 << 20, 'r'));
+      if (!at_end) after.add("a/2.jpg", "two");
+      after.end();
+      CHECK(samples_of(after.out) == (at_end ? std::vector<std::string>{"a/1: jpg=one cls=7"}
+                                             : std::vector<std::string>{"a/1: jpg=one cls=7", "a/2: jpg=two"}));
+    }
     tar_writer big;
     big.add("a/1.jpg", "one");
     big.add("README", std::string(2 << 20, 'r'));
-    big.add("a/1.cls", "7");
+    const std::size_t cls_at = big.add("a/1.cls", "7");
+    big.add("a/2.jpg", "two");
     big.end();
-    expect_format_error([&] { samples_of(big.out); }, path, 0,
-                        "sample 'a/1' is larger than max_record_bytes (1048576) with 'README'");
+    {
+      write_file(path, big.out);
+      auto rs = ferry::from_files({path}, ferry::webdataset{}, {.chunk_bytes = 4096, .max_record_bytes = 1 << 20});
+      const auto first = ferry::parse_webdataset(*rs.next());
+      CHECK(first.key == "a/1");
+      CHECK(first.members.size() == 1);  // the jpg: the cls is after the README
+      expect_format_error([&] { rs.next(); }, path, cls_at,
+                          "sample 'a/1' goes on after 'README' (2097152 bytes, no sample data) and would be larger "
+                          "than max_record_bytes (1048576)");
+    }
     // A pax size applies to the member, not to a long name between them.
     tar_writer p;
     const std::string rec = tar_writer::pax_record("size", "3");

@@ -26,7 +26,10 @@
 // whether the sample goes on), so they never split one. A zero block ends an archive;
 // reading goes on after it when another archive follows (cat a.tar b.tar), as tar
 // --ignore-zeros does. A sample is buffered whole: its members and what is passed over
-// after them must fit max_record_bytes (64 MiB by default).
+// between them must fit max_record_bytes (64 MiB by default). An entry passed over after a
+// member that would take the sample past it ends the sample there, since whether the
+// sample goes on after it is not known without reading it: only a member of the same key
+// after it is an error (Errors).
 //
 // Threads: the framer runs where from_files reads (the thread calling next(), or
 // interleave's reader threads); parse_webdataset on the calling thread (map's workers):
@@ -35,9 +38,10 @@
 // Errors: format_error, at the offset of the header where the bad member starts: "not a
 // tar header (checksum mismatch)", a size field that is not a number, a truncated header
 // or member ("truncated member 'a/1.jpg' (its header says n bytes, m are left)"), a long
-// name or pax header with no member after it, a sample larger than max_record_bytes (or
-// taken past it by a file passed over after a member: named); with any of these the rest
-// of the file cannot be read (a whole sample before a damaged header comes out first). A
+// name or pax header with no member after it, a sample larger than max_record_bytes, a
+// sample that goes on after an entry passed over that would take it past max_record_bytes
+// (at the next member's header, naming the entry: the sample came out without the members
+// after it); with any of these the rest of the file cannot be read (a whole sample before a damaged header comes out first). A
 // sample with two members of one extension is a bad record: error_policy::skip passes
 // over it alone. An archive cut at a member's end cannot be told from a whole one (tar has
 // no count): its last sample has the members before the cut, and at() names the one
@@ -300,20 +304,26 @@ inline bool split_wds_name(std::string_view name, std::string_view& key, std::st
 }
 
 struct wds_framer {
+  explicit wds_framer(std::uint64_t max) : max_record(max) {}
+
   std::uint64_t max_record = 0;
+  // The key of the sample last ended early, before an entry passed over (no sample data)
+  // that would have taken it past max_record, and that entry's name and size: a member of
+  // that key after the entry is an error (the sample came out without it).
+  std::string cut_key, cut_by;
+  std::uint64_t cut_size = 0;
 
   const array_meta* meta() const { return nullptr; }
   void seek_rows(std::uint64_t) {}
-  void open(byte_stream&) {}
+  void open(byte_stream&) { cut_key.clear(); }
 
-  // A sample is buffered whole: never more than max_record bytes of it (`e`: its member or,
-  // named, an entry passed over inside it).
-  void check_span(const byte_stream& s, const tar_entry& e, const std::string& key, bool member) const {
+  // A sample is buffered whole: never more than max_record bytes of it (`e`: its member or
+  // an entry passed over inside it).
+  void check_span(const byte_stream& s, const tar_entry& e, const std::string& key) const {
     if (e.end > max_record)
       throw format_error(s.path(), s.offset(),
-                         "sample '" + key + "' is larger than max_record_bytes (" + std::to_string(max_record) + ")" +
-                             (member ? "" : " with '" + e.name + "' (" + std::to_string(e.size) + " bytes) after a member") +
-                             ": it would reach " + std::to_string(e.end) + " bytes");
+                         "sample '" + key + "' is larger than max_record_bytes (" + std::to_string(max_record) +
+                             "): it would reach " + std::to_string(e.end) + " bytes");
   }
 
   // Consumes an entry that carries no sample data (a directory, a file without a dot),
@@ -364,15 +374,33 @@ struct wds_framer {
       std::string_view k, x;
       const bool member = e.kind == tar_entry::file && split_wds_name(e.name, k, x);
       if (end == 0) {  // nothing of a sample yet: pass over what carries no sample data
-        if (e.kind == tar_entry::eof) return frame_status::end;
+        if (e.kind == tar_entry::eof) {
+          cut_key.clear();
+          return frame_status::end;
+        }
         if (!member) {
           pass_over(s, e);
           continue;
         }
+        if (!cut_key.empty()) {
+          if (k == cut_key)
+            throw format_error(s.path(), s.offset(),
+                               "sample '" + cut_key + "' goes on after '" + cut_by + "' (" + std::to_string(cut_size) +
+                                   " bytes, no sample data) and would be larger than max_record_bytes (" +
+                                   std::to_string(max_record) + "): it came out without its members from here on");
+          cut_key.clear();
+        }
       } else if (e.kind == tar_entry::eof || e.kind == tar_entry::zero || (member && k != key)) {
         break;  // the next sample's: not read further
+      } else if (!member && e.end > max_record) {
+        // Past the bound only if the sample goes on after it, which is not known without
+        // reading it: the sample ends here, and a member of its key after it is the error.
+        cut_key = key;
+        cut_by = e.name;
+        cut_size = e.size;
+        break;
       }
-      check_span(s, e, end == 0 ? std::string(k) : key, member);
+      check_span(s, e, end == 0 ? std::string(k) : key);
       rd.complete(view, e);
       pos = static_cast<std::size_t>(e.end);
       if (!member) continue;  // a README or directory in the span: the sample may go on after it
