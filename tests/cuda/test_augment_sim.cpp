@@ -154,9 +154,14 @@ trace run(const scenario& sc) {
         first += rb.size();
         outs.push_back(std::move(x));
       }
-      // Dropped here (after the consumer's kernel is enqueued), or one step later.
+      // Dropped here (after the consumer's kernel is enqueued), or one step later. A
+      // block's release makes its device current and puts the caller's back.
+      REQUIRE(cudaSetDevice(0) == cudaSuccess);
       if (sc.keep_previous) previous = std::move(outs);
       while (sc.drop_reversed && !outs.empty()) outs.pop_back();
+      outs.clear();
+      int now = -1;
+      CHECK((cudaGetDevice(&now) == cudaSuccess && now == 0));
       ++t.steps;
     }
     previous.clear();

@@ -527,6 +527,43 @@ TEST_CASE("sim: across_replicas with .devices (NCCL) on two GPUs without peer ac
   }
 }
 
+// The current device is the calling thread's own (cuda::device_restore): building, each
+// step, each rewind (the reorder and the NCCL trade), the pools' and streams' destructors
+// and the exchange's frees all set devices, and each must put the caller's back.
+TEST_CASE("sim: the caller's current device stays its own through the pipeline, the trade and the teardown") {
+  const auto current = [] {
+    int d = -1;
+    REQUIRE(cudaGetDevice(&d) == cudaSuccess);
+    return d;
+  };
+  for (const int mine : {0, 1}) {
+    CAPTURE(mine);
+    sim::reset(3, 0);
+    sim::deny_peer_access();
+    REQUIRE(cudaSetDevice(mine) == cudaSuccess);
+    const auto data = make_rows(250);
+    {
+      auto comms = ferry::nccl_communicator::local({0, 1});
+      CHECK(current() == mine);
+      ferry::nccl_device_exchange ex(comms);
+      auto p = on_two_gpus(data, sim_cache, {.seed = 4, .across_replicas = true, .devices = &ex});
+      CHECK(current() == mine);
+      for (int epoch = 0; epoch < 3; ++epoch) {
+        CAPTURE(epoch);
+        while (auto st = p.next()) CHECK(current() == mine);
+        CHECK(current() == mine);
+        p.rewind();
+        CHECK(current() == mine);
+      }
+      CHECK(p.cached());
+    }
+    CHECK(current() == mine);
+    sim::drain();
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    CHECK(sim::stats().live_device_blocks == 0);
+  }
+}
+
 TEST_CASE("sim: across_replicas with .devices over two simulated ranks of two GPUs each: the one-process order") {
   // Rank w's step k is rows [48k + 24w, 48k + 24w + 24): the job's global batch k is one
   // process's batch of 48 over four host replicas, global replica 2w + r rank w's replica r.

@@ -51,6 +51,7 @@
 
 #include "ferry/collective/communicator.hpp"
 #include "ferry/collective/device_exchange.hpp"
+#include "ferry/cuda/stream.hpp"
 #include "ferry/cuda/stream_handle.hpp"
 #include "ferry/error.hpp"
 
@@ -65,28 +66,12 @@ inline void cuda_check_nccl(cudaError_t r, const char* call) {
   if (r != cudaSuccess)
     throw error(std::string("CUDA: ") + call + " failed: " + cudaGetErrorString(r));
 }
-// Puts the calling thread's current device back when a call ends, however it ends: the
-// runtime's current device is the thread's own, and a communicator call (which sets its
-// device) must not move the caller's, whose next cudaMalloc or launch would go elsewhere.
-// (Not cuda::device_guard: it puts back only a device it set itself, and it throws, where
-// join() sets several and abort() must not throw.)
-class nccl_device_restore {
- public:
-  nccl_device_restore() {
-    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
-  }
-  ~nccl_device_restore() {
-    int now = -1;
-    if (prev_ >= 0 && (cudaGetDevice(&now) != cudaSuccess || now != prev_)) (void)cudaSetDevice(prev_);
-  }
-  nccl_device_restore(const nccl_device_restore&) = delete;
-  nccl_device_restore& operator=(const nccl_device_restore&) = delete;
-
- private:
-  int prev_ = -1;
-};
 }  // namespace detail
 
+// Every call puts the calling thread's current device back when it ends, however it ends
+// (cuda::device_restore): the current device is the thread's own, and a call that sets its
+// communicator's device must not move the caller's, whose next cudaMalloc or launch would
+// go elsewhere.
 class nccl_communicator {
  public:
   // One communicator per listed device, rank i on devices[i] (ncclCommInitAll).
@@ -101,7 +86,7 @@ class nccl_communicator {
           throw config_error("nccl_communicator::local: device " + std::to_string(devices[i]) +
                              " is listed twice (NCCL supports one rank per device)");
     std::vector<ncclComm_t> raw(devices.size());
-    const detail::nccl_device_restore keep;
+    const cuda::device_restore keep;
     detail::nccl_check(ncclCommInitAll(raw.data(), static_cast<int>(devices.size()),
                                        devices.data()),
                        "ncclCommInitAll");
@@ -133,7 +118,7 @@ class nccl_communicator {
                          std::to_string(first + k - 1) + " do not fit a clique of " +
                          std::to_string(nranks));
     std::vector<ncclComm_t> raw(devices.size(), nullptr);
-    const detail::nccl_device_restore keep;
+    const cuda::device_restore keep;
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t st = ncclSuccess;
     for (std::size_t i = 0; i < raw.size() && st == ncclSuccess; ++i) {
@@ -188,7 +173,7 @@ class nccl_communicator {
   void all_reduce_average(std::span<float> s) { reduce(s, ncclAvg); }
   void broadcast(std::span<float> s, int root) {
     live("ncclBroadcast");
-    const detail::nccl_device_restore keep;
+    const cuda::device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclBroadcast(s.data(), s.data(), s.size(), ncclFloat, root, comm_,
                                      stream_),
@@ -197,7 +182,7 @@ class nccl_communicator {
   // Every rank's queued work, collectives included, is done when barrier() returns.
   void barrier() {
     live("barrier");
-    const detail::nccl_device_restore keep;
+    const cuda::device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     if (!scratch_) detail::cuda_check_nccl(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
     detail::nccl_check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
@@ -232,7 +217,7 @@ class nccl_communicator {
   // when no thread is inside a call on this communicator. Idempotent; never throws.
   void abort() noexcept {
     if (!comm_) return;
-    const detail::nccl_device_restore keep;
+    const cuda::device_restore keep;
     cudaSetDevice(dev_);
     ncclCommAbort(comm_);
     comm_ = nullptr;
@@ -244,13 +229,13 @@ class nccl_communicator {
   // group_start() / group_end(), matched with the peer's call in order (NCCL's rule).
   void send_bytes(const void* p, std::size_t bytes, int peer, cuda_stream stream) {
     live("ncclSend");
-    const detail::nccl_device_restore keep;
+    const cuda::device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclSend(p, bytes, ncclUint8, peer, comm_, stream), "ncclSend");
   }
   void recv_bytes(void* p, std::size_t bytes, int peer, cuda_stream stream) {
     live("ncclRecv");
-    const detail::nccl_device_restore keep;
+    const cuda::device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclRecv(p, bytes, ncclUint8, peer, comm_, stream), "ncclRecv");
   }
@@ -268,7 +253,7 @@ class nccl_communicator {
   }
   void reduce(std::span<float> s, ncclRedOp_t op) {
     live("ncclAllReduce");
-    const detail::nccl_device_restore keep;
+    const cuda::device_restore keep;
     detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
     detail::nccl_check(ncclAllReduce(s.data(), s.data(), s.size(), ncclFloat, op, comm_, stream_),
                        "ncclAllReduce");

@@ -49,9 +49,7 @@ class device_buffer_pool {
   device_buffer_pool(const device_buffer_pool&) = delete;
   device_buffer_pool& operator=(const device_buffer_pool&) = delete;
   ~device_buffer_pool() {
-    int prev = 0;
-    const bool have_prev = cudaGetDevice(&prev) == cudaSuccess;
-    FERRY_CUDA_LOG(cudaSetDevice(device_));
+    const device_restore keep(device_);
     for (auto& [bytes, blocks] : free_)
       for (auto& b : blocks) {
         if (b.after) {
@@ -61,7 +59,6 @@ class device_buffer_pool {
         FERRY_CUDA_LOG(cudaFree(b.p));
       }
     for (cudaEvent_t e : events_) FERRY_CUDA_LOG(cudaEventDestroy(e));
-    if (have_prev) FERRY_CUDA_LOG(cudaSetDevice(prev));
   }
 
   int device() const noexcept { return device_; }

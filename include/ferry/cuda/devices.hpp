@@ -239,16 +239,11 @@ class devices_lease final : public ::ferry::detail::step_lease {
     released_ = true;
     devices_state::deferred d;
     d.host = std::move(host_);
-    int prev = -1;
-    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-    int cur = prev;
+    const cuda::device_restore keep;
     for (std::size_t r = 0; r < held_.size(); ++r) {
       auto& h = held_[r];
       auto& rep = st_->at(r);
-      if (cur != rep.device) {
-        FERRY_CUDA_LOG(cudaSetDevice(rep.device));
-        cur = rep.device;
-      }
+      FERRY_CUDA_LOG(cudaSetDevice(rep.device));
       if (h.copied) {
         try {
           d.copies.emplace_back(r, h.copied);
@@ -268,7 +263,6 @@ class devices_lease final : public ::ferry::detail::step_lease {
       }
       h.p = nullptr;
     }
-    if (prev >= 0 && cur != prev) FERRY_CUDA_LOG(cudaSetDevice(prev));
     st_->defer(std::move(d));
   }
 

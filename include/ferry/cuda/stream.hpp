@@ -3,6 +3,7 @@
 // g++ when FERRY_WITH_CUDART is set, and to nothing otherwise.
 //
 //   ferry::cuda::device_guard g(1);          // device 1 current until g dies
+//   ferry::cuda::device_restore keep;        // whatever is current now, back when keep dies
 //   auto s = ferry::cuda::stream::create(1); // a non-blocking stream on device 1
 //   auto e = ferry::cuda::event::create();   // timing disabled: cheapest to record/wait
 //
@@ -38,6 +39,30 @@ class device_guard {
  private:
   int prev_ = 0;
   bool changed_ = false;
+};
+
+// Puts the calling thread's current device back when the scope ends, however many devices
+// the scope made current in between, and never throws: for destructors, noexcept paths and
+// calls that move through several devices (device_guard throws, and puts back only a
+// device it set itself). With `device`, that device is made current now. A failure to read
+// or set a device is logged, not thrown: with no device to read, none is put back.
+class device_restore {
+ public:
+  device_restore() noexcept {
+    if (cudaGetDevice(&prev_) != cudaSuccess) prev_ = -1;
+  }
+  explicit device_restore(int device) noexcept : device_restore() {
+    if (device >= 0 && device != prev_) FERRY_CUDA_LOG(cudaSetDevice(device));
+  }
+  ~device_restore() {
+    int now = -1;
+    if (prev_ >= 0 && (cudaGetDevice(&now) != cudaSuccess || now != prev_)) FERRY_CUDA_LOG(cudaSetDevice(prev_));
+  }
+  device_restore(const device_restore&) = delete;
+  device_restore& operator=(const device_restore&) = delete;
+
+ private:
+  int prev_ = -1;
 };
 
 // A stream: owned (created here, destroyed with this) or borrowed (the user's).
@@ -81,10 +106,8 @@ class stream {
  private:
   void reset() noexcept {
     if (owned_ && s_) {
-      int prev = 0;
-      if (cudaGetDevice(&prev) == cudaSuccess && prev != device_) FERRY_CUDA_LOG(cudaSetDevice(device_));
+      const device_restore keep(device_);
       FERRY_CUDA_LOG(cudaStreamDestroy(s_));
-      if (prev != device_) FERRY_CUDA_LOG(cudaSetDevice(prev));
     }
     s_ = nullptr;
     owned_ = false;

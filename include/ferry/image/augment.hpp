@@ -350,7 +350,7 @@ class augmented {
     if (pool_ && data_) {
       // The block goes back after the work enqueued on the stream so far (as distribute's
       // release does); with no event to be had, the host waits for it instead.
-      const device_guard_noexcept g(device_);
+      const cuda::device_restore g(device_);
       cudaEvent_t ev = pool_->try_take_event();
       if (ev && cudaEventRecord(ev, stream_) == cudaSuccess) {
         pool_->release(data_, block_, ev);
@@ -367,17 +367,6 @@ class augmented {
     rows_ = 0;
   }
 #if defined(FERRY_WITH_CUDART)
-  // Makes `device` current for a scope, never throwing (destructors).
-  struct device_guard_noexcept {
-    int prev = -1;
-    explicit device_guard_noexcept(int d) noexcept {
-      if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-      if (prev != d) FERRY_CUDA_LOG(cudaSetDevice(d));
-    }
-    ~device_guard_noexcept() {
-      if (prev >= 0) FERRY_CUDA_LOG(cudaSetDevice(prev));
-    }
-  };
   std::shared_ptr<cuda::device_buffer_pool> pool_;
 #endif
   buffer host_;

@@ -38,6 +38,7 @@
 #include <thrust/system/cuda/execution_policy.h>
 
 #include "ferry/cuda/error.hpp"
+#include "ferry/cuda/stream.hpp"
 #include "ferry/cuda/stream_handle.hpp"
 #include "ferry/error.hpp"
 
@@ -86,16 +87,13 @@ class gpu_backend {
   gpu_backend(const gpu_backend&) = delete;
   gpu_backend& operator=(const gpu_backend&) = delete;
   ~gpu_backend() {
-    int prev = -1;
-    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-    FERRY_CUDA_LOG(cudaSetDevice(dev_));
+    const cuda::device_restore keep(dev_);
     FERRY_CUDA_LOG(cudaStreamSynchronize(stream_));
     for (float* p : blocks_) FERRY_CUDA_LOG(cudaFree(p));
     for (cudaEvent_t e : marks_)
       if (e) FERRY_CUDA_LOG(cudaEventDestroy(e));
     if (blas_) cublasDestroy(blas_);
     if (own_stream_) FERRY_CUDA_LOG(cudaStreamDestroy(stream_));
-    if (prev >= 0 && prev != dev_) FERRY_CUDA_LOG(cudaSetDevice(prev));
   }
 
   // The CUDA device ordinal.
@@ -176,12 +174,9 @@ class gpu_backend {
     graph(cudaGraphExec_t g, int dev) : g_(g), dev_(dev) {}
     void reset() noexcept {
       if (!g_) return;
-      int prev = -1;
-      if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-      FERRY_CUDA_LOG(cudaSetDevice(dev_));
+      const cuda::device_restore keep(dev_);
       FERRY_CUDA_LOG(cudaGraphExecDestroy(g_));
       g_ = nullptr;
-      if (prev >= 0 && prev != dev_) FERRY_CUDA_LOG(cudaSetDevice(prev));
     }
     cudaGraphExec_t g_ = nullptr;
     int dev_ = 0;

@@ -122,11 +122,9 @@ inline void arena_release(replica_arena& a, std::byte* p, std::size_t bytes) noe
   a.bytes -= std::min(a.bytes, bytes);
   if (a.device < 0 || !p) return;
 #if defined(FERRY_WITH_CUDART)
-  int prev = -1;
-  if (cudaGetDevice(&prev) == cudaSuccess && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(a.device));
+  const cuda::device_restore keep(a.device);
   FERRY_CUDA_LOG(cudaStreamSynchronize(static_cast<cudaStream_t>(a.stream)));
   FERRY_CUDA_LOG(cudaFree(p));
-  if (prev >= 0 && prev != a.device) FERRY_CUDA_LOG(cudaSetDevice(prev));
 #endif
 }
 // A block of `bytes` in the replica's memory (host blocks zeroed; device ones zeroed on

@@ -948,8 +948,7 @@ class cache_exchange {
   void free_devices() noexcept {
 #if defined(FERRY_WITH_CUDART)
     if (dev_.empty()) return;
-    int prev = -1;
-    if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
+    const cuda::device_restore keep;
     for (const device_side& d : dev_)
       if (cudaSetDevice(d.device) == cudaSuccess)
         for (cuda_stream st : {d.stream, d.side})
@@ -962,7 +961,6 @@ class cache_exchange {
           if (e) FERRY_CUDA_LOG(cudaEventDestroy(static_cast<cudaEvent_t>(e)));
         if (d.host_at) FERRY_CUDA_LOG(cudaFreeHost(d.host_at));
       }
-    if (prev >= 0) FERRY_CUDA_LOG(cudaSetDevice(prev));
 #endif
     dev_.clear();
     trades_ = {};
