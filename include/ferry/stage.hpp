@@ -67,12 +67,14 @@
 #pragma once
 
 #include <cstddef>
+#include <concepts>
 #include <cstdint>
 #include <memory>
 #include <memory_resource>
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -512,20 +514,41 @@ struct first_is_source : std::false_type {};
 template <class A0, class... A>
 struct first_is_source<A0, A...> : std::bool_constant<source<A0>> {};
 
-// An argument as stage_adaptor hands it to check() and make(): a signed integer (take(5)
-// passes an int) becomes std::uint64_t here, explicitly, the conversion the call would make
-// implicitly (the counts and sizes they take are std::uint64_t and std::size_t); clang's
-// -Wconversion (-Wsign-conversion) flags it in this header otherwise. Anything else passes
-// through as it is. A negative value wraps around as it did before: take(-1) is take(2^64 - 1).
-template <class A>
-constexpr decltype(auto) adaptor_arg(A&& a) noexcept {
-  if constexpr (std::is_integral_v<std::remove_cvref_t<A>> && std::is_signed_v<std::remove_cvref_t<A>>)
-    return static_cast<std::uint64_t>(a);
-  else
-    return std::forward<A>(a);
-}
-
 }  // namespace detail
+
+// An integer argument of a stage (batch(n), prefetch(depth), take(n), shard(count, index),
+// shuffle's seed, ...), of any integral type, with its sign kept: a std::size_t parameter
+// would turn batch(-1) into a batch of 2^64 - 1 rows and prefetch(-1) (tf.data's AUTOTUNE)
+// into an unbounded queue, with no error. A stage reads a count or size with count(), which
+// refuses a negative value, and a seed with bits(), which takes any value modulo 2^64.
+// Converting throws nothing; count() throws config_error.
+class int_arg {
+ public:
+  // Any integer but bool (batch(true) is a mistake, not a size).
+  template <std::integral I>
+    requires(!std::same_as<std::remove_cv_t<I>, bool>)
+  constexpr int_arg(I v) noexcept  // NOLINT(google-explicit-constructor): stands for the integer
+      : bits_(static_cast<std::uint64_t>(v)), negative_(std::is_signed_v<I> && v < 0) {}
+
+  // Whether the value given was negative.
+  constexpr bool negative() const noexcept { return negative_; }
+  // The value as a signed integer (for a message; wraps above 2^63 - 1).
+  constexpr std::int64_t value() const noexcept { return static_cast<std::int64_t>(bits_); }
+  // The value modulo 2^64 (a seed: every value is one).
+  constexpr std::uint64_t bits() const noexcept { return bits_; }
+  // The value as a count or size; throws config_error "<stage>: <what> must not be
+  // negative (got -3)" for a negative one.
+  std::uint64_t count(std::string_view stage, std::string_view what) const {
+    if (negative_)
+      throw config_error(std::string(stage) + ": " + std::string(what) + " must not be negative (got " +
+                         std::to_string(value()) + ")");
+    return bits_;
+  }
+
+ private:
+  std::uint64_t bits_;
+  bool negative_;
+};
 
 // The callable a stage is used through (`inline constexpr shard_t shard{};`): shard(src, n, i)
 // builds the stage, shard(n, i) returns a closure for `src | shard(n, i)`. A stage's `_t` derives
@@ -547,34 +570,44 @@ struct stage_adaptor {
     if constexpr (std::is_lvalue_reference_v<S>)
       return typename detail::pipeline_is_an_lvalue<S>::error_above{};
     else
-      return Derived::make(std::forward<S>(s), detail::adaptor_arg(std::forward<A>(a))...);
+      return Derived::make(std::forward<S>(s), std::forward<A>(a)...);
   }
   // take(n): checks the arguments now (config_error), then returns a closure holding
   // copies of them, for `src | take(n)`.
   template <class... A, class D = Derived>
     requires(!detail::first_is_source<A...>::value) && requires(const A&... a) { D::check(a...); }
   auto operator()(A... a) const {
-    Derived::check(detail::adaptor_arg(a)...);
+    Derived::check(a...);
     return make_closure([... a = std::move(a)]<class S>(S&& s) { return Derived{}(std::forward<S>(s), a...); });
   }
 };
 
 // count_adaptor's Default when the count must be given.
 inline constexpr std::uint64_t no_default_count = 0;
-// The stage_adaptor of a stage built from a count alone, Stage<S>(src, n), every n valid:
-// take(n), skip(n), repeat(n). With Default, the count may be left out (repeat()).
-template <template <class> class Stage, std::uint64_t Default = no_default_count>
-struct count_adaptor : stage_adaptor<count_adaptor<Stage, Default>> {
-  // Every count is valid: throws nothing.
-  static void check(std::uint64_t) {}
+// The stage_adaptor of a stage built from a count alone, Stage<S>(src, n), every n >= 0
+// valid: take(n), skip(n), repeat(n). -1 means every element, as in tf.data: take(-1) takes
+// all, skip(-1) skips all, repeat(-1) repeats forever. With Default, the count may be left
+// out (repeat()). Name: the stage's name, for errors.
+template <template <class> class Stage, const char* Name, std::uint64_t Default = no_default_count>
+struct count_adaptor : stage_adaptor<count_adaptor<Stage, Name, Default>> {
+  // Throws config_error for a count below -1.
+  static void check(int_arg n) { (void)count(n); }
   // The count left out: valid only with a Default.
   static void check()
     requires(Default != no_default_count)
   {}
-  // Builds the stage over s (stage_adaptor calls it).
+  // Builds the stage over s (stage_adaptor calls it); checks as check() does.
   template <source S>
-  static auto make(S&& s, std::uint64_t n = Default) {
-    return Stage<std::remove_cvref_t<S>>(std::forward<S>(s), n);
+  static auto make(S&& s, int_arg n = Default) {
+    return Stage<std::remove_cvref_t<S>>(std::forward<S>(s), count(n));
+  }
+
+ private:
+  static std::uint64_t count(int_arg n) {
+    if (!n.negative()) return n.bits();
+    if (n.value() == -1) return n.bits();  // 2^64 - 1: never reached
+    throw config_error(std::string(Name) + ": the count must be at least 0, or -1 for no limit as in tf.data (got " +
+                       std::to_string(n.value()) + ")");
   }
 };
 

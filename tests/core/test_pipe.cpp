@@ -1,11 +1,15 @@
 // The source concept, the pipe operator, closures, laziness and range-for.
 #include <doctest/doctest.h>
 
+#include <cstdint>
+#include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include "common/doubles.hpp"
 #include "ferry/ferry.hpp"
+#include "ferry/stages/interleave.hpp"
 
 using ferry_test::counting_source;
 using ferry_test::drain;
@@ -91,4 +95,63 @@ TEST_CASE("filter keeps exactly the elements the predicate accepts") {
       if (x % m == 0) expect.push_back(x);
     CHECK(drain(p) == expect);
   }
+}
+
+// A stage's integer argument keeps its sign (ferry::int_arg): a std::size_t parameter made
+// batch(-1) a 2^64 - 1 row batch, and prefetch(-1) (tf.data's AUTOTUNE) and shuffle(-1, s)
+// unbounded buffers, with no error.
+TEST_CASE("a negative count or size is a config_error naming the stage, in both forms") {
+  const std::vector<int> v{1, 2, 3, 4, 5};
+  const auto refused = [](auto&& make, const char* stage) {
+    INFO(stage);
+    CHECK_THROWS_WITH_AS(make(), doctest::Contains(stage), ferry::config_error);
+  };
+  for (const long long n : {-2LL, -3LL, -1000LL, std::numeric_limits<long long>::min()}) {
+    INFO(n);
+    refused([&] { return ferry::take(n); }, "take: ");
+    refused([&] { return ferry::take(ferry::from_range(v), n); }, "take: ");
+    refused([&] { return ferry::skip(n); }, "skip: ");
+    refused([&] { return ferry::repeat(ferry::from_range(v), n); }, "repeat: ");
+  }
+  for (const int n : {-1, -2, -100}) {
+    INFO(n);
+    refused([&] { return ferry::prefetch(n); }, "prefetch: ");
+    refused([&] { return ferry::prefetch(ferry::from_range(v), n); }, "prefetch: ");
+    refused([&] { return ferry::shuffle(n, 7); }, "shuffle: ");
+    refused([&] { return ferry::shuffle(ferry::from_range(v), n, 7); }, "shuffle: ");
+    refused([&] { return ferry::shard(n, 0); }, "shard: ");
+    refused([&] { return ferry::shard(2, n); }, "shard: ");
+    refused([&] { return ferry::batch(n); }, "batch: ");
+    refused([&] { return ferry::batch(ferry::from_range(v), n); }, "batch: ");
+    refused([&] { return ferry::padded_batch(n); }, "padded_batch: ");
+    refused([&] { return ferry::pack(n, 2); }, "pack: ");
+    refused([&] { return ferry::pack(4, n); }, "pack: ");
+    refused([&] { return ferry::interleave(n); }, "interleave: ");
+  }
+  CHECK_THROWS_WITH_AS(ferry::prefetch(-1), doctest::Contains("no autotune"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::prefetch(ferry::autotune), doctest::Contains("no autotune"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::batch(-3), doctest::Contains("got -3"), ferry::config_error);
+  static_assert(!std::is_invocable_v<const ferry::batch_t&, bool>, "batch(true) is a mistake, not a size");
+}
+
+TEST_CASE("-1 is no limit for take, skip and repeat, as in tf.data; a seed may be negative") {
+  const std::vector<int> v{1, 2, 3, 4, 5};
+  auto all = ferry::from_range(v) | ferry::take(-1);
+  CHECK(drain(all) == v);
+  auto none = ferry::from_range(v) | ferry::skip(-1);
+  CHECK(drain(none).empty());
+  auto forever = ferry::from_range(v) | ferry::repeat(-1) | ferry::take(23);
+  const auto got = drain(forever);
+  REQUIRE(got.size() == 23);
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == v[i % v.size()]);
+  // Unsigned values of every width are taken as they are; a signed seed modulo 2^64.
+  auto two = ferry::from_range(v) | ferry::take(std::uint8_t{2});
+  CHECK(drain(two) == std::vector<int>{1, 2});
+  std::vector<int> w(200);
+  std::iota(w.begin(), w.end(), 0);
+  auto a = ferry::from_range(w) | ferry::shuffle(64, -7);
+  auto b = ferry::from_range(w) | ferry::shuffle(64, std::uint64_t(0) - 7);
+  const auto da = drain(a);
+  CHECK(da == drain(b));
+  CHECK(da != w);
 }

@@ -212,8 +212,10 @@ class batch_source : public stage<batch_source<Up>, Up, batch_of<value_t<Up>>> {
   borrowed_records borrowed_;  // records from a borrowing_source; likewise
 };
 
-inline void check_batch_args(std::size_t n) {
-  if (n == 0) throw config_error("batch: the batch size must be at least 1 (got 0)");
+inline std::size_t check_batch_args(int_arg n) {
+  const std::uint64_t v = n.count("batch", "the batch size");
+  if (v == 0) throw config_error("batch: the batch size must be at least 1 (got 0)");
+  return static_cast<std::size_t>(v);
 }
 
 }  // namespace detail
@@ -222,16 +224,16 @@ inline void check_batch_args(std::size_t n) {
 // which a template parameter pack cannot take.
 struct batch_t {
   // batch(src, n, options): builds the stage over src (moved in); throws config_error for
-  // n == 0 or a batch too large to address.
+  // n == 0, a negative n or a batch too large to address.
   template <source S>
-  auto operator()(S&& s, std::size_t n, batch_options o = {}) const {
+  auto operator()(S&& s, int_arg n, batch_options o = {}) const {
     detail::require_rvalue_source<S>();
-    detail::check_batch_args(n);
-    return detail::batch_source<std::remove_cvref_t<S>>(std::forward<S>(s), n, std::move(o));
+    return detail::batch_source<std::remove_cvref_t<S>>(std::forward<S>(s), detail::check_batch_args(n), std::move(o));
   }
-  // batch(n, options): a closure for `src | batch(n)`; throws config_error for n == 0 now.
-  auto operator()(std::size_t n, batch_options o = {}) const {
-    detail::check_batch_args(n);
+  // batch(n, options): a closure for `src | batch(n)`; throws config_error for n == 0 or
+  // negative now.
+  auto operator()(int_arg rows, batch_options o = {}) const {
+    const std::size_t n = detail::check_batch_args(rows);
     return make_closure([n, o]<class S>(S&& s) { return batch_t{}(std::forward<S>(s), n, o); });
   }
 };

@@ -312,11 +312,13 @@ class interleave_source
   pipeline_state replay_anchor_;    // the upstream at the anchor (for a save before replaying)
 };
 
-inline void check_interleave_args(std::size_t cycle, std::size_t block) {
+inline std::size_t check_interleave_args(int_arg cycle_arg, std::size_t block) {
+  const std::uint64_t cycle = cycle_arg.count("interleave", "cycle");
   if (cycle == 0) throw config_error("interleave: cycle must be at least 1 (got 0)");
   if (cycle > (std::size_t(1) << 16))
     throw config_error("interleave: cycle = " + std::to_string(cycle) + " sources open at once; at most 65536");
   if (block == 0) throw config_error("interleave: block must be at least 1 (got 0)");
+  return static_cast<std::size_t>(cycle);
 }
 
 template <class F>
@@ -348,18 +350,18 @@ struct interleave_t {
   }
   // The file fast path.
   template <source S>
-  auto operator()(S&& s, std::size_t cycle, interleave_options o = {}) const {
+  auto operator()(S&& s, int_arg cycle_arg, interleave_options o = {}) const {
     detail::require_rvalue_source<S>();
     static_assert(detail::interleavable<std::remove_cvref_t<S>>,
                   "ferry::interleave(cycle) reads files itself: use it directly after from_files (and shard); "
                   "for other sources, interleave(fn, {.cycle = n}) with fn making a source of each element");
-    detail::check_interleave_args(cycle, o.block);
+    const std::size_t cycle = detail::check_interleave_args(cycle_arg, o.block);
     return detail::interleave_files_source<std::remove_cvref_t<S>>(std::forward<S>(s), cycle,
                                                                   detail::interleave_params{o.workers, o.block, o.buffer});
   }
   // The file fast path's closure, for `from_files(...) | interleave(cycle, options)`.
-  auto operator()(std::size_t cycle, interleave_options o = {}) const {
-    detail::check_interleave_args(cycle, o.block);
+  auto operator()(int_arg cycle_arg, interleave_options o = {}) const {
+    const std::size_t cycle = detail::check_interleave_args(cycle_arg, o.block);
     return make_closure([cycle, o]<class S>(S&& s) { return interleave_t{}(std::forward<S>(s), cycle, o); });
   }
 };

@@ -236,9 +236,13 @@ class pack_source
   batch_collator<P> col_;
 };
 
-inline void check_pack_args(std::size_t len, std::size_t n) {
+// {L, rows per batch}, checked.
+inline std::pair<std::size_t, std::size_t> check_pack_args(int_arg len_arg, int_arg n_arg) {
+  const std::uint64_t len = len_arg.count("pack", "the row length L");
+  const std::uint64_t n = n_arg.count("pack", "the rows per batch");
   if (len == 0) throw config_error("pack: the row length L must be at least 1 (got 0)");
   if (n == 0) throw config_error("pack: the rows per batch must be at least 1 (got 0)");
+  return {static_cast<std::size_t>(len), static_cast<std::size_t>(n)};
 }
 
 }  // namespace detail
@@ -248,14 +252,15 @@ struct pack_t {
   // pack(src, L, n, options): builds the stage over src (moved in); throws config_error
   // for L == 0 or n == 0.
   template <source S>
-  auto operator()(S&& s, std::size_t len, std::size_t n, pack_options o = {}) const {
+  auto operator()(S&& s, int_arg len_arg, int_arg n_arg, pack_options o = {}) const {
     detail::require_rvalue_source<S>();
-    detail::check_pack_args(len, n);
+    const auto [len, n] = detail::check_pack_args(len_arg, n_arg);
     return detail::pack_source<std::remove_cvref_t<S>>(std::forward<S>(s), len, n, std::move(o));
   }
   // pack(L, n, options): a closure for `src | pack(L, n)`; throws config_error now.
-  auto operator()(std::size_t len, std::size_t n, pack_options o = {}) const {
-    detail::check_pack_args(len, n);
+  auto operator()(int_arg len_arg, int_arg n_arg, pack_options o = {}) const {
+    const std::pair<std::size_t, std::size_t> ln = detail::check_pack_args(len_arg, n_arg);
+    const std::size_t len = ln.first, n = ln.second;  // clang 14 cannot capture a structured binding
     return make_closure([len, n, o]<class S>(S&& s) { return pack_t{}(std::forward<S>(s), len, n, o); });
   }
 };

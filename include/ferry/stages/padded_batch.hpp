@@ -211,7 +211,8 @@ class padded_batch_source
 template <class... M>
 concept mask_tag = sizeof...(M) == 0 || (sizeof...(M) == 1 && (std::same_as<M, with_mask_t> && ...));
 
-inline void check_padded_batch_args(std::size_t n, const padded_batch_options& o) {
+inline std::size_t check_padded_batch_args(int_arg rows, const padded_batch_options& o) {
+  const std::uint64_t n = rows.count("padded_batch", "the batch size");
   if (n == 0) throw config_error("padded_batch: the batch size must be at least 1 (got 0)");
   if (o.length == 0)
     throw config_error("padded_batch: length must be at least 1 (got 0); leave it unset to pad to each "
@@ -220,6 +221,7 @@ inline void check_padded_batch_args(std::size_t n, const padded_batch_options& o
   if (o.truncate && o.length == longest_row)
     throw config_error("padded_batch: truncate needs a length to cut rows to (got truncate = true and no "
                        "length)");
+  return static_cast<std::size_t>(n);
 }
 
 }  // namespace detail
@@ -231,9 +233,9 @@ struct padded_batch_t {
   // throws config_error for bad options (see the file's top).
   template <source S, class... M>
     requires(detail::mask_tag<M...>)
-  auto operator()(S&& s, std::size_t n, padded_batch_options o = {}, M...) const {
+  auto operator()(S&& s, int_arg rows, padded_batch_options o = {}, M...) const {
     detail::require_rvalue_source<S>();
-    detail::check_padded_batch_args(n, o);
+    const std::size_t n = detail::check_padded_batch_args(rows, o);
     return detail::padded_batch_source<std::remove_cvref_t<S>, sizeof...(M) == 1>(std::forward<S>(s), n,
                                                                                    std::move(o));
   }
@@ -241,12 +243,12 @@ struct padded_batch_t {
   // config_error for bad options now.
   template <class... M>
     requires(detail::mask_tag<M...>)
-  auto operator()(std::size_t n, padded_batch_options o = {}, M... m) const {
-    detail::check_padded_batch_args(n, o);
+  auto operator()(int_arg rows, padded_batch_options o = {}, M... m) const {
+    const std::size_t n = detail::check_padded_batch_args(rows, o);
     return make_closure([n, o, m...]<class S>(S&& s) { return padded_batch_t{}(std::forward<S>(s), n, o, m...); });
   }
   // padded_batch(n, with_mask): masks with the default options.
-  auto operator()(std::size_t n, with_mask_t m) const { return (*this)(n, {}, m); }
+  auto operator()(int_arg n, with_mask_t m) const { return (*this)(n, {}, m); }
 };
 
 // padded_batch(n, {...}): collates n elements, ragged fields padded to one length (see the

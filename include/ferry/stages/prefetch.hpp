@@ -8,7 +8,7 @@
 // Shutdown: the destructor (and rewind()) stops the producer and joins it at once, even
 // mid-epoch; it waits only for an upstream next() call already in progress.
 //
-// Errors: throws config_error for depth == 0. An exception thrown upstream is re-thrown,
+// Errors: throws config_error for depth == 0, a negative depth and ferry::autotune. An exception thrown upstream is re-thrown,
 // unchanged, by the consumer's next() at its place, after the elements produced before
 // it; the producer goes on, so the next next() gives what upstream gives after the error
 // (as without prefetch: a consumer that catches and goes on loses nothing prefetch held).
@@ -27,6 +27,7 @@
 
 
 #include <cstddef>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -84,16 +85,24 @@ class prefetch_source : public threaded_stage<prefetch_source<Up>, Up> {
 // The type of ferry::prefetch: prefetch(src, depth), or prefetch(depth) for
 // `src | prefetch(depth)`.
 struct prefetch_t : stage_adaptor<prefetch_t> {
-  // stage_adaptor's argument check: throws config_error for depth == 0.
-  static void check(std::size_t depth) {
-    if (depth == 0)
-      throw config_error("prefetch: depth must be at least 1 (got 0); drop the stage to run inline");
-  }
+  // stage_adaptor's argument check: throws config_error for depth == 0, a negative depth
+  // and ferry::autotune (tf.data's AUTOTUNE, -1, would be an unbounded queue here).
+  static void check(int_arg depth) { (void)checked(depth); }
   // Builds the stage over s (stage_adaptor calls it); checks depth as check() does.
   template <source S>
-  static auto make(S&& s, std::size_t depth) {
-    check(depth);
-    return detail::prefetch_source<std::remove_cvref_t<S>>(std::forward<S>(s), depth);
+  static auto make(S&& s, int_arg depth) {
+    return detail::prefetch_source<std::remove_cvref_t<S>>(std::forward<S>(s), checked(depth));
+  }
+
+ private:
+  static std::size_t checked(int_arg depth) {
+    if (depth.negative() || depth.bits() == std::numeric_limits<std::size_t>::max())
+      throw config_error("prefetch: depth must be a number of elements (got " +
+                         (depth.negative() ? std::to_string(depth.value()) : std::string("ferry::autotune")) +
+                         "): prefetch has no autotune; 2 is usually enough");
+    if (depth.bits() == 0)
+      throw config_error("prefetch: depth must be at least 1 (got 0); drop the stage to run inline");
+    return static_cast<std::size_t>(depth.bits());
   }
 };
 // prefetch(depth): runs the upstream on a thread of its own, depth elements ahead (see the

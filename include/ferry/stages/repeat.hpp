@@ -9,7 +9,8 @@
 // Threads: runs on the thread that calls next(), which also runs the upstream's rewind()
 // between passes; repeat runs no user code and starts no thread.
 //
-// Errors: repeat throws nothing itself, but restore() refuses a state it cannot resume
+// Errors: repeat(n) throws config_error for n below -1 (-1 repeats forever, as tf.data's
+// repeat(-1)), and restore() refuses a state it cannot resume
 // (Checkpoints). An upstream exception reaches the consumer unchanged; the next call goes
 // on in the same epoch. An epoch that threw is not empty, even with no element (a file
 // that failed to open this time): repeat goes on to the next epoch rather than end early.
@@ -32,6 +33,7 @@
 namespace ferry {
 namespace detail {
 
+inline constexpr char repeat_name[] = "repeat";  // count_adaptor's Name
 inline constexpr std::uint64_t repeat_forever = std::numeric_limits<std::uint64_t>::max();  // repeat()'s n
 
 template <source Up>
@@ -92,6 +94,6 @@ class repeat_source : public stage<repeat_source<Up>, Up> {
 
 // repeat(n) or repeat(src, n): plays the upstream n times; repeat(): forever (see the
 // file's top).
-inline constexpr count_adaptor<detail::repeat_source, detail::repeat_forever> repeat{};
+inline constexpr count_adaptor<detail::repeat_source, detail::repeat_name, detail::repeat_forever> repeat{};
 
 }  // namespace ferry

@@ -12,7 +12,7 @@
 // Threads: runs on the thread that calls next(); shard runs no user code and starts no
 // thread.
 //
-// Errors: throws config_error when count == 0 or index >= count, and (from the file source)
+// Errors: throws config_error when count == 0, index >= count or either is negative, and (from the file source)
 // when file-level sharding has more shards than files: pass ferry::by_element then.
 // Upstream errors propagate unchanged; the next call goes on.
 //
@@ -80,8 +80,10 @@ concept file_shardable = requires(S&& s, std::uint64_t c) { std::move(s).shard_f
 // The type of ferry::shard: shard(src, count, index [, by_element]), or the same without
 // src for `src | shard(...)`.
 struct shard_t : stage_adaptor<shard_t> {
-  // Throws config_error for count == 0 or index >= count.
-  static void check(std::uint64_t count, std::uint64_t index, by_element_t = by_element_t{}) {
+  // Throws config_error for count == 0, index >= count, or either negative.
+  static void check(int_arg count_arg, int_arg index_arg, by_element_t = by_element_t{}) {
+    const std::uint64_t count = count_arg.count("shard", "count");
+    const std::uint64_t index = index_arg.count("shard", "index");
     if (count == 0) throw config_error("shard: count must be at least 1 (got 0)");
     if (index >= count)
       throw config_error("shard: index must be in [0, count): got index " + std::to_string(index) +
@@ -91,8 +93,9 @@ struct shard_t : stage_adaptor<shard_t> {
   // when s can split its files and by_element is not given, element-level sharding
   // otherwise. Checks as check() does.
   template <source S, class... By>
-  static auto make(S&& s, std::uint64_t count, std::uint64_t index, By...) {
-    check(count, index);
+  static auto make(S&& s, int_arg count_arg, int_arg index_arg, By...) {
+    check(count_arg, index_arg);
+    const std::uint64_t count = count_arg.bits(), index = index_arg.bits();
     if constexpr (sizeof...(By) == 0 && detail::file_shardable<std::remove_cvref_t<S>>)
       return std::move(s).shard_files(count, index);
     else

@@ -17,7 +17,7 @@
 // Threads: runs on the thread that calls next() (restore() re-reads a window on the
 // thread that calls it); shuffle runs no user code and starts no thread.
 //
-// Errors: throws config_error for buffer == 0. An exception from upstream ends the window
+// Errors: throws config_error for buffer == 0 or negative (a seed may be any integer). An exception from upstream ends the window
 // early. The elements pulled before it are shuffled as a (shorter) window and handed out
 // first; then next() re-throws the exception unchanged, at the same position as in the
 // upstream sequence (as many elements before it); then a new window starts. A consumer
@@ -172,16 +172,20 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
 // The type of ferry::shuffle: shuffle(src, buffer, seed), or shuffle(buffer, seed) for
 // `src | shuffle(buffer, seed)`.
 struct shuffle_t : stage_adaptor<shuffle_t> {
-  // stage_adaptor's argument check: throws config_error for buffer == 0.
-  static void check(std::size_t buffer, std::uint64_t /*seed*/) {
-    if (buffer == 0)
-      throw config_error("shuffle: the buffer must hold at least 1 element (got 0; 1 means no shuffling)");
-  }
+  // stage_adaptor's argument check: throws config_error for buffer == 0 or negative. The
+  // seed is any integer (a negative one modulo 2^64).
+  static void check(int_arg buffer, int_arg /*seed*/) { (void)checked(buffer); }
   // Builds the stage over s (stage_adaptor calls it); checks as check() does.
   template <source S>
-  static auto make(S&& s, std::size_t buffer, std::uint64_t seed) {
-    check(buffer, seed);
-    return detail::shuffle_source<std::remove_cvref_t<S>>(std::forward<S>(s), buffer, seed);
+  static auto make(S&& s, int_arg buffer, int_arg seed) {
+    return detail::shuffle_source<std::remove_cvref_t<S>>(std::forward<S>(s), checked(buffer), seed.bits());
+  }
+
+ private:
+  static std::size_t checked(int_arg buffer) {
+    const std::uint64_t b = buffer.count("shuffle", "the buffer");
+    if (b == 0) throw config_error("shuffle: the buffer must hold at least 1 element (got 0; 1 means no shuffling)");
+    return static_cast<std::size_t>(b);
   }
 };
 // shuffle(buffer, seed): reorders elements within windows of `buffer`, anew each epoch

@@ -10,7 +10,8 @@
 // Threads: runs on the thread that calls next(); skip runs no user code and starts no
 // thread.
 //
-// Errors: skip throws nothing itself, but restore() refuses a state it cannot resume
+// Errors: skip(n) throws config_error for n below -1 (-1 skips every element, as tf.data's
+// skip(-1)), and restore() refuses a state it cannot resume
 // (Checkpoints). An upstream exception reaches the consumer unchanged, at its position,
 // and does not count toward n (no element was skipped); the next call goes on. next()
 // skips element by element, so this holds exactly. next_bulk() (batch() pulling a run)
@@ -33,6 +34,6 @@
 namespace ferry {
 
 // skip(n) or skip(src, n): drops the first n elements of every epoch (see the file's top).
-inline constexpr count_adaptor<detail::skip_source> skip{};
+inline constexpr count_adaptor<detail::skip_source, detail::skip_name> skip{};
 
 }  // namespace ferry

@@ -12,7 +12,8 @@
 // Threads: runs on the thread that calls next(); take runs no user code and starts no
 // thread.
 //
-// Errors: take throws nothing itself, but restore() refuses a state it cannot resume
+// Errors: take(n) throws config_error for n below -1 (-1 takes every element, as tf.data's
+// take(-1)), and restore() refuses a state it cannot resume
 // (Checkpoints). An upstream exception reaches the consumer unchanged, at its position,
 // and does not count toward n (no element was taken); the next call goes on. next() takes
 // element by element, so this holds exactly: take(n) and skip(n) over the same
@@ -39,6 +40,6 @@
 namespace ferry {
 
 // take(n) or take(src, n): the first n elements of every epoch (see the file's top).
-inline constexpr count_adaptor<detail::take_source> take{};
+inline constexpr count_adaptor<detail::take_source, detail::take_name> take{};
 
 }  // namespace ferry

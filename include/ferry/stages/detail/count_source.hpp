@@ -82,6 +82,9 @@ class count_source : public stage<count_source<Up, Take>, Up> {
   std::uint64_t count_ = 0;
 };
 
+inline constexpr char take_name[] = "take";  // count_adaptor's Name
+inline constexpr char skip_name[] = "skip";
+
 template <class Up>
 using take_source = count_source<Up, true>;
 template <class Up>
