@@ -41,7 +41,8 @@
 // name or pax header with no member after it, a sample larger than max_record_bytes, a
 // sample that goes on after an entry passed over that would take it past max_record_bytes
 // (at the next member's header, naming the entry: the sample came out without the members
-// after it); with any of these the rest of the file cannot be read (a whole sample before a damaged header comes out first). A
+// after it; not seen across a restore between the two, as the checkpoint is an offset);
+// with any of these the rest of the file cannot be read (a whole sample before a damaged header comes out first). A
 // sample with two members of one extension is a bad record: error_policy::skip passes
 // over it alone. An archive cut at a member's end cannot be told from a whole one (tar has
 // no count): its last sample has the members before the cut, and at() names the one
