@@ -524,11 +524,19 @@ struct first_is_source<A0, A...> : std::bool_constant<source<A0>> {};
 // Converting throws nothing; count() throws config_error.
 class int_arg {
  public:
-  // Any integer but bool (batch(true) is a mistake, not a size).
+  // Any integer of at most 64 bits but bool (batch(true) is a mistake, not a size; an
+  // __int128 would lose its high bits).
   template <std::integral I>
-    requires(!std::same_as<std::remove_cv_t<I>, bool>)
+    requires(!std::same_as<std::remove_cv_t<I>, bool> && sizeof(I) <= sizeof(std::uint64_t))
   constexpr int_arg(I v) noexcept  // NOLINT(google-explicit-constructor): stands for the integer
       : bits_(static_cast<std::uint64_t>(v)), negative_(std::is_signed_v<I> && v < 0) {}
+  // An unscoped enum's constant (`enum { batch_size = 64 };`), as the integer it converts
+  // to; a scoped enum does not convert, and is refused as elsewhere.
+  template <class E>
+    requires(std::is_enum_v<E> && std::is_convertible_v<E, std::underlying_type_t<E>> &&
+             !std::same_as<std::underlying_type_t<E>, bool>)
+  constexpr int_arg(E v) noexcept  // NOLINT(google-explicit-constructor)
+      : int_arg(static_cast<std::underlying_type_t<E>>(v)) {}
 
   // Whether the value given was negative.
   constexpr bool negative() const noexcept { return negative_; }

@@ -132,6 +132,40 @@ TEST_CASE("a negative count or size is a config_error naming the stage, in both 
   CHECK_THROWS_WITH_AS(ferry::prefetch(ferry::autotune), doctest::Contains("no autotune"), ferry::config_error);
   CHECK_THROWS_WITH_AS(ferry::batch(-3), doctest::Contains("got -3"), ferry::config_error);
   static_assert(!std::is_invocable_v<const ferry::batch_t&, bool>, "batch(true) is a mistake, not a size");
+  // shuffle has no autotune: ferry::autotune is SIZE_MAX, a buffer of the whole dataset.
+  CHECK_THROWS_WITH_AS(ferry::shuffle(ferry::autotune, 1), doctest::Contains("no autotune"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(ferry::shuffle(ferry::from_range(v), ferry::autotune, 1), doctest::Contains("no autotune"),
+                       ferry::config_error);
+  // from_generator's count too: an int -5 was 2^64 - 5 elements.
+  const auto gen = [](std::uint64_t i) { return static_cast<int>(i); };
+  CHECK_THROWS_WITH_AS(ferry::from_generator(-5, gen), doctest::Contains("from_generator: the count must not be negative (got -5)"),
+                       ferry::config_error);
+  auto three = ferry::from_generator(std::int8_t{3}, gen);
+  CHECK(drain(three) == std::vector<int>{0, 1, 2});
+}
+
+// An old-style enum constant is its integer; a scoped enum, a floating value and a wider
+// than 64-bit integer (whose high bits a conversion would drop) do not compile.
+enum { enum_batch = 2, enum_negative = -2 };
+enum class scoped_size : int { two = 2 };
+TEST_CASE("an unscoped enum's constant is an integer argument; scoped enums and 128-bit integers are refused") {
+  const std::vector<int> v{1, 2, 3, 4, 5};
+  auto b = ferry::from_range(v) | ferry::batch(enum_batch);
+  std::size_t batches = 0;
+  for (const auto& x : b) {
+    CHECK(x.size() == (batches < 2 ? 2u : 1u));
+    ++batches;
+  }
+  CHECK(batches == 3);
+  auto t = ferry::from_range(v) | ferry::take(enum_batch);
+  CHECK(drain(t) == std::vector<int>{1, 2});
+  CHECK_THROWS_WITH_AS(ferry::take(enum_negative), doctest::Contains("got -2"), ferry::config_error);
+  static_assert(!std::is_invocable_v<const ferry::batch_t&, scoped_size>);
+  static_assert(!std::is_invocable_v<decltype(ferry::take), double>);
+#if defined(__SIZEOF_INT128__)
+  static_assert(!std::is_constructible_v<ferry::int_arg, __int128>);
+  static_assert(!std::is_constructible_v<ferry::int_arg, unsigned __int128>);
+#endif
 }
 
 TEST_CASE("-1 is no limit for take, skip and repeat, as in tf.data; a seed may be negative") {

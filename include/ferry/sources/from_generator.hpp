@@ -17,7 +17,8 @@
 // would throw forever when the failure is a function of the index, as it should be). A
 // next_bulk() call (batch() pulling a run at once) throws the same error; the run's
 // elements before i go with it, as batch() drops the batch it was building on any error.
-// restore() throws config_error for a state past the count (Checkpoints).
+// restore() throws config_error for a state past the count (Checkpoints);
+// from_generator(count, f), for a negative count.
 //
 // Memory: the function (moved in), the next index and whether the function has ended the
 // epoch (returned nullopt); no element is held.
@@ -141,11 +142,12 @@ struct from_generator_t {
     return detail::generator_source<F>(std::numeric_limits<std::uint64_t>::max(), std::move(f));
   }
   // from_generator(count, f): the elements f(0) ... f(count - 1) (when f returns a
-  // std::optional, its first nullopt ends the epoch sooner).
+  // std::optional, its first nullopt ends the epoch sooner). Throws config_error for a
+  // negative count (an int -5 would otherwise become 2^64 - 5 elements).
   template <class F>
     requires std::is_invocable_v<F&, std::uint64_t>
-  auto operator()(std::uint64_t count, F f) const {
-    return detail::generator_source<F>(count, std::move(f));
+  auto operator()(int_arg count, F f) const {
+    return detail::generator_source<F>(count.count("from_generator", "the count"), std::move(f));
   }
 };
 // from_generator(f) / from_generator(count, f): a source from a function of the element

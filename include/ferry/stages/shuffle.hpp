@@ -17,14 +17,14 @@
 // Threads: runs on the thread that calls next() (restore() re-reads a window on the
 // thread that calls it); shuffle runs no user code and starts no thread.
 //
-// Errors: throws config_error for buffer == 0 or negative (a seed may be any integer). An exception from upstream ends the window
-// early. The elements pulled before it are shuffled as a (shorter) window and handed out
-// first; then next() re-throws the exception unchanged, at the same position as in the
-// upstream sequence (as many elements before it); then a new window starts. A consumer
-// that catches and goes on gets every other element exactly once. Why the error ends the
-// window instead of the window filling on past it: a checkpoint re-reads the window from
-// its start, and that re-read must not run into the error again. (Windows are shorter
-// only where errors are.)
+// Errors: throws config_error for buffer == 0, negative or ferry::autotune (a seed may be any
+// integer). An exception from upstream ends the window early. The elements pulled before it
+// are shuffled as a (shorter) window and handed out first; then next() re-throws the exception
+// unchanged, at the same position as in the upstream sequence (as many elements before it);
+// then a new window starts. A consumer that catches and goes on gets every other element
+// exactly once. Why the error ends the window instead of the window filling on past it: a
+// checkpoint re-reads the window from its start, and that re-read must not run into the error
+// again. (Windows are shorter only where errors are.)
 //
 // Memory: at most `buffer` elements held (the window), and the upstream's state words at
 // the window's start.
@@ -40,6 +40,7 @@
 
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -172,8 +173,8 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
 // The type of ferry::shuffle: shuffle(src, buffer, seed), or shuffle(buffer, seed) for
 // `src | shuffle(buffer, seed)`.
 struct shuffle_t : stage_adaptor<shuffle_t> {
-  // stage_adaptor's argument check: throws config_error for buffer == 0 or negative. The
-  // seed is any integer (a negative one modulo 2^64).
+  // stage_adaptor's argument check: throws config_error for buffer == 0, negative or
+  // ferry::autotune. The seed is any integer (a negative one modulo 2^64).
   static void check(int_arg buffer, int_arg /*seed*/) { (void)checked(buffer); }
   // Builds the stage over s (stage_adaptor calls it); checks as check() does.
   template <source S>
@@ -185,6 +186,10 @@ struct shuffle_t : stage_adaptor<shuffle_t> {
   static std::size_t checked(int_arg buffer) {
     const std::uint64_t b = buffer.count("shuffle", "the buffer");
     if (b == 0) throw config_error("shuffle: the buffer must hold at least 1 element (got 0; 1 means no shuffling)");
+    // ferry::autotune is SIZE_MAX: as a buffer, every element of the dataset held at once.
+    if (b == std::numeric_limits<std::size_t>::max())
+      throw config_error("shuffle: ferry::autotune (SIZE_MAX) is not a buffer size: shuffle has no autotune; pass the "
+                         "dataset's size to shuffle it whole in memory, or use ferry::global_shuffle");
     return static_cast<std::size_t>(b);
   }
 };
