@@ -312,6 +312,16 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     CHECK(ferry::parse_webdataset(*src.next()).key == "a/3");  // reading goes on past it
     CHECK(!src.next());
   }
+  SUBCASE("a README cut short after a whole sample: the sample, then the error") {
+    tar_writer w;
+    w.add("a/1.jpg", "one");
+    const std::size_t readme_at = w.add("README", std::string(1000, 'r'));
+    write_file(path, w.out.substr(0, readme_at + 512 + 500));
+    auto src = ferry::from_files({path}, ferry::webdataset{});
+    CHECK(ferry::parse_webdataset(*src.next()).key == "a/1");
+    expect_format_error([&] { src.next(); }, path, readme_at,
+                        "truncated member 'README' (its header says 1000 bytes, 500 are left)");
+  }
   SUBCASE("members and samples larger than max_record_bytes; a long name with no member") {
     tar_writer w;
     w.add("a/1.jpg", std::string(3000, 'x'));
@@ -394,9 +404,63 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
       const auto first = ferry::parse_webdataset(*rs.next());
       CHECK(first.key == "a/1");
       CHECK(first.members.size() == 1);  // the jpg: the cls is after the README
+      // The rest of a/1 is a bad record of its own: raise throws it, and reading goes on.
       expect_format_error([&] { rs.next(); }, path, cls_at,
-                          "sample 'a/1' goes on after 'README' (2097152 bytes, no sample data) and would be larger "
-                          "than max_record_bytes (1048576)");
+                          "sample 'a/1' goes on after 'README' (2097152 bytes, no sample data), which would take it "
+                          "past max_record_bytes (1048576)");
+      const auto after = rs.next();
+      REQUIRE(after);
+      CHECK(ferry::parse_webdataset(*after).key == "a/2");
+      CHECK(!rs.next());
+      // skip passes over it alone: a/2 is not lost with it.
+      std::vector<std::uint64_t> skipped;
+      auto sk = ferry::from_files({path}, ferry::webdataset{},
+                                  {.on_error = ferry::error_policy::skip,
+                                   .on_skip = [&](const ferry::skipped_record& s) { skipped.push_back(s.offset); },
+                                   .chunk_bytes = 4096,
+                                   .max_record_bytes = 1 << 20});
+      std::vector<std::string> keys;
+      while (auto e = sk.next()) keys.push_back(ferry::parse_webdataset(*e).key);
+      CHECK(keys == std::vector<std::string>{"a/1", "a/2"});
+      CHECK(skipped == std::vector<std::uint64_t>{cls_at});
+    }
+    // Long-name or pax headers after a member that would take the sample past the bound
+    // end it as a large entry does: a README's (a/1.cls after it is the bad record), or
+    // the next member's own (that member is). Both kinds, and a chain of several.
+    const std::size_t near = (std::size_t(1) << 20) - 1536;  // a/1.jpg's padded end + 1536 passes 1 MiB
+    for (const char kind : {'L', 'x'}) {
+      for (const bool own : {false, true}) {
+        CAPTURE(kind);
+        CAPTURE(own);
+        tar_writer t;
+        const std::string key = own ? std::string(150, 'k') + "/1" : "a/1";
+        const std::size_t jpg_at = t.add(key + ".jpg", std::string(near - (own ? 1024 : 0), 'j'), '0', kind);
+        CHECK(jpg_at == 0);
+        std::size_t bad_at = 0;
+        if (own) {
+          bad_at = t.add(key + ".cls", "7", '0', kind);
+          CHECK(bad_at == near + 512);
+        } else {
+          const std::size_t chain_at = t.add(std::string(150, 'r'), "readme", '0', kind);
+          bad_at = t.add("a/1.cls", "7");
+          CHECK(chain_at == near + 512);
+        }
+        t.add("a/2.jpg", "two");
+        t.end();
+        write_file(path, t.out);
+        auto rs = ferry::from_files({path}, ferry::webdataset{}, {.chunk_bytes = 4096, .max_record_bytes = 1 << 20});
+        const auto first = ferry::parse_webdataset(*rs.next());
+        CHECK(first.key == key);
+        CHECK(first.members.size() == 1);
+        expect_format_error([&] { rs.next(); }, path, bad_at,
+                            "sample '" + key + "' goes on after the long-name or pax headers at offset " +
+                                std::to_string(near + 512) +
+                                ", which would take it past max_record_bytes (1048576)");
+        const auto after = rs.next();
+        REQUIRE(after);
+        CHECK(ferry::parse_webdataset(*after).key == "a/2");
+        CHECK(!rs.next());
+      }
     }
     // A pax size applies to the member, not to a long name between them.
     tar_writer p;

@@ -29,24 +29,26 @@
 // between them must fit max_record_bytes (64 MiB by default). An entry passed over after a
 // member that would take the sample past it ends the sample there, since whether the
 // sample goes on after it is not known without reading it: only a member of the same key
-// after it is an error (Errors).
+// after it is a bad record (Errors). So do a member's long-name or pax headers that would.
 //
 // Threads: the framer runs where from_files reads (the thread calling next(), or
 // interleave's reader threads); parse_webdataset on the calling thread (map's workers):
 // neither runs user code.
 //
-// Errors: format_error, at the offset of the header where the bad member starts: "not a
-// tar header (checksum mismatch)", a size field that is not a number, a truncated header
-// or member ("truncated member 'a/1.jpg' (its header says n bytes, m are left)"), a long
-// name or pax header with no member after it, a sample larger than max_record_bytes, a
-// sample that goes on after an entry passed over that would take it past max_record_bytes
-// (at the next member's header, naming the entry: the sample came out without the members
-// after it; not seen across a restore between the two, as the checkpoint is an offset);
-// with any of these the rest of the file cannot be read (a whole sample before a damaged header comes out first). A
-// sample with two members of one extension is a bad record: error_policy::skip passes
-// over it alone. An archive cut at a member's end cannot be told from a whole one (tar has
-// no count): its last sample has the members before the cut, and at() names the one
-// missing. An empty file is an archive of no samples.
+// Errors: format_error, at the offset of the header where the bad member starts: "not a tar
+// header (checksum mismatch)", a size field that is not a number, a truncated header or
+// member ("truncated member 'a/1.jpg' (its header says n bytes, m are left)"), a long name
+// or pax header with no member after it, a sample larger than max_record_bytes; with any of
+// these the rest of the file cannot be read (a whole sample before a damaged header, or
+// before an entry passed over that is cut short, comes out first). Bad records, which
+// error_policy::skip passes over alone (raise throws them as format_errors): a sample with
+// two members of one extension, and the rest of a sample that went on after an entry passed
+// over, or at a member whose long-name or pax headers, would take it past max_record_bytes
+// (framed from the next member's header on, naming the entry: the sample came out without
+// them; not seen across a restore between the two, as the checkpoint is an offset). An
+// archive cut at a member's end cannot be told from a whole one (tar has no count): its last
+// sample has the members before the cut, and at() names the one missing. An empty file is an
+// archive of no samples.
 // parse_webdataset and at() throw format_error (see each).
 //
 // Memory: a sample is buffered whole in from_files' chunks (at most max_record_bytes);
@@ -111,8 +113,10 @@ namespace detail {
 // One member of a tar archive, found at `start` (its first header, a long-name or pax
 // header when there are some) in a buffer: data at `data`, `size` bytes; `end` after its
 // padding (clipped to the buffer's end when the archive stops inside the padding).
+// past_span: long-name or pax headers, not at the buffer's start, that reach past the
+// reader's max_span (with tar_reader::stop_at_span): the entry they lead to is not read.
 struct tar_entry {
-  enum kind_t { file, other, zero, eof } kind = eof;
+  enum kind_t { file, other, zero, eof, past_span } kind = eof;
   std::size_t start = 0, data = 0;
   std::uint64_t size = 0, end = 0;
   std::string name;
@@ -127,6 +131,9 @@ struct tar_reader {
   std::string_view path;   // made a string only for an error
   std::uint64_t base = 0;  // file offset of the buffer's first byte
   std::uint64_t max_span = UINT64_MAX;  // the most bytes from the buffer's start a header may reach
+  // Long-name or pax headers past max_span that do not start at the buffer's start: a
+  // past_span entry instead of an error (a sample may end before them).
+  bool stop_at_span = false;
   static constexpr std::uint64_t max_prefix = 1 << 16;  // a long name or pax header
 
   [[noreturn]] void fail(std::size_t at, const std::string& why) const {
@@ -258,8 +265,13 @@ struct tar_reader {
         else if (type == 'x') pax(d, static_cast<std::size_t>(size), pos, long_name, pax_size, has_pax_size);
         prefixed = true;
         pos = data + static_cast<std::size_t>(padded);
-        if (pos + tar_block > max_span)  // a chain of them: never buffered past the bound
+        if (pos + tar_block > max_span) {  // a chain of them: never buffered past the bound
+          if (stop_at_span && e.start > 0) {
+            e.kind = tar_entry::past_span;
+            return e;
+          }
           fail(e.start, "long-name or pax headers reaching past max_record_bytes (" + std::to_string(max_span) + ")");
+        }
         continue;
       }
       if (long_name.empty()) {
@@ -308,11 +320,11 @@ struct wds_framer {
   explicit wds_framer(std::uint64_t max) : max_record(max) {}
 
   std::uint64_t max_record = 0;
-  // The key of the sample last ended early, before an entry passed over (no sample data)
-  // that would have taken it past max_record, and that entry's name and size: a member of
-  // that key after the entry is an error (the sample came out without it).
+  // The key of the sample last ended early, before an entry passed over (no sample data),
+  // or long-name or pax headers, that would have taken it past max_record, and what that
+  // was (for the message): a member of that key after it is a bad record (the sample came
+  // out without it).
   std::string cut_key, cut_by;
-  std::uint64_t cut_size = 0;
 
   const array_meta* meta() const { return nullptr; }
   void seek_rows(std::uint64_t) {}
@@ -363,8 +375,9 @@ struct wds_framer {
     std::string key;
     std::vector<std::string> exts;
     bool dup = false;
+    std::string tail;  // why this sample is the rest of a cut one (a bad record)
     for (;;) {
-      const tar_reader rd{s.path(), s.offset(), max_record};
+      const tar_reader rd{s.path(), s.offset(), max_record, /*stop_at_span=*/true};
       tar_entry e;
       try {
         e = rd.next(view, pos);
@@ -384,25 +397,37 @@ struct wds_framer {
           continue;
         }
         if (!cut_key.empty()) {
+          // Framed as a sample of its own, so that error_policy::skip passes over it alone.
           if (k == cut_key)
-            throw format_error(s.path(), s.offset(),
-                               "sample '" + cut_key + "' goes on after '" + cut_by + "' (" + std::to_string(cut_size) +
-                                   " bytes, no sample data) and would be larger than max_record_bytes (" +
-                                   std::to_string(max_record) + "): it came out without its members from here on");
+            tail = "sample '" + cut_key + "' goes on after " + cut_by + ", which would take it past max_record_bytes (" +
+                   std::to_string(max_record) + "): it came out without its members from here on";
           cut_key.clear();
         }
       } else if (e.kind == tar_entry::eof || e.kind == tar_entry::zero || (member && k != key)) {
         break;  // the next sample's: not read further
+      } else if (e.kind == tar_entry::past_span) {
+        // Headers that would take the sample past the bound, before an entry not read yet:
+        // the sample ends here, and a member of its key there is a bad record.
+        cut_key = key;
+        cut_by = "the long-name or pax headers at offset " + std::to_string(s.offset() + e.start);
+        break;
       } else if (!member && e.end > max_record) {
         // Past the bound only if the sample goes on after it, which is not known without
         // reading it: the sample ends here, and a member of its key after it is the error.
         cut_key = key;
-        cut_by = e.name;
-        cut_size = e.size;
+        cut_by = "'" + e.name + "' (" + std::to_string(e.size) + " bytes, no sample data)";
         break;
       }
       check_span(s, e, end == 0 ? std::string(k) : key);
-      rd.complete(view, e);
+      if (end != 0 && !member) {
+        try {
+          rd.complete(view, e);
+        } catch (const format_error&) {
+          break;  // a README cut short after a whole sample: the sample now, the error next call
+        }
+      } else {
+        rd.complete(view, e);
+      }
       pos = static_cast<std::size_t>(e.end);
       if (!member) continue;  // a README or directory in the span: the sample may go on after it
       if (end == 0) key.assign(k);
@@ -410,9 +435,9 @@ struct wds_framer {
       exts.emplace_back(x);
       end = pos;
     }
-    if (dup) {
+    if (dup || !tail.empty()) {
       f.bad_offset = s.offset();
-      f.why = "sample '" + key + "' has two members with one extension";
+      f.why = !tail.empty() ? std::move(tail) : "sample '" + key + "' has two members with one extension";
       s.consume(end);
       return frame_status::bad_record;
     }
