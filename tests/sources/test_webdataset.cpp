@@ -476,6 +476,51 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     CHECK(smp.key == std::string(110, 'd') + "/1");
     CHECK(smp.at("jpg").str() == "abc");
   }
+  SUBCASE("bytes after the end-of-archive zero blocks end the file, as plain tar stops there") {
+    tar_writer w;
+    w.add("a/1.jpg", "one");
+    w.add("a/2.jpg", "two");
+    w.end();
+    tar_writer next;
+    next.add("b/1.jpg", "three");
+    next.end();
+    for (const std::string& trailer : {std::string("\n"), std::string(700, 'g'), std::string(511, '\0') + "x",
+                                       std::string(1024, '\0') + std::string(512, '\xff'), next.out}) {
+      CAPTURE(trailer.size());
+      write_file(path, w.out + trailer);
+      auto src = ferry::from_files({path}, ferry::webdataset{});
+      std::vector<std::string> keys;
+      while (auto r = src.next()) keys.push_back(ferry::parse_webdataset(*r).key);
+      CHECK(keys == (trailer == next.out ? std::vector<std::string>{"a/1", "a/2", "b/1"}
+                                         : std::vector<std::string>{"a/1", "a/2"}));
+    }
+    // Without a zero block before it, a damaged header stays an error (see above).
+    write_file(path, w.out.substr(0, 2048) + std::string(512, 'g'));
+    auto src = ferry::from_files({path}, ferry::webdataset{});
+    CHECK(src.next());
+    CHECK(src.next());
+    expect_format_error([&] { src.next(); }, path, 2048, "not a tar header");
+  }
+  SUBCASE("a pax header of 70 KB (an xattr) is read: only max_record_bytes bounds it") {
+    tar_writer w;
+    w.add("a/1.jpg", "one");
+    const std::string rec = tar_writer::pax_record("SCHILY.xattr.user.big", std::string(70000, 'x'));
+    w.out += tar_writer::header("PaxHeaders/b", rec.size(), 'x') + tar_writer::padded(rec);
+    w.add("b/1.jpg", "two");
+    w.add("b/1.cls", "2");
+    w.end();
+    write_file(path, w.out);
+    auto src = ferry::from_files({path}, ferry::webdataset{}, {.chunk_bytes = 4096});
+    std::vector<std::string> got;
+    while (auto r = src.next()) {
+      const auto smp = ferry::parse_webdataset(*r);
+      got.push_back(smp.key + ":" + std::to_string(smp.members.size()));
+    }
+    CHECK(got == std::vector<std::string>{"a/1:1", "b/1:2"});
+    auto small = ferry::from_files({path}, ferry::webdataset{}, {.max_record_bytes = 60000});
+    CHECK(small.next());  // a/1 ends before the pax header
+    expect_format_error([&] { small.next(); }, path, 1024, "long-name or pax headers reaching past max_record_bytes (60000)");
+  }
   SUBCASE("base-256 sizes, archives one after another, empty and all-zero files") {
     tar_writer a, b;
     a.add("x/1.jpg", "first", '0', 'L', true);

@@ -25,7 +25,9 @@
 // chunk at a time, after a member within the sample's span (only past them is it known
 // whether the sample goes on), so they never split one. A zero block ends an archive;
 // reading goes on after it when another archive follows (cat a.tar b.tar), as tar
-// --ignore-zeros does. A sample is buffered whole: its members and what is passed over
+// --ignore-zeros does; bytes after it that are not a tar header end the file (a newline
+// added at the end, padding), as plain tar stops at the zero blocks. Long-name and pax
+// headers (pax records hold xattrs of any size) count toward max_record_bytes. A sample is buffered whole: its members and what is passed over
 // between them must fit max_record_bytes (64 MiB by default). An entry passed over after a
 // member that would take the sample past it ends the sample there, since whether the
 // sample goes on after it is not known without reading it: only a member of the same key
@@ -134,7 +136,6 @@ struct tar_reader {
   // Long-name or pax headers past max_span that do not start at the buffer's start: a
   // past_span entry instead of an error (a sample may end before them).
   bool stop_at_span = false;
-  static constexpr std::uint64_t max_prefix = 1 << 16;  // a long name or pax header
 
   [[noreturn]] void fail(std::size_t at, const std::string& why) const {
     throw format_error(std::string(path), base + at, why);
@@ -253,9 +254,15 @@ struct tar_reader {
       const std::uint64_t padded = (size + tar_block - 1) / tar_block * tar_block;
       const std::size_t data = pos + tar_block;
       if (prefix) {  // about the next header
-        if (size > max_prefix)
-          fail(pos, "a " + std::string(1, type) + " header of " + std::to_string(size) + " bytes (at most " +
-                        std::to_string(max_prefix) + ")");
+        // A chain of them (pax headers hold xattrs of any size) is bounded by max_span
+        // alone, and never buffered past it.
+        if (data + padded + tar_block > max_span) {
+          if (stop_at_span && e.start > 0) {
+            e.kind = tar_entry::past_span;
+            return e;
+          }
+          fail(e.start, "long-name or pax headers reaching past max_record_bytes (" + std::to_string(max_span) + ")");
+        }
         auto [b2, a2] = view(data + static_cast<std::size_t>(size));
         if (a2 < data + size)
           fail(pos, "truncated tar member (a " + std::string(1, type) + " header of " + std::to_string(size) +
@@ -265,13 +272,6 @@ struct tar_reader {
         else if (type == 'x') pax(d, static_cast<std::size_t>(size), pos, long_name, pax_size, has_pax_size);
         prefixed = true;
         pos = data + static_cast<std::size_t>(padded);
-        if (pos + tar_block > max_span) {  // a chain of them: never buffered past the bound
-          if (stop_at_span && e.start > 0) {
-            e.kind = tar_entry::past_span;
-            return e;
-          }
-          fail(e.start, "long-name or pax headers reaching past max_record_bytes (" + std::to_string(max_span) + ")");
-        }
         continue;
       }
       if (long_name.empty()) {
@@ -376,12 +376,19 @@ struct wds_framer {
     std::vector<std::string> exts;
     bool dup = false;
     std::string tail;  // why this sample is the rest of a cut one (a bad record)
+    bool after_zero = false;  // a zero block passed over just now
     for (;;) {
       const tar_reader rd{s.path(), s.offset(), max_record, /*stop_at_span=*/true};
       tar_entry e;
       try {
         e = rd.next(view, pos);
       } catch (const format_error&) {
+        // After the end-of-archive zero blocks, what is not another archive's header is
+        // not the archive's (a newline an editor added, padding): tar stops there too.
+        if (end == 0 && after_zero) {
+          cut_key.clear();
+          return frame_status::end;
+        }
         if (end == 0) throw;
         break;  // a damaged header after a whole sample: the sample now, the error next call
       }
@@ -394,6 +401,7 @@ struct wds_framer {
         }
         if (!member) {
           pass_over(s, e);
+          after_zero = e.kind == tar_entry::zero;
           continue;
         }
         if (!cut_key.empty()) {
