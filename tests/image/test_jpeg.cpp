@@ -226,7 +226,8 @@ TEST_CASE("decode_jpeg_crop equals a full decode at its DCT scale, cropped and r
             scales.insert(s);
             fi::image& img = full[s][C];
             if (img.pixels.empty()) img = decode_scaled(f.jpg, s, C);
-            const double sx = double(img.width) / w, sy = double(img.height) / h;
+            // Source pixel x is at x s / 8 in the scaled image (each 8x8 block becomes s x s).
+            const double sx = s / 8.0, sy = sx;
             std::vector<std::uint8_t> want(std::size_t(out.height) * out.width * C);
             fi::resize_bilinear({img.pixels.data(), img.width, img.height, C, std::size_t(img.width) * C}, win.left * sx,
                                 win.top * sy, win.width * sx, win.height * sy, out, want.data());
@@ -247,6 +248,63 @@ TEST_CASE("decode_jpeg_crop equals a full decode at its DCT scale, cropped and r
     }
   }
   CHECK(scales == std::set<unsigned>{1, 2, 4, 8});
+}
+
+TEST_CASE("decode_jpeg_crop with DCT scaling where the image is not a multiple of 8 / k: the window stays in place") {
+  // A black-to-white step at x = 896 (or y = 896): at 1/8 an output column is the mean of
+  // 8 source columns, all black or all white here. Placing the window by sw / iw instead of
+  // k / 8 moved it right by up to 7 source pixels where 8 does not divide the width (the
+  // column before the step came out 194 at width 1025).
+  for (const std::uint32_t side : {1024u, 1025u, 1031u, 1033u, 1039u}) {
+    for (const bool vertical : {false, true}) {
+      const std::uint32_t w = vertical ? 64 : side, h = vertical ? side : 64;
+      std::vector<std::uint8_t> px(std::size_t(w) * h);
+      for (std::uint32_t y = 0; y < h; ++y)
+        for (std::uint32_t x = 0; x < w; ++x) px[std::size_t(y) * w + x] = (vertical ? y : x) < 896 ? 0 : 255;
+      const auto jpg = encode(px, w, h, {.channels = 1});
+      for (const std::uint32_t reduce : {8u, 4u, 2u}) {
+        const fi::crop_window win = vertical ? fi::crop_window{512, 0, 512, 64} : fi::crop_window{0, 512, 64, 512};
+        const fi::crop_output out{win.height / reduce, win.width / reduce, 1, false};
+        CAPTURE(side);
+        CAPTURE(vertical);
+        CAPTURE(reduce);
+        REQUIRE(fi::jpeg_crop_scale(win, out) == 8 / reduce);
+        const auto got = fused(jpg, win, out);
+        int most = 0;
+        for (std::uint32_t j = 0; j < out.height; ++j)
+          for (std::uint32_t i = 0; i < out.width; ++i) {
+            const std::uint32_t along = (vertical ? j : i) * reduce + 512;  // the output pixel's first source pixel
+            most = std::max(most, std::abs(int(got[std::size_t(j) * out.width + i]) - (along < 896 ? 0 : 255)));
+          }
+        CHECK(most <= 2);
+      }
+    }
+  }
+}
+
+TEST_CASE("decode_jpeg_crop: a window one or two columns wide at an edge of a 4:2:0 file is the full decode's") {
+  // libjpeg-turbo interpolates chroma (as a full decode does) only in a cropped region whose
+  // chroma is more than 2 samples wide; a narrower one repeated samples, up to 15 levels off.
+  for (const std::uint32_t w : {5u, 7u, 18u, 33u, 34u, 64u, 100u}) {
+    for (const std::uint32_t h : {8u, 17u}) {
+      const auto jpg = encode(picture(w, h, 3, w * 31 + h, 4), w, h, {.quality = 90, .subsample = true});
+      const fi::image full = fi::decode_jpeg(jpg);
+      for (const std::uint32_t cols : {1u, 2u, 3u}) {
+        for (const std::uint32_t left : {0u, 1u, w - cols, w - cols - 1, w / 2}) {
+          const fi::crop_window win{0, left, h, cols};
+          const fi::crop_output out{h, cols, 3, false};
+          CAPTURE(w);
+          CAPTURE(h);
+          CAPTURE(left);
+          CAPTURE(cols);
+          const auto got = fused(jpg, win, out), want = crop_resize(full, win, out);
+          int most = 0;
+          for (std::size_t i = 0; i < got.size(); ++i) most = std::max(most, std::abs(int(got[i]) - int(want[i])));
+          CHECK(most == 0);
+        }
+      }
+    }
+  }
 }
 
 TEST_CASE("decode_jpeg_crop: flip mirrors the row; grey output; grey, CMYK and progressive files") {
@@ -454,13 +512,62 @@ TEST_CASE("JPEG bad input: not a JPEG, truncated, too many or no pixels, bad win
         fused(with_size(16000, 16000), {0, 0, 10, 10}, {32, 32, 3, false});
       FAIL("a 16000 x 16000 claim decoded from " << jpg.size() << " bytes");
     } catch (const ferry::format_error& e) {
-      CHECK(std::string(e.what()).find("first scan needs at least") != std::string::npos);
+      CHECK(std::string(e.what()).find("scans need at least") != std::string::npos);
       CHECK(e.offset() > 0);
       CHECK(e.offset() < jpg.size());
     }
   }
-  CHECK_THROWS_WITH_AS(fi::read_jpeg_header(with_size(16000, 16000)), doctest::Contains("first scan needs"),
+  CHECK_THROWS_WITH_AS(fi::read_jpeg_header(with_size(16000, 16000)), doctest::Contains("scans need at least"),
                        ferry::format_error);
+  // Every component counts, not the first scan's alone: one scan a component, the first a
+  // luma sampled 4 times less than its chroma (1/33 of the blocks). 16000 x 16000 with 33000
+  // bytes after the first scan's header passed a check of the first scan (31250 bytes) and
+  // made libjpeg reserve 1 GB before it failed as truncated.
+  {
+    jpeg_compress_struct c;
+    jpeg_error_mgr jerr;
+    c.err = jpeg_std_error(&jerr);
+    jpeg_create_compress(&c);
+    unsigned char* mem = nullptr;
+    unsigned long mem_size = 0;
+    jpeg_mem_dest(&c, &mem, &mem_size);
+    c.image_width = 64, c.image_height = 64, c.input_components = 3, c.in_color_space = JCS_RGB;
+    jpeg_set_defaults(&c);
+    c.comp_info[0].h_samp_factor = c.comp_info[0].v_samp_factor = 1;
+    for (int i : {1, 2}) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 4;
+    jpeg_scan_info scans[3] = {{1, {0}, 0, 63, 0, 0}, {1, {1}, 0, 63, 0, 0}, {1, {2}, 0, 63, 0, 0}};
+    c.scan_info = scans, c.num_scans = 3;
+    jpeg_start_compress(&c, TRUE);
+    const auto rgb = picture(64, 64, 3, 11);
+    for (std::uint32_t y = 0; y < 64; ++y) {
+      JSAMPROW r = const_cast<std::uint8_t*>(rgb.data() + std::size_t(y) * 64 * 3);
+      jpeg_write_scanlines(&c, &r, 1);
+    }
+    jpeg_finish_compress(&c);
+    const bytes_t multi(reinterpret_cast<const std::byte*>(mem), reinterpret_cast<const std::byte*>(mem) + mem_size);
+    std::free(mem);
+    jpeg_destroy_compress(&c);
+    CHECK(fi::decode_jpeg(multi).width == 64);  // a valid file as written
+    bytes_t claim = multi;
+    std::size_t sos = 0;
+    for (std::size_t i = 0; i + 3 < claim.size(); ++i) {
+      if (claim[i] == std::byte{0xFF} && claim[i + 1] == std::byte{0xC0}) {
+        claim[i + 5] = claim[i + 7] = std::byte(16000 >> 8), claim[i + 6] = claim[i + 8] = std::byte(16000 & 0xFF);
+      } else if (claim[i] == std::byte{0xFF} && claim[i + 1] == std::byte{0xDA}) {
+        sos = i + 2 + ((std::size_t(claim[i + 2]) << 8) | std::size_t(claim[i + 3]));
+        break;
+      }
+    }
+    REQUIRE(sos > 0);
+    claim.resize(sos);
+    claim.insert(claim.end(), 33000, std::byte{0});
+    claim.push_back(std::byte{0xFF}), claim.push_back(std::byte{0xD9});
+    CHECK_THROWS_WITH_AS(fi::read_jpeg_header(claim), doctest::Contains("scans need at least 1031250 bytes"),
+                         ferry::format_error);
+    CHECK_THROWS_WITH_AS(fi::decode_jpeg(claim), doctest::Contains("scans need at least"), ferry::format_error);
+    CHECK_THROWS_WITH_AS(fused(claim, {0, 0, 10, 10}, {8, 8, 3, false}), doctest::Contains("scans need at least"),
+                         ferry::format_error);
+  }
   // ... a bound real files stay inside: one flat colour, one bit a block in the DC scan of a
   // progressive file (optimal Huffman tables), grey and colour, and baseline.
   for (const auto& [channels, prog] : {std::pair{3u, true}, std::pair{1u, true}, std::pair{3u, false}}) {

@@ -33,7 +33,7 @@
 // that lose no pixel, such as an unknown JFIF revision or bytes skipped before a marker, are
 // not, as in libjpeg-turbo's own tools and PIL), and a header whose
 // size is 0 or more than limits.max_pixels, or more than the file's bytes can code (a bit a
-// block of the first scan, for Huffman coding) (checked before anything is allocated from it);
+// block of every component, for Huffman coding) (checked before anything is allocated from it);
 // the error's path is "JPEG" (map's element_error names the element), its offset the byte
 // libjpeg had reached. A cut file fails every crop, whichever rows it needs: the scan's data
 // must end in an EOI marker, checked first (offset: the file's end; bytes after the EOI are
@@ -150,20 +150,21 @@ inline void read_header(jpeg_decoder& d, std::span<const std::byte> bytes, const
                        "the header claims " + std::to_string(d.cinfo.image_width) + "x" +
                            std::to_string(d.cinfo.image_height) + " pixels, " +
                            (px == 0 ? std::string("none") : "more than the limit of " + std::to_string(lim.max_pixels)));
-  // Huffman codes are at least a bit long, and the first scan codes every block of its
-  // components (their DC, or all of a sequential block): a file too short for that is
-  // refused before libjpeg's buffers and the image are allocated from its claim (within the
-  // limit, hundreds of MB for a file of a few hundred bytes). Arithmetic coding can spend
-  // less than a bit a block: only the limit holds there.
-  if (!d.cinfo.arith_code && d.cinfo.Ss == 0) {
+  // Huffman codes are at least a bit long, and every block of every component is coded in
+  // some scan (its DC, or all of a sequential block): a file too short for that is refused
+  // before libjpeg's buffers and the image are allocated from its claim (within the limit,
+  // hundreds of MB for a file of a few hundred bytes). Not the first scan's blocks alone: a
+  // file whose first scan is a component subsampled against the others claims 33 times its
+  // blocks. Arithmetic coding can spend less than a bit a block: only the limit holds there.
+  if (!d.cinfo.arith_code) {
     std::uint64_t blocks = 0;
-    for (int i = 0; i < d.cinfo.comps_in_scan; ++i)
-      blocks += std::uint64_t(d.cinfo.cur_comp_info[i]->width_in_blocks) * d.cinfo.cur_comp_info[i]->height_in_blocks;
+    for (int i = 0; i < d.cinfo.num_components; ++i)
+      blocks += std::uint64_t(d.cinfo.comp_info[i].width_in_blocks) * d.cinfo.comp_info[i].height_in_blocks;
     const std::uint64_t least = (blocks + 7) / 8, left = bytes.size() - d.offset();
     if (left < least)
       throw format_error("JPEG", d.offset(),
                          "the header claims " + std::to_string(d.cinfo.image_width) + "x" +
-                             std::to_string(d.cinfo.image_height) + " pixels, whose first scan needs at least " +
+                             std::to_string(d.cinfo.image_height) + " pixels, whose scans need at least " +
                              std::to_string(least) + " bytes; the file has " + std::to_string(left) +
                              " after its header (of " + std::to_string(bytes.size()) + " bytes)");
   }
@@ -288,8 +289,10 @@ inline void decode_jpeg_crop(std::span<const std::byte> bytes, const crop_window
   const unsigned comps = cmyk ? 4 : out.channels;
   jpeg_start_decompress(&d.cinfo);
   const std::uint32_t sw = d.cinfo.output_width, sh = d.cinfo.output_height;  // the scaled image
-  // The window in scaled pixels, as real numbers, and the whole pixels that cover it.
-  const double sx = double(sw) / iw, sy = double(sh) / ih;
+  // The window in scaled pixels, as real numbers, and the whole pixels that cover it. At
+  // scale k/8 each 8x8 block becomes k x k, so source pixel x is at x k / 8 (sw / iw is
+  // larger where iw is not a multiple of 8 / k: up to 7 source pixels off at 1/8).
+  const double sx = k / 8.0, sy = sx;
   const double fx0 = win.left * sx, fy0 = win.top * sy, fw = win.width * sx, fh = win.height * sy;
   const std::uint32_t x0 = std::min<std::uint32_t>(sw - 1, std::uint32_t(fx0));
   const std::uint32_t x1 = std::max(x0 + 1, std::min<std::uint32_t>(sw, std::uint32_t(std::ceil(fx0 + fw))));
@@ -299,6 +302,14 @@ inline void decode_jpeg_crop(std::span<const std::byte> bytes, const crop_window
   // upsamples subsampled chroma at a cropped region's edges by repeating the edge sample,
   // so the window's own columns get the neighbours a full decode gives them.
   JDIMENSION cx = x0 ? x0 - 1 : 0, cw = std::min<std::uint32_t>(sw, x1 + 1) - cx;
+  // libjpeg-turbo interpolates ("fancy" upsampling, as a full decode does) only a chroma
+  // row more than 2 samples wide: a region of at least 2 x max_h_samp_factor + 1 columns.
+  const JDIMENSION least = 2 * JDIMENSION(d.cinfo.max_h_samp_factor) + 1;
+  if (cw < least) {
+    const JDIMENSION end = std::min<JDIMENSION>(sw, std::max<JDIMENSION>(cx + cw, cx + least));
+    cx = end >= least ? std::min(cx, end - least) : 0;
+    cw = end - cx;
+  }
   if (cx != 0 || cw != sw) jpeg_crop_scanline(&d.cinfo, &cx, &cw);
   if (y0) jpeg_skip_scanlines(&d.cinfo, y0);
   const std::size_t stride = std::size_t(cw) * comps, rh = y1 - y0;
