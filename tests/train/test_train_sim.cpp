@@ -305,6 +305,31 @@ TEST_CASE("a GPU replica that fails while the trainer is built: cuda_error, noth
   }
 }
 
+TEST_CASE("a gpu_backend whose cuBLAS handle cannot be made: the error, its stream freed, the caller's device kept" *
+          doctest::timeout(60)) {
+  for (const bool own_stream : {true, false}) {
+    CAPTURE(own_stream);
+    sim_run(31, 0, [&] {
+      REQUIRE(cudaSetDevice(0) == cudaSuccess);
+      cudaStream_t user = nullptr;
+      if (!own_stream) {  // the replica's stream, on its device
+        REQUIRE(cudaSetDevice(1) == cudaSuccess);
+        REQUIRE(cudaStreamCreate(&user) == cudaSuccess);
+        REQUIRE(cudaSetDevice(0) == cudaSuccess);
+      }
+      sim::fail_blas_create(1, 1, CUBLAS_STATUS_ALLOC_FAILED);
+      CHECK_THROWS_WITH_AS(tr::gpu_backend(tr::replica_context{1, user}), doctest::Contains("cublasCreate failed on device 1"),
+                           ferry::error);
+      int now = -1;
+      REQUIRE(cudaGetDevice(&now) == cudaSuccess);
+      CHECK(now == 0);
+      // The next one is made; sim_run checks that nothing the failed one made is left.
+      { tr::gpu_backend ok(tr::replica_context{1, user}); }
+      if (user) CHECK(cudaStreamDestroy(user) == cudaSuccess);
+    });
+  }
+}
+
 TEST_CASE("nccl_communicator::local refuses a device listed twice (NCCL: one rank per device)") {
   sim_run(32, 2, [&] {
     CHECK_THROWS_WITH_AS(ferry::nccl_communicator::local({0, 1, 0}), doctest::Contains("device 0 is listed twice"),

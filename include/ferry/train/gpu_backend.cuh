@@ -72,29 +72,31 @@ class gpu_backend {
   static constexpr bool on_device = true;  // its memory is device memory (the communicator's buffers too)
 
   // Context: anything with .device and .stream (replica_context).
+  // Leaves the device current (as each call does). Throws cuda_error, or ferry::error for
+  // cuBLAS; then what it made is released and the caller's device is current again.
   template <class Context>
   explicit gpu_backend(const Context& ctx) : dev_(ctx.device < 0 ? 0 : ctx.device) {
-    make_current();
-    if (ctx.stream) {
-      stream_ = static_cast<cudaStream_t>(ctx.stream);
-    } else {
-      FERRY_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-      own_stream_ = true;
+    int caller = -1;
+    FERRY_CUDA_TRY(cudaGetDevice(&caller));
+    try {
+      make_current();
+      if (ctx.stream) {
+        stream_ = static_cast<cudaStream_t>(ctx.stream);
+      } else {
+        FERRY_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+        own_stream_ = true;
+      }
+      detail::blas_check(cublasCreate(&blas_), "cublasCreate", dev_);
+      detail::blas_check(cublasSetStream(blas_, stream_), "cublasSetStream", dev_);
+    } catch (...) {
+      release();  // no destructor runs for a constructor that throws
+      FERRY_CUDA_LOG(cudaSetDevice(caller));
+      throw;
     }
-    detail::blas_check(cublasCreate(&blas_), "cublasCreate", dev_);
-    detail::blas_check(cublasSetStream(blas_, stream_), "cublasSetStream", dev_);
   }
   gpu_backend(const gpu_backend&) = delete;
   gpu_backend& operator=(const gpu_backend&) = delete;
-  ~gpu_backend() {
-    const cuda::device_restore keep(dev_);
-    FERRY_CUDA_LOG(cudaStreamSynchronize(stream_));
-    for (float* p : blocks_) FERRY_CUDA_LOG(cudaFree(p));
-    for (cudaEvent_t e : marks_)
-      if (e) FERRY_CUDA_LOG(cudaEventDestroy(e));
-    if (blas_) cublasDestroy(blas_);
-    if (own_stream_) FERRY_CUDA_LOG(cudaStreamDestroy(stream_));
-  }
+  ~gpu_backend() { release(); }
 
   // The CUDA device ordinal.
   int device() const { return dev_; }
@@ -256,6 +258,16 @@ class gpu_backend {
 
  private:
   void make_current() const { FERRY_CUDA_TRY(cudaSetDevice(dev_)); }
+  // Frees what the backend made, on its device, the caller's device kept; logs failures.
+  void release() noexcept {
+    const cuda::device_restore keep(dev_);
+    if (stream_) FERRY_CUDA_LOG(cudaStreamSynchronize(stream_));
+    for (float* p : blocks_) FERRY_CUDA_LOG(cudaFree(p));
+    for (cudaEvent_t e : marks_)
+      if (e) FERRY_CUDA_LOG(cudaEventDestroy(e));
+    if (blas_) cublasDestroy(blas_);
+    if (own_stream_) FERRY_CUDA_LOG(cudaStreamDestroy(stream_));
+  }
   // A query's answer: false while not ready; throws cuda_error for any other failure.
   static bool ready(cudaError_t st, const char* call) {
     if (st == cudaErrorNotReady) return false;

@@ -44,6 +44,8 @@ cublasStatus_t cublasSgemv(cublasHandle_t h, cublasOperation_t t, int m, int n, 
 namespace sim {
 // Makes the n-th cuBLAS compute call (gemm, gemv) on `device` from now fail with `status`.
 void fail_blas(int device, int n, cublasStatus_t status);
+// Makes the n-th cublasCreate on `device` (the current one) from now fail with `status`.
+void fail_blas_create(int device, int n, cublasStatus_t status);
 // cuBLAS handles alive.
 int live_blas_handles();
 }  // namespace sim

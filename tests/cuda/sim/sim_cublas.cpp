@@ -17,6 +17,7 @@ struct cublasContext {
 namespace {
 std::mutex m;
 std::map<int, std::pair<int, cublasStatus_t>> fail_in;  // device -> (n, status)
+std::map<int, std::pair<int, cublasStatus_t>> create_fail_in;  // the same, for cublasCreate
 int live = 0;
 
 // Checks the handle against the current device; the status to return for a failure
@@ -50,9 +51,17 @@ std::size_t extent(int rows, int cols, int ld) {
 }  // namespace
 
 cublasStatus_t cublasCreate(cublasHandle_t* h) {
-  *h = new cublasContext;
-  cudaGetDevice(&(*h)->device);
+  int device = 0;
+  cudaGetDevice(&device);
   std::lock_guard lk(m);
+  auto it = create_fail_in.find(device);
+  if (it != create_fail_in.end() && --it->second.first == 0) {
+    const cublasStatus_t st = it->second.second;
+    create_fail_in.erase(it);
+    return st;
+  }
+  *h = new cublasContext;
+  (*h)->device = device;
   ++live;
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -151,6 +160,10 @@ namespace sim {
 void fail_blas(int device, int n, cublasStatus_t status) {
   std::lock_guard lk(m);
   fail_in[device] = {n, status};
+}
+void fail_blas_create(int device, int n, cublasStatus_t status) {
+  std::lock_guard lk(m);
+  create_fail_in[device] = {n, status};
 }
 int live_blas_handles() {
   std::lock_guard lk(m);
