@@ -215,6 +215,16 @@ TEST_CASE("padded_batch: an error in user code upstream arrives at its place") {
   REQUIRE(b);
   CHECK(b->field<1>()[0] == 6);
   CHECK(b->size() == 4);
+  // A row named later counts the failed element: row 11 is element 11 (it was "row 10").
+  auto long_row = ferry::from_generator(20, [](u64 i) -> seq {
+                    if (i == 5) throw std::runtime_error("bad element 5");
+                    return {std::vector<i32>(i == 11 ? 9 : 1, i32(i)), i32(i)};
+                  }) |
+                  ferry::padded_batch(4, {.length = 4});
+  CHECK(long_row.next());
+  CHECK_THROWS_AS(long_row.next(), std::runtime_error);
+  CHECK(long_row.next());  // rows 6-9
+  CHECK_THROWS_WITH_AS(long_row.next(), doctest::Contains("row 11 of the epoch has 9 values"), ferry::config_error);
 }
 
 TEST_CASE("padded_batch: a checkpoint resumes exactly; another configuration is refused") {

@@ -43,14 +43,16 @@
 // Errors: config_error for boundaries that do not increase (or start at 0), a number of
 // batch sizes other than boundaries + 1, a batch size or multiple_of of 0, a pad_value that
 // is not a value of a ragged field's type. What length_fn throws arrives from next() at its
-// element's place; that element is dropped, and the next call goes on after it. So does a row that its bucket cannot pad: a ragged field of
-// 2^32 values or more, or (pad_to_bucket_boundary) longer than the boundary - 1 it is padded
+// element's place; that element is dropped, and the next call goes on after it. So does a
+// row that its bucket cannot pad: a ragged field of 2^32 values or more, or (pad_to_bucket_boundary) longer than the boundary - 1 it is padded
 // to (a config_error naming the row; length_fn must count that field's values). Upstream
-// errors likewise; rows already in buckets stay.
+// errors likewise, a config_error from upstream user code included (each holds its row's
+// place in the epoch's numbering and in a checkpoint); rows already in buckets stay.
 //
 // Memory: at most one partial batch per bucket (the sum of the batch sizes, less the
 // buckets' count, elements), plus the batch handed out; checkpoint snapshots of the
-// upstream's position, at most 6 of them.
+// upstream's position, at most max_wait / max(1, max_wait / 4) + 2 of them (6 when max_wait
+// is a multiple of 4, never more than 9).
 //
 // Checkpoints: exact, and holding positions, not rows: the upstream's position as of a
 // snapshot taken at or before the oldest row still in a bucket, the number of rows pulled
@@ -190,14 +192,14 @@ class bucket_source
   static constexpr std::size_t none = ~std::size_t{0};
 
   // The upstream's next element, counted as a row; an error counts as one too (it takes
-  // an element's place, here and when a restore pulls the same rows again).
+  // an element's place, here and when a restore pulls the same rows again), a
+  // config_error included: a map or from_generator function passes ferry's own errors
+  // through, and its element goes with it.
   std::optional<T> pull_counted() {
     try {
       std::optional<T> e = this->pull_up();
       if (e) ++pulled_;
       return e;
-    } catch (const config_error&) {
-      throw;
     } catch (...) {
       ++pulled_;
       throw;
@@ -314,8 +316,6 @@ class bucket_source
       std::optional<T> e;
       try {
         e = pull_counted();
-      } catch (const config_error&) {
-        throw;
       } catch (...) {  // handed out before the save, at its place
         continue;
       }

@@ -140,7 +140,13 @@ class padded_batch_source
     } else {
       hold_.clear();
       while (hold_.size() < target_.rows) {
-        std::optional<T> e = this->pull_up();
+        std::optional<T> e;
+        try {
+          e = this->pull_up();
+        } catch (...) {
+          ++rows_;  // the failed element held a row's place: later rows keep their numbers
+          throw;
+        }
         if (!e) break;
         ++rows_;
         hold_.push_back(std::move(*e));
@@ -202,7 +208,7 @@ class padded_batch_source
 
   collation target_;  // n rows per batch, and where batches are collated
   padded_batch_options o_;  // (its resource moved into target_)
-  std::uint64_t rows_ = 0;  // elements pulled this epoch (names a row in errors)
+  std::uint64_t rows_ = 0;  // elements pulled this epoch, errors included (names a row in errors)
   batch_collator<P> collator_;
   std::vector<T> hold_;  // the batch being built (unless the upstream lends views); capacity reused
 };
