@@ -44,10 +44,11 @@
 // batch sizes other than boundaries + 1, a batch size or multiple_of of 0, a pad_value that
 // is not a value of a ragged field's type. What length_fn throws arrives from next() at its
 // element's place; that element is dropped, and the next call goes on after it. So does a
-// row that its bucket cannot pad: a ragged field of 2^32 values or more, or (pad_to_bucket_boundary) longer than the boundary - 1 it is padded
-// to (a config_error naming the row; length_fn must count that field's values). Upstream
-// errors likewise, a config_error from upstream user code included (each holds its row's
-// place in the epoch's numbering and in a checkpoint); rows already in buckets stay.
+// row that its bucket cannot pad: a ragged field of 2^32 values or more, or
+// (pad_to_bucket_boundary) longer than the boundary - 1 it is padded to (a config_error
+// naming the row; length_fn must count that field's values). Upstream errors likewise, a
+// config_error from upstream user code included (each holds its row's place in the epoch's
+// numbering and in a checkpoint); rows already in buckets stay.
 //
 // Memory: at most one partial batch per bucket (the sum of the batch sizes, less the
 // buckets' count, elements), plus the batch handed out; checkpoint snapshots of the
