@@ -73,7 +73,12 @@
 // position is not the stage's): an upstream not at epoch 0 whose steps match. The same
 // sequence only where each job's epoch 0 filled the cache whole: one whose epoch 0 stopped
 // part way (refilled from the upstream's epoch 1) or that streamed (over budget) serves
-// other rows from epoch 1 on.
+// other rows from epoch 1 on. Also not seen: under partial and pad, a saved size up to G - 1
+// above rows cached that are a multiple of G.
+//
+// Known defects (docs/distribute.md): a short step before epoch 0's last shifts the steps
+// of later epochs (each replica serves slices of its largest epoch-0 slice); a rewind()
+// before the first next() of a job resumed at epoch >= 1 is lost.
 #pragma once
 
 #include <algorithm>
