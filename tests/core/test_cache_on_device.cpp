@@ -374,6 +374,15 @@ TEST_CASE("cache_on_device resume: a saved epoch and step continue the same glob
         for (std::size_t i = 0; i < rest.size(); ++i) CHECK(rest[i] == epochs[e][k + i]);
         if (e < 3) CHECK(global_steps(p) == epochs[e + 1]);  // and the next epoch as the whole run's
         CHECK(r2 == n);
+        // A rewind before the first next() goes on to the next epoch, from its start, as the
+        // whole run's rewind at that point does (it served epoch e again from step k).
+        if (e < 3) {
+          std::atomic<u64> r3{0};
+          auto q = pipeline(data, r3, replicas,
+                            {.seed = 4, .across_replicas = true, .resume = ferry::global_position{e, k, n, 12}}, pol);
+          q.rewind();
+          CHECK(global_steps(q) == epochs[e + 1]);
+        }
       }
   }
   // Bad positions and options: each a config_error naming what is wrong.

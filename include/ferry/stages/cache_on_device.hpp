@@ -76,9 +76,9 @@
 // other rows from epoch 1 on. Also not seen: under partial and pad, a saved size up to G - 1
 // above rows cached that are a multiple of G.
 //
-// Known defects (docs/distribute.md): a short step before epoch 0's last shifts the steps
-// of later epochs (each replica serves slices of its largest epoch-0 slice); a rewind()
-// before the first next() of a job resumed at epoch >= 1 is lost.
+// Known defect (docs/distribute.md): a short step before epoch 0's last shifts the steps of
+// later epochs (each replica serves slices of its largest epoch-0 slice). A rewind() before
+// the first next() of a job resumed at epoch e >= 1 goes on to epoch e + 1, from its start.
 #pragma once
 
 #include <algorithm>
@@ -214,10 +214,13 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       return fill();
     }
     while (state_ == mode::filling && fill()) continue;
-    epoch_ = at.epoch - 1;
+    // Rewinds before this first next() went past the saved epoch: epoch at.epoch + r, from
+    // its start.
+    const std::uint64_t r = early_rewinds_;
+    epoch_ = at.epoch - 1 + r;
     start_epoch();  // the ranks' agreement, the end of the fill, the saved epoch's order
     exchange_.check_resume(at, state_ == mode::serving, steps_);
-    step_ = at.step;
+    step_ = r ? 0 : at.step;
     resumed_ = true;
     return serve();
   }
@@ -228,6 +231,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   void start_epoch() {
     held_.reset();  // a step of the epoch left
     if (o_.resume && o_.resume->epoch == 0) resumed_ = true;  // past its position (or given up)
+    if (o_.resume && !resumed_) ++early_rewinds_;  // a later epoch's resume: counted there
     ++epoch_;
     step_ = 0;
     if (!exchange_.agree_once(state_ == mode::filling && filled_)) return give_up();
@@ -355,6 +359,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   cache_exchange exchange_;  // across_replicas: epoch 0's step layout
   mode state_ = mode::filling;
   bool filled_ = false;  // epoch 0 read to its end with every step cached
+  std::uint64_t early_rewinds_ = 0;  // rewinds of a job resumed at epoch >= 1 before its first next()
   bool padded_ = false, resumed_ = false;  // epoch 0 had padding rows (later ones pad alike); o_.resume reached
   std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0, skipped_ = 0;  // steps: epoch 0's count; skipped: a resume's, not out
   std::vector<std::size_t> rows_per_step_;
