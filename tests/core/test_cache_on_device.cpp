@@ -21,6 +21,7 @@
 #include "ferry/stages/cache_on_device.hpp"
 #include "ferry/stages/detail/cache_exchange.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "ferry/stages/repeat.hpp"
 #include "ferry/stages/map.hpp"
 
 namespace {
@@ -202,6 +203,62 @@ TEST_CASE("cache_on_device: under pad, later epochs keep epoch 0's slice sizes, 
     CHECK(shapes[2] == shapes[0]);
     CHECK(shapes[0].back() == std::pair<std::size_t, std::size_t>(4, 0));
   }
+}
+
+// Later epochs serve each replica's rows in slices of its largest epoch-0 slice: a short
+// step before the last (batch(G) | repeat(2), a batch smaller than global_batch) shifted
+// every later step (epoch 1 was 12 12 12 12 12 0 after 12 12 6 12 12 6). Refused at the
+// step after the short one, which is handed out next; then every epoch streams, unchanged.
+TEST_CASE("cache_on_device: a short step before epoch 0's last is a config_error; the epochs stream, nothing lost") {
+  using policy = ferry::remainder_policy;
+  const auto data = ids(30);
+  // Three epochs of `plain` and of `cached` (the same pipeline with cache_on_device): the
+  // same real rows at every step, and one config_error, in epoch 0.
+  const auto check = [](auto plain, auto cached) {
+    const auto rows_of = [](const auto& st) {
+      std::vector<u64> rows;
+      for (std::size_t r = 0; r < st.replicas(); ++r)
+        for (std::size_t i = 0; i < st[r].valid(); ++i) rows.push_back(st[r].template field<0>()[i]);
+      return rows;
+    };
+    for (int e = 0; e < 3; ++e) {
+      CAPTURE(e);
+      std::vector<std::vector<u64>> want, got;
+      for (auto& st : plain) want.push_back(rows_of(st));
+      plain.rewind();
+      std::size_t errors = 0;
+      for (std::size_t calls = 0;; ++calls) {
+        REQUIRE(calls < 100);
+        try {
+          auto st = cached.next();
+          if (!st) break;
+          got.push_back(rows_of(*st));
+        } catch (const ferry::config_error& err) {
+          CHECK(std::string(err.what()).find("only the last step may be short") != std::string::npos);
+          ++errors;
+        }
+      }
+      cached.rewind();
+      CHECK(errors == (e == 0 ? 1u : 0u));
+      CHECK(got == want);
+    }
+  };
+  for (const policy pol : {policy::partial, policy::pad})
+    for (const std::size_t replicas : {std::size_t(1), std::size_t(2), std::size_t(3)}) {
+      CAPTURE(int(pol));
+      CAPTURE(replicas);
+      const ferry::cache_on_device_options o{.seed = 1, .across_replicas = true};
+      auto twice = [&] {  // batches of 12 12 6 12 12 6
+        return ferry::from_range(data) | ferry::batch(12) | ferry::repeat(2) |
+               ferry::distribute(ferry::host_replicas{replicas}, {.remainder = pol});
+      };
+      check(twice(), twice() | ferry::cache_on_device(o));
+      auto small = [&] {  // batches of 10 under global steps of 12
+        return ferry::from_range(data) | ferry::batch(10) |
+               ferry::distribute(ferry::host_replicas{replicas}, {.remainder = pol, .global_batch = 12});
+      };
+      if (pol == policy::pad) check(small(), small() | ferry::cache_on_device(o));
+    }
 }
 
 TEST_CASE("cache_on_device: memory within the budget while filling, exact after") {

@@ -45,7 +45,8 @@
 // other step or replica counts, seeds or row layouts (fields, bytes), another rank's
 // failure (at the end of epoch 0 or a rewind, on every rank), a resume past the epoch, of
 // another global batch or dataset size, or without a filled cache (at the first next(); in
-// epoch 0, when the upstream ends before the step, and at the first rewind: Checkpoints).
+// epoch 0, when the upstream ends before the step, and at the first rewind: Checkpoints),
+// an epoch-0 step after a short one (only the last may be short; then every epoch streams).
 // cuda_error, std::bad_alloc, what the rank_exchange and device_exchange throw: whatever
 // fails while filling, at the end of epoch 0, in a reorder or in .devices' trade (kept
 // until the rewind; a failed NCCL call also thrown by next() at once) frees the caches,
@@ -76,9 +77,10 @@
 // other rows from epoch 1 on. Also not seen: under partial and pad, a saved size up to G - 1
 // above rows cached that are a multiple of G.
 //
-// Known defect (docs/distribute.md): a short step before epoch 0's last shifts the steps of
-// later epochs (each replica serves slices of its largest epoch-0 slice). A rewind() before
-// the first next() of a job resumed at epoch e >= 1 goes on to epoch e + 1, from its start.
+// Only epoch 0's last step may be short (later epochs serve each replica's rows in slices
+// of its largest epoch-0 slice): the step after a short one is a config_error, handed out
+// by the next next(), and every epoch then streams. A rewind() before the first next() of
+// a job resumed at epoch e >= 1 goes on to epoch e + 1, from its start.
 #pragma once
 
 #include <algorithm>
@@ -276,6 +278,18 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     if (st.replicas() != arenas_.size())
       throw config_error("cache_on_device: steps of " + std::to_string(st.replicas()) + " replicas after " +
                          std::to_string(arenas_.size()));
+    // Later epochs serve replica r's rows in slices of its largest epoch-0 slice: only the
+    // last step may be short (a short one before it, from batch(G) | repeat(n), concatenate
+    // or a batch smaller than distribute's global_batch, would shift every later step).
+    // Refused, before this step is cached: it is handed out next, and the upstream streams.
+    bool grows = false;
+    for (std::size_t r = 0; r < st.replicas(); ++r) grows = grows || st[r].size() > rows_per_step_[r];
+    if (short_step_ || (grows && steps_ > 1))
+      throw config_error("cache_on_device: epoch 0's step " + std::to_string(steps_ - 1) + " comes after a step of " +
+                         "fewer real rows than the others (step " + std::to_string(short_step_ ? short_at_ : steps_ - 2) +
+                         "); later epochs serve each replica's rows in slices of its largest, so only the last step "
+                         "may be short: caching stops, and every epoch streams from the upstream (batch with "
+                         "drop_remainder, or put repeat or concatenate after cache_on_device)");
     for (std::size_t r = 0; r < st.replicas(); ++r) padded_ = padded_ || st[r].size() > st[r].valid();
     for (std::size_t r = 0; r < st.replicas(); ++r) {
       const auto& rb = st[r];
@@ -296,6 +310,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       a.rows = want;
     }
     if (o_.across_replicas) exchange_.add_step(st.replicas(), [&](std::size_t r) { return st[r].valid(); });
+    for (std::size_t r = 0; r < st.replicas(); ++r)
+      if (st[r].valid() < rows_per_step_[r] && !short_step_) short_step_ = true, short_at_ = steps_ - 1;
     return true;
   }
 
@@ -351,7 +367,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     exchange_.clear();  // first: it waits for every replica's gathers, which read the others' caches
     for (auto& a : arenas_) arena_free(a);
     arenas_.clear();
-    filled_ = padded_ = false;
+    filled_ = padded_ = short_step_ = false;
   }
 
   cache_on_device_options o_;
@@ -363,6 +379,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   bool padded_ = false, resumed_ = false;  // epoch 0 had padding rows (later ones pad alike); o_.resume reached
   std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0, skipped_ = 0;  // steps: epoch 0's count; skipped: a resume's, not out
   std::vector<std::size_t> rows_per_step_;
+  bool short_step_ = false;   // an epoch-0 step with fewer real rows than a slice (only the last may be)
+  std::uint64_t short_at_ = 0;  // its index
   std::size_t row_bytes_ = 0, widest_ = 0;
   std::array<std::size_t, nf> field_bytes_{};
   std::shared_ptr<const batch_of<T>> empty_;
