@@ -116,7 +116,7 @@ namespace detail {
 // header when there are some) in a buffer: data at `data`, `size` bytes; `end` after its
 // padding (clipped to the buffer's end when the archive stops inside the padding).
 // past_span: long-name or pax headers, not at the buffer's start, that reach past the
-// reader's max_span (with tar_reader::stop_at_span): the entry they lead to is not read.
+// reader's max_span: the entry they lead to is not read.
 struct tar_entry {
   enum kind_t { file, other, zero, eof, past_span } kind = eof;
   std::size_t start = 0, data = 0;
@@ -133,9 +133,6 @@ struct tar_reader {
   std::string_view path;   // made a string only for an error
   std::uint64_t base = 0;  // file offset of the buffer's first byte
   std::uint64_t max_span = UINT64_MAX;  // the most bytes from the buffer's start a header may reach
-  // Long-name or pax headers past max_span that do not start at the buffer's start: a
-  // past_span entry instead of an error (a sample may end before them).
-  bool stop_at_span = false;
 
   [[noreturn]] void fail(std::size_t at, const std::string& why) const {
     throw format_error(std::string(path), base + at, why);
@@ -257,7 +254,7 @@ struct tar_reader {
         // A chain of them (pax headers hold xattrs of any size) is bounded by max_span
         // alone, and never buffered past it.
         if (data + padded + tar_block > max_span) {
-          if (stop_at_span && e.start > 0) {
+          if (e.start > 0) {  // a sample in the buffer may end before them (the framer)
             e.kind = tar_entry::past_span;
             return e;
           }
@@ -378,7 +375,7 @@ struct wds_framer {
     std::string tail;  // why this sample is the rest of a cut one (a bad record)
     bool after_zero = false;  // a zero block passed over just now
     for (;;) {
-      const tar_reader rd{s.path(), s.offset(), max_record, /*stop_at_span=*/true};
+      const tar_reader rd{s.path(), s.offset(), max_record};
       tar_entry e;
       try {
         e = rd.next(view, pos);
@@ -427,14 +424,11 @@ struct wds_framer {
         break;
       }
       check_span(s, e, end == 0 ? std::string(k) : key);
-      if (end != 0 && !member) {
-        try {
-          rd.complete(view, e);
-        } catch (const format_error&) {
-          break;  // a README cut short after a whole sample: the sample now, the error next call
-        }
-      } else {
+      try {
         rd.complete(view, e);
+      } catch (const format_error&) {
+        if (end == 0 || member) throw;
+        break;  // a README cut short after a whole sample: the sample now, the error next call
       }
       pos = static_cast<std::size_t>(e.end);
       if (!member) continue;  // a README or directory in the span: the sample may go on after it
