@@ -68,6 +68,12 @@ epoch_rows epoch_of(P& p, std::size_t& steps) {
   return out;
 }
 
+std::vector<u64> flat(const std::vector<std::vector<u64>>& steps) {
+  std::vector<u64> v;
+  for (const auto& s : steps) v.insert(v.end(), s.begin(), s.end());
+  return v;
+}
+
 std::vector<u64> sorted(std::vector<u64> v) {
   std::sort(v.begin(), v.end());
   return v;
@@ -205,12 +211,95 @@ TEST_CASE("cache_on_device: under pad, later epochs keep epoch 0's slice sizes, 
   }
 }
 
-// Later epochs serve each replica's rows in slices of its largest epoch-0 slice: a short
-// step before the last (batch(G) | repeat(2), a batch smaller than global_batch) shifted
-// every later step (epoch 1 was 12 12 12 12 12 0 after 12 12 6 12 12 6). Refused at the
-// step after the short one, which is handed out next; then every epoch streams, unchanged.
-TEST_CASE("cache_on_device: a short step before epoch 0's last is a config_error; the epochs stream, nothing lost") {
-  using policy = ferry::remainder_policy;
+// A short step before the last (batch(G) | repeat(2)) once shifted every later step
+// (slices of the largest epoch-0 slice: epoch 1 was 12 12 12 12 12 0 after 12 12 6 12 12 6);
+// later epochs now serve epoch 0's per-step layout.
+TEST_CASE("cache_on_device: short steps before epoch 0's last, under partial: every epoch keeps epoch 0's steps") {
+  // Epoch 0's steps, per step and replica the real rows' ids; later epochs: the same step
+  // and slice sizes, each replica's own rows (or, across replicas, the global batches of
+  // the documented order: epoch e's global row g is epoch 0's global row perm_e(g)).
+  using steps_t = std::vector<std::vector<std::vector<u64>>>;  // [step][replica] -> ids
+  const auto epoch = [](auto& p) {
+    steps_t out;
+    for (auto& st : p) {
+      out.emplace_back(st.replicas());
+      for (std::size_t r = 0; r < st.replicas(); ++r) {
+        REQUIRE(st[r].size() == st[r].valid());  // partial: no padding rows
+        const auto a = st[r].template field<0>();
+        const auto b = st[r].template field<1>();
+        for (std::size_t i = 0; i < st[r].valid(); ++i) {
+          REQUIRE(b[i][1] == a[i] * 7);
+          out.back()[r].push_back(a[i]);
+        }
+      }
+    }
+    p.rewind();
+    return out;
+  };
+  const auto global = [](const steps_t& e) {
+    std::vector<std::vector<u64>> g;
+    for (const auto& st : e) g.push_back(flat(st));
+    return g;
+  };
+  const auto data = ids(30);
+  const auto as_row = [](u64 id) { return row{id, {id * 3, id * 7}}; };
+  for (const bool across : {false, true}) {
+    std::vector<std::vector<std::vector<u64>>> first_replicas;  // across: epochs 1..3 as global batches, 1 replica
+    for (const std::size_t replicas : {std::size_t(1), std::size_t(2), std::size_t(3)}) {
+      CAPTURE(across);
+      CAPTURE(replicas);
+      const ferry::cache_on_device_options o{.seed = 5, .across_replicas = across};
+      auto twice = ferry::from_range(data) | ferry::map(as_row) | ferry::batch(12) | ferry::repeat(2) |  // 12 12 6 12 12 6
+                   ferry::distribute(ferry::host_replicas{replicas}, {.remainder = ferry::remainder_policy::partial}) |
+                   ferry::cache_on_device(o);
+      const steps_t e0 = epoch(twice);
+      REQUIRE(e0.size() == 6);
+      CHECK(e0[2].size() == replicas);
+      CHECK(flat(e0[2]).size() == 6);
+      REQUIRE(twice.cached());
+      const std::vector<u64> all0 = flat(global(e0));
+      std::vector<std::vector<u64>> later;
+      for (u64 e = 1; e <= 3; ++e) {
+        CAPTURE(e);
+        const steps_t got = epoch(twice);
+        REQUIRE(got.size() == e0.size());
+        for (std::size_t k = 0; k < got.size(); ++k) {
+          REQUIRE(got[k].size() == replicas);
+          for (std::size_t r = 0; r < replicas; ++r) CHECK(got[k][r].size() == e0[k][r].size());
+        }
+        CHECK(global(got) != global(e0));
+        if (!across) {
+          for (std::size_t r = 0; r < replicas; ++r) {  // each replica's own rows, in a new order
+            std::vector<u64> mine, were;
+            for (std::size_t k = 0; k < got.size(); ++k) {
+              mine.insert(mine.end(), got[k][r].begin(), got[k][r].end());
+              were.insert(were.end(), e0[k][r].begin(), e0[k][r].end());
+            }
+            CHECK(sorted(mine) == sorted(were));
+          }
+          continue;
+        }
+        const ferry::detail::feistel_permutation perm(
+            all0.size(), ferry::detail::mix_seed({0x646576636163ull, 5, e, 0x616c6cull}));
+        std::vector<std::vector<u64>> want;
+        std::size_t g = 0;
+        for (const auto& st : e0) {
+          want.emplace_back();
+          for (std::size_t n = flat(st).size(); n > 0; --n) want.back().push_back(all0[perm(g++)]);
+        }
+        CHECK(global(got) == want);
+        for (const auto& st : global(got)) later.push_back(st);
+      }
+      if (across && replicas == 1) first_replicas.push_back(later);
+      if (across && replicas > 1) CHECK(later == first_replicas[0]);  // the same global batches for any count
+    }
+  }
+}
+
+// Under pad a padded step before the last has no place for its padding rows (served after
+// all real rows): refused at the step after it, which is handed out next; then every epoch
+// streams, unchanged.
+TEST_CASE("cache_on_device: a padded step before epoch 0's last is a config_error; the epochs stream, nothing lost") {
   const auto data = ids(30);
   // Three epochs of `plain` and of `cached` (the same pipeline with cache_on_device): the
   // same real rows at every step, and one config_error, in epoch 0.
@@ -234,7 +323,7 @@ TEST_CASE("cache_on_device: a short step before epoch 0's last is a config_error
           if (!st) break;
           got.push_back(rows_of(*st));
         } catch (const ferry::config_error& err) {
-          CHECK(std::string(err.what()).find("only the last step may be short") != std::string::npos);
+          CHECK(std::string(err.what()).find("only the last step may be padded") != std::string::npos);
           ++errors;
         }
       }
@@ -243,22 +332,21 @@ TEST_CASE("cache_on_device: a short step before epoch 0's last is a config_error
       CHECK(got == want);
     }
   };
-  for (const policy pol : {policy::partial, policy::pad})
-    for (const std::size_t replicas : {std::size_t(1), std::size_t(2), std::size_t(3)}) {
-      CAPTURE(int(pol));
-      CAPTURE(replicas);
-      const ferry::cache_on_device_options o{.seed = 1, .across_replicas = true};
-      auto twice = [&] {  // batches of 12 12 6 12 12 6
-        return ferry::from_range(data) | ferry::batch(12) | ferry::repeat(2) |
-               ferry::distribute(ferry::host_replicas{replicas}, {.remainder = pol});
-      };
-      check(twice(), twice() | ferry::cache_on_device(o));
-      auto small = [&] {  // batches of 10 under global steps of 12
-        return ferry::from_range(data) | ferry::batch(10) |
-               ferry::distribute(ferry::host_replicas{replicas}, {.remainder = pol, .global_batch = 12});
-      };
-      if (pol == policy::pad) check(small(), small() | ferry::cache_on_device(o));
-    }
+  const auto pad = ferry::remainder_policy::pad;
+  for (const std::size_t replicas : {std::size_t(1), std::size_t(2), std::size_t(3)}) {
+    CAPTURE(replicas);
+    const ferry::cache_on_device_options o{.seed = 1, .across_replicas = true};
+    auto twice = [&] {  // batches of 12 12 6 12 12 6
+      return ferry::from_range(data) | ferry::batch(12) | ferry::repeat(2) |
+             ferry::distribute(ferry::host_replicas{replicas}, {.remainder = pad});
+    };
+    check(twice(), twice() | ferry::cache_on_device(o));
+    auto small = [&] {  // batches of 10 under global steps of 12
+      return ferry::from_range(data) | ferry::batch(10) |
+             ferry::distribute(ferry::host_replicas{replicas}, {.remainder = pad, .global_batch = 12});
+    };
+    check(small(), small() | ferry::cache_on_device(o));
+  }
 }
 
 TEST_CASE("cache_on_device: memory within the budget while filling, exact after") {
@@ -299,11 +387,6 @@ std::vector<std::vector<u64>> global_steps(P& p) {
   return out;
 }
 
-std::vector<u64> flat(const std::vector<std::vector<u64>>& steps) {
-  std::vector<u64> v;
-  for (const auto& s : steps) v.insert(v.end(), s.begin(), s.end());
-  return v;
-}
 
 }  // namespace
 

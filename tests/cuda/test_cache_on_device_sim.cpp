@@ -37,6 +37,7 @@
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/cache_on_device.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "ferry/stages/repeat.hpp"
 #include "sim_cache_gather.hpp"
 
 namespace {
@@ -481,6 +482,53 @@ TEST_CASE("sim: across_replicas on two GPUs: the host replicas' orders, rows rea
     for (const auto& v : sim::violations()) FAIL_CHECK(v);
     CHECK(sim::stats().live_device_blocks == 0);
   }
+}
+
+TEST_CASE("sim: short steps before epoch 0's last under partial (batch | repeat): each GPU serves epoch 0's step "
+          "layout, the host replicas' global batches, own rows, peer reads or .devices") {
+  sim::reset(3, 2);
+  const auto data = make_rows(250);  // steps of 24 x 10, 10, 24 x 10, 10
+  const auto host = [&](ferry::cache_on_device_options o) {
+    auto h = ferry::from_range(data) | ferry::batch(24) | ferry::repeat(2) |
+             ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::partial}) |
+             ferry::cache_on_device(o);
+    std::vector<std::vector<std::vector<u64>>> out;
+    for (int e = 0; e < 3; ++e) {
+      out.emplace_back();
+      for (auto& st : h) {
+        out.back().emplace_back();
+        for (std::size_t r = 0; r < st.replicas(); ++r)
+          for (std::size_t i = 0; i < st[r].valid(); ++i) out.back().back().push_back(st[r].field<0>()[i]);
+      }
+      h.rewind();
+    }
+    CHECK(h.cached());
+    return out;
+  };
+  for (int mode = 0; mode < 3; ++mode) {  // own rows; across_replicas by peer reads; by .devices (NCCL)
+    CAPTURE(mode);
+    auto comms = ferry::nccl_communicator::local({0, 1});
+    ferry::nccl_device_exchange ex(comms);
+    ferry::cache_on_device_options o{.seed = 8, .across_replicas = mode > 0, .devices = mode == 2 ? &ex : nullptr};
+    std::vector<std::vector<std::vector<u64>>> dev;
+    {
+      auto pool = ferry::make_pinned_pool();
+      auto p = ferry::from_range(data) | ferry::batch(24) | ferry::repeat(2) |
+               ferry::distribute(ferry::cuda::devices{0, 1},
+                                 {.remainder = ferry::remainder_policy::partial, .host_resource = pool}) |
+               sim_cache(o);
+      for (int e = 0; e < 3; ++e) dev.push_back(global_steps_of(p));
+      CHECK(p.cached());
+    }
+    REQUIRE(dev[0].size() == 22);
+    CHECK(dev[1][10].size() == 10);  // the short step stays where it was
+    o.devices = nullptr;
+    CHECK(dev == host(o));
+    CHECK(dev[1] != dev[0]);
+    sim::drain();
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  }
+  CHECK(sim::stats().live_device_blocks == 0);
 }
 
 TEST_CASE("sim: across_replicas over GPUs without peer access: a config_error at the first rewind, then the upstream") {

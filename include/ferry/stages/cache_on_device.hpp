@@ -12,9 +12,10 @@
 // step), host memory for a host replica. rewind() never reads the upstream again: each
 // later epoch, each replica's rows get a new order (a Feistel permutation drawn from (seed,
 // epoch, replica), computed in the kernel) by one gather per field into a second buffer,
-// whose slices are the steps: step s is rows [s * B, (s + 1) * B), B the replica's rows a
-// step in epoch 0. Every epoch has epoch 0's step count; under remainder_policy::pad every
-// slice keeps epoch 0's size (padding rows zero), otherwise it has its real rows. A served
+// whose slices are the steps: each step has as many rows as the replica had real rows at
+// that step of epoch 0 (every epoch has epoch 0's step count and slice sizes, short steps
+// included); under remainder_policy::pad every slice keeps epoch 0's size, its padding rows
+// zero (only the last step may be padded: below). A served
 // step's memory is valid until the next rewind(). With across_replicas, an epoch is one
 // permutation, drawn from (seed, epoch), of the rows' places in epoch 0's global batches:
 // each replica's steps draw from the whole dataset, the same global batches for any
@@ -46,7 +47,8 @@
 // failure (at the end of epoch 0 or a rewind, on every rank), a resume past the epoch, of
 // another global batch or dataset size, or without a filled cache (at the first next(); in
 // epoch 0, when the upstream ends before the step, and at the first rewind: Checkpoints),
-// an epoch-0 step after a short one (only the last may be short; then every epoch streams).
+// under pad, an epoch-0 step after a padded one (only the last may be padded; then every
+// epoch streams).
 // cuda_error, std::bad_alloc, what the rank_exchange and device_exchange throw: whatever
 // fails while filling, at the end of epoch 0, in a reorder or in .devices' trade (kept
 // until the rewind; a failed NCCL call also thrown by next() at once) frees the caches,
@@ -54,7 +56,7 @@
 //
 // Memory: per replica, after epoch 0, (its rows) x (row bytes) for the cache and as much
 // again for the epoch's shuffled copy (none with shuffle = false), each block at its size;
-// with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
+// epoch 0's step layout (8 bytes a step and replica); with across_replicas, epoch 0's step layout (16 bytes a step and replica of the job);
 // across ranks, the traded rows' buffers (kept between epochs); with .devices, per replica
 // a receive buffer (its rows x the widest field), 16 + 48 bytes a row (the plan; the sort),
 // a stream, 3 events, 16 pinned bytes a job replica. Epoch 0's cache doubles as it grows,
@@ -77,10 +79,12 @@
 // other rows from epoch 1 on. Also not seen: under partial and pad, a saved size up to G - 1
 // above rows cached that are a multiple of G.
 //
-// Only epoch 0's last step may be short (later epochs serve each replica's rows in slices
-// of its largest epoch-0 slice): the step after a short one is a config_error, handed out
-// by the next next(), and every epoch then streams. A rewind() before the first next() of
-// a job resumed at epoch e >= 1 goes on to epoch e + 1, from its start.
+// Under remainder_policy::pad only epoch 0's last step may be padded (later epochs serve a
+// replica's padding rows after all its real rows): the step after a padded one (batch(G) |
+// repeat(n), concatenate, a batch smaller than global_batch) is a config_error, handed out
+// by the next next(), and every epoch then streams. Under partial any step may be short.
+// A rewind() before the first next() of a job resumed at epoch e >= 1 goes on to epoch
+// e + 1, from its start.
 #pragma once
 
 #include <algorithm>
@@ -278,19 +282,20 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     if (st.replicas() != arenas_.size())
       throw config_error("cache_on_device: steps of " + std::to_string(st.replicas()) + " replicas after " +
                          std::to_string(arenas_.size()));
-    // Later epochs serve replica r's rows in slices of its largest epoch-0 slice: only the
-    // last step may be short (a short one before it, from batch(G) | repeat(n), concatenate
-    // or a batch smaller than distribute's global_batch, would shift every later step).
-    // Refused, before this step is cached: it is handed out next, and the upstream streams.
-    bool grows = false;
-    for (std::size_t r = 0; r < st.replicas(); ++r) grows = grows || st[r].size() > rows_per_step_[r];
-    if (short_step_ || (grows && steps_ > 1))
-      throw config_error("cache_on_device: epoch 0's step " + std::to_string(steps_ - 1) + " comes after a step of " +
-                         "fewer real rows than the others (step " + std::to_string(short_step_ ? short_at_ : steps_ - 2) +
-                         "); later epochs serve each replica's rows in slices of its largest, so only the last step "
-                         "may be short: caching stops, and every epoch streams from the upstream (batch with "
-                         "drop_remainder, or put repeat or concatenate after cache_on_device)");
+    // Under pad, later epochs serve each replica's padding rows after all its real rows:
+    // only the last step may be padded (one before it, from batch(G) | repeat(n),
+    // concatenate or a batch smaller than distribute's global_batch, would need padding
+    // rows between real ones). Refused, before this step is cached: it is handed out next,
+    // and the upstream streams.
+    if (padded_)
+      throw config_error("cache_on_device: epoch 0's step " + std::to_string(steps_ - 1) + " comes after a padded " +
+                         "step (step " + std::to_string(padded_at_) + "); under remainder_policy::pad later epochs " +
+                         "serve the padding rows after every real row, so only the last step may be padded: caching "
+                         "stops, and every epoch streams from the upstream (use remainder_policy::partial, batch "
+                         "with drop_remainder, or put repeat or concatenate after cache_on_device)");
+    for (std::size_t r = 0; r < st.replicas(); ++r) firsts_.push_back(arenas_[r].rows);
     for (std::size_t r = 0; r < st.replicas(); ++r) padded_ = padded_ || st[r].size() > st[r].valid();
+    if (padded_) padded_at_ = steps_ - 1;
     for (std::size_t r = 0; r < st.replicas(); ++r) {
       const auto& rb = st[r];
       auto& a = arenas_[r];
@@ -310,8 +315,6 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
       a.rows = want;
     }
     if (o_.across_replicas) exchange_.add_step(st.replicas(), [&](std::size_t r) { return st[r].valid(); });
-    for (std::size_t r = 0; r < st.replicas(); ++r)
-      if (st[r].valid() < rows_per_step_[r] && !short_step_) short_step_ = true, short_at_ = steps_ - 1;
     return true;
   }
 
@@ -353,7 +356,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     V s = step_access::make<T>(empty_, arenas_.size(), step_);
     for (std::size_t r = 0; r < arenas_.size(); ++r) {
       const auto& a = arenas_[r];
-      const replica_slice sl = served_slice(a, rows_per_step_[r], step_, padded_);
+      const std::size_t R = arenas_.size();
+      const std::uint64_t first = firsts_[step_ * R + r], end = step_ + 1 < steps_ ? firsts_[(step_ + 1) * R + r] : a.rows;
+      const replica_slice sl = served_slice(a, first, end, rows_per_step_[r], padded_);
       std::array<const std::byte*, nf> data{};
       for (std::size_t f = 0; f < nf; ++f) data[f] = (o_.shuffle ? a.epoch[f] : a.cache[f]) + sl.first * field_bytes_[f];
       set_fixed_replica(s[r], data.data(), field_bytes_.data(), sl, a.device, a.stream);
@@ -367,7 +372,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     exchange_.clear();  // first: it waits for every replica's gathers, which read the others' caches
     for (auto& a : arenas_) arena_free(a);
     arenas_.clear();
-    filled_ = padded_ = short_step_ = false;
+    firsts_.clear();
+    filled_ = padded_ = false;
   }
 
   cache_on_device_options o_;
@@ -378,9 +384,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   std::uint64_t early_rewinds_ = 0;  // rewinds of a job resumed at epoch >= 1 before its first next()
   bool padded_ = false, resumed_ = false;  // epoch 0 had padding rows (later ones pad alike); o_.resume reached
   std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0, skipped_ = 0;  // steps: epoch 0's count; skipped: a resume's, not out
-  std::vector<std::size_t> rows_per_step_;
-  bool short_step_ = false;   // an epoch-0 step with fewer real rows than a slice (only the last may be)
-  std::uint64_t short_at_ = 0;  // its index
+  std::vector<std::size_t> rows_per_step_;  // per replica, its largest epoch-0 slice (under pad: every slice's)
+  std::vector<std::uint64_t> firsts_;  // epoch 0's layout: step k's replica r served from row firsts_[k * R + r]
+  std::uint64_t padded_at_ = 0;        // the padded step (under pad, the last)
   std::size_t row_bytes_ = 0, widest_ = 0;
   std::array<std::size_t, nf> field_bytes_{};
   std::shared_ptr<const batch_of<T>> empty_;

@@ -225,11 +225,12 @@ inline void arena_free(replica_arena& a) noexcept {
   }
 }
 
-// A later epoch's step `step` of a replica serving b rows a step: its first row, rows and
-// real rows (under pad, every slice keeps epoch 0's size, the padding rows past `rows`).
-inline replica_slice served_slice(const replica_arena& a, std::uint64_t b, std::uint64_t step, bool padded) noexcept {
-  const std::uint64_t first = std::min<std::uint64_t>(step * b, a.served);
-  const std::uint64_t real = first < a.rows ? std::min<std::uint64_t>(b, a.rows - first) : 0;
+// A later epoch's step of a replica: its rows [first, end) in epoch 0's layout (the real
+// rows it had at that step); under pad, the slice keeps epoch 0's size b, its padding rows
+// past the real ones (only the last step is padded: every earlier one has b real rows).
+inline replica_slice served_slice(const replica_arena& a, std::uint64_t first, std::uint64_t end, std::uint64_t b,
+                                  bool padded) noexcept {
+  const std::uint64_t real = end - first;
   return {std::size_t(first), std::size_t(padded ? std::min<std::uint64_t>(b, a.served - first) : real), std::size_t(real)};
 }
 
