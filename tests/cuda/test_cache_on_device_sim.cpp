@@ -645,6 +645,66 @@ TEST_CASE("sim: across_replicas with .devices over two simulated ranks of two GP
   CHECK(all == ids);
 }
 
+TEST_CASE("sim: host replicas over two simulated ranks, a rewind before every epoch (the first too): the caches "
+          "serve the one-process order; resumed, the same") {
+  // A loop that rewinds before each epoch: the rewind before the first next() begins no
+  // epoch 0, so the ranks agree at the next one (they agreed there, on "not cached", and
+  // streamed every epoch; resumed, "the cache was not filled").
+  const std::size_t steps = 5;
+  const auto data = make_rows(48 * steps);
+  const auto part = rank_parts(data, steps);
+  const auto run = [](auto& p, epoch_rows_list& out) {
+    for (int e = 0; e < 3; ++e) {
+      p.rewind();
+      epoch_rows er;
+      for (auto& st : p) {
+        er.resize(st.replicas());
+        for (std::size_t r = 0; r < st.replicas(); ++r)
+          for (std::size_t i = 0; i < st[r].valid(); ++i) er[r].push_back(st[r].template field<0>()[i]);
+      }
+      out.push_back(er);
+    }
+  };
+  for (const bool resume : {false, true}) {
+    CAPTURE(resume);
+    ferry::cache_on_device_options o{.seed = 9, .across_replicas = true};
+    if (resume) o.resume = ferry::global_position{1, 2, 48 * steps, 48};
+    epoch_rows_list want;  // one process, four host replicas, the same calls
+    {
+      auto h = ferry::from_range(data) | ferry::batch(48) | ferry::distribute(ferry::host_replicas{4}) |
+               ferry::cache_on_device(o);
+      run(h, want);
+      CHECK(h.cached());
+    }
+    std::array<epoch_rows_list, 2> got;
+    std::array<bool, 2> cached{};
+    std::array<std::exception_ptr, 2> err;
+    thread_ranks group(2);
+    {
+      std::vector<std::thread> threads;
+      for (std::size_t w = 0; w < 2; ++w)
+        threads.emplace_back([&, w] {
+          try {
+            thread_ranks::member me(group, int(w));
+            ferry::cache_on_device_options mine = o;
+            mine.ranks = &me;
+            auto p = ferry::from_range(part[w]) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}) |
+                     ferry::cache_on_device(mine);
+            run(p, got[w]);
+            cached[w] = p.cached();
+          } catch (...) {
+            err[w] = std::current_exception();
+          }
+        });
+      for (auto& t : threads) t.join();
+    }
+    for (auto& e : err)
+      if (e) std::rethrow_exception(e);
+    CHECK(cached == std::array{true, true});
+    check_rank_epochs(got, want);
+  }
+}
+
 TEST_CASE("sim: .devices errors: host replicas, another process's ranks, GPU replicas across ranks without it") {
   sim::reset(8, 1);
   const auto data = make_rows(96);

@@ -24,7 +24,8 @@
 // processes, a rank_exchange; GPU replicas need .devices too), global replica w x R + r
 // is rank w's replica r, the order is the same for any rank count, and each epoch the
 // ranks trade rows by all-to-all (cache_exchange.hpp); unless every rank cached a whole
-// epoch 0 (agreed at the first rewind), every rank streams.
+// epoch 0 (agreed at the first rewind after a next(): a rewind before the first next()
+// begins no epoch 0), every rank streams.
 //
 // The budget (per replica, bytes, the cache and the shuffled copy together, under pad with
 // the padding rows served; 0: none): over_budget::error throws config_error at the step that
@@ -183,6 +184,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   enum class mode { filling, serving, streaming };
 
   std::optional<V> pull() {
+    begun_ = true;
     if (held_) return std::exchange(held_, std::nullopt);  // the step whose keep() threw
     if (o_.resume && !resumed_) return resume();
     return state_ == mode::serving ? serve() : fill();
@@ -240,7 +242,10 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     if (o_.resume && !resumed_) ++early_rewinds_;  // a later epoch's resume: counted there
     ++epoch_;
     step_ = 0;
-    if (!exchange_.agree_once(state_ == mode::filling && filled_)) return give_up();
+    // A rewind before the first next() (a loop that rewinds before each epoch) has begun no
+    // epoch 0: across ranks, the agreement waits for the rewind after one.
+    const bool idle = state_ == mode::filling && !std::exchange(begun_, false);
+    if (!exchange_.agree_once(state_ == mode::filling && filled_, idle)) return give_up();
     if (state_ == mode::filling && !filled_) {  // epoch 0 stopped part way: fill again from the start
       free_all();
       steps_ = 0;
@@ -382,6 +387,7 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   mode state_ = mode::filling;
   bool filled_ = false;  // epoch 0 read to its end with every step cached
   std::uint64_t early_rewinds_ = 0;  // rewinds of a job resumed at epoch >= 1 before its first next()
+  bool begun_ = false;  // next() called since the last rewind (else a rewind begins no epoch 0)
   bool padded_ = false, resumed_ = false;  // epoch 0 had padding rows (later ones pad alike); o_.resume reached
   std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0, skipped_ = 0;  // steps: epoch 0's count; skipped: a resume's, not out
   std::vector<std::size_t> rows_per_step_;  // per replica, its largest epoch-0 slice (under pad: every slice's)

@@ -264,16 +264,22 @@ class cache_exchange {
     votes_.assign(x ? std::size_t(x->size()) : 0, 0);
   }
   bool across_ranks() const noexcept { return ranks_ && ranks_->size() > 1; }
-  // Across ranks, at the first rewind (every rank calls it, whatever its state): false
-  // unless every rank has a whole epoch 0 cached (`mine` for this one). Later, or alone: true.
+  // Across ranks, at the first rewind after an epoch 0 began (every rank calls it at each
+  // rewind until then, whatever its state): false unless every rank has a whole epoch 0
+  // cached (`mine` for this one). Later, or alone: true.
   // Across ranks, after local work that may have failed on this rank only (e): every rank
   // learns whether any failed, and all throw (e, or a config_error saying another rank
   // failed) or none does. Alone: rethrows e, if any.
   void settle(std::exception_ptr e) { throw_settled(e, worst_of_ranks(e ? 1 : 0)); }
-  bool agree_once(bool mine) {
+  // (idle: this rank has not begun an epoch 0: a rewind before its first next(). When every
+  // rank is idle the agreement waits for the next rewind, true meanwhile; an idle rank among
+  // others that are not: false.)
+  bool agree_once(bool mine, bool idle = false) {
     if (!across_ranks() || agreed_) return true;
+    const std::uint64_t worst = worst_of_ranks(mine ? 0 : idle ? 1 : 2);
+    if (worst == 1 && *std::min_element(votes_.begin(), votes_.end()) == 1) return true;  // no rank began
     agreed_ = true;
-    return worst_of_ranks(mine ? 0 : 1) == 0;
+    return worst == 0;
   }
   // Epoch 0: one step's real rows, valid(r) of them for replica r < replicas. Throws
   // std::bad_alloc.
