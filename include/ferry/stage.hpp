@@ -109,6 +109,20 @@ template <class D>
 concept says_changes_batch_size = requires { requires D::changes_batch_size; };
 template <class D>
 concept says_cannot_save = requires { requires D::cannot_save; };
+// A stage whose next() joins a collective on every rank (lockstep) says
+// `static constexpr bool joins_collective = true;`.
+template <class D>
+concept says_joins_collective = requires { requires D::joins_collective; };
+// Whether S's next() joins a collective: S says so, or a stage below it does (through a
+// stage_base's joins_collectives()). Such a source must be pulled by the rank's own thread,
+// as often on every rank: never from a thread that reads ahead (prefetch, map's workers).
+template <class S>
+constexpr bool joins_collectives() {
+  if constexpr (requires { S::joins_collectives(); })
+    return S::joins_collectives();
+  else
+    return says_joins_collective<S>;
+}
 
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_moved_from(const char* stage) {
   throw config_error(std::string(stage) +
@@ -216,6 +230,16 @@ class stage_base : public source_interface<Derived> {
 
  public:
   using value_type = Value;
+
+  // Whether next() joins a collective (the stage says joins_collective, or an upstream's
+  // does): see detail::joins_collectives.
+  template <class D = Derived>
+  static constexpr bool joins_collectives() {
+    if constexpr (says_joins_collective<D>)
+      return true;
+    else
+      return (detail::joins_collectives<Ups>() || ...);
+  }
 
   // A small element's optional comes back in registers, which GCC builds through the stack
   // when next() is a call (a store-forwarding stall per element: from_range | map over

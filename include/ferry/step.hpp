@@ -115,8 +115,12 @@ class replica_batch {
                             std::span<const std::uint32_t>(reinterpret_cast<const std::uint32_t*>(aux_[I]), size_)};
     } else if constexpr (B::template is_ragged<I>) {
       using E = typename detail::field_traits<field_t<I>>::element;
+      // A slice made without a batch (lockstep's empty steps) has no offsets: {0}, as an
+      // empty slice of distribute's has.
+      static constexpr std::uint64_t no_rows = 0;
+      const std::uint64_t* off = aux_[I] ? reinterpret_cast<const std::uint64_t*>(aux_[I]) : &no_rows;
       return ragged_view<E>{std::span<const E>(reinterpret_cast<const E*>(data_[I]), values_[I]),
-                            std::span<const std::uint64_t>(reinterpret_cast<const std::uint64_t*>(aux_[I]), size_ + 1)};
+                            std::span<const std::uint64_t>(off, aux_[I] ? size_ + 1 : 1)};
     } else {
       return std::span<const field_t<I>>(reinterpret_cast<const field_t<I>*>(data_[I]), size_);
     }

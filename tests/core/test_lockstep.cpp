@@ -151,7 +151,7 @@ TEST_CASE("lockstep: an error on one rank is an error on every rank at that step
   }
   // next() after the error: every rank goes on; every row but rank 1's failed batch once.
   ferry::thread_group g{3};
-  std::vector<std::vector<u64>> ids(3);
+  std::vector<std::vector<u64>> ids(3), index(3);
   std::vector<int> errors(3, 0);
   std::vector<std::thread> ts;
   for (int r = 0; r < 3; ++r)
@@ -163,6 +163,7 @@ TEST_CASE("lockstep: an error on one rank is an error on every rank at that step
         try {
           auto st = steps.next();
           if (!st) break;
+          index[std::size_t(r)].push_back(st->index());
           for (std::size_t k = 0; k < st->replicas(); ++k)
             for (u64 x : (*st)[k].field<0>()) ids[std::size_t(r)].push_back(x);
         } catch (const std::exception&) {
@@ -179,6 +180,60 @@ TEST_CASE("lockstep: an error on one rank is an error on every rank at that step
   // Rank 1: row 21 failed, and row 20, pulled into the batch it broke, went with it (batch());
   // the next batch starts at row 22.
   for (u64 x = 0; x < 41; ++x) CHECK(seen[x] == (x == 20 || x == 21 ? 0 : 1));
+  // The same index() at every agreed step on every rank, empty steps too (the failed one
+  // is no step: distribute's count goes on without it).
+  CHECK(index[0] == std::vector<u64>{0, 1, 2, 3, 4});  // rank 1's 5 steps (its third failed)
+  CHECK(index[1] == index[0]);
+  CHECK(index[2] == index[0]);
+}
+
+TEST_CASE("lockstep pad: an empty step's ragged field has offsets {0}, as distribute's empty slice" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s);
+  ferry::thread_group g{2};
+  std::vector<std::vector<u64>> values(2), empty(2);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      auto comm = g.communicator(r);
+      std::vector<std::string> words = r == 0 ? std::vector<std::string>{"ab", "c"}
+                                              : std::vector<std::string>{"x", "yy", "zzz", "w"};
+      auto steps = ferry::from_range(std::move(words)) | ferry::batch(2) | ferry::distribute(ferry::host_replicas{2}) |
+                   ferry::lockstep(comm, ferry::step_policy::pad);
+      for (auto& st : steps)
+        for (std::size_t k = 0; k < st.replicas(); ++k) {
+          const auto f = st[k].field<0>();
+          REQUIRE(f.offsets.size() == st[k].size() + 1);
+          values[std::size_t(r)].push_back(f.offsets.back());  // the slice's characters
+          if (st.global_size() == 0) empty[std::size_t(r)].push_back(f.offsets.front());
+        }
+    });
+  for (auto& t : ts) t.join();
+  CHECK(values[0] == std::vector<u64>{2, 1, 0, 0});  // "ab" | "c", then an empty step
+  CHECK(values[1] == std::vector<u64>{1, 2, 3, 1});
+  CHECK(empty[0] == std::vector<u64>{0, 0});
+}
+
+TEST_CASE("lockstep: a map with workers over it is a config_error (its workers would read the all-reduce ahead); "
+          "inline, fine") {
+  ferry::thread_group g{1};
+  auto comm = g.communicator(0);
+  const auto over = [&] { return rank_steps(0, 8) | ferry::lockstep(comm, ferry::step_policy::pad); };
+  const auto id = [](auto st) { return st; };
+  CHECK_THROWS_WITH_AS(over() | ferry::map(id, {.workers = 2}), doctest::Contains("map: workers after lockstep()"),
+                       ferry::config_error);
+  CHECK_THROWS_WITH_AS(over() | ferry::take(5) | ferry::map(id, {.workers = ferry::autotune}),
+                       doctest::Contains("map: workers after lockstep()"), ferry::config_error);
+  auto fine = over() | ferry::map(id);
+  std::size_t steps = 0;
+  for (auto& st : fine) steps += st.global_size() > 0;
+  CHECK(steps == 2);
+  // Before distribute, workers are fine (lockstep is not below them).
+  auto before = ferry::from_generator(u64(8), [](u64 i) { return i; }) | ferry::map([](u64 x) { return x; }, {.workers = 2}) |
+                ferry::batch(4) | ferry::distribute(ferry::host_replicas{2}) | ferry::lockstep(comm, ferry::step_policy::pad);
+  steps = 0;
+  for (auto& st : before) steps += st.global_size() > 0;
+  CHECK(steps == 2);
 }
 
 TEST_CASE("lockstep: each rank's checkpoint resumes the agreed steps" * doctest::timeout(60)) {

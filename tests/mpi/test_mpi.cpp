@@ -212,6 +212,12 @@ TEST_CASE("agree_steps: MIN for drop, MAX for pad" * doctest::timeout(30)) {
   CHECK_THROWS_AS(ferry::steps_for(10, 0, ferry::step_policy::pad), ferry::config_error);
   CHECK(ferry::shard_rows(10, 4, 1) == 3);
   CHECK(ferry::shard_rows(10, 4, 3) == 2);
+  // Near the top of int64 (rows + batch - 1 overflowed), and a negative total.
+  constexpr std::int64_t top = INT64_MAX;
+  CHECK(ferry::steps_for(top, 2, ferry::step_policy::pad) == top / 2 + 1);
+  CHECK(ferry::steps_for(top - 1, top, ferry::step_policy::pad) == 1);
+  CHECK(ferry::steps_for(top, top, ferry::step_policy::drop) == 1);
+  CHECK_THROWS_AS(ferry::shard_rows(-5, 2, 0), ferry::config_error);
   CHECK_THROWS_AS(ferry::agree_steps(w, -1, ferry::step_policy::pad), ferry::config_error);
 }
 

@@ -20,7 +20,8 @@
 //
 // A rank's local count: its rows and its per-rank batch (steps_for), or any count the
 // user knows. One collective (an integer MPI_Allreduce); every rank must call it.
-// Throws config_error for a negative count or a zero batch; communicator errors
+// Throws config_error for a negative count (rows, total or steps) or a zero batch, a rank
+// outside the world; communicator errors
 // propagate. Runs no user code.
 #pragma once
 
@@ -40,7 +41,7 @@ enum class step_policy { drop, pad };
 inline std::int64_t steps_for(std::int64_t rows, std::int64_t batch_rows, step_policy p) {
   if (rows < 0) throw config_error("steps_for: negative row count " + std::to_string(rows));
   if (batch_rows < 1) throw config_error("steps_for: the batch must hold at least 1 row");
-  return p == step_policy::drop ? rows / batch_rows : (rows + batch_rows - 1) / batch_rows;
+  return rows / batch_rows + (p == step_policy::pad && rows % batch_rows != 0);  // (rows + b - 1) could overflow
 }
 
 // Rows that element-level sharding (shard(world, rank, by_element)) gives `rank` out of
@@ -48,6 +49,7 @@ inline std::int64_t steps_for(std::int64_t rows, std::int64_t batch_rows, step_p
 inline std::int64_t shard_rows(std::int64_t total, int world, int rank) {
   if (world < 1 || rank < 0 || rank >= world)
     throw config_error("shard_rows: rank " + std::to_string(rank) + " of " + std::to_string(world));
+  if (total < 0) throw config_error("shard_rows: negative row count " + std::to_string(total));
   return total / world + (rank < total % world ? 1 : 0);
 }
 

@@ -17,8 +17,8 @@
 // W reads its contiguous part [s * G + w * G / W, s * G + (w + 1) * G / W), which batch(G / W)
 // and distribute then split among its replicas in order. So the sequence of global batches
 // depends on (seed, epoch, G) alone: W ranks x R replicas each see their slice of the same
-// global batch, for any W and R that divide G. An epoch has floor(n / G) steps on every
-// rank (equal steps, no collective needed); the n mod G elements left at an epoch's end
+// global batch, for any W and R with W x R dividing G. An epoch has floor(n / G) steps on
+// every rank (equal steps, no collective needed); the n mod G elements left at an epoch's end
 // are a new draw each epoch when shuffled (the same last ones without shuffling).
 // rewind() starts the next epoch.
 //

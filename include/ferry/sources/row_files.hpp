@@ -26,8 +26,9 @@
 // several threads at once (pread on shared descriptors), as a map's workers would.
 //
 // Errors: the constructor throws io_error (a missing file, a pattern that matches nothing),
-// format_error (a bad header, rows that differ from the first file's, a fixed-length file
-// of the wrong size; TFRecord: a truncated record, a length CRC mismatch, a length over
+// format_error (a bad header, rows that differ from the first file's, a header counting
+// more rows than its file holds or, with the files before it, more than 2^64, a
+// fixed-length file of the wrong size; TFRecord: a truncated record, a length CRC mismatch, a length over
 // max_record_bytes, each naming the file and the record's offset; WebDataset and text
 // lines: what from_files throws for the file), config_error (a compressed file, bad
 // fixed_length sizes, max_record_bytes of 0). operator[] throws
@@ -127,12 +128,16 @@ class row_files {
         rd.close();
         f.fd = open_fd(p);
         const std::uint64_t size = file_size(f);
-        if (size < f.data + f.rows * f.row_bytes)
+        // Divided, not multiplied: a header's count times its row size, plus its own bytes,
+        // may pass 2^64 (and would then seem to fit).
+        if (size < f.data || (f.row_bytes != 0 && f.rows > (size - f.data) / f.row_bytes))
           throw format_error(p, f.data, "the header says " + std::to_string(f.rows) + " rows of " +
                                             std::to_string(f.row_bytes) + " bytes; the file has " +
                                             std::to_string(size) + " bytes");
       }
-      s_->total += f.rows;
+      if (__builtin_add_overflow(s_->total, f.rows, &s_->total))
+        throw format_error(p, f.data, "the header says " + std::to_string(f.rows) + " rows, which with the files "
+                                      "before it pass 2^64 rows");
       s_->ends.push_back(s_->total);
       s_->files.push_back(std::move(f));
     }

@@ -27,7 +27,9 @@
 // thread communicator, not NCCL's device buffers), on the thread calling next().
 //
 // Threads: none of its own; runs on the thread calling next(), which must be the one that
-// uses `comm` for this rank; no user code of its own.
+// uses `comm` for this rank; no user code of its own. No thread may read ahead of it: a
+// prefetch over it is a compile-time error, a map with workers a config_error (a rank that
+// stops mid-epoch would leave the others in the all-reduce its thread had begun).
 //
 // Errors: an upstream error on one rank still joins that step's all-reduce, flagged: that
 // rank rethrows its error, and every other rank throws ferry::error ("lockstep: 1 other
@@ -72,6 +74,7 @@ class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
  public:
   static constexpr char name[] = "lockstep";
   static constexpr bool changes_batch_size = true;  // steps, not batches
+  static constexpr bool joins_collective = true;    // no thread may read ahead of it (prefetch, map's workers)
   lockstep_source(Up up, Comm& comm, step_policy p) : stage<lockstep_source, Up>(std::move(up)), comm_(&comm), p_(p) {}
 
  private:
@@ -96,7 +99,9 @@ class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
     std::array<float, 2> w{mine ? 1.0f : 0.0f, failed ? 1.0f : 0.0f};
     comm_->all_reduce_sum(std::span<float>(w));
     const std::size_t have = std::size_t(w[0] + 0.5f), errors = std::size_t(w[1] + 0.5f);
-    const std::uint64_t k = steps_++;
+    // A failed step is no step: the steps handed out keep distribute's count (index()).
+    const std::uint64_t k = steps_;
+    if (!errors) ++steps_;
     if (errors) {
       if (failed) std::rethrow_exception(failed);
       held_ = std::move(mine);  // handed out at the next call
@@ -132,6 +137,7 @@ class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
     w.put(steps_);
   }
   void restore_words(state_reader& r) {
+    held_.reset();  // a used pipeline restored after another rank's failure: its step is the state's to give
     ran_out_ = r.get_flag(name);
     over_ = r.get_flag(name);
     steps_ = r.get();

@@ -28,7 +28,8 @@
 // fn calls already running.
 //
 // Errors: throws config_error for workers == 0, for more than 1024 workers or
-// max_workers, for a window over 2^32, and for max_workers set without autotune. The
+// max_workers, for a window over 2^32, for max_workers set without autotune, and for
+// workers other than 1 over lockstep() (they would read its collective steps ahead). The
 // first next() of a parallel map throws ferry::error when its ring or a worker thread
 // cannot be had (none is left running; the next next() tries again).
 // If fn throws on element k, the consumer's next() for element k throws
@@ -343,6 +344,10 @@ struct map_t {
       return typename detail::map_function_returns_void<E, F>::error_above{};
     } else {
       detail::check_map_args(o);
+      if (detail::joins_collectives<std::remove_cvref_t<S>>() && o.workers != 1)
+        throw config_error("map: workers after lockstep(): the workers would run lockstep's all-reduce ahead of the "
+                           "consumer, and a rank that stops mid-epoch leaves the others waiting in it; use workers = "
+                           "1 (inline) there, or map before distribute()");
       return detail::map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), o);
     }
   }

@@ -8,7 +8,9 @@
 // Shutdown: the destructor (and rewind()) stops the producer and joins it at once, even
 // mid-epoch; it waits only for an upstream next() call already in progress.
 //
-// Errors: throws config_error for depth == 0, a negative depth and ferry::autotune. An exception thrown upstream is re-thrown,
+// Errors: throws config_error for depth == 0, a negative depth and ferry::autotune; over
+// lockstep() a compile-time error (its thread would read collective steps ahead). An
+// exception thrown upstream is re-thrown,
 // unchanged, by the consumer's next() at its place, after the elements produced before
 // it; the producer goes on, so the next next() gives what upstream gives after the error
 // (as without prefetch: a consumer that catches and goes on loses nothing prefetch held).
@@ -43,6 +45,11 @@ template <source Up>
 class prefetch_source : public threaded_stage<prefetch_source<Up>, Up> {
   friend threaded_stage<prefetch_source, Up>;
   static constexpr bool resumable = resumable_source<Up>;
+  // Its thread would read ahead into the next step's collective, which a rank that stops
+  // (or is destroyed) never joins: the other ranks' would wait forever.
+  static_assert(!joins_collectives<Up>(), "ferry::prefetch after lockstep(): its thread would run lockstep's all-reduce "
+                                          "ahead of the consumer, and a rank that stops mid-epoch leaves the others "
+                                          "waiting in it; put prefetch before distribute() or lockstep()");
 
  public:
   static constexpr char name[] = "prefetch";
