@@ -5,9 +5,13 @@
 // prefixes and single-byte changes of some of them; make_example_fixtures.py writes both.
 #include <doctest/doctest.h>
 
+#include <array>
+#include <cstdint>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <map>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -319,6 +323,40 @@ TEST_CASE("bytes values and one-run packed floats are views into the record") {
     return;
   }
   FAIL("no one_of_each case");
+}
+
+namespace {
+std::string pb_varint(std::uint64_t v) {
+  std::string s;
+  for (; v >= 0x80; v >>= 7) s += char(v | 0x80);
+  return s + char(v);
+}
+std::string pb_field(int field, const std::string& body) {  // length-delimited
+  return pb_varint(std::uint64_t(field) << 3 | 2) + pb_varint(body.size()) + body;
+}
+std::string pb_unpacked_floats(std::initializer_list<float> v) {  // FloatList.value, wire type 5 each
+  std::string s;
+  for (float f : v) {
+    s += pb_varint(1 << 3 | 5);
+    s.append(reinterpret_cast<const char*>(&f), 4);
+  }
+  return s;
+}
+}  // namespace
+
+// Floats kept in the example's arena (unpacked, or packed in several runs) were read from
+// byte first_ instead of 4 x first_: every such feature after the first got other bytes.
+TEST_CASE("float features kept in the example's arena each read their own values") {
+  // Example{features{feature{"a": float_list{1, 2}}, feature{"b": float_list{3, 4}}, "c": two packed runs}}
+  const std::string packed_runs = pb_field(1, std::string(reinterpret_cast<const char*>(std::array<float, 1>{5}.data()), 4)) +
+                                  pb_field(1, std::string(reinterpret_cast<const char*>(std::array<float, 2>{6, 7}.data()), 8));
+  const std::string msg = pb_field(1, pb_field(1, pb_field(1, "a") + pb_field(2, pb_field(2, pb_unpacked_floats({1, 2})))) +
+                                          pb_field(1, pb_field(1, "b") + pb_field(2, pb_field(2, pb_unpacked_floats({3, 4})))) +
+                                          pb_field(1, pb_field(1, "c") + pb_field(2, pb_field(2, packed_runs))));
+  const ferry::example ex = ferry::parse_example(std::as_bytes(std::span(msg.data(), msg.size())));
+  CHECK(ex.floats("a").to_vector() == std::vector<float>{1, 2});
+  CHECK(ex.floats("b").to_vector() == std::vector<float>{3, 4});
+  CHECK(ex.floats("c").to_vector() == std::vector<float>{5, 6, 7});
 }
 
 TEST_CASE("from_files records carry their file and offset") {

@@ -688,6 +688,16 @@ TEST_CASE("bad input: a clear error naming file and offset") {
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2; 3), }", "not a tuple of integers"},
         {"{'descr': 4, 'fortran_order': False, 'shape': (2, 3), }", "descr is not a string"},
         {"{'descr': '<q9', 'fortran_order': False, 'shape': (2, 3), }", "unsupported npy dtype '<q9'"},
+        // Sizes NumPy has not for the kind (they were framed as 3- or 4-byte items).
+        {"{'descr': '<i3', 'fortran_order': False, 'shape': (2, 3), }", "'<i3' (no such size for its kind)"},
+        {"{'descr': '<f3', 'fortran_order': False, 'shape': (2, 3), }", "'<f3' (no such size for its kind)"},
+        {"{'descr': '|b4', 'fortran_order': False, 'shape': (2, 3), }", "'|b4' (no such size for its kind)"},
+        {"{'descr': '<c3', 'fortran_order': False, 'shape': (2, 3), }", "'<c3' (no such size for its kind)"},
+        {"{'descr': '<M4[s]', 'fortran_order': False, 'shape': (2, 3), }", "'<M4[s]' (no such size for its kind)"},
+        // Rows of 0 bytes past 2^24: no byte backs them, and 2^64 of them would never end.
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (18446744073709551615, 0), }",
+         "claims 18446744073709551615 rows of 0 bytes"},
+        {"{'descr': '|V0', 'fortran_order': False, 'shape': (16777217,), }", "claims 16777217 rows of 0 bytes"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,), }", "shape overflows"},
         // The row, then the whole array, larger than 2^64 bytes.
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (1, 4294967296, 4294967296), }", "size overflows"},
@@ -730,6 +740,13 @@ TEST_CASE("bad input: a clear error naming file and offset") {
     write_file(t / "o2.idx", idx_of(0x08, {0xffffffffu, 0xffffffffu, 0xffffffffu}, "x"));
     expect_error<ferry::format_error>([&] { read_all({t / "o2.idx"}, ferry::idx{}); }, t / "o2.idx", 4,
                                       "the IDX shape's size overflows");
+    // 2^32 - 1 rows of 0 bytes (a dimension of 0): past max_empty_rows, refused (reading
+    // them took minutes); at it, read.
+    write_file(t / "z.idx", idx_of(0x08, {0xffffffffu, 0}, ""));
+    expect_error<ferry::format_error>([&] { read_all({t / "z.idx"}, ferry::idx{}); }, t / "z.idx", 4,
+                                      "claims 4294967295 rows of 0 bytes");
+    write_file(t / "z3.idx", idx_of(0x08, {3, 0}, ""));
+    CHECK(read_all({t / "z3.idx"}, ferry::idx{}) == std::vector<std::string>(3));
     std::mt19937_64 g(4);
     const std::string rows = random_bytes(g, 50 * 20);
     write_gzip(t / "whole.idx.gz", idx_of(0x08, {50, 4, 5}, rows));
@@ -998,6 +1015,30 @@ TEST_CASE("gzip with ISA-L: any file, whole or damaged, reads exactly as with zl
   CHECK(whole >= 48);  // every whole file, and any damage that changed nothing
   CHECK(damaged >= 100);
   MESSAGE(extra << " records past the damage, over the files changed inside read in 64-byte chunks");
+}
+
+// RFC 1952: a reserved FLG bit set is an error; zlib says so, ISA-L read the member.
+TEST_CASE("gzip: a member header with a reserved FLG bit is refused by both libraries, first member or later") {
+  temp_dir t;
+  write_gzip(t / "one.txt.gz", "alpha\nbeta\n");
+  const std::string z = read_file(t / "one.txt.gz");
+  for (const std::uint8_t bit : {0x20, 0x40, 0x80})
+    for (const bool second : {false, true}) {
+      CAPTURE(int(bit));
+      CAPTURE(second);
+      std::string bad = z;
+      bad[3] = static_cast<char>(bad[3] | bit);
+      write_file(t / "x.txt.gz", second ? z + bad : bad);
+      for (const auto e : {ferry::inflate_engine::zlib, ferry::inflate_engine::isal}) {
+        CAPTURE(int(e));
+        auto src = ferry::from_files({t / "x.txt.gz"}, ferry::text_lines{}, {.inflater = e});
+        if (second) {  // the first member's lines, then the error
+          REQUIRE(src.next());
+          REQUIRE(src.next());
+        }
+        CHECK_THROWS_WITH_AS(src.next(), doctest::Contains("unknown header flags set"), ferry::format_error);
+      }
+    }
 }
 
 TEST_CASE("gzip: FERRY_INFLATE picks the library; another value is a config_error") {

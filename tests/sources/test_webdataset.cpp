@@ -501,6 +501,25 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     CHECK(src.next());
     expect_format_error([&] { src.next(); }, path, 2048, "not a tar header");
   }
+  SUBCASE("a member header lost to zeros (one zero block, then its data) is a format_error there, not the end") {
+    tar_writer w;
+    w.add("s0.cls", "0");
+    const std::size_t at = w.add("s1.cls", "1");
+    w.add("s2.cls", "2");
+    w.end();
+    std::fill(w.out.begin() + std::ptrdiff_t(at), w.out.begin() + std::ptrdiff_t(at + 512), '\0');
+    write_file(path, w.out);
+    auto src = ferry::from_files({path}, ferry::webdataset{});
+    CHECK(ferry::parse_webdataset(*src.next()).key == "s0");
+    expect_format_error([&] { src.next(); }, path, at + 512, "after a lone zero block (a member's header lost to zeros?)");
+    // Under skip the rest of the file is one error, counted: not a silent end.
+    auto skip = ferry::from_files({path}, ferry::webdataset{},
+                                  {.on_error = ferry::error_policy::skip, .on_skip = [](const ferry::skipped_record&) {}});
+    std::size_t n = 0;
+    while (skip.next()) ++n;
+    CHECK(n == 1);
+    CHECK(skip.skipped() == 1);
+  }
   SUBCASE("a pax header of 70 KB (an xattr) is read: only max_record_bytes bounds it") {
     tar_writer w;
     w.add("a/1.jpg", "one");

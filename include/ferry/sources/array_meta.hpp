@@ -35,4 +35,8 @@ struct array_meta {
   }
 };
 
+// The most rows of 0 bytes (a dimension of 0, or a 0-byte dtype) a .npy or IDX header may
+// claim: no byte of the file backs them, and reading 2^64 of them would not end.
+inline constexpr std::uint64_t max_empty_rows = std::uint64_t(1) << 24;
+
 }  // namespace ferry

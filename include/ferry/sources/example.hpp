@@ -247,7 +247,8 @@ class example {
   // f's floats (empty when f is not a float_list).
   float_values floats(const feature& f) const {
     if (f.kind_ != feature_kind::float_list) return {};
-    return f.float_in_record_ ? float_values(f.floats_, f.n_) : float_values(floats_.data() + f.first_, f.n_);
+    if (f.float_in_record_) return float_values(f.floats_, f.n_);
+    return float_values(floats_.data() + 4 * f.first_, f.n_);  // first_ counts floats; floats_ holds bytes
   }
   // f's int64s (empty when f is not an int64_list).
   std::span<const std::int64_t> int64s(const feature& f) const {

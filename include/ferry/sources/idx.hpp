@@ -6,8 +6,8 @@
 // Each record is one row along the first axis, its bytes as stored (multi-byte values stay
 // big-endian); meta() gives dtype (">f4", "|u1", ...) and shape. Refused with a
 // format_error naming file and offset: a wrong magic or type, ndim 0, a truncated header,
-// shapes whose size overflows, missing rows (at the first missing one) and bytes after
-// the last row. A compressed file cut short: a format_error at the first row it cannot
+// shapes whose size overflows, more than max_empty_rows (2^24) rows of 0 bytes (a
+// dimension of 0), missing rows (at the first missing one) and bytes after the last row. A compressed file cut short: a format_error at the first row it cannot
 // complete (offset in the uncompressed data).
 //
 // Threads: a format framer runs where from_files reads (the thread calling next(), or
@@ -65,6 +65,9 @@ struct idx_framer : array_framer {
     m.row_bytes = row;
     std::uint64_t total;  // as npy: the whole array's size must be a number
     if (mul_overflows(m.rows, row, total)) throw format_error(s.path(), 4, "the IDX shape's size overflows");
+    if (row == 0 && m.rows > max_empty_rows)
+      throw format_error(s.path(), 4, "the header claims " + std::to_string(m.rows) +
+                                          " rows of 0 bytes (at most 2^24: no byte of the file backs them)");
     s.consume(hdr);
     start_rows(s, hdr);
   }

@@ -5,16 +5,19 @@
 // files read together must have the same dtype and row shape.
 // Refused with a format_error naming file and offset: a bad magic or version, a header
 // length beyond the file (or over 1 MiB), a header that is not the dict NumPy writes,
-// object dtypes ('|O': pickles), structured dtypes, fortran_order True with more than one
-// dimension, shapes whose size overflows, rows missing from the file (at the first
-// missing row) and bytes after the last row.
+// object dtypes ('|O': pickles), structured dtypes, a size NumPy has not for its kind
+// ('<i3'), fortran_order True with more than one dimension, shapes whose size overflows,
+// more than max_empty_rows (2^24) rows of 0 bytes, rows missing from the file (at the
+// first missing row) and bytes after the last row.
 //
 // Threads: a format framer runs where from_files reads (the thread calling next(), or
 // interleave's reader threads); it runs no user code.
 #pragma once
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -123,6 +126,12 @@ inline std::string parse_npy_header(std::string_view h, array_meta& m, bool& for
   if (!rest.empty() && !((kind == 'M' || kind == 'm') && rest.front() == '[' && rest.back() == ']'))
     return "unsupported npy dtype '" + descr + "'";
   if (size == 0 && kind != 'S' && kind != 'V' && kind != 'U') return "unsupported npy dtype '" + descr + "'";
+  // The sizes NumPy writes for each kind (a '<i3' or '<f3' is no dtype of NumPy's).
+  const auto one_of = [&](std::initializer_list<std::uint64_t> v) { return std::find(v.begin(), v.end(), size) != v.end(); };
+  if (((kind == 'b' || kind == '?') && size != 1) || ((kind == 'i' || kind == 'u') && !one_of({1, 2, 4, 8})) ||
+      (kind == 'f' && !one_of({2, 4, 8, 12, 16})) || (kind == 'c' && !one_of({8, 16, 24, 32})) ||
+      ((kind == 'M' || kind == 'm') && size != 8))
+    return "unsupported npy dtype '" + descr + "' (no such size for its kind)";
   m.dtype = descr;
   m.item_bytes = static_cast<std::size_t>(size);
   if (fortran && m.shape.size() > 1)
@@ -134,6 +143,8 @@ inline std::string parse_npy_header(std::string_view h, array_meta& m, bool& for
   m.rows = m.shape.empty() ? 1 : m.shape[0];
   std::uint64_t total;
   if (mul_overflows(m.rows, m.row_bytes, total)) return "the npy shape's size overflows";
+  if (m.row_bytes == 0 && m.rows > max_empty_rows)
+    return "the header claims " + std::to_string(m.rows) + " rows of 0 bytes (at most 2^24: no byte of the file backs them)";
   return {};
 }
 

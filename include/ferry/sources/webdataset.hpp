@@ -23,10 +23,12 @@
 // sizes; directories, links, global pax headers and names without a dot (README) carry no
 // sample data and are passed over, as WebDataset's group_by_keys does: before a sample a
 // chunk at a time, after a member within the sample's span (only past them is it known
-// whether the sample goes on), so they never split one. A zero block ends an archive;
-// reading goes on after it when another archive follows (cat a.tar b.tar), as tar
-// --ignore-zeros does; bytes after it that are not a tar header end the file (a newline
-// added at the end, padding), as plain tar stops at the zero blocks. Long-name and pax
+// whether the sample goes on), so they never split one. Two zero blocks end an archive;
+// reading goes on after them when another archive follows (cat a.tar b.tar), as tar
+// --ignore-zeros does; bytes after them that are not a tar header end the file (a newline
+// added at the end, padding), as plain tar stops at the zero blocks. After a lone zero
+// block such bytes are a format_error (a member whose header was zeroed: its data
+// follows), not a silent end that would drop the samples after it. Long-name and pax
 // headers (pax records hold xattrs of any size) count toward max_record_bytes. A sample is buffered whole: its members and what is passed over
 // between them must fit max_record_bytes (64 MiB by default). An entry passed over after a
 // member that would take the sample past it ends the sample there, since whether the
@@ -373,19 +375,24 @@ struct wds_framer {
     std::vector<std::string> exts;
     bool dup = false;
     std::string tail;  // why this sample is the rest of a cut one (a bad record)
-    bool after_zero = false;  // a zero block passed over just now
+    unsigned zeros = 0;  // zero blocks passed over just now (two: the end-of-archive marker)
     for (;;) {
       const tar_reader rd{s.path(), s.offset(), max_record};
       tar_entry e;
       try {
         e = rd.next(view, pos);
-      } catch (const format_error&) {
+      } catch (const format_error& err) {
         // After the end-of-archive zero blocks, what is not another archive's header is
         // not the archive's (a newline an editor added, padding): tar stops there too.
-        if (end == 0 && after_zero) {
+        if (end == 0 && zeros >= 2) {
           cut_key.clear();
           return frame_status::end;
         }
+        // After one zero block it may be a member's data whose header was lost to zeros:
+        // ending there would drop the samples after it unseen.
+        if (end == 0 && zeros == 1)
+          throw format_error(err.path(), err.offset(), err.reason() + ", after a lone zero block (a member's header "
+                                                                      "lost to zeros?)");
         if (end == 0) throw;
         break;  // a damaged header after a whole sample: the sample now, the error next call
       }
@@ -398,7 +405,7 @@ struct wds_framer {
         }
         if (!member) {
           pass_over(s, e);
-          after_zero = e.kind == tar_entry::zero;
+          zeros = e.kind == tar_entry::zero ? zeros + 1 : 0;
           continue;
         }
         if (!cut_key.empty()) {

@@ -660,13 +660,15 @@ class byte_stream {
         z_new_ = true;  // another member follows
       }
       if (z_new_) {
-        if (s.avail_in < 2 && !z_eof_in_) {
+        if (s.avail_in < 4 && !z_eof_in_) {
           isal_read(s.avail_in);
           continue;
         }
         member_in_ = file_pos_ - s.avail_in;
         member_out_ = out_at + (start - s.avail_out);
-        if (s.avail_in < 2 || s.next_in[0] != 0x1f || s.next_in[1] != 0x8b)
+        // Not gzip, or reserved FLG bits set (RFC 1952: an error, which ISA-L does not
+        // check): zlib reads from here, and says so as for any file.
+        if (s.avail_in < 4 || s.next_in[0] != 0x1f || s.next_in[1] != 0x8b || (s.next_in[3] & 0xe0) != 0)
           return isal_to_zlib(dst, room, start - s.avail_out, ISAL_INVALID_WRAPPER, true);
         std::uint8_t* in = s.next_in;
         const std::uint32_t avail = s.avail_in;
