@@ -239,13 +239,14 @@ TEST_CASE("row_files: rows by index from .npy and fixed-length files, in any ord
   CHECK_THROWS_WITH_AS(ferry::row_files({d / "short.npy"}, ferry::npy{}), doctest::Contains("the header says 100 rows"),
                        ferry::format_error);
   // Counts whose bytes pass 2^64 with the header's (2^64 - 64 rows of a byte: it seemed to
-  // fit), and files whose rows together pass 2^64 (the total wrapped to 0).
+  // fit), and two files of 2^63 rows of 0 bytes each (their total wrapped to 0; now refused
+  // at the first, past max_empty_rows).
   src_test::write_file(d / "huge.npy", src_test::npy_of("|u1", "(18446744073709551552,)", std::string(100, 'x')));
   CHECK_THROWS_WITH_AS(ferry::row_files({d / "huge.npy"}, ferry::npy{}),
                        doctest::Contains("the header says 18446744073709551552 rows of 1 bytes"), ferry::format_error);
   src_test::write_file(d / "half.npy", src_test::npy_of("|u1", "(9223372036854775808, 0)", ""));
   CHECK_THROWS_WITH_AS(ferry::row_files({d / "half.npy", d / "half.npy"}, ferry::npy{}),
-                       doctest::Contains("with the files before it pass 2^64 rows"), ferry::format_error);
+                       doctest::Contains("claims 9223372036854775808 rows of 0 bytes"), ferry::format_error);
   src_test::write_file(d / "x.idx", src_test::idx_of(0x08, {7, 6}, rows_a));
   const ferry::row_files idx_rows({d / "x.idx"}, ferry::idx{});
   CHECK(idx_rows.size() == 7);
