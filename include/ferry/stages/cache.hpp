@@ -53,7 +53,8 @@
 // fresh pipeline refills from that upstream position and skips the elements already
 // handed out (and the upstream errors among them): the content and the order after the
 // restore are exactly those of the run that saved, at the price of re-reading up to one
-// pass, the only stage whose restore re-reads more than a window. The exception is a file
+// pass, the only stage whose restore re-reads more than a window (a rewind() before the
+// refill of a kept pass ends reads the rest of it, not handed out, and replays it). The exception is a file
 // from an earlier run that is gone at the restore: what it held cannot be read again, and
 // the refill is this upstream's first pass. A state of cache() does not restore into
 // cache(path), nor the other way (config_error).
@@ -106,6 +107,22 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     requires rewindable_source<Up>
   {
     this->check_live();
+    // A restored position in a kept pass: that pass is this job's, so the next one replays
+    // it, read from the file or rebuilt from the upstream's restored position (the fill's
+    // start) when nothing holds it, from its first element.
+    if (resume_ && resume_replay_) {
+      resume_index_ = resume_offset_ = resume_errors_ = 0;
+      return;
+    }
+    // Rebuilding such a pass: the rest of it is read into the store (not handed out), so
+    // that the next pass replays it as the saved job would (an upstream error or a failed
+    // write on the way: not kept, the next pass fills from the upstream's next epoch).
+    if (rebuilding_ && phase_ == phase::fill && !ended_ && keep_ && finish_rebuild()) {
+      reset_pass();
+      phase_ = phase::replay;
+      if (store_.open_replay(0, 0)) return;
+      phase_ = phase::fill;
+    }
     const bool replay = phase_ == phase::replay && !broken_;
     reset_pass();
     if (replay && store_.open_replay(0, 0)) return;
@@ -180,6 +197,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     ended_ = false;
     broken_ = false;
     resume_ = false;
+    rebuilding_ = false;
     swallow_ = 0;
     errors_ = 0;
     pending_ = nullptr;
@@ -204,6 +222,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
       // Refill from the pass's start; skip what was handed out, errors included.
       skip_ = resume_index_;
       swallow_ = resume_errors_;
+      rebuilding_ = resume_replay_;
     } else if (!checked_file_) {
       bool reuse = false;
       try {
@@ -309,6 +328,18 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     keep_ = false;
     store_.discard();
   }
+  // The rest of a kept pass being rebuilt, into the store and committed; false (the store
+  // discarded) when the upstream throws or a write fails.
+  bool finish_rebuild() {
+    try {
+      while (std::optional<value_type> e = this->pull_up()) store_.append(*e);
+      store_.commit();
+      return true;
+    } catch (...) {
+      drop();
+      return false;
+    }
+  }
 
   Store store_;
   phase phase_ = phase::fill;
@@ -321,6 +352,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
   bool checked_file_ = false;  // looked for a file left by an earlier run
   bool resume_ = false;        // restored, not yet opened or refilled
   bool resume_replay_ = false;  // ... at a position in a kept pass (seek in the file)
+  bool rebuilding_ = false;     // this fill rebuilds a restored kept pass (finished at a rewind)
   std::uint64_t resume_index_ = 0, resume_offset_ = 0;
   std::uint64_t resume_errors_ = 0;
   std::uint64_t swallow_ = 0;  // upstream errors still to skip after a restore that refills

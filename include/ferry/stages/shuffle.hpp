@@ -32,7 +32,8 @@
 // Checkpoints: save() records the upstream position at the window's start, then the
 // buffer size and seed, the epoch, the window number, the window's length and the offset
 // inside it; restore() re-reads exactly that many elements (never reaching an error that
-// ended the window). A deterministic upstream error (a missing file) then fails again at
+// ended the window), and the upstream's end when it ended the window, as the saving run's
+// upstream saw it (cache() keeps a pass only once it has seen its end). A deterministic upstream error (a missing file) then fails again at
 // the same position after restore, so resume is exact at any point, between an error and
 // the next element included. A state saved with another buffer or seed (which would hand
 // out another order) is a config_error naming both values, as is a damaged one.
@@ -103,16 +104,21 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
     f("seed", seed_);
   }
   // window_ >= 1 when mid(), as fill() counted the window.
+  // The length's top bit: the upstream's end ended the window (a restore pulls it again,
+  // as the upstream saw it: cache() keeps a pass only at its end).
+  static constexpr std::uint64_t ended_bit = std::uint64_t(1) << 63;
   void save_words(state_writer& w) const {
     const bool m = mid();
     w.put(epoch_);
     w.put(m ? window_ - 1 : window_);
     w.put(m ? pos_ : 0);
-    w.put(m ? win_.size() : 0);
+    w.put(m ? win_.size() | (ended_ && !pending_ ? ended_bit : 0) : 0);
   }
   void restore_words(state_reader& r) {
-    const std::uint64_t epoch = r.get(), window = r.get(), skip = r.get(), len = r.get();
-    if (len > cap_ || skip > len)
+    const std::uint64_t epoch = r.get(), window = r.get(), skip = r.get(), word = r.get();
+    const std::uint64_t len = word & ~ended_bit;
+    const bool at_end = (word & ended_bit) != 0;
+    if (len > cap_ || skip > len || (at_end && len == cap_))
       throw config_error("restore_state: shuffle: a damaged state (offset " + std::to_string(skip) +
                          " in a window of " + std::to_string(len) + ", buffer " + std::to_string(cap_) + ")");
     epoch_ = epoch;
@@ -122,7 +128,7 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
     ended_ = false;
     pending_ = nullptr;
     if (len) {  // re-read the window we were in (no further), then skip what was handed out
-      fill(static_cast<std::size_t>(len));
+      fill(static_cast<std::size_t>(len) + (at_end ? 1 : 0));  // at_end: the upstream's end too
       pos_ = static_cast<std::size_t>(skip) < win_.size() ? skip : win_.size();
     }
   }
