@@ -101,13 +101,13 @@ class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
     const std::size_t have = std::size_t(w[0] + 0.5f), errors = std::size_t(w[1] + 0.5f);
     // A failed step is no step: the steps handed out keep distribute's count (index()).
     const std::uint64_t k = steps_;
-    if (!errors) ++steps_;
     if (errors) {
       if (failed) std::rethrow_exception(failed);
       held_ = std::move(mine);  // handed out at the next call
       throw error("lockstep: " + std::to_string(errors) + " other rank(s) failed at step " + std::to_string(k) +
                   " of the epoch (see the failing rank's error); every rank goes on at the next call");
     }
+    ++steps_;
     const std::size_t ranks = std::size_t(comm_->size());
     if (have == 0 || (p_ == step_policy::drop && have < ranks)) {
       over_ = true;
