@@ -292,15 +292,14 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     // concatenate or a batch smaller than distribute's global_batch, would need padding
     // rows between real ones). Refused, before this step is cached: it is handed out next,
     // and the upstream streams.
-    if (padded_)
+    if (padded_)  // the step before this one was padded (the first padded step is refused at the next)
       throw config_error("cache_on_device: epoch 0's step " + std::to_string(steps_ - 1) + " comes after a padded " +
-                         "step (step " + std::to_string(padded_at_) + "); under remainder_policy::pad later epochs " +
+                         "step (step " + std::to_string(steps_ - 2) + "); under remainder_policy::pad later epochs " +
                          "serve the padding rows after every real row, so only the last step may be padded: caching "
                          "stops, and every epoch streams from the upstream (use remainder_policy::partial, batch "
                          "with drop_remainder, or put repeat or concatenate after cache_on_device)");
     for (std::size_t r = 0; r < st.replicas(); ++r) firsts_.push_back(arenas_[r].rows);
     for (std::size_t r = 0; r < st.replicas(); ++r) padded_ = padded_ || st[r].size() > st[r].valid();
-    if (padded_) padded_at_ = steps_ - 1;
     for (std::size_t r = 0; r < st.replicas(); ++r) {
       const auto& rb = st[r];
       auto& a = arenas_[r];
@@ -392,7 +391,6 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   std::uint64_t epoch_ = 0, steps_ = 0, step_ = 0, skipped_ = 0;  // steps: epoch 0's count; skipped: a resume's, not out
   std::vector<std::size_t> rows_per_step_;  // per replica, its largest epoch-0 slice (under pad: every slice's)
   std::vector<std::uint64_t> firsts_;  // epoch 0's layout: step k's replica r served from row firsts_[k * R + r]
-  std::uint64_t padded_at_ = 0;        // the padded step (under pad, the last)
   std::size_t row_bytes_ = 0, widest_ = 0;
   std::array<std::size_t, nf> field_bytes_{};
   std::shared_ptr<const batch_of<T>> empty_;
