@@ -287,3 +287,42 @@ TEST_CASE("rows beyond a batch's first buffer: the buffers grow, the rows stay e
     for (std::uint64_t i = 0; i < 50; ++i) CHECK(got[i / 40][i % 40] == i);
   }
 }
+
+// batch's size is not part of its state (it holds no element between calls): a state
+// saved at batch(3) restores into batch(4) and batch(3, drop_remainder), which start at
+// the element the saved run's next batch would have. Property over sizes and cut points,
+// against the elements of a straight read.
+TEST_CASE("batch: a state restores into another batch size at the same element") {
+  const std::size_t total = 50;
+  auto make = [&](std::size_t n, bool drop) {
+    return ferry::from_generator(total, [](std::uint64_t i) { return std::uint32_t(i * 7 + 1); }) |
+           ferry::batch(n, {.drop_remainder = drop});
+  };
+  for (std::size_t n : {1, 3, 7}) {
+    for (std::size_t n2 : {1, 4, 7, 64}) {
+      for (bool drop : {false, true}) {
+        for (std::size_t k = 0; k * n <= total + n; ++k) {
+          CAPTURE(n);
+          CAPTURE(n2);
+          CAPTURE(drop);
+          CAPTURE(k);
+          auto a = make(n, false);
+          std::size_t at = 0;
+          for (std::size_t i = 0; i < k; ++i)
+            if (auto b = a.next()) at += b->size();
+          auto b = make(n2, drop);
+          ferry::restore_state(b, ferry::save_state(a));
+          std::vector<std::uint32_t> rest;
+          while (auto x = b.next()) {
+            CHECK(x->size() <= n2);
+            if (drop) CHECK(x->size() == n2);
+            rest.insert(rest.end(), x->field().begin(), x->field().end());
+          }
+          const std::size_t left = total - at;
+          REQUIRE(rest.size() == (drop ? left / n2 * n2 : left));
+          for (std::size_t i = 0; i < rest.size(); ++i) CHECK(rest[i] == std::uint32_t((at + i) * 7 + 1));
+        }
+      }
+    }
+  }
+}

@@ -1295,6 +1295,23 @@ TEST_CASE("save/restore at every position, rewind, end stays ended" * doctest::t
       CHECK_THROWS_WITH_AS(ferry::restore_state(f8, ferry::save_state(f16)), doctest::Contains("another format"),
                            ferry::config_error);
     }
+    {
+      // A compress option that reads the files otherwise than their names say (offsets in
+      // the inflated stream against offsets in the bytes): refused as another format. One
+      // that agrees with the names restores, both ways.
+      ferry::from_files_options agree = o, against = o;
+      agree.compress = gz ? ferry::compression::gzip : ferry::compression::none;
+      against.compress = gz ? ferry::compression::none : ferry::compression::gzip;
+      auto bad = ferry::from_files(files, ferry::tfrecord{}, against);
+      CHECK_THROWS_WITH_AS(ferry::restore_state(bad, ms), doctest::Contains("another format"), ferry::config_error);
+      auto good = ferry::from_files(files, ferry::tfrecord{}, agree);
+      ferry::restore_state(good, ms);
+      CHECK(good.next()->str() == all[4]);
+      CHECK(good.next()->str() == all[5]);
+      auto back = ferry::from_files(files, ferry::tfrecord{}, o);
+      ferry::restore_state(back, ferry::save_state(good));
+      CHECK(read_all(back) == std::vector<std::string>(all.begin() + 6, all.end()));
+    }
   }
   // npy rows resume too, plain and compressed: after k rows, exactly rows k.. of a straight read.
   write_gzip(t / "u1.npy.gz", read_file(data_dir() + "/u1_4x2x3.npy"));

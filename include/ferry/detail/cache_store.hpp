@@ -10,7 +10,10 @@
 //
 // File layout (little-endian, as this machine writes it):
 //   header  "ferryCa1", type fingerprint (u64), key hash (u64), count w of extra header
-//           words (u64; 0 from this version, readers skip them), w words   32 + 8w bytes
+//           words (u64), w words (readers skip those they do not know)    32 + 8w bytes
+//           extra word 0: the pass id, drawn when the pass was written (files of
+//           earlier versions have none: id 0), so that a saved replay position is never
+//           restored into another pass written at the same path
 //   element payload length (u64), CRC-32C of the length word then payload (u32), payload
 //   footer  element count (u64), "ferryCaE"                                    16 bytes
 #pragma once
@@ -21,11 +24,13 @@
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <random>
 #include <string>
 #include <system_error>
 #include <typeinfo>
@@ -33,6 +38,7 @@
 #include <vector>
 
 #include "ferry/cache_codec.hpp"
+#include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/sources/detail/byte_stream.hpp"
 #include "ferry/sources/detail/crc32c.hpp"
@@ -55,7 +61,7 @@ class memory_cache_store {
   }
   // The memory store never outlives its pipeline: nothing to reuse or to resume from.
   bool try_reuse() { return false; }
-  bool open_replay(std::uint64_t index, std::uint64_t /*offset*/) {
+  bool open_replay(std::uint64_t index, std::uint64_t /*offset*/, std::uint64_t /*id*/ = 0) {
     if (!complete_ || index > items_.size()) return false;
     pos_ = static_cast<std::size_t>(index);
     return true;
@@ -69,6 +75,7 @@ class memory_cache_store {
     return items_[pos_++];
   }
   std::uint64_t offset() const noexcept { return 0; }
+  std::uint64_t pass_id() const noexcept { return 0; }  // a pass in memory dies with its pipeline
 
  private:
   std::vector<T> items_;
@@ -130,7 +137,12 @@ class file_cache_store {
     written_ = 0;
     count_ = 0;
     out_.clear();
-    const std::uint64_t h[4] = {magic, fingerprint_, key_hash_, 0};  // no extra header words
+    // One extra header word: this pass's id, 63 bits, never 0 (0: a file with no id).
+    const std::uint64_t id = (mix_seed({std::random_device{}(), std::uint64_t(::getpid()), serial.load(),
+                                        std::uint64_t(std::chrono::steady_clock::now().time_since_epoch().count())}) >>
+                              1) |
+                             1;
+    const std::uint64_t h[5] = {magic, fingerprint_, key_hash_, 1, id};
     cache_put_bytes(out_, h, sizeof h);
   }
   // Encodes and frames e; writes when a megabyte is buffered. Throws io_error.
@@ -180,8 +192,9 @@ class file_cache_store {
   }
   // Positions the reader at a saved place (index elements read, at byte offset), after
   // checking the file as try_reuse() does. false when there is no file, or a damaged one,
-  // or the place is not in it (the caller refills). Throws config_error as try_reuse.
-  bool open_replay(std::uint64_t index, std::uint64_t offset) {
+  // or the place is not in it, or `id` is not 0 and the file's pass id is not `id` (another
+  // pass was written there since): the caller refills. Throws config_error as try_reuse.
+  bool open_replay(std::uint64_t index, std::uint64_t offset, std::uint64_t id = 0) {
     if (!in_.is_open()) {
       if (!exists()) return false;
       try {
@@ -193,7 +206,8 @@ class file_cache_store {
       }
     }
     if (offset == 0) offset = elements_at_;
-    if (offset < elements_at_ || offset > size_ - footer_bytes || index > footer_count_) {
+    if ((id != 0 && id != pass_id_) || offset < elements_at_ || offset > size_ - footer_bytes ||
+        index > footer_count_) {
       in_.close();
       return false;
     }
@@ -253,6 +267,8 @@ class file_cache_store {
   }
   // The byte offset of the next element to read (saved with the pipeline's state).
   std::uint64_t offset() const noexcept { return in_.is_open() ? in_.offset() : 0; }
+  // The open file's pass id (0 when closed, or for a file written before ids).
+  std::uint64_t pass_id() const noexcept { return in_.is_open() ? pass_id_ : 0; }
 
  private:
   // Whether anything is at path(); throws config_error when it is not a regular file (a
@@ -319,11 +335,14 @@ class file_cache_store {
       if (h[2] != key_hash_)
         throw config_error("cache: " + path_ + " was written with another cache_options::key; "
                            "remove it or choose another path");
-      // Word 3: extra header words before the elements (0 from this version; skipped).
+      // Word 3: extra header words before the elements (1 from this version: the pass id).
       if (h[3] > max_extra_words || fixed_header + 8 * h[3] + footer_bytes > size_)
         throw format_error(path_, 24, "cache header's extra word count " + std::to_string(h[3]) +
                                           " does not fit the file (the file is damaged)");
       elements_at_ = fixed_header + 8 * h[3];
+      pass_id_ = 0;
+      if (h[3] >= 1 && !read_at(&pass_id_, 8, fixed_header))
+        throw format_error(path_, fixed_header, "cache header cut short (the file is damaged)");
       if (!read_at(f, footer_bytes, size_ - footer_bytes) || f[1] != end_magic)
         throw format_error(path_, size_ - footer_bytes, "cache file has no footer (\"ferryCaE\"; the file is damaged)");
       footer_count_ = f[0];
@@ -348,6 +367,7 @@ class file_cache_store {
   byte_stream in_;
   std::uint64_t size_ = 0, elements_at_ = fixed_header;
   std::uint64_t read_count_ = 0, footer_count_ = 0;
+  std::uint64_t pass_id_ = 0;  // the open file's (header extra word 0)
 };
 
 }  // namespace ferry::detail

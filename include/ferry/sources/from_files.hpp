@@ -59,8 +59,8 @@
 // than a chunk takes a chunk of its size, at most options.max_record_bytes. A record
 // keeps its chunk alive for as long as it (or a copy) lives.
 //
-// Checkpoints: save() records the file list (a hash), the format, shuffle_files and
-// shuffle_seed, then the epoch, the place in this epoch's file order, whether a file is
+// Checkpoints: save() records the file list (a hash), the format (with a `compress` that
+// overrides what a file's name says), shuffle_files and shuffle_seed, then the epoch, the place in this epoch's file order, whether a file is
 // open with its offset and record count, and whether the epoch has ended. restore()
 // throws config_error, naming what differs, for a state saved with another file list,
 // format or shuffling, and for a damaged one; the file is re-opened at the next next(),
@@ -186,9 +186,16 @@ class file_source : public source_base<file_source, record> {
   std::uint64_t list_hash() const { return hash_; }
   // The format and what frames records (fixed_length's sizes): a state of another format
   // over the same files would seek to another record.
+  // So is a compress option that overrides the name's guess for a file (offsets count in
+  // the inflated stream, or in the bytes): mixed in only then, so `automatic` and an
+  // option that agrees with the names hash alike.
   std::uint64_t format_hash() const {
     std::uint64_t h = mix_seed({0x666f726d6174ull /* "format" */, fmt_.index()});
     if (const auto* f = std::get_if<fixed_length>(&fmt_)) h = mix_seed({h, f->record_bytes, f->header_bytes, f->footer_bytes});
+    if (opt_.compress != compression::automatic)
+      for (const std::string& p : files_)
+        if ((opt_.compress == compression::gzip) != name_says_compressed(p))
+          return mix_seed({h, 0x636f6d7072657373ull /* "compress" */, std::uint64_t(opt_.compress)});
     return h;
   }
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>&) {

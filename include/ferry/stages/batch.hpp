@@ -37,6 +37,10 @@
 // Checkpoints: a batch is built whole inside one next(), so between calls batch holds no
 // element: save() records the upstream's state and batch's tag, and restore() resumes
 // with the next batch (config_error when the state has another stage at that place).
+// n and drop_remainder are not saved: a state restores into a batch of another size,
+// whose first batch starts at the element where the saved run's next batch would have
+// (how a batch size is changed on resume). padded_batch, whose options shape its rows,
+// refuses that.
 #pragma once
 
 #include <array>

@@ -49,14 +49,16 @@
 // file from an earlier run, the upstream's own, untouched position), the number of
 // elements and of upstream errors handed out this pass, the file offset while replaying,
 // and whether the pass ended at a damaged file. Restoring a replay position of
-// cache(path) seeks in the file. Otherwise (in memory, mid-fill, or the file is gone) the
-// fresh pipeline refills from that upstream position and skips the elements already
-// handed out (and the upstream errors among them): the content and the order after the
-// restore are exactly those of the run that saved, at the price of re-reading up to one
-// pass, the only stage whose restore re-reads more than a window (a rewind() before the
-// refill of a kept pass ends reads the rest of it, not handed out, and replays it). The exception is a file
-// from an earlier run that is gone at the restore: what it held cannot be read again, and
-// the refill is this upstream's first pass. A state of cache() does not restore into
+// cache(path) seeks in the file, when it still holds the pass that was replayed (each pass
+// written has an id in its header, saved with the position). Otherwise (in memory,
+// mid-fill, the file gone or rewritten since) the fresh pipeline refills from that
+// upstream position and skips the elements already handed out (and the upstream errors
+// among them): the content and the order after the restore are exactly those of the run
+// that saved, at the price of re-reading up to one pass, the only stage whose restore
+// re-reads more than a window (a rewind() before the refill of a kept pass ends reads the
+// rest of it, not handed out, and replays it). The exception is a file from an earlier run
+// that is gone or rewritten at the restore: what it held cannot be read again, and the
+// refill is this upstream's first pass. A state of cache() does not restore into
 // cache(path), nor the other way (config_error).
 #pragma once
 
@@ -152,16 +154,18 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
   }
   void save_words(state_writer& w) const {
     if (resume_) {
-      put_own(w, resume_replay_ ? 1 : 0, resume_index_, resume_offset_, resume_errors_);
+      put_own(w, resume_replay_ ? 1 : 0, resume_index_, resume_offset_, resume_errors_, resume_id_);
       return;
     }
     const std::uint64_t ph = phase_ == phase::fill ? 0 : broken_ ? 2 : 1;
-    put_own(w, ph, emitted_ + skip_, ph == 1 ? store_.offset() : 0, errors_ + swallow_);
+    put_own(w, ph, emitted_ + skip_, ph == 1 ? store_.offset() : 0, errors_ + swallow_,
+            ph == 1 ? store_.pass_id() : 0);
   }
   void restore_words(state_reader& r) {
     const std::uint64_t ph = r.get(), index = r.get(), offset = r.get(), errors = r.get(), flags = r.get();
     if (ph > 2) throw config_error("restore_state: cache: phase word " + std::to_string(ph) + " is not 0, 1 or 2");
-    if (flags > 1) throw config_error("restore_state: cache: a damaged state (flags " + std::to_string(flags) + ")");
+    if (ph != 1 && flags > 1)
+      throw config_error("restore_state: cache: a damaged state (flags " + std::to_string(flags) + ")");
     reset_pass();
     phase_ = phase::fill;
     store_.discard();
@@ -180,13 +184,17 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     resume_index_ = index;
     resume_offset_ = offset;
     resume_errors_ = errors;
+    resume_id_ = flags >> 1;
   }
 
   enum class phase { fill, replay };
 
-  void put_own(state_writer& w, std::uint64_t ph, std::uint64_t index, std::uint64_t offset,
-               std::uint64_t errors) const {
-    for (std::uint64_t x : {ph, index, offset, errors, std::uint64_t(checked_file_ ? 1 : 0)}) w.put(x);
+  // The last word: bit 0 checked_file_; above it, in a replay, the pass id of the file
+  // being replayed (0: in memory, or a file written before ids), so that a restore never
+  // seeks into another pass written at the same path since.
+  void put_own(state_writer& w, std::uint64_t ph, std::uint64_t index, std::uint64_t offset, std::uint64_t errors,
+               std::uint64_t id) const {
+    for (std::uint64_t x : {ph, index, offset, errors, (id << 1) | std::uint64_t(checked_file_ ? 1 : 0)}) w.put(x);
   }
 
   void reset_pass() {
@@ -213,7 +221,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
       store_.check_destination();
       resume_ = false;
       started_ = true;
-      if (resume_replay_ && store_.open_replay(resume_index_, resume_offset_)) {
+      if (resume_replay_ && store_.open_replay(resume_index_, resume_offset_, resume_id_)) {
         phase_ = phase::replay;
         emitted_ = resume_index_;
         save_fill_start();
@@ -355,6 +363,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
   bool rebuilding_ = false;     // this fill rebuilds a restored kept pass (finished at a rewind)
   std::uint64_t resume_index_ = 0, resume_offset_ = 0;
   std::uint64_t resume_errors_ = 0;
+  std::uint64_t resume_id_ = 0;  // the replayed file's pass id, saved (0: none to check)
   std::uint64_t swallow_ = 0;  // upstream errors still to skip after a restore that refills
   std::uint64_t errors_ = 0;   // upstream errors handed on this pass
   std::exception_ptr pending_;  // a failed write, thrown after the element it was writing
