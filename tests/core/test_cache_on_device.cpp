@@ -539,6 +539,23 @@ TEST_CASE("cache_on_device resume: a saved epoch and step continue the same glob
   auto other_g = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(1, 3, 24)});
   CHECK_THROWS_WITH_AS(other_g.next(), doctest::Contains("saved with global steps of 24 rows, epoch 0's have 12"),
                        ferry::config_error);
+  // A position saved over another seed's order (its fingerprint, order()): refused at once;
+  // the same seed's fingerprint resumes, and 0 is not checked.
+  {
+    auto seed4 = pipeline(data, reads, 1, {.seed = 4, .across_replicas = true});
+    auto seed5 = pipeline(data, reads, 1, {.seed = 5, .across_replicas = true});
+    REQUIRE(seed4.order() != seed5.order());
+    REQUIRE(seed4.order() != 0);
+    CHECK_THROWS_WITH_AS(pipeline(data, reads, 2,
+                                  {.seed = 4, .across_replicas = true,
+                                   .resume = ferry::global_position{1, 3, 240, 12, seed5.order()}}),
+                         doctest::Contains("cache_on_device: the resume position was saved over another order"),
+                         ferry::config_error);
+    auto same = pipeline(data, reads, 2,
+                         {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 3, 240, 12, seed4.order()}});
+    auto unchecked = pipeline(data, reads, 2, {.seed = 4, .across_replicas = true, .resume = at(1, 3, 12)});
+    CHECK(global_steps(same) == global_steps(unchecked));
+  }
   auto other_n = pipeline(data, reads, 2,
                           {.seed = 4, .across_replicas = true, .resume = ferry::global_position{1, 3, 500, 12}});
   CHECK_THROWS_WITH_AS(other_n.next(), doctest::Contains("saved over 500 rows, but epoch 0 has 20 steps of 12"),

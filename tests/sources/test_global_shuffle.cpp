@@ -210,6 +210,30 @@ TEST_CASE("global_shuffle: pipeline_state at every position; bad arguments and p
                        doctest::Contains("global steps of 24"), ferry::config_error);
   CHECK_THROWS_WITH_AS(ferry::global_shuffle(data, {.global_batch = 12, .resume = ferry::global_position{0, 9, 100, 12}}),
                        doctest::Contains("past the epoch's 8"), ferry::config_error);
+  // position() carries the order's fingerprint: a resume with another seed, or without
+  // shuffling, would continue another order (elements twice, others never): refused. The
+  // same options continue exactly where the saved job was.
+  auto saved = ferry::global_shuffle(data, {.seed = 3, .global_batch = 12});
+  for (int i = 0; i < 12 * 8; ++i) REQUIRE(saved.next());  // epoch 0's 8 steps
+  saved.rewind();
+  for (int i = 0; i < 12 + 5; ++i) REQUIRE(saved.next());  // epoch 1, into its step 1
+  const ferry::global_position at = saved.position();
+  CHECK(at.epoch == 1);
+  CHECK(at.step == 1);
+  CHECK(at.order == saved.order());
+  for (auto o : {ferry::global_shuffle_options{.seed = 4, .global_batch = 12},
+                 ferry::global_shuffle_options{.seed = 3, .shuffle = false, .global_batch = 12}}) {
+    o.resume = at;
+    CHECK_THROWS_WITH_AS(ferry::global_shuffle(data, o), doctest::Contains("global_shuffle: the resume position was saved over another order"),
+                         ferry::config_error);
+  }
+  auto resumed = ferry::global_shuffle(data, {.seed = 3, .global_batch = 12, .resume = at});
+  auto whole = ferry::global_shuffle(data, {.seed = 3, .global_batch = 12});
+  for (int i = 0; i < 12 * 8; ++i) REQUIRE(whole.next());
+  whole.rewind();
+  for (int i = 0; i < 12; ++i) REQUIRE(whole.next());
+  for (int i = 0; i < 12 * 7; ++i) CHECK(resumed.next() == whole.next());
+  CHECK(!resumed.next());
 }
 
 TEST_CASE("row_files: rows by index from .npy and fixed-length files, in any order") {

@@ -7,9 +7,10 @@
 //                                                                  // tfrecord / webdataset files
 //   auto src = ferry::global_shuffle(rows, {.seed = 7, .global_batch = 256,
 //                                           .ranks = world, .rank = me, .resume = saved});
-//   auto steps = src | ferry::map(decode, {.workers = 4}) | ferry::batch(256 / world)
+//   const std::uint64_t order = src.order();   // the seed's fingerprint, checked on resume
+//   auto steps = std::move(src) | ferry::map(decode, {.workers = 4}) | ferry::batch(256 / world)
 //              | ferry::distribute(devices);
-//   ... after k global steps of epoch e: save ferry::global_position{e, k, rows.size(), 256}
+//   ... after k global steps of epoch e: save ferry::global_position{e, k, rows.size(), 256, order}
 //
 // The order: epoch e's element at global position p is dataset[perm_e(p)], perm_e a
 // permutation of [0, n) drawn from (seed, e) (a Feistel network: no table, any n), or the
@@ -23,7 +24,8 @@
 // rewind() starts the next epoch.
 //
 // Resuming at another rank count: the consumer counts the global steps it trained on, and
-// saves global_position{epoch, step, dataset size, G} (four words). A pipeline built at any
+// saves global_position{epoch, step, dataset size, G, order} (five words; position() gives
+// them for the step read next; order() alone is the fingerprint of the seed and shuffle). A pipeline built at any
 // W' with .resume = that position starts at that step: over the epoch every element is
 // seen exactly once, whatever the rank counts before and after (tests/mpi: 2 -> 4 -> 3).
 // pipeline_state (save_state) also works, at the same rank count and rank.
@@ -33,7 +35,7 @@
 //
 // Errors: config_error for a global batch of 0, a rank count that does not divide it, a
 // rank past the count, a dataset of more than 2^62 elements, a resume position saved over
-// a dataset of another size, with another global batch, or past the epoch's steps; a
+// a dataset of another size, with another global batch or order, or past the epoch's steps; a
 // pipeline_state saved with another dataset size, batch, rank count, rank, seed or
 // shuffle. What the dataset's operator[] throws propagates (row_files: io_error).
 //
@@ -67,13 +69,29 @@ concept indexed_dataset = requires(const D& d, std::uint64_t i) {
 };
 
 // Where a resumed global_shuffle starts: `step` global steps of `epoch` were trained on.
-// dataset_size and global_batch (0: not checked) say what the position was counted over.
+// dataset_size, global_batch and order (0: not checked) say what the position was counted
+// over; position() fills them.
 struct global_position {
   std::uint64_t epoch = 0;         // the epoch to resume in
   std::uint64_t step = 0;          // global steps of it already trained on
   std::uint64_t dataset_size = 0;  // the dataset's size when saved
   std::uint64_t global_batch = 0;  // G when saved
+  std::uint64_t order = 0;         // the order's fingerprint (its seed and shuffle) when saved
 };
+
+namespace detail {
+// global_position::order for an order drawn from (seed, shuffle) by the stage named by
+// `kind` (global_shuffle's and cache_on_device's orders differ for one seed): never 0.
+constexpr std::uint64_t order_fingerprint(std::uint64_t kind, std::uint64_t seed, bool shuffle) {
+  return mix_seed({0x6f72646572ull /* "order" */, kind, seed, shuffle ? 1u : 0u}) | 1;
+}
+// The config_error of a resume position saved over another order.
+inline config_error order_mismatch(const char* stage) {
+  return config_error(std::string(stage) +
+                      ": the resume position was saved over another order (another seed or shuffle; "
+                      "global_position::order): resuming would see some elements twice and others never");
+}
+}  // namespace detail
 
 // global_shuffle's options (see the file's top).
 struct global_shuffle_options {
@@ -116,6 +134,7 @@ class global_shuffle_source
         throw config_error("global_shuffle: the resume position counts global steps of " +
                            std::to_string(p.global_batch) + " elements; this pipeline's are " +
                            std::to_string(o_.global_batch));
+      if (p.order != 0 && p.order != order()) throw order_mismatch(name);
       if (p.step > steps())
         throw config_error("global_shuffle: the resume position is at step " + std::to_string(p.step) +
                            ", past the epoch's " + std::to_string(steps()));
@@ -134,7 +153,9 @@ class global_shuffle_source
   // The global position of the step this rank reads next (where a resume would start if
   // the consumer had trained on everything read so far: count consumed steps instead when
   // prefetch or distribute read ahead).
-  global_position position() const noexcept { return {epoch_, step_, n_, o_.global_batch}; }
+  global_position position() const noexcept { return {epoch_, step_, n_, o_.global_batch, order()}; }
+  // The fingerprint of this order (seed, shuffle), as position() fills it.
+  std::uint64_t order() const noexcept { return order_fingerprint(0x676c6f62616cull /* "global" */, o_.seed, o_.shuffle); }
   // The element at global position p of this epoch (p < size()): the order itself.
   std::uint64_t index_at(std::uint64_t p) const noexcept { return o_.shuffle ? perm_(p) : p; }
 

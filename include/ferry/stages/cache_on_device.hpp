@@ -70,7 +70,8 @@
 // caches fill from its first step but next() hands out the steps from `step` on (those
 // before are cached, or streamed, and not returned; on every rank alike); later, epoch 0
 // is read whole to fill the caches, serving none of it, then that epoch is served from that
-// step. Checked: G, the step, the dataset size (exactly when the rows cached are not a
+// step. Checked: the order (when the position has one: order() is its fingerprint), G, the
+// step, the dataset size (exactly when the rows cached are not a
 // multiple of G: partial, pad; else to within G - 1: under drop, n to n + G - 1 rows fill
 // the same steps); in epoch 0 the step when the upstream ends before it, G and the size at
 // the end of epoch 0 (the first rewind), where the cache serves. Not seen (the upstream's
@@ -156,12 +157,14 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   static constexpr bool changes_batch_size = true;  // steps, not batches
   static constexpr bool cannot_save = true;         // the cache is memory, not a position
 
-  // Throws config_error for across_replicas without shuffle, ranks without across_replicas.
+  // Throws config_error for across_replicas without shuffle, ranks without across_replicas,
+  // a resume position of another order.
   cache_on_device_source(Up up, cache_on_device_options o) : stage<cache_on_device_source, Up>(std::move(up)), o_(o) {
     if (o_.across_replicas && !o_.shuffle)
       throw config_error("cache_on_device: across_replicas reorders rows across replicas each epoch; it needs shuffle");
     if ((o_.ranks || o_.devices || o_.resume) && !o_.across_replicas)
       throw config_error("cache_on_device: ranks, devices and resume need across_replicas = true (one order for any count)");
+    if (o_.resume && o_.resume->order != 0 && o_.resume->order != order()) throw order_mismatch(name);
     exchange_.set_ranks(o_.ranks, o_.devices, o_.seed);
   }
   cache_on_device_source(cache_on_device_source&&) noexcept = default;  // takes o's caches (o keeps none)
@@ -170,6 +173,8 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 
   // Whether later epochs come from the caches (false while filling, and after giving up).
   bool cached() const noexcept { return state_ == mode::serving; }
+  // The fingerprint of the order across replicas (its seed), for global_position::order.
+  std::uint64_t order() const noexcept { return order_fingerprint(0x646576636163ull /* "devcac" */, o_.seed, o_.shuffle); }
   // Rows cached by replica r (r < the replicas seen; 0 when none).
   std::uint64_t rows(std::size_t r) const noexcept { return r < arenas_.size() ? arenas_[r].rows : 0; }
   // The most memory one replica holds for it now, in bytes (its cache and epoch blocks, and
