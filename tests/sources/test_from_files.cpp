@@ -686,6 +686,8 @@ TEST_CASE("bad input: a clear error naming file and offset") {
         {"{'descr': '<f4', 'fortran_order': False, 'shape': [2, 3], }", "shape is not a tuple"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3), }", "non-integer"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2; 3), }", "not a tuple of integers"},
+        // Python reads (2) as the number 2: NumPy refuses it as a shape.
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2), }", "shape (2) is not a tuple (NumPy writes (2,))"},
         {"{'descr': 4, 'fortran_order': False, 'shape': (2, 3), }", "descr is not a string"},
         {"{'descr': '<q9', 'fortran_order': False, 'shape': (2, 3), }", "unsupported npy dtype '<q9'"},
         // Sizes NumPy has not for the kind (they were framed as 3- or 4-byte items).

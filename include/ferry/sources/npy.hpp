@@ -92,7 +92,11 @@ inline std::string parse_npy_header(std::string_view h, array_meta& m, bool& for
         if (h.substr(i, 1) == "L") ++i;  // Python 2 longs
         m.shape.push_back(v);
         if (m.shape.size() > 64) return "the npy shape has more than 64 dimensions";
-        if (lit(')')) break;
+        if (lit(')')) {
+          // Python reads "(3)" as the number 3, which NumPy refuses as a shape: "(3,)".
+          if (m.shape.size() == 1) return "the npy shape (" + std::to_string(v) + ") is not a tuple (NumPy writes (" + std::to_string(v) + ",))";
+          break;
+        }
         if (!lit(',')) return "the npy shape is not a tuple of integers";
       }
       have_shape = true;
