@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "common/doubles.hpp"
+#include "ferry/ferry.hpp"
 #include "ferry/sources/from_files.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/interleave.hpp"
@@ -777,5 +778,77 @@ TEST_CASE("interleave over shuffle_files: each epoch interleaves that epoch's or
     CHECK(drain(b) == std::vector<std::string>(e2.begin() + 9, e2.end()));
     b.rewind();
     CHECK(drain(b) == want(3, 3, 2));
+  }
+}
+
+// With workers = 0 the consumer reads the files itself, its reads sharing the readers' stop
+// flag as their cancel. rewind() and restore_state() stop the (absent) readers, which left
+// the flag raised: the next wait for a pipe's data, 50 ms on, was cancelled, the rest of
+// the file dropped and a non-std exception thrown. A FIFO whose writer pauses between
+// lines (the pauses make the reads wait; the order does not depend on them).
+TEST_CASE("interleave, workers = 0: after rewind() or a restore, a slow pipe is read whole" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s);
+  temp_dir t;
+  for (int how = 0; how < 2; ++how) {  // rewind; restore_state
+    CAPTURE(how);
+    const std::string fifo = t / ("slow" + std::to_string(how) + ".fifo");
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    void (*old_pipe)(int) = std::signal(SIGPIPE, SIG_IGN);
+    std::thread writer([&] {
+      const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);  // blocks until the reader opens it
+      if (fd < 0) return;
+      for (int i = 0; i < 3; ++i) {
+        const std::string l = "line" + std::to_string(i) + "\n";
+        if (::write(fd, l.data(), l.size()) < 0) break;
+        std::this_thread::sleep_for(120ms);
+      }
+      ::close(fd);
+    });
+    auto make = [&] { return ferry::from_files({fifo}, ferry::text_lines{}) | ferry::interleave(1, {.workers = 0}); };
+    auto p = make();
+    if (how == 0) {
+      p.rewind();
+    } else {
+      auto q = make();
+      ferry::restore_state(p, ferry::save_state(q));
+    }
+    std::vector<std::string> lines;
+    try {
+      while (auto r = p.next()) lines.emplace_back(r->str());
+    } catch (const std::exception& e) {
+      FAIL_CHECK("next() threw: " << e.what());
+    } catch (...) {
+      FAIL_CHECK("next() threw something that is not a std::exception");
+    }
+    writer.join();
+    std::signal(SIGPIPE, old_pipe);
+    CHECK(lines == std::vector<std::string>{"line0", "line1", "line2"});
+  }
+}
+
+// interleave(fn) saves its upstream's position (an anchor) before opening each slot, for a
+// checkpoint. An upstream that refuses to save (an unordered parallel map) threw from that
+// save on every open after the first, before pulling: every next() threw, for ever. Now the
+// elements come, and save_state() is what throws, while such a slot is open.
+TEST_CASE("interleave(fn) over an upstream that cannot be saved: every element comes; save_state() throws" *
+          doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s);
+  for (std::size_t workers : {std::size_t(0), std::size_t(2)}) {
+    CAPTURE(workers);
+    auto p = ferry::from_generator(20, [](std::uint64_t i) { return i; }) |
+             ferry::map([](std::uint64_t x) { return x; }, {.workers = 2, .ordered = false}) |
+             ferry::interleave(
+                 [](std::uint64_t x) { return ferry::from_generator(2, [x](std::uint64_t j) { return x * 100 + j; }); },
+                 {.workers = workers, .cycle = 2});
+    std::vector<std::uint64_t> got;
+    for (int k = 0; k < 10; ++k) got.push_back(p.next().value());
+    CHECK_THROWS_WITH_AS(ferry::save_state(p), doctest::Contains("an unordered parallel map cannot be checkpointed"),
+                         ferry::config_error);
+    while (auto e = p.next()) got.push_back(*e);
+    std::sort(got.begin(), got.end());
+    std::vector<std::uint64_t> want;
+    for (std::uint64_t x = 0; x < 20; ++x)
+      for (std::uint64_t j = 0; j < 2; ++j) want.push_back(x * 100 + j);
+    CHECK(got == want);
   }
 }

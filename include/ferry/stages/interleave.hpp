@@ -57,7 +57,9 @@
 // taken in it. A restore re-reads the upstream from the anchor (fn called again for the
 // open slots only) and restores each slot's source: the upstream elements pulled since
 // the oldest open slot was opened (cheap when they are paths). Restoring another cycle or
-// block is refused, as is a damaged state (config_error). File path: from_files' own state
+// block is refused, as is a damaged state (config_error). An upstream that cannot be saved
+// when a slot opens (an unordered parallel map) does not stop the elements: save() throws
+// its refusal while that slot is the oldest open. File path: from_files' own state
 // (its epoch and file list) first, then cycle and block (another cycle or block is a
 // config_error naming both), the turn and each slot's file, offset and record count; a
 // damaged state is a config_error. A pipe cannot be read again from a saved position.
@@ -112,6 +114,7 @@ class interleave_source
     producer<T> p;  // declared after src: its thread stops before src goes
     std::uint64_t distance = 0;  // upstream pulls from the anchor to this slot's element
     pipeline_state anchor;       // the upstream's words before this slot's element was pulled
+    std::exception_ptr anchor_error;  // ... or why the upstream could not save them (a save throws it)
     pipeline_state restored;     // a restored position, for the first pull (workers)
   };
 
@@ -153,9 +156,14 @@ class interleave_source
   // The next upstream element's source into slot i (nothing at the upstream's end).
   void open(std::size_t i) {
     pipeline_state before;
+    std::exception_ptr refused;  // the upstream cannot be saved now: only a save throws it
     if constexpr (resumable) {
-      state_writer w(before);
-      this->up().save(w);
+      try {
+        state_writer w(before);
+        this->up().save(w);
+      } catch (...) {
+        refused = std::current_exception();
+      }
     }
     const std::uint64_t k = pulls_++;  // an upstream error counts: it holds its place
     std::optional<value_t<Up>> e = this->pull_up();
@@ -172,6 +180,7 @@ class interleave_source
     }
     s->distance = k;
     s->anchor = std::move(before);
+    s->anchor_error = std::move(refused);
     slots_[i] = std::move(s);
   }
 
@@ -222,9 +231,10 @@ class interleave_source
   }
   void save_upstream(state_writer& w) const {
     if (replay_) return w.put_words(replay_anchor_.words);  // restored, not yet replayed
-    if (const slot* o = oldest())
+    if (const slot* o = oldest()) {
+      if (o->anchor_error) std::rethrow_exception(o->anchor_error);
       w.put_words(o->anchor.words);
-    else
+    } else
       this->up().save(w);
   }
   // The turn, then per slot: open?, its distance from the anchor, its source's words

@@ -24,15 +24,18 @@
 // a new pipeline restored from one climbs again from one worker). Elements, order, errors and checkpoints are
 // those of a fixed worker count; only the speed depends on the count chosen. With a
 // ceiling of 1, fn runs inline.
-// Shutdown: the destructor and rewind() stop the workers and join them, waiting only for
-// fn calls already running.
+// Shutdown: the destructor and rewind() stop the workers and join them, waiting for fn
+// calls already running and for an upstream next() a worker is in (a worker pulls under
+// a lock, so one pull at most: a source blocked in it, a FIFO with no writer, holds the
+// join as long).
 //
 // Errors: throws config_error for workers == 0, for more than 1024 workers or
 // max_workers, for a window over 2^32, for max_workers set without autotune, and for
 // workers other than 1 over lockstep() (they would read its collective steps ahead). The
 // first next() of a parallel map throws ferry::error when its ring or a worker thread
 // cannot be had (none is left running; the next next() tries again).
-// If fn throws on element k, the consumer's next() for element k throws
+// If fn throws on element k (k counts the epoch's places, an upstream error holding one,
+// at any worker count), the consumer's next() for element k throws
 // ferry::element_error ("map: user function threw at element k: ...") with the original
 // exception nested (std::rethrow_if_nested); ferry's own errors pass through unchanged.
 // The elements after k are still available to a consumer that catches and goes on
@@ -59,7 +62,9 @@
 // of the current window of `window` elements plus an offset, and the index of the next
 // element (which names elements in errors); restore() re-reads (but does not re-map) at
 // most `window` elements. An unordered parallel map cannot be resumed exactly: save()
-// throws config_error. restore() must come before the first next(), and a state that
+// throws config_error. An ordered parallel map takes that upstream position every window
+// as it reads; an upstream that cannot be saved (an unordered map, a prefetch after its
+// error) leaves the elements untouched, and save() throws the upstream's refusal. restore() must come before the first next(), and a state that
 // re-reads more than this map's window (saved with a larger window) is refused; both are
 // config_errors.
 #pragma once
@@ -127,7 +132,7 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
     this->check_live();
     if (o_.workers == 1 && !observe::on()) {  // inline: fn's result made where sink sees it
       skip_pending();
-      std::optional<In> e = this->pull_up();
+      std::optional<In> e = pull_counted();
       if (!e) return false;
       Out v = apply_inline(std::move(*e));
       sink(v);
@@ -229,9 +234,19 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
   }
 
   std::optional<Out> next_inline() {
-    std::optional<In> e = this->pull_up();
+    std::optional<In> e = pull_counted();
     if (!e) return std::nullopt;
     return std::optional<Out>(apply_inline(std::move(*e)));
+  }
+  // The upstream's next; an upstream error holds its place in the element count, as on the
+  // parallel path, so errors and saved indices name the same element at any worker count.
+  std::optional<In> pull_counted() {
+    try {
+      return this->pull_up();
+    } catch (...) {
+      ++base_;
+      throw;
+    }
   }
   // fn on the next input, on this thread; its exception rethrown as element_error.
   Out apply_inline(In&& x) {

@@ -280,6 +280,9 @@ void interleave_files_source<Up>::stop_threads() noexcept {
   for (std::size_t t = 0; t < threads_count_; ++t) readers_[t].cv.notify_one();
   for (auto& th : threads_) th.join();
   threads_.clear();
+  // Lowered again: with workers = 0 no start_threads() would, and the consumer's own reads
+  // (which share the flag as their cancel) would be cancelled at their first wait on a pipe.
+  stop_.store(false, std::memory_order_relaxed);
   // Entries read ahead are dropped; producers restart from the consumed positions.
   for (slot& s : slots_) {
     s.q.clear();

@@ -63,6 +63,10 @@ struct map_core {
   map_ring<Out> ring;    // ordered
   map_queue<Out> queue;  // unordered
   std::deque<std::pair<std::uint64_t, pipeline_state>> anchors;  // upstream state before seq
+  // An anchor the upstream refused to save (an unordered map, a prefetch after an error):
+  // no more anchors this epoch, and save_position() throws it. Never an element's error:
+  // the pull after it goes on. Written and read under pull_m.
+  std::exception_ptr anchor_error;
   // next_out: elements the consumer has taken from the ring (published runs) or from done
   // (into its local queue); handed: elements it has handed out (what bounds the read-ahead).
   std::uint64_t next_pull = 0, next_out = 0, end_seq = none;
@@ -143,11 +147,15 @@ static void work_loop(map_core& c, const map_machine_options o, const std::size_
     try {
       for (std::uint64_t k = 0; k < want; ++k) {
         if constexpr (resumable) {
-          if (o.ordered && (first + k) % window == 0) {
-            pipeline_state st;
-            state_writer w(st);
-            c.pull.upstream().save(w);
-            anchors.emplace_back(first + k, std::move(st));
+          if (o.ordered && (first + k) % window == 0 && !c.anchor_error) {
+            try {
+              pipeline_state st;
+              state_writer w(st);
+              c.pull.upstream().save(w);
+              anchors.emplace_back(first + k, std::move(st));
+            } catch (...) {
+              c.anchor_error = std::current_exception();
+            }
           }
         }
         std::optional<In> e = c.pull();

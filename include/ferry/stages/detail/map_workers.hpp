@@ -113,6 +113,7 @@ class map_workers {
       throw config_error("map: an unordered parallel map cannot be checkpointed exactly; "
                          "use .ordered = true to save_state()");
     std::lock_guard pl(c_->pull_m);
+    if (c_->anchor_error) std::rethrow_exception(c_->anchor_error);  // the upstream cannot be saved
     std::lock_guard lk(c_->m);
     const std::uint64_t target = c_->handed;
     const auto& a = c_->anchors;
@@ -146,6 +147,7 @@ class map_workers {
     c_->ring.clear();
     c_->queue.clear();
     c_->anchors.clear();
+    c_->anchor_error = nullptr;
     c_->next_pull = c_->next_out = 0;
     c_->handed = 0;
     c_->end_seq = none;
