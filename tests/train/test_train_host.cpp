@@ -6,11 +6,15 @@
 #include <chrono>
 #include <cmath>
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <random>
 #include <span>
 #include <stdexcept>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "common/close.hpp"
@@ -302,6 +306,55 @@ TEST_CASE("bad configurations and slices are config_errors; the trainer stays us
   CHECK(t.steps() == 1);
 }
 
+// Each fault of a slice in its own words: max_rows only when rows exceed it.
+TEST_CASE("a bad slice's config_error names its fault: too many rows, more valid than rows, a negative "
+          "count" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "slice messages");
+  const dataset d = blobs(64, 4, 2, 4);
+  tr::host_trainer t(tr::mlp_config{{4, 8, 2}, {}}, {.seed = 2, .max_rows = 16}, 2);
+  auto message = [&](int rows, int valid) {
+    auto in = split(d, 0, 32, 2);
+    in[1].rows = rows;
+    in[1].valid = valid;
+    try {
+      t.train_step(in);
+    } catch (const ferry::config_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  const auto has = [](const std::string& m, const char* what) {
+    INFO(m);
+    return m.find(what) != std::string::npos && m.find("replica 1's slice") != std::string::npos;
+  };
+  CHECK(has(message(17, 17), "has 17 rows; at most max_rows = 16 fit"));
+  CHECK(has(message(17, 3), "at most max_rows = 16 fit"));
+  CHECK(has(message(8, 9), "more valid rows than rows (8 rows, 9 valid)"));
+  CHECK(has(message(-1, 0), "negative count (-1 rows, 0 valid)"));
+  CHECK(has(message(4, -2), "negative count (4 rows, -2 valid)"));
+  for (auto [rows, valid] : {std::pair{8, 9}, std::pair{-1, 0}, std::pair{4, -2}})
+    CHECK(message(rows, valid).find("max_rows") == std::string::npos);
+  CHECK(message(16, 16) == "no error");
+  // The replica's own check (forward_backward, evaluate_local) in the same words.
+  tr::replica<tr::host_backend> rep(tr::mlp_config{{4, 8, 2}, {}}, {}, tr::init_params(tr::mlp_layout({{4, 8, 2}, {}}), 1), 4);
+  CHECK_THROWS_WITH_AS(rep.forward_backward({d.x.data(), d.y.data(), 3, 4}),
+                       doctest::Contains("more valid rows than rows (3 rows, 4 valid)"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(rep.evaluate_local({d.x.data(), d.y.data(), 5, 5}),
+                       doctest::Contains("has 5 rows; at most max_rows = 4 fit"), ferry::config_error);
+}
+
+// Field 0 of a step is read as floats only when it holds floats (a compile-time error
+// otherwise: tests/compile_fail/train_inputs_not_float.cpp).
+static_assert(tr::detail::float_row_size<float>::value == 1);
+static_assert(tr::detail::float_row_size<float[5]>::value == 5);
+static_assert(tr::detail::float_row_size<std::array<float, 3>>::value == 3);
+static_assert(tr::detail::trainer_inputs_not_floats<const std::array<float, 784>>::floats == 784);
+static_assert(tr::detail::float_row_size<std::array<std::int32_t, 3>>::value == 0);
+static_assert(tr::detail::float_row_size<std::int32_t>::value == 0);
+static_assert(tr::detail::float_row_size<double>::value == 0);
+static_assert(tr::detail::float_row_size<std::array<double, 2>>::value == 0);
+static_assert(tr::detail::float_row_size<std::array<std::array<float, 2>, 2>>::value == 0);
+
 TEST_CASE("a batch of padding only leaves the weights unchanged" * doctest::timeout(30)) {
   ferry_test::watchdog wd(30s, "padding");
   const dataset d = blobs(16, 4, 2, 4);
@@ -312,6 +365,85 @@ TEST_CASE("a batch of padding only leaves the weights unchanged" * doctest::time
   const auto s = t.train_step(in);
   CHECK(s.rows == 0);
   CHECK(t.parameters() == before);
+}
+
+// Padding rows are never read (replica_input): whatever they hold (NaN, infinities, huge
+// values, labels in or out of range), a step leaves the weights of the same step with zero
+// padding, bit for bit, and those of one replica trained on the real rows alone, up to
+// float reassociation. Random shapes: replicas, rows, valid rows (0 included), optimizers.
+TEST_CASE("padding rows of NaN and Inf change nothing: zero padding's weights bit for bit, and a "
+          "1-replica oracle's on the real rows (SGD, Adam, valid 0)" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s, "garbage padding");
+  const float garbage[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                           -std::numeric_limits<float>::infinity(), 3e38f, -std::numeric_limits<float>::quiet_NaN()};
+  for (std::uint32_t trial = 0; trial < 40; ++trial) {
+    CAPTURE(trial);
+    std::mt19937 g(1000 + trial);
+    auto uni = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(g); };
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    const int reps = uni(1, 3), per = uni(1, 8), dim = uni(1, 6), classes = uni(2, 4);
+    tr::mlp_config cfg{{dim, uni(1, 9), classes}, {}};
+    if (trial % 3 == 1)
+      for (int c = 0; c < classes; ++c) cfg.class_weights.push_back(0.5f * float(uni(0, 4)));
+    const auto kind = trial % 2 ? tr::optimizer_kind::adam : tr::optimizer_kind::sgd;
+    tr::trainer_options o{.opt = {.kind = kind, .lr = kind == tr::optimizer_kind::sgd ? 0.1f : 0.01f,
+                                  .momentum = trial % 4 == 0 ? 0.9f : 0.0f},
+                          .seed = trial, .max_rows = per};
+    CAPTURE(reps);
+    CAPTURE(per);
+    tr::host_trainer dirty(cfg, o, reps), clean(cfg, o, reps);
+    o.max_rows = reps * per;
+    tr::host_trainer oracle(cfg, o, 1);
+    for (int step = 0; step < 4; ++step) {
+      CAPTURE(step);
+      // Per replica: its rows in a buffer of `per` rows, padding after the valid ones.
+      std::vector<float> xd(std::size_t(reps * per * dim)), xc(xd.size()), xo;
+      std::vector<std::int32_t> yd(std::size_t(reps * per)), yc(yd.size()), yo;
+      std::vector<tr::replica_input> in_d, in_c;
+      for (int r = 0; r < reps; ++r) {
+        int rows = uni(0, per), valid = uni(0, rows);
+        if (step == 1 && r == 0) valid = 0;  // a replica with padding only
+        if (step == 2 && trial % 4 == 0) rows = per, valid = 0;  // a step with padding only
+        for (int i = 0; i < per; ++i) {
+          const std::size_t row = std::size_t(r * per + i);
+          const bool real = i < valid;
+          const std::int32_t label = real ? uni(0, classes - 1) : 0;
+          yc[row] = label;
+          yd[row] = real ? label : std::int32_t(uni(-2, classes + 2));  // in range or not
+          if (real) yo.push_back(label);
+          for (int k = 0; k < dim; ++k) {
+            const float v = real ? nd(g) : 0.0f;
+            xc[row * dim + k] = v;
+            xd[row * dim + k] = real ? v : garbage[std::size_t(uni(0, 4))];
+            if (real) xo.push_back(v);
+          }
+        }
+        in_c.push_back({xc.data() + std::size_t(r * per * dim), yc.data() + std::size_t(r * per), rows, valid});
+        in_d.push_back({xd.data() + std::size_t(r * per * dim), yd.data() + std::size_t(r * per), rows, valid});
+      }
+      const int total = static_cast<int>(yo.size());
+      const std::vector<tr::replica_input> in_o{{xo.data(), yo.data(), total, total}};
+      if (step == 3) {  // an evaluation, then no update
+        const auto ed = dirty.evaluate(in_d), ec = clean.evaluate(in_c), eo = oracle.evaluate(in_o);
+        CHECK(ed.loss == ec.loss);
+        CHECK(ed.rows == eo.rows);
+        CHECK(ferry_test::rel_diff(ed.loss, eo.loss) <= 1e-5);
+        continue;
+      }
+      const auto sd = dirty.train_step(in_d), sc = clean.train_step(in_c), so = oracle.train_step(in_o);
+      CHECK(sd.loss == sc.loss);
+      CHECK(sd.weight == sc.weight);
+      CHECK(sd.rows == so.rows);
+      CHECK(ferry_test::rel_diff(sd.loss, so.loss) <= 1e-5);
+      CHECK(ferry_test::rel_diff(sd.weight, so.weight) <= 1e-6);
+    }
+    const auto pd = dirty.parameters(), pc = clean.parameters(), po = oracle.parameters();
+    const double diff = ferry_test::max_abs_diff(pd, po), scale = ferry_test::max_abs(po);
+    INFO("max |dirty - oracle| " << diff << ", max |oracle| " << scale);
+    CHECK(pd == pc);
+    CHECK(diff <= 1e-5 * std::max(1.0, scale));  // NaN, so failed, if a weight is not finite
+    CHECK(dirty.replica_at(reps - 1).download_params() == pd);
+  }
 }
 
 TEST_CASE("a step of weight 0 leaves the optimizer state alone: padding, then a real step, is "

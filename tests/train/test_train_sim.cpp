@@ -813,6 +813,59 @@ TEST_CASE("CUDA graph steps on two simulated GPUs: the weights of direct steps, 
     }
 }
 
+// Padding rows are never read on a GPU either (the same replica code as the host's):
+// NaN, infinities and labels out of range there leave the weights of finite padding.
+TEST_CASE("padding rows of NaN and Inf on two simulated GPUs: the weights of finite padding, bit for bit, "
+          "direct and graph steps; a step with no valid row" * doctest::timeout(120)) {
+  const int per = B / 2;
+  const std::vector<std::pair<int, int>> shapes = {{per, per - 3}, {per, 0}, {per, per}, {per - 2, per - 7},
+                                                   {per, per - 3}, {per - 1, 1}};
+  const int steps = static_cast<int>(shapes.size());
+  const auto clean = sim_ref::make_blobs(B * (steps + 1), classes, 13);
+  auto dirty = clean;
+  const float garbage[] = {NAN, INFINITY, -INFINITY, 3e38f};
+  for (int k = 0; k < steps; ++k)
+    for (int r = 0; r < 2; ++r)
+      for (int i = shapes[k].second; i < per; ++i) {  // past the valid rows, and past `rows` too
+        const std::size_t row = std::size_t(k) * B + std::size_t(r) * per + std::size_t(i);
+        dirty.y[row] = i % 2 ? 99 : -1;
+        for (int c = 0; c < dim; ++c) dirty.x[row * dim + c] = garbage[(i + c) % 4];
+      }
+  for (const auto kind : {tr::optimizer_kind::adam, tr::optimizer_kind::sgd})
+    sim_run(61, 0, [&] {
+      CAPTURE(int(kind));
+      device_copies dc;
+      float* cx[2] = {dc.put(0, clean.x), dc.put(1, clean.x)};
+      std::int32_t* cy[2] = {dc.put(0, clean.y), dc.put(1, clean.y)};
+      float* dx[2] = {dc.put(0, dirty.x), dc.put(1, dirty.x)};
+      std::int32_t* dy[2] = {dc.put(0, dirty.y), dc.put(1, dirty.y)};
+      tr::trainer_options o{.opt = {.kind = kind, .lr = kind == tr::optimizer_kind::sgd ? 0.05f : 1e-3f},
+                            .seed = 23, .max_rows = per, .graphs = false};
+      nccl_trainer want(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+      nccl_trainer direct(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+      o.graphs = true;
+      nccl_trainer graphed(cfg, o, ferry::nccl_communicator::local({0, 1}), {{0, nullptr}, {1, nullptr}});
+      for (int k = 0; k < steps; ++k) {
+        CAPTURE(k);
+        const auto [rows, valid] = shapes[k];
+        const auto w = want.train_step(shaped(cx, cy, k, rows, valid));
+        const auto a = direct.train_step(shaped(dx, dy, k, rows, valid));
+        const auto b = graphed.train_step(shaped(dx, dy, k, rows, valid));
+        CHECK(a.loss == w.loss);
+        CHECK(b.loss == w.loss);
+        CHECK(a.rows == 2.0 * valid);
+        CHECK(b.weight == w.weight);
+      }
+      const auto p = want.parameters();
+      CHECK(ferry_test::max_abs(p) < 1e3);  // finite (NaN fails)
+      CHECK(direct.parameters() == p);
+      CHECK(graphed.parameters() == p);
+      CHECK(graphed.replica_at(1).download_params() == p);
+      const auto ev = shaped(dx, dy, 3, shapes[3].first, shapes[3].second);
+      CHECK(graphed.evaluate(ev).loss == want.evaluate(shaped(cx, cy, 3, shapes[3].first, shapes[3].second)).loss);
+    });
+}
+
 TEST_CASE("CUDA graph steps fed by distribute's staging thread onto the trainer's streams: the epochs of "
           "direct steps, a capture per slice shape (full, padded)" * doctest::timeout(120)) {
   const padded_epochs pe;

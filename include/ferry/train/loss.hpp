@@ -7,8 +7,10 @@
 //   dz_i   =  w * (softmax(z_i) - onehot(y))          (gradient of the SUM of losses)
 // The trainer sums loss_i, w and the gradients over the global batch (all-reduce) and
 // divides by the global weight sum: the mean over the global batch, whatever the replica
-// count. Labels outside [0, classes) are treated as padding (weight 0) and counted in
-// stats[3] as not valid, never read out of bounds. Throws nothing; runs on the backend
+// count. The replica runs it over a slice's valid rows only (n = valid): padding rows
+// never reach the loss or the GEMMs, where a weight of 0 would not cancel a NaN. Labels
+// outside [0, classes) are treated as padding (weight 0) and counted in stats[3] as not
+// valid, never read out of bounds. Throws nothing; runs on the backend
 // (the replica's thread on the host, its stream on the GPU), with no user code.
 #pragma once
 

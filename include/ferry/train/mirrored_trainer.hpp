@@ -47,9 +47,10 @@
 // trainer_options::blas_threads per GEMM when the trainer is built; 0 (auto) means 1, as
 // the replicas are the parallelism (see trainer_options), unless OPENBLAS_NUM_THREADS is set.
 //
-// Errors: a slice larger than max_rows, or a step with the wrong number of slices, is a
-// config_error (checked on the caller before any replica starts); so is blas_threads < 0,
-// and a distribute() step given to train_step_async whose streams are not the replicas'.
+// Errors: a slice larger than max_rows, with more valid rows than rows or a negative count,
+// or a step with the wrong number of slices, is a config_error (checked on the caller
+// before any replica starts); so is blas_threads < 0, and a distribute() step given to
+// train_step_async whose streams are not the replicas'.
 // train_step_async throws as train_step does (the replica failures below included),
 // except that on a GPU a fault the device meets while running the enqueued work (not one
 // seen when enqueueing it) is reported by the next call that waits for it: take_stats,
@@ -82,6 +83,7 @@
 // the file's layers differ from the model's.
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -137,11 +139,39 @@ struct replica_context {
   cuda_stream stream = nullptr;  // the stream the replica's work goes on (a distribute() step's)
 };
 
-// The replica inputs of a step as distribute() hands it out (field 0 the inputs as floats,
-// e.g. std::array<float, 784>; field 1 the int32 labels), one per replica, into `out`
-// (resized; pointers into the step's memory, valid while the step lives). For callers that
-// keep the trainer behind a non-template interface. Throws config_error when the step has
-// another number of replicas or rows of another width than the model's `inputs`.
+namespace detail {
+// The floats one input row holds inline: float, float[N] or std::array<float, N>; 0 for
+// any other type, whose bytes must not be read as floats (int pixels would train as
+// denormals, silently).
+template <class T>
+struct float_row_size : std::integral_constant<std::size_t, 0> {};
+template <>
+struct float_row_size<float> : std::integral_constant<std::size_t, 1> {};
+template <std::size_t N>
+struct float_row_size<float[N]> : std::integral_constant<std::size_t, N> {};
+template <std::size_t N>
+struct float_row_size<std::array<float, N>> : std::integral_constant<std::size_t, N> {};
+
+// Field 0 of a step given to the trainer, named with its element type X so the compiler
+// prints it (see batch_field_index_out_of_range).
+template <class X>
+struct trainer_inputs_not_floats {
+  static constexpr std::size_t floats = float_row_size<std::remove_cv_t<X>>::value;
+  static_assert(floats > 0,
+                "mirrored_trainer: field 0 (the inputs) must be float, float[N] or std::array<float, N> "
+                "(X, the argument of trainer_inputs_not_floats<X> above, is not); convert the rows, "
+                "e.g. with map, before batch");
+  static_assert(floats == 0 || sizeof(X) == floats * sizeof(float), "an input row is not packed floats");
+};
+}  // namespace detail
+
+// The replica inputs of a step as distribute() hands it out (field 0 the inputs: float,
+// float[N] or std::array<float, N>, e.g. std::array<float, 784>, a compile-time error
+// otherwise; field 1 the int32 labels), one per replica, into `out` (resized; pointers into
+// the step's memory, valid while the step lives). For callers that keep the trainer behind
+// a non-template interface. Throws config_error when the step has another number of
+// replicas or rows of another width than the model's `inputs`. Runs on the caller's
+// thread, no user code.
 template <class Step>
   requires requires(Step& s) { s.replicas(); s[0].valid(); }
 void step_inputs(Step& step, std::size_t replicas, int inputs, std::vector<replica_input>& out) {
@@ -155,13 +185,12 @@ void step_inputs(Step& step, std::size_t replicas, int inputs, std::vector<repli
     auto y = rb.template field<1>();
     using X = typename decltype(x)::element_type;
     using Y = typename decltype(y)::element_type;
-    static_assert(sizeof(X) % sizeof(float) == 0 && std::is_trivially_copyable_v<X>,
-                  "mirrored_trainer: field 0 must hold floats (e.g. std::array<float, 784>)");
+    constexpr std::size_t floats = detail::trainer_inputs_not_floats<X>::floats;
     static_assert(sizeof(Y) == 4 && std::is_integral_v<std::remove_cv_t<Y>>,
                   "mirrored_trainer: field 1 must be the int32 labels");
-    if (sizeof(X) / sizeof(float) != static_cast<std::size_t>(inputs))
+    if (floats != static_cast<std::size_t>(inputs))
       throw config_error("mirrored_trainer: inputs have " +
-                         std::to_string(sizeof(X) / sizeof(float)) + " floats, the model " +
+                         std::to_string(floats) + " floats, the model " +
                          std::to_string(inputs));
     out[r] = replica_input{reinterpret_cast<const float*>(x.data()),
                            reinterpret_cast<const std::int32_t*>(y.data()),
@@ -523,12 +552,8 @@ class mirrored_trainer {
       throw config_error("mirrored_trainer: " + std::to_string(in.size()) + " slices for " +
                          std::to_string(reps_.size()) + " replicas");
     for (std::size_t r = 0; r < in.size(); ++r)
-      if (in[r].rows < 0 || in[r].rows > opts_.max_rows || in[r].valid < 0 ||
-          in[r].valid > in[r].rows)
-        throw config_error("mirrored_trainer: replica " + std::to_string(r) + "'s slice has " +
-                           std::to_string(in[r].rows) + " rows (" + std::to_string(in[r].valid) +
-                           " valid); at most max_rows = " + std::to_string(opts_.max_rows) +
-                           " fit");
+      if (std::string why = slice_problem(in[r], opts_.max_rows); !why.empty())
+        throw config_error("mirrored_trainer: replica " + std::to_string(r) + "'s slice " + why);
   }
 
   // Runs job(r) for every replica r, replica 0 on this thread; rethrows the first failure.

@@ -14,7 +14,8 @@
 // instead of about 25 launches. Up to max_graphs shapes are kept (the oldest is dropped
 // for a new one); a training run has one or two (full batches, and a last partial one).
 //
-// Throws config_error when a slice has more rows than max_rows; backend errors propagate.
+// Throws config_error when a slice has more rows than max_rows, more valid rows than rows,
+// or a negative count (each its own message); backend errors propagate.
 // Used by one thread at a time (the replica's thread in mirrored_trainer).
 #pragma once
 
@@ -37,13 +38,28 @@
 namespace ferry::train {
 
 // One replica's slice of a global batch: `rows` rows of inputs() floats and labels, in the
-// backend's memory; rows [valid, rows) are padding and carry no loss or gradient.
+// backend's memory; rows [valid, rows) are padding and carry no loss or gradient: the
+// replica never reads them (whatever they hold, NaN included, the weights are those of
+// the `valid` rows alone).
 struct replica_input {
   const float* x = nullptr;  // rows x inputs() floats, row-major
   const std::int32_t* y = nullptr;  // rows class labels
   int rows = 0;  // rows in the slice, at most the replica's max_rows
   int valid = 0;  // leading rows that are real data (the rest is padding)
 };
+
+// What is wrong with a slice for replicas of max_rows rows, each fault in its own words
+// ("" when nothing is): said after "... slice ". Pure, the caller's thread; throws only
+// std::bad_alloc.
+inline std::string slice_problem(const replica_input& in, int max_rows) {
+  const std::string counts = std::to_string(in.rows) + " rows, " + std::to_string(in.valid) + " valid";
+  if (in.rows < 0 || in.valid < 0) return "has a negative count (" + counts + ")";
+  if (in.valid > in.rows)
+    return "has more valid rows than rows (" + counts + "); valid rows are the leading rows of the slice";
+  if (in.rows > max_rows)
+    return "has " + std::to_string(in.rows) + " rows; at most max_rows = " + std::to_string(max_rows) + " fit";
+  return {};
+}
 
 // Global figures of one step or evaluation, identical on every replica.
 struct step_stats {
@@ -129,10 +145,12 @@ class replica {
   int max_rows() const { return max_rows_; }
 
   // Forward, loss and backward: the gradient of the SUMMED loss of this slice, and its
-  // statistics, land in gradient_buffer().
+  // statistics, land in gradient_buffer(). Only the `valid` leading rows are computed:
+  // padding rows cancelled by a weight of 0 would still reach the GEMMs, and 0 * NaN is
+  // NaN, so one NaN or Inf in padding would poison every weight.
   void forward_backward(const replica_input& in) {
     check(in);
-    const int n = in.rows;
+    const int n = in.valid;
     float* G = grads_;
     if (n == 0) {
       be_.fill(G, lay_.grad_floats(), 0.0f);
@@ -141,7 +159,7 @@ class replica {
     forward(in.x, n);
     const std::size_t L = lay_.layers();
     be_.for_each(std::size_t(n), softmax_xent_rows{acts_[L - 1], in.y, cw_, d0_, stats_,
-                                                   lay_.classes(), in.valid});
+                                                   lay_.classes(), n});
     be_.for_each(mlp_layout::extras, sum_stats{stats_, G + lay_.params, n});
     float* d = d0_;
     float* dn = d1_;
@@ -162,13 +180,13 @@ class replica {
   static constexpr bool has_graphs = requires { typename Backend::graph; };
   static constexpr std::size_t max_graphs = 4;  // slice shapes whose graphs are kept
   // A training step: forward_backward, then reduce_and_update. With `graphs`, on a backend
-  // with CUDA graphs and a slice of at least one row, through the slice shape's graph
+  // with CUDA graphs and a slice of at least one valid row, through the slice shape's graph
   // (captured on its first use; see the top of this file); the same work and the same
   // weights either way. Elsewhere `graphs` is ignored.
   template <communicator Comm>
   void step(const replica_input& in, Comm& comm, bool graphs) {
     if constexpr (has_graphs) {
-      if (graphs && in.rows > 0) {
+      if (graphs && in.valid > 0) {
         graph_step(in, comm);
         return;
       }
@@ -226,25 +244,27 @@ class replica {
   }
 
  public:
-  // Forward and loss only; returns the summed stats of this slice (not reduced) in the
-  // backend's 4-float eval buffer, which the caller all-reduces.
+  // Forward and loss only, over the `valid` leading rows (as forward_backward); returns the
+  // summed stats of this slice (not reduced) in the backend's 4-float eval buffer, which
+  // the caller all-reduces.
   std::span<float> evaluate_local(const replica_input& in) {
     check(in);
-    if (in.rows == 0) {
+    const int n = in.valid;
+    if (n == 0) {
       be_.fill(eval_, mlp_layout::extras, 0.0f);
       return {eval_, mlp_layout::extras};
     }
-    forward(in.x, in.rows);
-    be_.for_each(std::size_t(in.rows),
+    forward(in.x, n);
+    be_.for_each(std::size_t(n),
                  softmax_xent_rows{acts_[lay_.layers() - 1], in.y, cw_, d0_, stats_,
-                                   lay_.classes(), in.valid});
-    be_.for_each(mlp_layout::extras, sum_stats{stats_, eval_, in.rows});
+                                   lay_.classes(), n});
+    be_.for_each(mlp_layout::extras, sum_stats{stats_, eval_, n});
     return {eval_, mlp_layout::extras};
   }
   // The (reduced) eval buffer, read back to the host (waits for the backend).
   step_stats read_eval() { return to_stats(eval_); }
 
-  // The logits of the last forward pass (rows x classes), backend memory.
+  // The logits of the last forward pass (its slice's valid rows x classes), backend memory.
   const float* logits() const { return acts_.back(); }
 
   // The parameters, copied to the host (waits for the backend).
@@ -263,10 +283,8 @@ class replica {
 
  private:
   void check(const replica_input& in) const {
-    if (in.rows < 0 || in.rows > max_rows_ || in.valid < 0 || in.valid > in.rows)
-      throw config_error("replica: a slice of " + std::to_string(in.rows) + " rows (" +
-                         std::to_string(in.valid) + " valid) does not fit the trainer's " +
-                         std::to_string(max_rows_) + " rows per replica");
+    if (std::string why = slice_problem(in, max_rows_); !why.empty())
+      throw config_error("replica: a slice " + why);
   }
   void forward(const float* x, int n) {
     const float* a = x;
@@ -300,8 +318,9 @@ class replica {
         ++captured_;
         k = graphs_.size() - 1;
       }
-      be_.copy(xin_, in.x, std::size_t(in.rows) * I * sizeof(float));
-      be_.copy(yin_, in.y, std::size_t(in.rows) * sizeof(std::int32_t));
+      // The valid rows only: the graph reads no padding (forward_backward).
+      be_.copy(xin_, in.x, std::size_t(in.valid) * I * sizeof(float));
+      be_.copy(yin_, in.y, std::size_t(in.valid) * sizeof(std::int32_t));
       be_.launch(graphs_[k].g);
     }
   }
