@@ -12,8 +12,12 @@
 //   24+4S      4*P    f32 parameters in mlp_layout order (W_l row-major out x in, b_l)
 //   24+4S+4P   4      u32 CRC-32 (zlib's crc32) of every preceding byte
 //
-// save_weights writes to "<path>.tmp" then renames, so a crash never leaves a half file
-// under `path`. load_weights throws io_error when the file cannot be opened or read, and
+// save_weights writes to a temporary file of its own beside `path` ("<path>.tmp.<pid>.
+// <counter>.<random>", removed if anything fails) then renames it over `path`, so a crash
+// never leaves a half file under `path`, and concurrent saves to one path (every MPI rank
+// calling trainer.save(path)) each succeed, the last rename winning. It refuses (before
+// writing anything) a model this format cannot hold, the limits load_weights checks:
+// weights_max_sizes layer sizes, each at most weights_max_layer. load_weights throws io_error when the file cannot be opened or read, and
 // format_error (naming the file and byte offset) for a wrong magic, an unknown version,
 // bad sizes, a truncated file, trailing bytes or a checksum mismatch. It checks the
 // declared sizes against the file's length before allocating. Runs on the caller's thread.
@@ -21,12 +25,17 @@
 
 #include <zlib.h>
 
+#include <unistd.h>  // getpid
+
+#include <atomic>
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -44,18 +53,58 @@ inline constexpr char weights_magic[8] = {'F', 'E', 'R', 'R', 'Y', 'M', 'L', 'P'
 // The format version written, and the only one read.
 inline constexpr std::uint32_t weights_version = 1;
 
+// The format's limits, checked by save_weights (config_error, nothing written) and
+// load_weights (format_error): a model saved is a model that loads.
+inline constexpr std::uint64_t weights_max_sizes = 4096;  // layer sizes (input, hidden..., classes)
+inline constexpr std::uint64_t weights_max_layer = std::uint64_t(1) << 24;  // each size
+
+namespace detail {
+// Why `count` layer sizes do not fit the format ("" when they do).
+inline std::string weights_count_problem(std::uint64_t count) {
+  if (count >= 2 && count <= weights_max_sizes) return {};
+  return "bad layer count " + std::to_string(count) + " (expected 2 .. " + std::to_string(weights_max_sizes) + ")";
+}
+// Why a layer size does not fit the format ("" when it does).
+inline std::string weights_size_problem(std::int64_t size) {
+  if (size >= 1 && std::uint64_t(size) <= weights_max_layer) return {};
+  return "bad layer size " + std::to_string(size) + " (expected 1 .. " + std::to_string(weights_max_layer) + ")";
+}
+// A temporary name beside `path` no other save uses: this process's id (other processes,
+// MPI ranks), a counter (other threads), and a random number (processes of one id on
+// other hosts sharing the file system).
+inline std::string weights_temp_name(const std::string& path) {
+  static std::atomic<std::uint64_t> counter{0};
+  std::uint64_t noise;
+  try {
+    noise = std::random_device{}();
+  } catch (...) {  // no entropy source: the clock still tells hosts apart
+    noise = std::uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
+  }
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)) + "." +
+         std::to_string(noise & 0xffffffffu);
+}
+}  // namespace detail
+
 // What load_weights returns: the layer sizes and the parameters, as save_weights took them.
 struct mlp_weights {
   std::vector<int> layers;  // input size, hidden sizes..., number of classes
   std::vector<float> params;  // in mlp_layout order
 };
 
-// Writes layers and params to path (through "<path>.tmp" and a rename). Throws
-// config_error for bad sizes or a params count the layers do not imply, io_error when the
-// file cannot be written or renamed.
+// Writes layers and params to path (through a temporary file of its own and a rename; see
+// the file's top). Throws config_error, before writing anything, for bad sizes, sizes past
+// the format's limits or a params count the layers do not imply; io_error (naming the file)
+// when the file cannot be written or renamed, after removing the temporary file. Safe to
+// call from several threads or processes for one path. Runs on the caller's thread.
 inline void save_weights(const std::string& path, const std::vector<int>& layers,
                          const std::vector<float>& params) {
   const mlp_layout lay(mlp_config{layers, {}});
+  if (std::string why = detail::weights_count_problem(layers.size()); !why.empty())
+    throw config_error("save_weights: " + path + ": " + why + ": a weights file could not hold it");
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    if (std::string why = detail::weights_size_problem(layers[i]); !why.empty())
+      throw config_error("save_weights: " + path + ": layer size " + std::to_string(i) + ": " + why +
+                         ": a weights file could not hold it");
   if (params.size() != lay.params)
     throw config_error("save_weights: " + std::to_string(params.size()) +
                        " parameters for layers needing " + std::to_string(lay.params));
@@ -71,9 +120,11 @@ inline void save_weights(const std::string& path, const std::vector<int>& layers
   put32(static_cast<std::uint32_t>(
       crc32_z(0L, reinterpret_cast<const Bytef*>(out.data()), out.size())));  // z_size_t: past 4 GiB
 
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (!f) throw io_error(tmp, 0, std::error_code(errno, std::generic_category()), "cannot create");
+  // "x": never open a file another save made (a name collision is then an error, not two
+  // writers in one file).
+  const std::string tmp = detail::weights_temp_name(path);
+  std::FILE* f = std::fopen(tmp.c_str(), "wbx");
+  if (!f) throw io_error(tmp, 0, std::error_code(errno, std::generic_category()), "cannot create the temporary file");
   const std::size_t w = std::fwrite(out.data(), 1, out.size(), f);
   const int write_errno = errno;
   const bool closed = std::fclose(f) == 0;  // flushes: a full disk may show only here
@@ -85,7 +136,11 @@ inline void save_weights(const std::string& path, const std::vector<int>& layers
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) throw io_error(path, 0, ec, "cannot rename " + tmp + " to");
+  if (ec) {
+    std::error_code ignored;
+    std::filesystem::remove(tmp, ignored);
+    throw io_error(path, 0, ec, "cannot replace it with the new weights written to " + tmp + " (rename)");
+  }
 }
 
 // Reads a weights file; throws io_error or format_error as the file's top says.
@@ -131,15 +186,14 @@ inline mlp_weights load_weights(const std::string& path) {
     throw format_error(path, 8, "unsupported weights format version " + std::to_string(ver) +
                                     " (this ferry reads version 1)");
   const std::uint32_t S = get32(12);
-  if (S < 2 || S > 4096)
-    throw format_error(path, 12, "bad layer count " + std::to_string(S) + " (expected 2 .. 4096)");
+  if (std::string why = detail::weights_count_problem(S); !why.empty()) throw format_error(path, 12, why);
   need(16 + 4ull * S + 8, "the layer sizes and parameter count");
   mlp_weights w;
   std::uint64_t implied = 0;
   for (std::uint32_t i = 0; i < S; ++i) {
     const std::uint32_t s = get32(16 + 4ull * i);
-    if (s < 1 || s > (1u << 24))
-      throw format_error(path, 16 + 4ull * i, "bad layer size " + std::to_string(s));
+    if (std::string why = detail::weights_size_problem(s); !why.empty())
+      throw format_error(path, 16 + 4ull * i, why);
     w.layers.push_back(static_cast<int>(s));
     if (i > 0) implied += std::uint64_t(w.layers[i - 1]) * s + s;
   }
