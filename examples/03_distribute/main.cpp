@@ -1,7 +1,8 @@
 // 03_distribute: split each global batch across replicas, one step at a time.
 //
 // Runs with host replicas everywhere; built with the CUDA runtime and run on a machine
-// with a GPU, it also feeds two replicas on device 0 (or one per GPU) and checks a sum.
+// with a GPU, it also feeds two replicas (on devices 0 and 1 when there are two GPUs or
+// more, both on device 0 otherwise) and checks a sum.
 #include <cstdint>
 #include <cstdio>
 #include <numeric>

@@ -73,16 +73,22 @@ int main(int argc, char** argv) try {
   int epochs = 3;
   std::size_t replicas = 2, limit = 0;
   std::string dir = "/usr/share/dict";
-  for (int i = 1; i + 1 < argc; i += 2) {
+  const auto usage = [&] {
+    std::fprintf(stderr, "usage: %s [--epochs N] [--replicas R] [--dict DIR] [--limit WORDS_PER_LIST]\n", argv[0]);
+    return 1;
+  };
+  for (int i = 1; i < argc; i += 2) {
+    if (i + 1 == argc) {  // a flag without its value is a mistake, not a default
+      std::fprintf(stderr, "11_text_language: %s needs a value\n", argv[i]);
+      return usage();
+    }
     const std::string a = argv[i], v = argv[i + 1];
     if (a == "--epochs") epochs = std::atoi(v.c_str());
     else if (a == "--replicas") replicas = std::size_t(std::atoi(v.c_str()));
     else if (a == "--dict") dir = v;
     else if (a == "--limit") limit = std::size_t(std::atoll(v.c_str()));
-    else {
-      std::fprintf(stderr, "usage: %s [--epochs N] [--replicas R] [--dict DIR] [--limit WORDS_PER_LIST]\n", argv[0]);
-      return 1;
-    }
+    else
+      return usage();
   }
   if (epochs < 1 || replicas < 1) {
     std::fprintf(stderr, "11_text_language: --epochs and --replicas must be at least 1\n");
