@@ -106,6 +106,7 @@ struct result {
   double mean_bytes = 0;        // a step's values, mean
   double raw_gbs = 0;           // raw pinned cudaMemcpyAsync of the same steps
   unsigned long long pinned_new = 0, evicted = 0;
+  std::size_t wrong_steps = 0;  // steps whose value bytes were not the batch's: the run fails
 };
 
 // Fed by distribute against device-resident data of the same sizes, for batches made by
@@ -150,7 +151,10 @@ result measure(const std::vector<std::vector<seq>>& r, Build build, cudaStream_t
     for (auto& st : p) {
       cs = static_cast<cudaStream_t>(st[0].stream());
       const auto v = st[0].template field<0>().values;  // device memory: this step's values
-      if (v.size_bytes() != nbytes[k]) std::printf("FAIL: step %zu: %zu value bytes, %zu expected\n", k, v.size_bytes(), nbytes[k]);
+      if (v.size_bytes() != nbytes[k]) {
+        std::printf("FAIL: step %zu: %zu value bytes, %zu expected\n", k, v.size_bytes(), nbytes[k]);
+        ++res.wrong_steps;
+      }
       if (k > 0)
         FERRY_CUDA_TRY(ferry_test::launch_consume(cs, reinterpret_cast<const float*>(v.data()), v.size_bytes() / 4,
                                                   cycles, out));
@@ -230,5 +234,6 @@ int main() {
     std::printf("FAIL: the pinned pool allocated or evicted blocks while timing; the figures include that\n");
     return 1;
   }
+  if (pad.wrong_steps + rag.wrong_steps != 0) return 1;  // said above, step by step
   return 0;
 }
