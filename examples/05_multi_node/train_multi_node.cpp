@@ -88,7 +88,9 @@ int main(int argc, char** argv) {
     const auto whole = CLI::Range(1LL, 1'000'000'000'000'000LL).description("N>=1");  // signed: -1 is refused
     app.add_option("--epochs", epochs)->check(whole)->capture_default_str();
     app.add_option("--batch", batch, "the global batch (batch / ranks a rank)")->check(whole)->capture_default_str();
-    app.add_option("--seed", seed)->check(whole)->capture_default_str();
+    app.add_option("--seed", seed)  // 0 too, as example 04
+        ->check(CLI::Range(0LL, 1'000'000'000'000'000LL).description("N>=0"))
+        ->capture_default_str();
     app.add_option("--steps", max_steps, "at most this many steps an epoch (default: all)")->check(whole);
     app.add_option("--lr", lr)->capture_default_str();
     app.add_option("--data", dir, "the directory of the gzip IDX files")->capture_default_str();
