@@ -171,4 +171,17 @@ class state_reader {
   std::size_t pos_ = 0;
 };
 
+namespace detail {
+// Asks `up` to save into `scratch` (cleared; its capacity kept), and throws what its
+// save() throws. For a stage that writes an anchor taken earlier: the anchor may predate
+// the upstream's refusal (an unordered map saves only before its first next()), so the
+// upstream is asked again, and an inexact checkpoint is refused, not written.
+template <class Up>
+void ask_save(const Up& up, pipeline_state& scratch) {
+  scratch.words.clear();
+  state_writer w(scratch);
+  up.save(w);
+}
+}  // namespace detail
+
 }  // namespace ferry

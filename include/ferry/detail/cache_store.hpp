@@ -24,13 +24,11 @@
 
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <random>
 #include <string>
 #include <system_error>
 #include <typeinfo>
@@ -38,7 +36,7 @@
 #include <vector>
 
 #include "ferry/cache_codec.hpp"
-#include "ferry/detail/random.hpp"
+#include "ferry/detail/unique_id.hpp"
 #include "ferry/error.hpp"
 #include "ferry/sources/detail/byte_stream.hpp"
 #include "ferry/sources/detail/crc32c.hpp"
@@ -138,10 +136,7 @@ class file_cache_store {
     count_ = 0;
     out_.clear();
     // One extra header word: this pass's id, 63 bits, never 0 (0: a file with no id).
-    const std::uint64_t id = (mix_seed({std::random_device{}(), std::uint64_t(::getpid()), serial.load(),
-                                        std::uint64_t(std::chrono::steady_clock::now().time_since_epoch().count())}) >>
-                              1) |
-                             1;
+    const std::uint64_t id = (unique_id() >> 1) | 1;
     const std::uint64_t h[5] = {magic, fingerprint_, key_hash_, 1, id};
     cache_put_bytes(out_, h, sizeof h);
   }

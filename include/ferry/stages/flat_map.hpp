@@ -164,11 +164,7 @@ class flat_map_source
       this->up().save(w);
     } else {
       if (anchor_error_) std::rethrow_exception(anchor_error_);
-      // The anchor may predate the upstream's refusal (an unordered map saves before its
-      // first next() only): ask it now, so an inexact checkpoint is refused, not written.
-      scratch_.words.clear();
-      state_writer nw(scratch_);
-      this->up().save(nw);
+      ask_save(this->up(), scratch_);  // the anchor may predate the upstream's refusal
       w.put_words(anchor_.words);
       since = since_;
       given = given_;

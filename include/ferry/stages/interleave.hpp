@@ -233,11 +233,8 @@ class interleave_source
     if (replay_) return w.put_words(replay_anchor_.words);  // restored, not yet replayed
     if (const slot* o = oldest()) {
       if (o->anchor_error) std::rethrow_exception(o->anchor_error);
-      // The anchor may predate the upstream's refusal (an unordered map saves before its
-      // first next() only): ask it now, so an inexact checkpoint is refused, not written.
-      pipeline_state probe;
-      state_writer pw(probe);
-      this->up().save(pw);
+      pipeline_state scratch;
+      ask_save(this->up(), scratch);  // the anchor may predate the upstream's refusal
       w.put_words(o->anchor.words);
     } else
       this->up().save(w);

@@ -12,8 +12,8 @@
 //   24+4S      4*P    f32 parameters in mlp_layout order (W_l row-major out x in, b_l)
 //   24+4S+4P   4      u32 CRC-32 (zlib's crc32) of every preceding byte
 //
-// save_weights writes to a temporary file of its own beside `path` ("<path>.tmp.<pid>.
-// <counter>.<random>", removed if anything fails) then renames it over `path`, so a crash
+// save_weights writes to a temporary file of its own beside `path` ("<path>.tmp.<pid>.<id>",
+// removed if anything fails) then renames it over `path`, so a crash
 // never leaves a half file under `path`, and concurrent saves to one path (every MPI rank
 // calling trainer.save(path)) each succeed, the last rename winning. It refuses (before
 // writing anything) a model this format cannot hold, the limits load_weights checks:
@@ -27,19 +27,17 @@
 
 #include <unistd.h>  // getpid
 
-#include <atomic>
 #include <bit>
 #include <cerrno>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <random>
 #include <string>
 #include <system_error>
 #include <vector>
 
+#include "ferry/detail/unique_id.hpp"
 #include "ferry/error.hpp"
 #include "ferry/train/mlp.hpp"
 
@@ -69,19 +67,10 @@ inline std::string weights_size_problem(std::int64_t size) {
   if (size >= 1 && std::uint64_t(size) <= weights_max_layer) return {};
   return "bad layer size " + std::to_string(size) + " (expected 1 .. " + std::to_string(weights_max_layer) + ")";
 }
-// A temporary name beside `path` no other save uses: this process's id (other processes,
-// MPI ranks), a counter (other threads), and a random number (processes of one id on
-// other hosts sharing the file system).
+// A temporary name beside `path` no other save uses: this process's id (readable) and a
+// unique_id() (other threads, processes, hosts sharing the file system).
 inline std::string weights_temp_name(const std::string& path) {
-  static std::atomic<std::uint64_t> counter{0};
-  std::uint64_t noise;
-  try {
-    noise = std::random_device{}();
-  } catch (...) {  // no entropy source: the clock still tells hosts apart
-    noise = std::uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
-  }
-  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1)) + "." +
-         std::to_string(noise & 0xffffffffu);
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(ferry::detail::unique_id());
 }
 }  // namespace detail
 

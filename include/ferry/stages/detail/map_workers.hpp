@@ -119,11 +119,8 @@ class map_workers {
     const auto& a = c_->anchors;
     auto it = std::find_if(a.rbegin(), a.rend(), [&](const auto& p) { return p.first <= target; });
     if (it != a.rend()) {
-      // The anchor may predate the upstream's refusal (an unordered map saves before its
-      // first next() only): ask it now, so an inexact checkpoint is refused, not written.
-      pipeline_state probe;
-      state_writer pw(probe);
-      c_->pull.upstream().save(pw);
+      pipeline_state scratch;
+      ask_save(c_->pull.upstream(), scratch);  // the anchor may predate the upstream's refusal
       w.put_words(it->second.words);
       return {target - it->first, target};
     }
