@@ -746,3 +746,76 @@ TEST_CASE("sim: ragged fields reach every replica with rebased offsets; no alloc
     CHECK(sim::stats().live_device_blocks == 0);
   }
 }
+
+// Steps that keep growing (length-sorted sequences): each new largest step takes a larger
+// block, and the smaller ones, once their last kernel is done, are freed rather than kept
+// (a pool that kept one block of every size it passed held 120 for 2 in flight). Blocks
+// are sized by classes, so a rising size allocates a few times per doubling, not each step.
+TEST_CASE("sim: steps that keep growing keep a few blocks per replica, not one of every size" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  using seq = std::pair<std::vector<std::int32_t>, std::int32_t>;
+  constexpr std::size_t R = 2, G = 8, steps = 120;
+  std::vector<seq> rows(G * steps);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    rows[i].first.assign(i % G == 0 ? 16 * (i / G) + 1 : 1, std::int32_t(i));  // step k: L = 16k + 1
+    rows[i].second = std::int32_t(i);
+  }
+  for (const making mk : makings) {
+    INFO("ahead " << mk.ahead << ", staging " << mk.staging);
+    sim::reset(17, 1);
+    std::uint64_t most_blocks = 0;
+    std::size_t k = 0;
+    {
+      ferry::cuda::devices dev({0, 1});
+      auto p = ferry::from_range(rows) | ferry::padded_batch(G) |
+               ferry::distribute(dev, {.host_resource = ferry::make_pinned_pool(), .steps_ahead = mk.ahead,
+                                       .staging_thread = mk.staging});
+      for (auto& st : p) {
+        for (std::size_t r = 0; r < R; ++r) {
+          REQUIRE(cudaSetDevice(st[r].device()) == cudaSuccess);
+          ferry::padded_view<std::int32_t> t = st[r].field<0>();
+          // A last user of the block that the simulated GPU runs late: a block freed
+          // before it ran would be a violation.
+          sim::launch(st[r].stream(), "read", {{t.values.data(), t.values.size_bytes()}}, {}, [] {}, 1e-3);
+        }
+        most_blocks = std::max(most_blocks, sim::stats().live_device_blocks);
+        ++k;
+      }
+      sim::drain();
+    }
+    CHECK(k == steps);
+    // Blocks in flight: the step handed out, the steps made ahead, those released whose
+    // kernels have not run (grow_below with the staging thread), per replica.
+    CHECK(most_blocks <= R * (mk.ahead + (mk.staging ? 6 : 3)));
+    // Old: one allocation per step and replica (240). A block grows by half at least:
+    // from ~0.3 to ~31 KiB, a dozen sizes, each a block or a few in flight.
+    CHECK(sim::stats().device_allocs < R * steps / 3);
+    MESSAGE("most blocks " << most_blocks << ", allocations " << sim::stats().device_allocs);
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    CHECK(sim::stats().live_device_blocks == 0);
+  }
+}
+
+// A copy that fails after another copy of the same replica was queued: the step's host
+// batch must not go back to its pool (to be refilled by the next batch) while the queued
+// copy may still read it.
+TEST_CASE("sim: a step whose copy failed keeps its host batch until the copies queued before are done" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  sim::reset(19, 0);  // the GPU runs only when the host waits
+  const auto data = make_data(16 * 4);
+  auto pool = ferry::make_pinned_pool();
+  {
+    auto p = ferry::from_range(data) | ferry::batch(16) |
+             ferry::distribute(ferry::cuda::devices{0}, {.host_resource = pool, .steps_ahead = 0});
+    sim::fail_copy(2, cudaErrorLaunchFailure);  // field 0's copy queued, field 1's fails
+    CHECK_THROWS_AS((void)p.next(), ferry::cuda_error);
+    // The batch is back in its pool only once nothing queued reads it.
+    CHECK(pool->statistics().outstanding_bytes == 0);
+    CHECK(sim::pending_copies() == 0);
+  }
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  CHECK(sim::stats().live_device_blocks == 0);
+}

@@ -216,6 +216,30 @@ TEST_CASE("buffer_pool: the default bound grows with the largest block, so big b
   CHECK(up.mismatched == 0);
 }
 
+// The automatic bound follows the blocks the pool has made: a request that upstream
+// refuses (a corrupt length asking for a terabyte, skipped by the user) must not lift it,
+// or the process-wide pinned pool would cache without bound from then on.
+TEST_CASE("buffer_pool: a refused request leaves the automatic bound where it was") {
+  counting_resource up;
+  {
+    ferry::buffer_pool pool(&up);
+    void* p = pool.allocate(1 << 20, 256);
+    const std::size_t before = pool.max_cached_bytes();
+    CHECK_THROWS_AS((void)pool.allocate(std::size_t(1) << 41, 256), std::bad_alloc);
+    CHECK_THROWS_AS((void)pool.allocate(std::numeric_limits<std::size_t>::max() - 300, 256), std::bad_alloc);
+    CHECK(pool.max_cached_bytes() == before);
+    pool.deallocate(p, 1 << 20, 256);
+    // A block that did come grows it, and is cached at its class.
+    const std::size_t big = std::size_t(300) << 20;
+    void* q = pool.allocate(big, 256);
+    CHECK(pool.max_cached_bytes() >= 16 * ferry::buffer_pool::size_class(big));
+    pool.deallocate(q, big, 256);
+    CHECK(pool.statistics().cached_bytes == ferry::buffer_pool::size_class(big) + ferry::buffer_pool::size_class(1 << 20));
+  }
+  CHECK(up.held == 0);
+  CHECK(up.mismatched == 0);
+}
+
 namespace {
 // An upstream whose free takes the pool's lock (through statistics()): a free made while
 // the pool holds its lock would deadlock here. cudaFreeHost is the real case: it can take

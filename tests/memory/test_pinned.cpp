@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,25 @@ TEST_CASE("pinned_resource: pinned exactly when a device exists, else page-align
 TEST_CASE("pinned_resource: an alignment beyond a page is refused, not ignored") {
   ferry::pinned_resource r;
   CHECK_THROWS_AS((void)r.allocate(64, 2 * ferry::page_bytes), std::bad_alloc);
+}
+
+TEST_CASE("pinned_resource: a request too large to round up is a bad_alloc naming its bytes, not a tiny block") {
+  ferry::pinned_resource r;
+  for (std::size_t n : {std::numeric_limits<std::size_t>::max(), std::numeric_limits<std::size_t>::max() - 100,
+                        std::numeric_limits<std::size_t>::max() - ferry::page_bytes + 1}) {
+    INFO(n);
+    try {
+      void* p = r.allocate(n, 64);
+      r.deallocate(p, n, 64);
+      FAIL("allocated " << n << " bytes");
+    } catch (const ferry::pinned_bad_alloc& e) {
+      CHECK(std::string(e.what()).find(std::to_string(n) + " bytes") != std::string::npos);
+    }
+  }
+  // Through a pool (whose size classes pass such sizes through unchanged) too.
+  ferry::buffer_pool pool(&r);
+  CHECK_THROWS_AS((void)pool.allocate(std::numeric_limits<std::size_t>::max() - 100, 64), std::bad_alloc);
+  CHECK(pool.statistics().outstanding_bytes == 0);
 }
 
 TEST_CASE("pinned pool: a steady stream of same-size buffers pins once") {

@@ -15,8 +15,14 @@
 // finished is passed over for a new one while this pool holds fewer than n blocks of that
 // size: the pool grows to the depth the pipeline keeps in flight, then reuses.
 //
-// Thread-safe. acquire/take_event throw ferry::cuda_error; release/give_event and the
-// destructor never throw (the destructor waits for pending release events, then frees).
+// Sizes: blocks are reused at the size asked for. Callers ask for the largest size seen so
+// far (a step's block grows with its longest step, never shrinks), so a free block smaller
+// than a request is never used again: acquire frees it (after its last user), or a step
+// size that keeps rising (length-sorted data) would keep a block of every size it passed.
+//
+// Thread-safe. acquire/take_event throw ferry::cuda_error (a failed cudaMalloc names the
+// bytes asked for); release/give_event and the destructor never throw (the destructor
+// waits for pending release events, then frees).
 #pragma once
 
 #include "ferry/config.hpp"
@@ -29,6 +35,8 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "ferry/cuda/error.hpp"
@@ -40,6 +48,7 @@ class device_buffer_pool {
  public:
   struct stats {
     std::uint64_t allocations = 0;  // cudaMalloc calls, ever
+    std::uint64_t frees = 0;        // blocks freed before the pool's end (outgrown)
     std::uint64_t reuses = 0;       // blocks handed out again
     std::uint64_t outstanding = 0;  // blocks handed out now
     std::uint64_t events_created = 0;
@@ -70,8 +79,10 @@ class device_buffer_pool {
   // A block of `bytes`, ready for work enqueued on `s` after this call.
   void* acquire(std::size_t bytes, cudaStream_t s, std::size_t grow_below = 0) {
     block b{};
+    std::vector<block> smaller;  // free blocks no request will fit again
     {
       std::lock_guard lk(m_);
+      if (!free_.empty() && free_.begin()->first < bytes) take_smaller(bytes, smaller);
       auto it = free_.find(bytes);
       const bool busy = it != free_.end() && !it->second.empty() && grow_below > 0 && it->second.front().after &&
                         count_[bytes] < grow_below && cudaEventQuery(it->second.front().after) == cudaErrorNotReady;
@@ -82,6 +93,7 @@ class device_buffer_pool {
         ++st_.outstanding;
       }
     }
+    free_blocks(smaller);
     if (b.p) {
       if (b.after) {
         const cudaError_t st = cudaStreamWaitEvent(s, b.after, 0);
@@ -97,7 +109,14 @@ class device_buffer_pool {
     }
     device_guard g(device_);
     void* p = nullptr;
-    FERRY_CUDA_TRY(cudaMalloc(&p, bytes));
+    if (const cudaError_t st = cudaMalloc(&p, bytes); st != cudaSuccess) {
+      (void)cudaGetLastError();
+      std::lock_guard lk(m_);
+      throw cuda_error("cudaMalloc of " + std::to_string(bytes) + " bytes (this pool holds " +
+                           std::to_string(held_bytes()) + " bytes in " + std::to_string(held_blocks()) + " blocks)",
+                       device_, static_cast<int>(st), cudaGetErrorName(st), cudaGetErrorString(st), __FILE__,
+                       __LINE__);
+    }
     std::lock_guard lk(m_);
     ++st_.allocations;
     ++st_.outstanding;
@@ -108,9 +127,18 @@ class device_buffer_pool {
   // Takes `p` back; `after` (an event from take_event, recorded on the last user's
   // stream, or null when no work is pending) now belongs to the pool.
   void release(void* p, std::size_t bytes, cudaEvent_t after) noexcept {
-    std::lock_guard lk(m_);
-    free_[bytes].push_back({p, after});
-    --st_.outstanding;
+    {
+      std::lock_guard lk(m_);
+      --st_.outstanding;
+      try {
+        free_[bytes].push_back({p, after});
+        return;
+      } catch (...) {  // no memory for the bookkeeping: free the block instead
+        --count_[bytes];
+      }
+    }
+    const block one{p, after};
+    free_blocks({&one, 1});
   }
 
   // An event on this pool's device (cached, timing disabled).
@@ -152,6 +180,41 @@ class device_buffer_pool {
     void* p = nullptr;
     cudaEvent_t after = nullptr;
   };
+
+  // Under m_: moves the free blocks smaller than `bytes` to `out`.
+  void take_smaller(std::size_t bytes, std::vector<block>& out) {
+    const auto end = free_.lower_bound(bytes);
+    for (auto it = free_.begin(); it != end; ++it) {
+      out.insert(out.end(), it->second.begin(), it->second.end());
+      count_[it->first] -= it->second.size();
+    }
+    free_.erase(free_.begin(), end);
+  }
+  // Outside m_: frees blocks once their last users are done (never throws).
+  void free_blocks(std::span<const block> blocks) noexcept {
+    if (blocks.empty()) return;
+    const device_restore keep(device_);
+    for (const block& b : blocks) {
+      if (b.after) {
+        FERRY_CUDA_LOG(cudaEventSynchronize(b.after));
+        give_event(b.after);
+      }
+      FERRY_CUDA_LOG(cudaFree(b.p));
+      std::lock_guard lk(m_);
+      ++st_.frees;
+    }
+  }
+  std::size_t held_bytes() const {
+    std::size_t n = 0;
+    for (const auto& [bytes, k] : count_) n += bytes * k;
+    return n;
+  }
+  std::size_t held_blocks() const {
+    std::size_t n = 0;
+    for (const auto& [bytes, k] : count_) n += k;
+    return n;
+  }
+
   int device_;
   mutable std::mutex m_;
   std::map<std::size_t, std::deque<block>> free_;

@@ -198,7 +198,10 @@ class devices_state {
         if (pending_.size() <= limit) return waited;
         oldest = pending_.front().copies;
       }
-      for (auto [r, e] : oldest) FERRY_CUDA_TRY(cudaEventSynchronize(e));
+      for (auto [r, e] : oldest) {
+        const device_guard g(r_[r].device);  // a failure names the replica's device
+        FERRY_CUDA_TRY(cudaEventSynchronize(e));
+      }
       ++waited;
       poll();
     }
@@ -251,6 +254,8 @@ class devices_lease final : public ::ferry::detail::step_lease {
           FERRY_CUDA_LOG(cudaEventSynchronize(h.copied));
           rep.pool->give_event(h.copied);
         }
+      } else if (h.p) {  // make_step threw after some of this replica's copies were queued
+        rep.copy.synchronize_noexcept();
       }
       if (!h.p) continue;
       cudaEvent_t ev = rep.pool->try_take_event();
@@ -316,8 +321,10 @@ class devices_backend {
     // (with their lengths): the step's most rows a replica has, times L; L and the rows
     // change from step to step (a token budget's batch of one row of L = max_tokens must
     // not take per × L). Ragged fields: their values, which change too. Blocks are the
-    // largest size seen, so after the largest step nothing more is allocated. A ragged field: its values, then its offsets rebased to 0 (rebased on the
-    // host into one pinned buffer the step keeps until its copies are done).
+    // largest size seen, so after the largest step nothing more is allocated (and the pool
+    // frees the smaller blocks as they come back). A ragged field: its values, then its
+    // offsets rebased to 0 (rebased on the host into one pinned buffer the step keeps until
+    // its copies are done).
     auto aligned = [](std::size_t b) { return (b + field_alignment - 1) / field_alignment * field_alignment; };
     std::array<std::size_t, nf> off{}, aux_off{};
     std::size_t total = 0;
@@ -345,7 +352,12 @@ class devices_backend {
       }
       total += aligned(per * host->element_bytes(f));
     }
-    block_bytes_ = std::max(block_bytes_, total);
+    // A larger step grows the block by half at least: data whose steps keep growing
+    // (length-sorted sequences) then allocates (and frees the smaller blocks, a cudaFree
+    // that waits for the device) about twice per doubling, not every step. The price: a
+    // block up to half larger than the largest step.
+    if (total > block_bytes_)
+      block_bytes_ = buffer_pool::size_class(block_bytes_ == 0 ? total : std::max(total, block_bytes_ + block_bytes_ / 2));
     std::shared_ptr<const void> keep = host;
     std::uint64_t* rebased = nullptr;
     if constexpr (has_ragged) {
@@ -394,8 +406,14 @@ class devices_backend {
                                            rep.copy.get()));
         }
       }
-      h.copied = rep.pool->take_event();
-      FERRY_CUDA_TRY(cudaEventRecord(h.copied, rep.copy.get()));
+      // Set only once recorded: a lease without it (a copy above threw) waits for the copy
+      // stream before the host batch goes back to its pool (devices_lease::release).
+      cudaEvent_t copied = rep.pool->take_event();
+      if (const cudaError_t st = cudaEventRecord(copied, rep.copy.get()); st != cudaSuccess) {
+        rep.pool->give_event(copied);
+        FERRY_CUDA_TRY(st);
+      }
+      h.copied = copied;
       access::set_replica(s[r], data.data(), aux.data(), values.data(), *host, slices[r], rep.device,
                           rep.compute.get());
     }

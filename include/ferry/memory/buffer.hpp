@@ -179,12 +179,10 @@ class buffer_pool : public std::pmr::memory_resource {
 
   void* do_allocate(std::size_t bytes, std::size_t align) override {
     const std::size_t c = size_class(bytes);
-    if (max_cached_ == auto_max_cached) {  // grow the bound first: this class then fits it
-      std::size_t seen = largest_.load(std::memory_order_relaxed);
-      while (c > seen && !largest_.compare_exchange_weak(seen, c, std::memory_order_relaxed)) {
-      }
-    }
-    const std::size_t bound = cap();
+    // The automatic bound grows with this class, but only once a block of it exists: a
+    // request that fails (a corrupt length asking for a petabyte) must not lift it for good.
+    const bool automatic = max_cached_ == auto_max_cached;
+    const std::size_t bound = automatic ? std::max(cap(), auto_cap(c)) : cap();
     const std::size_t want = c <= bound ? c : bytes;
     if (want <= bound) {
       std::lock_guard lk(m_);
@@ -200,6 +198,11 @@ class buffer_pool : public std::pmr::memory_resource {
       }
     }
     void* p = upstream_->allocate(want, align);  // outside the lock: may be slow (pinning)
+    if (automatic) {  // before deallocate can see the block: it sizes it by cap()
+      std::size_t seen = largest_.load(std::memory_order_relaxed);
+      while (c > seen && !largest_.compare_exchange_weak(seen, c, std::memory_order_relaxed)) {
+      }
+    }
     std::lock_guard lk(m_);
     ++st_.upstream_allocations;
     st_.outstanding_bytes += bytes;
@@ -281,7 +284,10 @@ class buffer_pool : public std::pmr::memory_resource {
   std::pmr::memory_resource* upstream_;
   std::size_t cap() const noexcept {
     if (max_cached_ != auto_max_cached) return max_cached_;
-    const std::size_t l = largest_.load(std::memory_order_relaxed);
+    return auto_cap(largest_.load(std::memory_order_relaxed));
+  }
+  // The automatic bound when the largest class is l.
+  static std::size_t auto_cap(std::size_t l) noexcept {
     return l > default_max_cached_bytes / auto_blocks ? (l > SIZE_MAX / auto_blocks ? SIZE_MAX : l * auto_blocks)
                                                      : default_max_cached_bytes;
   }

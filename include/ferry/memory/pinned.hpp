@@ -11,8 +11,9 @@
 // is why batches never allocate from it directly: buffer_pool recycles its blocks, so a
 // pipeline in steady state pins nothing.
 //
-// Throws std::bad_alloc when memory runs out and ferry::cuda_error when cudaHostAlloc
-// fails otherwise. Thread-safe; no user code runs.
+// Throws pinned_bad_alloc (a std::bad_alloc whose what() names the bytes asked for) when
+// memory runs out or the size cannot be had at all, and ferry::cuda_error when
+// cudaHostAlloc fails otherwise. Thread-safe; no user code runs.
 #pragma once
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include <memory>
 #include <memory_resource>
 #include <new>
+#include <string>
 
 #include "ferry/config.hpp"
 #include "ferry/cuda/error.hpp"
@@ -33,6 +35,18 @@ namespace ferry {
 // The page size the fallback aligns and rounds blocks to (and the largest alignment the
 // resource grants).
 inline constexpr std::size_t page_bytes = 4096;
+
+// Out of host memory in pinned_resource: a std::bad_alloc (as memory resources throw) whose
+// message says how many bytes, and of which kind, could not be had.
+class pinned_bad_alloc : public std::bad_alloc {
+ public:
+  pinned_bad_alloc(std::size_t bytes, bool pinned)
+      : what_(std::string("ferry::pinned_resource: cannot allocate ") + std::to_string(bytes) + " bytes of " +
+              (pinned ? "page-locked (cudaHostAlloc)" : "page-aligned host") + " memory") {}
+  const char* what() const noexcept override { return what_.c_str(); }
+ private:
+  std::string what_;
+};
 
 // A memory_resource of page-locked host memory, or page-aligned memory without CUDA (see
 // the file's top).
@@ -56,13 +70,14 @@ class pinned_resource : public std::pmr::memory_resource {
   void* do_allocate(std::size_t bytes, std::size_t align) override {
     if (align > page_bytes) throw std::bad_alloc();  // pages are all either can promise
     if (bytes == 0) bytes = 1;
+    if (bytes > SIZE_MAX - page_bytes) throw pinned_bad_alloc(bytes, pinned_);  // rounding would wrap
     void* p = nullptr;
 #if defined(FERRY_WITH_CUDART)
     if (pinned_) {
       const cudaError_t st = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
       if (st == cudaErrorMemoryAllocation) {
         (void)cudaGetLastError();
-        throw std::bad_alloc();
+        throw pinned_bad_alloc(bytes, true);
       }
       FERRY_CUDA_TRY(st);
       allocs_.fetch_add(1, std::memory_order_relaxed);
@@ -70,7 +85,7 @@ class pinned_resource : public std::pmr::memory_resource {
     }
 #endif
     p = std::aligned_alloc(page_bytes, rounded(bytes));
-    if (!p) throw std::bad_alloc();
+    if (!p) throw pinned_bad_alloc(bytes, false);
     allocs_.fetch_add(1, std::memory_order_relaxed);
     return p;
   }

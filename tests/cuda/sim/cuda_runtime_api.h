@@ -218,6 +218,8 @@ op_id last_copy_into(const void* p);
 // Whether a is ordered before b by streams, events and what the host observed.
 bool happens_before(op_id a, op_id b);
 bool done(op_id a);
+// Copies enqueued and not yet run.
+std::uint64_t pending_copies();
 // Runs everything enqueued so far on every device (uncounted).
 void drain();
 // Makes the n-th cudaMemcpyAsync from now (1 = the next) fail with `status`.

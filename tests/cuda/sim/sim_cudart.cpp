@@ -973,6 +973,13 @@ bool happens_before(op_id a, op_id b) {
   return hb(*s.ops[a - 1], *s.ops[b - 1]);
 }
 
+std::uint64_t pending_copies() {
+  std::lock_guard lk(S().m);
+  std::uint64_t n = 0;
+  for (const auto& o : S().ops) n += o->k == kind::copy && !o->done;
+  return n;
+}
+
 bool done(op_id a) {
   std::lock_guard lk(S().m);
   return a != 0 && a <= S().ops.size() && S().ops[a - 1]->done;
