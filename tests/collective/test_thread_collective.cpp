@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdint>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -216,4 +217,98 @@ TEST_CASE("bad group sizes, ranks and roots are config_errors") {
   ferry::thread_group one(1);
   std::vector<float> v(3, 1.0f);
   CHECK_THROWS_AS(one.communicator(0).broadcast(v, 1), ferry::config_error);
+}
+
+// A reset() right after abort() must not strand a waiter that has not woken yet: it was
+// waiting for peers that left, and used to see aborted() false and its generation
+// unchanged, and sleep forever. Here each released waiter resets the group at once (as a
+// trainer over part of a shared group did once its own replicas were back), so the first
+// one out resets before the second wakes, nearly every time.
+TEST_CASE("a waiter woken by abort() throws even when reset() came first" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s, "abort then reset");
+  for (int it = 0; it < 200; ++it) {
+    ferry::thread_group g(3);
+    std::atomic<int> released{0};
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 2; ++r)
+      ts.emplace_back([&, r] {
+        std::vector<float> v(8, 1.0f);
+        try {
+          g.communicator(r).all_reduce_sum(v);
+        } catch (const ferry::error&) {
+          released.fetch_add(1);
+          g.reset();
+        }
+      });
+    while (g.waiting() < 2) std::this_thread::yield();
+    g.communicator(2).abort();
+    const auto deadline = std::chrono::steady_clock::now() + 5s;
+    while (released.load() < 2 && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+    const int got = released.load();
+    if (got < 2) g.abort();  // release the stranded waiter, so the failure is reported, not a hang
+    for (auto& t : ts) t.join();
+    INFO("iteration " << it);
+    REQUIRE(got == 2);
+    // The group works again, and the aborted waiters no longer count as arrived.
+    std::vector<std::vector<float>> v(3, std::vector<float>(4, 1.0f));
+    on_threads(3, [&](int r) { g.communicator(r).all_reduce_sum(v[r]); });
+    for (auto& x : v) REQUIRE(x == std::vector<float>(4, 3.0f));
+  }
+}
+
+TEST_CASE("the abort error names the rank it reaches and the rank that aborted" * doctest::timeout(20)) {
+  ferry_test::watchdog wd(20s, "abort message");
+  ferry::thread_group g(3);
+  std::string msg;
+  std::thread t([&] {
+    std::vector<float> v(2);
+    try {
+      g.communicator(1).all_reduce_sum(v);
+    } catch (const ferry::error& e) {
+      msg = e.what();
+    }
+  });
+  while (g.waiting() < 1) std::this_thread::yield();
+  g.communicator(2).abort();
+  t.join();
+  CHECK(msg == "thread_group rank 1 of 3: the collective was aborted by rank 2 (a replica failed)");
+  CHECK_THROWS_WITH_AS(g.communicator(0).barrier(),
+                       "thread_group rank 0 of 3: the collective was aborted by rank 2 (a replica failed)",
+                       ferry::error);
+  g.reset();
+  g.abort();
+  CHECK_THROWS_WITH_AS(g.barrier(), "thread_group: the collective was aborted by thread_group::abort() (a replica failed)",
+                       ferry::error);
+}
+
+// The mismatch message reads the other rank's length before the barrier that lets that
+// rank go on: it used to read it after, when the rank may have posted its next call's.
+TEST_CASE("a length mismatch names the lengths of that call, not the next" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s, "mismatch message");
+  int wrong_reduce = 0, wrong_bcast = 0;
+  std::string example;
+  for (int it = 0; it < 2000; ++it) {
+    ferry::thread_group g(2);
+    std::string reduce_msg, bcast_msg;
+    std::thread t1([&] {
+      auto c = g.communicator(1);
+      std::vector<float> v(4, 1.0f), w(7, 1.0f), b(9, 1.0f);
+      try { c.all_reduce_sum(v); } catch (const ferry::config_error&) {}
+      c.all_reduce_sum(w);  // the next call, at once
+      c.broadcast(b, 1);    // root 1 posts 9 ...
+      c.broadcast(w, 1);    // ... then 7 at once
+    });
+    auto c = g.communicator(0);
+    std::vector<float> v(3, 1.0f), w(7, 1.0f), b(8, 1.0f);
+    try { c.all_reduce_sum(v); } catch (const ferry::config_error& e) { reduce_msg = e.what(); }
+    c.all_reduce_sum(w);
+    try { c.broadcast(b, 1); } catch (const ferry::config_error& e) { bcast_msg = e.what(); }
+    c.broadcast(w, 1);
+    t1.join();
+    if (reduce_msg.find("(4 on rank 1, 3 on rank 0)") == std::string::npos && ++wrong_reduce == 1) example = reduce_msg;
+    if (bcast_msg.find("rank 0 passed 8 floats, the root 9") == std::string::npos && ++wrong_bcast == 1) example = bcast_msg;
+  }
+  INFO("e.g. " << example);
+  CHECK(wrong_reduce == 0);
+  CHECK(wrong_bcast == 0);
 }

@@ -12,7 +12,12 @@
 //
 // Failure: if one thread fails (its replica threw), abort() (on the group or any of its
 // communicators, from any thread) wakes every thread waiting in a collective and makes it
-// throw ferry::error instead of waiting forever; reset() makes the group usable again.
+// throw ferry::error (naming its rank and who aborted) instead of waiting forever; every
+// later collective throws the same until reset(). A thread that was waiting when abort()
+// was called throws even if reset() runs before it wakes, so reset() may be called as soon
+// as the caller knows the threads it cares about are out; but only whoever drives every
+// rank can know that no rank is still on its way into the aborted collective (a rank that
+// enters after the reset waits for peers that have left): see mirrored_trainer.
 // Lengths: all_reduce buffers must all have the same length (config_error otherwise, on
 // every rank); in broadcast, only the ranks whose length differs from the root's throw
 // config_error (the others, the root included, return with their copy done).
@@ -57,14 +62,9 @@ class thread_group {
   // outside [0, N).
   inline thread_communicator communicator(int rank);
 
-  // Wakes every waiter; every later collective throws. Called when a member thread fails.
-  void abort() noexcept {
-    {
-      std::lock_guard lk(m_);
-      aborted_ = true;
-    }
-    cv_.notify_all();
-  }
+  // Wakes every waiter; every later collective throws (until reset()). Called when a member
+  // thread fails; the error the others throw says it came from the group, not a rank.
+  void abort() noexcept { abort_by(-1); }
   // Whether abort() was called since the last reset().
   bool aborted() const noexcept {
     std::lock_guard lk(m_);
@@ -76,18 +76,48 @@ class thread_group {
     std::lock_guard lk(m_);
     return waiting_;
   }
-  // Makes the group usable again after abort() (no thread may be inside a collective).
+  // Makes the group usable again after abort(). Threads that were waiting at the abort
+  // still throw, whenever they wake; every rank must be out of the aborted collective (or
+  // not yet in it, and then expected to make no call of it: see the file's top).
   void reset() noexcept {
     std::lock_guard lk(m_);
     aborted_ = false;
-    waiting_ = 0;
   }
 
-  // A reusable generation barrier that abort() can break.
-  void barrier() {
+  // A reusable generation barrier that abort() can break; throws ferry::error after abort().
+  void barrier() { barrier(-1); }
+
+ private:
+  friend class thread_communicator;
+
+  // abort() by `rank` (-1: through the group), named in the others' errors.
+  void abort_by(int rank) noexcept {
+    {
+      std::lock_guard lk(m_);
+      if (!aborted_) aborted_by_ = rank;  // the first abort names the culprit, not the echoes
+      aborted_ = true;
+      ++aborts_;     // the threads waiting now throw when they wake, even after a reset()
+      waiting_ = 0;  // and no longer count towards the next barrier
+    }
+    cv_.notify_all();
+  }
+
+  // The error of `rank` (-1: a caller of thread_group::barrier()) in an aborted collective.
+  error aborted_error(int rank) const {
+    const std::string who = rank < 0 ? std::string("thread_group") : "thread_group rank " +
+                            std::to_string(rank) + " of " + std::to_string(n_);
+    const std::string by = aborted_by_ < 0 ? std::string("thread_group::abort()") :
+                           "rank " + std::to_string(aborted_by_);
+    return error(who + ": the collective was aborted by " + by + " (a replica failed)");
+  }
+
+  // The barrier of rank `rank` (-1 when unknown: thread_group::barrier()).
+  void barrier(int rank) {
     std::unique_lock lk(m_);
-    if (aborted_) throw error("thread_group: a collective was aborted (another replica failed)");
-    const std::uint64_t gen = gen_;
+    if (aborted_) throw aborted_error(rank);
+    // aborts_, not aborted_: a reset() before this thread wakes must not send it back to
+    // sleep waiting for peers that already left.
+    const std::uint64_t gen = gen_, aborts = aborts_;
     if (++waiting_ == n_) {
       waiting_ = 0;
       ++gen_;
@@ -95,24 +125,24 @@ class thread_group {
       cv_.notify_all();
       return;
     }
-    cv_.wait(lk, [&] { return gen_ != gen || aborted_; });
-    if (gen_ == gen) throw error("thread_group: a collective was aborted (another replica failed)");
+    cv_.wait(lk, [&] { return gen_ != gen || aborts_ != aborts; });
+    // Aborted first: after abort() and reset(), fresh arrivals may complete a barrier of
+    // this generation without this thread, so a changed gen_ alone proves nothing.
+    if (aborts_ != aborts) throw aborted_error(rank);
   }
-
- private:
-  friend class thread_communicator;
 
   void all_reduce(int rank, std::span<float> s, bool average) {
     // rank is in [0, n_) (communicator() checked it), n_ >= 1 (the constructor did)
     const auto r = static_cast<std::size_t>(rank), n = static_cast<std::size_t>(n_);
     bufs_[r] = s.data();
     lens_[r] = s.size();
-    barrier();
+    barrier(rank);
     for (std::size_t q = 0; q < n; ++q)
       if (lens_[q] != s.size()) {
-        barrier();  // let every rank see the mismatch before anyone reposts
+        const std::size_t theirs = lens_[q];  // read before the barrier: after it rank q may post its next call's
+        barrier(rank);  // let every rank see the mismatch before anyone reposts
         throw config_error("thread_group::all_reduce: ranks passed buffers of different "
-                           "lengths (" + std::to_string(lens_[q]) + " on rank " +
+                           "lengths (" + std::to_string(theirs) + " on rank " +
                            std::to_string(q) + ", " + std::to_string(s.size()) + " on rank " +
                            std::to_string(rank) + ")");
       }
@@ -131,7 +161,7 @@ class thread_group {
     if (hi > lo)  // (an empty buffer may be null)
       for (std::size_t q = 1; q < n; ++q)
         std::memcpy(bufs_[q] + lo, acc + lo, (hi - lo) * sizeof(float));
-    barrier();  // nobody returns (and reuses its buffer) while others still read or write it
+    barrier(rank);  // nobody returns (and reuses its buffer) while others still read or write it
   }
 
   void broadcast(int rank, std::span<float> s, int root) {
@@ -142,16 +172,15 @@ class thread_group {
     const auto r = static_cast<std::size_t>(rank), from = static_cast<std::size_t>(root);
     bufs_[r] = s.data();
     lens_[r] = s.size();
-    barrier();
-    if (lens_[from] != s.size()) {
-      barrier();
+    barrier(rank);
+    if (const std::size_t root_len = lens_[from]; root_len != s.size()) {  // before the barrier, as in all_reduce
+      barrier(rank);
       throw config_error("thread_group::broadcast: rank " + std::to_string(rank) + " passed " +
-                         std::to_string(s.size()) + " floats, the root " +
-                         std::to_string(lens_[from]));
+                         std::to_string(s.size()) + " floats, the root " + std::to_string(root_len));
     }
     if (rank != root)
       for (std::size_t i = 0; i < s.size(); ++i) s[i] = bufs_[from][i];
-    barrier();
+    barrier(rank);
   }
 
   int n_;
@@ -161,6 +190,8 @@ class thread_group {
   std::condition_variable cv_;
   int waiting_ = 0;
   std::uint64_t gen_ = 0;
+  std::uint64_t aborts_ = 0;  // abort() calls ever: what a waiter compares, as aborted_ may be reset
+  int aborted_by_ = -1;       // the rank of the first abort() since reset() (-1: the group's own)
   bool aborted_ = false;
 };
 
@@ -180,10 +211,11 @@ class thread_communicator {
   // differs from root's, ferry::error after abort().
   void broadcast(std::span<float> s, int root) { g_->broadcast(rank_, s, root); }
   // Returns once every rank has entered it; throws ferry::error after abort().
-  void barrier() { g_->barrier(); }
+  void barrier() { g_->barrier(rank_); }
   // The group's abort() and reset(): thread-safe, so a trainer can release the other ranks
-  // from the failing rank's thread, holding communicators only (no thread_group).
-  void abort() noexcept { g_->abort(); }
+  // from the failing rank's thread, holding communicators only (no thread_group). The
+  // others' errors name this rank.
+  void abort() noexcept { g_->abort_by(rank_); }
   // The group's reset() (see abort()).
   void reset() noexcept { g_->reset(); }
 
