@@ -7,6 +7,8 @@
 #include <cmath>
 #include <algorithm>
 #include <array>
+#include <atomic>
+#include <barrier>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -14,6 +16,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -518,6 +521,134 @@ TEST_CASE("a replica failing mid-step, generic constructor with thread_communica
     CHECK(t.parameters() == ref.parameters());  // the failed step changed nothing
   }
   CHECK(t.evaluate(split(d, 48, 16, 4)).rows == 16);
+}
+
+// One trainer per rank over ONE shared thread_group (ranks simulated by threads, as with
+// one replica per MPI process). Rank 2 fails in step 1 and aborts the group; rank 0 is
+// released; rank 1 calls step 1 only once ranks 0 and 2 are back. Each trainer used to
+// reset the group as soon as its own replica was back, so rank 1 then waited for peers that
+// had left (or rank 0, if it arrived after rank 2's reset): a hang. A trainer holding part
+// of a group must leave it aborted: every rank throws, and every trainer is spent.
+TEST_CASE("trainers sharing one thread_group: a failure on one rank ends every rank's call, "
+          "no hang; the trainers are spent" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s, "shared group failure");
+  const dataset d = blobs(48, 4, 2, 11);
+  const tr::mlp_config cfg{{4, 8, 2}, {}};
+  const tr::trainer_options o{.seed = 5, .max_rows = 4};
+  constexpr int W = 3;
+  ferry::thread_group g(W);
+  std::barrier sync(W + 1);
+  std::atomic<int> back{0}, done{0};
+  std::vector<std::string> errs(W), after(W);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < W; ++r)
+    ts.emplace_back([&, r] {
+      faulty_trainer t(cfg, o, {g.communicator(r)}, {{r, nullptr}});
+      t.train_step(split(d, 4 * std::size_t(r), 4, 1));  // step 0, every rank
+      sync.arrive_and_wait();  // the caller sets the faults
+      sync.arrive_and_wait();
+      if (r == 1)
+        while (back.load() < 2) std::this_thread::sleep_for(1ms);
+      try {
+        t.train_step(split(d, 12 + 4 * std::size_t(r), 4, 1));
+        errs[r] = "(no error)";
+      } catch (const std::exception& e) {
+        errs[r] = e.what();
+      }
+      ++back;
+      sync.arrive_and_wait();  // the caller clears the faults
+      sync.arrive_and_wait();
+      try {
+        t.train_step(split(d, 24 + 4 * std::size_t(r), 4, 1));
+        after[r] = "(no error)";
+      } catch (const ferry::error& e) {
+        after[r] = e.what();
+      }
+      ++done;
+    });
+  sync.arrive_and_wait();
+  faults = {.rank = 2, .gemms_before_failure = 0};  // its first GEMM of step 1
+  sync.arrive_and_wait();
+  // A rank stuck in the all-reduce is released by aborting the group again, so the old
+  // behaviour fails the checks below instead of hanging the test.
+  bool stuck = false;
+  const auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (back.load() < W) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      stuck = true;
+      g.abort();
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  sync.arrive_and_wait();
+  faults = {};
+  sync.arrive_and_wait();
+  while (done.load() < W) {  // (the same release, for later calls)
+    if (std::chrono::steady_clock::now() > deadline + 5s) {
+      stuck = true;
+      g.abort();
+    }
+    std::this_thread::sleep_for(1ms);
+  }
+  for (auto& t : ts) t.join();
+  CHECK_FALSE(stuck);
+  CHECK(errs[2] == "injected GEMM failure");
+  for (int r : {0, 1}) {
+    INFO("rank " << r << ": " << errs[r]);
+    CHECK(errs[r] == "thread_group rank " + std::to_string(r) + " of 3: the collective was aborted by rank 2 "
+                     "(a replica failed)");
+  }
+  for (int r = 0; r < W; ++r) {
+    INFO("rank " << r << "'s next step: " << after[r]);
+    CHECK(after[r].find("build a new group and trainers") != std::string::npos);
+  }
+  CHECK(g.aborted());
+}
+
+// Uploads join no collective: a failed set_parameters on a trainer that holds part of a
+// shared group must not abort the group (the other ranks could not reset it).
+TEST_CASE("trainers sharing one thread_group: a failed set_parameters aborts nothing" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "shared group set_parameters");
+  const dataset d = blobs(32, 4, 2, 12);
+  const tr::mlp_config cfg{{4, 8, 2}, {}};
+  const tr::trainer_options o{.seed = 5, .max_rows = 4};
+  ferry::thread_group g(2);
+  std::barrier sync(3);
+  std::string err;
+  std::vector<int> ok(2, 0);
+  std::vector<std::thread> ts;
+  for (int r = 0; r < 2; ++r)
+    ts.emplace_back([&, r] {
+      faulty_trainer t(cfg, o, {g.communicator(r)}, {{r, nullptr}});
+      t.train_step(split(d, 4 * std::size_t(r), 4, 1));
+      sync.arrive_and_wait();  // the caller sets the fault
+      sync.arrive_and_wait();
+      if (r == 1) {
+        try {
+          t.set_parameters(t.parameters());
+        } catch (const std::exception& e) {
+          err = e.what();
+        }
+      }
+      sync.arrive_and_wait();  // the caller checks the group and clears the fault
+      sync.arrive_and_wait();
+      try {
+        t.train_step(split(d, 8 + 4 * std::size_t(r), 4, 1));  // both ranks still train together
+        ok[r] = 1;
+      } catch (const std::exception&) {
+        g.abort();  // release the other rank: a failure, not a hang
+      }
+    });
+  sync.arrive_and_wait();
+  faults = {.rank = 1, .failing_uploads = 1};
+  sync.arrive_and_wait();
+  sync.arrive_and_wait();
+  CHECK(err == "injected upload failure");
+  CHECK_FALSE(g.aborted());
+  faults = {};
+  sync.arrive_and_wait();
+  for (auto& t : ts) t.join();
+  CHECK(ok == std::vector<int>{1, 1});
 }
 
 TEST_CASE("a failed set_parameters restores the previous weights on every replica" *

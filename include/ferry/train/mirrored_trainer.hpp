@@ -64,10 +64,17 @@
 // seen while polling (cuda_error) ends the same way.
 // If a replica throws, the first error is rethrown on the caller, and the others are
 // released from their collective as the communicator allows:
-//  * communicators with abort() and reset() (thread_communicator, from either
-//    constructor): aborted from the failing replica's thread at once, reset once every
-//    replica is back; the trainer stays usable. Aborting reaches the whole thread_group,
-//    so a group shared with threads outside this trainer is aborted for them too.
+//  * communicators with abort() and reset() (thread_communicator): aborted from the failing
+//    replica's thread at once. When the trainer holds every rank of the group (the
+//    `int replicas` constructor, or comms.size() == comms[0].size()), it resets the group
+//    once every replica is back and stays usable. When it holds only some ranks (a group
+//    shared with other trainers or threads, e.g. one trainer per simulated rank), it cannot
+//    know when the other ranks are out of the aborted collective, or whether one is still
+//    on its way into it (after a reset that rank would wait for peers that have left, or
+//    pair with their next call), so it leaves the group aborted and is spent, as with NCCL:
+//    every trainer on the group then throws (the others ferry::error naming the rank that
+//    aborted) and is spent; build a new group. Aborting reaches the whole group either way.
+//    Calls without collectives (set_parameters, load) abort nothing.
 //  * communicators with abort() only (nccl_communicator): every one is aborted once all
 //    replicas are back from a call that enqueues collectives (a step, evaluate), since the
 //    others' all-reduce would wait on the GPU forever; that trainer is then spent (later
@@ -215,12 +222,15 @@ class mirrored_trainer {
                    std::vector<replica_context> contexts = {})
       : cfg_(cfg), opts_(o), comms_(std::move(comms)) {
     if constexpr (resettable) {  // e.g. thread_communicators of the caller's thread_group
-      abort_ = [this] {
+      abort_ = [this](std::size_t failed) {
+        comms_[failed].abort();  // first: the others' errors name the failed replica's rank
         for (auto& c : comms_) c.abort();
       };
-      reset_ = [this] {
-        for (auto& c : comms_) c.reset();
-      };
+      // Only a trainer holding every rank knows when all are out of a collective (see Errors).
+      if (!comms_.empty() && comms_.size() == static_cast<std::size_t>(comms_[0].size()))
+        reset_ = [this] {
+          for (auto& c : comms_) c.reset();
+        };
     }
     init(std::move(contexts));
   }
@@ -230,7 +240,7 @@ class mirrored_trainer {
     requires std::same_as<Comm, thread_communicator>
       : cfg_(cfg), opts_(o), group_(std::make_unique<thread_group>(replicas)) {
     for (int r = 0; r < replicas; ++r) comms_.push_back(group_->communicator(r));
-    abort_ = [g = group_.get()] { g->abort(); };
+    abort_ = [this](std::size_t failed) { comms_[failed].abort(); };  // the whole group
     reset_ = [g = group_.get()] { g->reset(); };
     init({});
   }
@@ -563,6 +573,7 @@ class mirrored_trainer {
     if (spent_) throw error(spent_why_);
     std::function<void(std::size_t)> fn = std::ref(job);
     const std::size_t N = reps_.size();
+    job_collectives_ = collectives;  // read by the workers after the hand-off below
     if (N > 1) {
       std::lock_guard lk(m_);
       job_ = &fn;
@@ -580,18 +591,28 @@ class mirrored_trainer {
       std::exception_ptr e = errs_[static_cast<std::size_t>(failed_)];  // failed_ >= 0: a replica
       for (auto& x : errs_) x = nullptr;
       failed_ = -1;
-      if (reset_) reset_();
-      // Communicators that can end their collectives but not be reset (NCCL): the other
-      // replicas' all-reduce waits on the GPU for the replica that failed, so the streams
-      // would never drain. Every thread is out of its calls now: abort them all; the
-      // trainer is then spent.
-      if constexpr (requires(Comm& c) { c.abort(); } && !resettable)
-        if (collectives) {
+      if (collectives) {  // run_one aborted the communicators (those that can be)
+        if constexpr (resettable) {
+          if (reset_) {
+            reset_();  // every rank of the group is this trainer's, and all are back
+          } else {
+            spent_ = true;
+            spent_why_ = "mirrored_trainer: a replica failed in an earlier call and its thread_group, which "
+                         "this trainer shares with ranks it does not hold, was aborted and cannot be reset "
+                         "from here; build a new group and trainers";
+          }
+        }
+        // Communicators that can end their collectives but not be reset (NCCL): the other
+        // replicas' all-reduce waits on the GPU for the replica that failed, so the streams
+        // would never drain. Every thread is out of its calls now: abort them all; the
+        // trainer is then spent.
+        if constexpr (requires(Comm& c) { c.abort(); } && !resettable) {
           for (auto& c : comms_) c.abort();
           spent_ = true;
           spent_why_ = "mirrored_trainer: a replica failed in an earlier call and its NCCL "
                        "communicators were aborted; build a new trainer";
         }
+      }
       std::rethrow_exception(e);
     }
   }
@@ -604,7 +625,9 @@ class mirrored_trainer {
         errs_[r] = std::current_exception();
         if (failed_ < 0) failed_ = static_cast<int>(r);  // the first failure, not the aborts it caused
       }
-      if (abort_) abort_();
+      // Release the siblings waiting in a collective; a job without any (uploads) needs no
+      // abort, which would reach ranks outside this trainer on a shared group.
+      if (abort_ && job_collectives_) abort_(r);
     }
   }
   void worker(std::size_t r) {
@@ -631,7 +654,8 @@ class mirrored_trainer {
   trainer_options opts_;
   std::unique_ptr<thread_group> group_;  // host replicas only
   std::vector<Comm> comms_;
-  std::function<void()> abort_, reset_;
+  std::function<void(std::size_t)> abort_;  // from the failed replica's thread, given its index
+  std::function<void()> reset_;
   bool spent_ = false;  // unusable after a failure (spent_why_ says why)
   const char* spent_why_ = "";
   std::vector<std::unique_ptr<replica<Backend>>> reps_;
@@ -643,6 +667,7 @@ class mirrored_trainer {
   std::mutex m_;
   std::condition_variable cv_, done_cv_;
   std::function<void(std::size_t)>* job_ = nullptr;
+  bool job_collectives_ = true;  // whether job_ calls collectives (run_all's argument)
   std::uint64_t gen_ = 0;
   std::size_t done_ = 0;
   bool stop_ = false;
