@@ -32,10 +32,49 @@
 // Threads: every call runs on the calling thread, and leaves that thread's current CUDA
 // device as it found it (each call sets its communicator's device for itself).
 //
-// Throws ferry::error naming the NCCL/CUDA call and its status string on failure.
+// Errors: a failed NCCL call throws ferry::nccl_error (a ferry::error) naming the call, the
+// NCCL rank and clique size, the device, the host and the status; a failed CUDA call throws
+// ferry::cuda_error (call, device, host, status), its call naming the NCCL rank too.
 #pragma once
 
+#include <string>
+#include <utility>
+
 #include "ferry/config.hpp"
+#include "ferry/cuda/error.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry {
+
+// A failed NCCL call: the message names the call, the NCCL rank of its communicator and the
+// clique's size (when the call has one), the device, the host and the status, e.g.
+// "ncclAllReduce failed for NCCL rank 3 of 8 on device 1 of node7: status 6 (remote
+// process exited or there was a network error)". Defined without NCCL too, so code that
+// catches it compiles in CPU-only builds.
+class nccl_error : public error {
+ public:
+  // rank, nranks, device: -1 when the call has none (ncclGetUniqueId, ncclCommInitAll).
+  nccl_error(std::string call, int rank, int nranks, int device, int status, const std::string& status_text)
+      : error(call + " failed" +
+              (rank >= 0 ? " for NCCL rank " + std::to_string(rank) + " of " + std::to_string(nranks) : std::string()) +
+              " on " + (device >= 0 ? "device " + std::to_string(device) + " of " : std::string()) +
+              cuda_error::host_name() + ": status " + std::to_string(status) + " (" + status_text + ")"),
+        call_(std::move(call)), rank_(rank), device_(device), status_(status) {}
+  // The NCCL call, e.g. "ncclAllReduce".
+  const std::string& call() const noexcept { return call_; }
+  // The communicator's NCCL rank (-1: none).
+  int rank() const noexcept { return rank_; }
+  // The communicator's CUDA device (-1: none).
+  int device() const noexcept { return device_; }
+  // The ncclResult_t value.
+  int status() const noexcept { return status_; }
+
+ private:
+  std::string call_;
+  int rank_, device_, status_;
+};
+
+}  // namespace ferry
 
 #if defined(FERRY_WITH_CUDART)
 
@@ -43,28 +82,32 @@
 #include <nccl.h>
 
 #include <cstdio>
+#include <source_location>
 #include <thread>
 #include <span>
-#include <string>
-#include <utility>
 #include <vector>
 
 #include "ferry/collective/communicator.hpp"
 #include "ferry/collective/device_exchange.hpp"
 #include "ferry/cuda/stream.hpp"
 #include "ferry/cuda/stream_handle.hpp"
-#include "ferry/error.hpp"
 
 namespace ferry {
 
 namespace detail {
-inline void nccl_check(ncclResult_t r, const char* call) {
-  if (r != ncclSuccess)
-    throw error(std::string("NCCL: ") + call + " failed: " + ncclGetErrorString(r));
+// Throws nccl_error for a failed call of NCCL rank `rank` of `nranks` on `device` (-1: none).
+inline void nccl_check(ncclResult_t r, const char* call, int rank = -1, int nranks = -1, int device = -1) {
+  if (r != ncclSuccess) throw nccl_error(call, rank, nranks, device, static_cast<int>(r), ncclGetErrorString(r));
 }
-inline void cuda_check_nccl(cudaError_t r, const char* call) {
-  if (r != cudaSuccess)
-    throw error(std::string("CUDA: ") + call + " failed: " + cudaGetErrorString(r));
+// Throws cuda_error for a failed CUDA call made for NCCL rank `rank` of `nranks` on `device`
+// (named: the current device may be another when cudaSetDevice failed).
+inline void cuda_check_nccl(cudaError_t r, const char* call, int rank, int nranks, int device,
+                            std::source_location at = std::source_location::current()) {
+  if (r == cudaSuccess) return;
+  (void)cudaGetLastError();  // a non-sticky error must not fail the next call
+  throw cuda_error(std::string(call) + " for NCCL rank " + std::to_string(rank) + " of " + std::to_string(nranks),
+                   device, static_cast<int>(r), cudaGetErrorName(r), cudaGetErrorString(r), at.file_name(),
+                   static_cast<int>(at.line()));
 }
 }  // namespace detail
 
@@ -74,10 +117,11 @@ inline void cuda_check_nccl(cudaError_t r, const char* call) {
 // go elsewhere.
 class nccl_communicator {
  public:
+
   // One communicator per listed device, rank i on devices[i] (ncclCommInitAll).
   // Throws config_error for an empty list or a device listed twice (NCCL does not support
   // two ranks on one device: it may hang; distribute allows {0, 0}, a trainer over NCCL
-  // does not), ferry::error when NCCL fails.
+  // does not), nccl_error (naming the devices) when NCCL fails.
   static std::vector<nccl_communicator> local(const std::vector<int>& devices) {
     if (devices.empty()) throw config_error("nccl_communicator::local: no devices given");
     for (std::size_t i = 0; i < devices.size(); ++i)
@@ -87,9 +131,8 @@ class nccl_communicator {
                              " is listed twice (NCCL supports one rank per device)");
     std::vector<ncclComm_t> raw(devices.size());
     const cuda::device_restore keep;
-    detail::nccl_check(ncclCommInitAll(raw.data(), static_cast<int>(devices.size()),
-                                       devices.data()),
-                       "ncclCommInitAll");
+    const ncclResult_t r = ncclCommInitAll(raw.data(), static_cast<int>(devices.size()), devices.data());
+    if (r != ncclSuccess) detail::nccl_check(r, ("ncclCommInitAll (devices " + list(devices) + ")").c_str());
     std::vector<nccl_communicator> out;
     out.reserve(devices.size());
     for (std::size_t i = 0; i < devices.size(); ++i)
@@ -98,7 +141,8 @@ class nccl_communicator {
     return out;
   }
 
-  // A fresh id for a new clique (rank 0 makes it; the others receive its bytes).
+  // A fresh id for a new clique (rank 0 makes it; the others receive its bytes). Throws
+  // nccl_error.
   static ncclUniqueId unique_id() {
     ncclUniqueId id{};
     detail::nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
@@ -108,7 +152,11 @@ class nccl_communicator {
   // This process's ranks of a clique of `nranks` spread over processes: rank first + i on
   // devices[i] (ncclCommInitRank for each, in one group). Every process of the clique
   // must call it with the same id and nranks. Throws config_error for an empty device
-  // list or ranks outside [0, nranks), ferry::error when NCCL fails.
+  // list, a device listed twice or ranks outside [0, nranks); cuda_error when a device
+  // cannot be made current (checked for every device before any rank joins: a rank
+  // added to the group without its siblings would make ncclGroupEnd wait for them
+  // forever); nccl_error when NCCL fails. The peers in other processes still wait for
+  // this process's ranks: ferry::nccl_communicators agrees on success first.
   static std::vector<nccl_communicator> join(const ncclUniqueId& id, int nranks, int first,
                                              const std::vector<int>& devices) {
     const int k = static_cast<int>(devices.size());
@@ -117,23 +165,38 @@ class nccl_communicator {
       throw config_error("nccl_communicator::join: ranks " + std::to_string(first) + ".." +
                          std::to_string(first + k - 1) + " do not fit a clique of " +
                          std::to_string(nranks));
-    std::vector<ncclComm_t> raw(devices.size(), nullptr);
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      for (std::size_t j = 0; j < i; ++j)
+        if (devices[i] == devices[j])
+          throw config_error("nccl_communicator::join: device " + std::to_string(devices[i]) +
+                             " is listed twice (NCCL supports one rank per device)");
     const cuda::device_restore keep;
+    for (std::size_t i = 0; i < devices.size(); ++i)
+      detail::cuda_check_nccl(cudaSetDevice(devices[i]), "cudaSetDevice", first + static_cast<int>(i), nranks,
+                              devices[i]);
+    std::vector<ncclComm_t> raw(devices.size(), nullptr);
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t st = ncclSuccess;
+    int failed = first;  // the rank the error names
     for (std::size_t i = 0; i < raw.size() && st == ncclSuccess; ++i) {
+      failed = first + static_cast<int>(i);
+      // Every device was made current just above; a failure now could only come from a
+      // device lost meanwhile, and then the group is broken whatever we do.
       if (cudaSetDevice(devices[i]) != cudaSuccess) {
+        (void)cudaGetLastError();
         st = ncclUnhandledCudaError;
         break;
       }
-      st = ncclCommInitRank(&raw[i], nranks, id, first + static_cast<int>(i));
+      st = ncclCommInitRank(&raw[i], nranks, id, failed);
     }
     const ncclResult_t end = ncclGroupEnd();
-    if (st == ncclSuccess) st = end;
-    if (st != ncclSuccess) {
+    if (st != ncclSuccess || end != ncclSuccess) {
       for (ncclComm_t c : raw)
         if (c) ncclCommAbort(c);
-      detail::nccl_check(st, "ncclCommInitRank");
+      detail::nccl_check(st, "ncclCommInitRank", failed, nranks, devices[static_cast<std::size_t>(failed - first)]);
+      detail::nccl_check(end, ("ncclGroupEnd after ncclCommInitRank of NCCL ranks " + std::to_string(first) + ".." +
+                               std::to_string(first + k - 1) + " of " + std::to_string(nranks) + " (devices " +
+                               list(devices) + ")").c_str());
     }
     std::vector<nccl_communicator> out;
     out.reserve(devices.size());
@@ -174,25 +237,22 @@ class nccl_communicator {
   void broadcast(std::span<float> s, int root) {
     live("ncclBroadcast");
     const cuda::device_restore keep;
-    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
-    detail::nccl_check(ncclBroadcast(s.data(), s.data(), s.size(), ncclFloat, root, comm_,
-                                     stream_),
-                       "ncclBroadcast");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
+    check(ncclBroadcast(s.data(), s.data(), s.size(), ncclFloat, root, comm_, stream_), "ncclBroadcast");
   }
   // Every rank's queued work, collectives included, is done when barrier() returns.
   void barrier() {
     live("barrier");
     const cuda::device_restore keep;
-    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
-    if (!scratch_) detail::cuda_check_nccl(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
-    detail::nccl_check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_),
-                       "ncclAllReduce (barrier)");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
+    if (!scratch_) cuda_check(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+    check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
     // Poll instead of cudaStreamSynchronize: a peer that failed leaves the all-reduce
     // waiting forever, and only the communicator's async error says so.
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) detail::cuda_check_nccl(q, "cudaStreamQuery");
+      if (q != cudaErrorNotReady) cuda_check(q, "cudaStreamQuery");
       check_async();
       std::this_thread::yield();
     }
@@ -204,12 +264,12 @@ class nccl_communicator {
   void check_async() {
     live("ncclCommGetAsyncError");
     ncclResult_t a = ncclSuccess;
-    detail::nccl_check(ncclCommGetAsyncError(comm_, &a), "ncclCommGetAsyncError");
+    check(ncclCommGetAsyncError(comm_, &a), "ncclCommGetAsyncError");
     if (a != ncclSuccess && a != ncclInProgress) {
       ncclCommAbort(comm_);
       comm_ = nullptr;
       aborted_ = true;
-      detail::nccl_check(a, "an earlier NCCL collective (asynchronous error)");
+      check(a, "an earlier NCCL collective (asynchronous error)");
     }
   }
 
@@ -230,14 +290,14 @@ class nccl_communicator {
   void send_bytes(const void* p, std::size_t bytes, int peer, cuda_stream stream) {
     live("ncclSend");
     const cuda::device_restore keep;
-    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
-    detail::nccl_check(ncclSend(p, bytes, ncclUint8, peer, comm_, stream), "ncclSend");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
+    check(ncclSend(p, bytes, ncclUint8, peer, comm_, stream), "ncclSend");
   }
   void recv_bytes(void* p, std::size_t bytes, int peer, cuda_stream stream) {
     live("ncclRecv");
     const cuda::device_restore keep;
-    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
-    detail::nccl_check(ncclRecv(p, bytes, ncclUint8, peer, comm_, stream), "ncclRecv");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
+    check(ncclRecv(p, bytes, ncclUint8, peer, comm_, stream), "ncclRecv");
   }
 
   static void group_start() { detail::nccl_check(ncclGroupStart(), "ncclGroupStart"); }
@@ -248,15 +308,25 @@ class nccl_communicator {
       : comm_(c), dev_(dev), rank_(rank), size_(size) {}
   void live(const char* call) const {
     if (!comm_)
-      throw error(std::string("nccl_communicator (rank ") + std::to_string(rank_) + "): " + call +
+      throw error("nccl_communicator (NCCL rank " + std::to_string(rank_) + " of " + std::to_string(size_) +
+                  " on device " + std::to_string(dev_) + " of " + cuda_error::host_name() + "): " + call +
                   " on a communicator that was aborted after an earlier failure");
+  }
+  // This communicator's checks: the errors name its rank and device.
+  void check(ncclResult_t r, const char* call) const { detail::nccl_check(r, call, rank_, size_, dev_); }
+  void cuda_check(cudaError_t r, const char* call, std::source_location at = std::source_location::current()) const {
+    detail::cuda_check_nccl(r, call, rank_, size_, dev_, at);
   }
   void reduce(std::span<float> s, ncclRedOp_t op) {
     live("ncclAllReduce");
     const cuda::device_restore keep;
-    detail::cuda_check_nccl(cudaSetDevice(dev_), "cudaSetDevice");
-    detail::nccl_check(ncclAllReduce(s.data(), s.data(), s.size(), ncclFloat, op, comm_, stream_),
-                       "ncclAllReduce");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
+    check(ncclAllReduce(s.data(), s.data(), s.size(), ncclFloat, op, comm_, stream_), "ncclAllReduce");
+  }
+  static std::string list(const std::vector<int>& v) {
+    std::string s;
+    for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+    return s;
   }
   void release() noexcept {
     if (scratch_) cudaFree(scratch_);
@@ -278,7 +348,7 @@ static_assert(communicator<nccl_communicator>);
 // order: its replicas'): each all_to_all is one group of ncclSend/ncclRecv, every peer
 // included (zero counts too, which NCCL 2.12.10 and later allow), the rank's own part too.
 // Holds a reference: the communicators must outlive it. Throws config_error (constructor)
-// for no communicators or ranks that are not consecutive, ferry::error when NCCL fails
+// for no communicators or ranks that are not consecutive, nccl_error when NCCL fails
 // (the group is closed first).
 class nccl_device_exchange final : public device_exchange {
  public:

@@ -66,4 +66,11 @@ int live_nccl_comms();
 void nccl_async_error(int rank, ncclResult_t r, int after_queries = 0);
 // ncclCommGetAsyncError calls made so far (all ranks).
 long nccl_async_queries();
+// ncclCommInitRank's rendezvous. Off (the default), every rank is made at once, so a test
+// may join a clique's ranks one process after another from one thread. On, as in NCCL: the
+// outermost ncclGroupEnd after ncclCommInitRank calls (or an ncclCommInitRank outside a
+// group) waits until every rank of the cliques it joined has joined; after `timeout_s`
+// without them it reports a deadlock (sim::report) and returns ncclSystemError, where NCCL
+// would wait forever.
+void nccl_rendezvous(bool on, double timeout_s = 3.0);
 }  // namespace sim

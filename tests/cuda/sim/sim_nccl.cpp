@@ -3,6 +3,8 @@
 #include "nccl.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -30,6 +32,7 @@ struct clique {
     std::size_t bytes = 0;
   };
   std::map<std::uint64_t, std::vector<std::vector<p2p>>> pending_p2p;
+  int joined = 0;  // ncclCommInitRank calls (the rendezvous waits for nranks)
 };
 
 std::mutex m;
@@ -50,6 +53,30 @@ struct group_ops {
   std::vector<clique::p2p> ops;
 };
 thread_local std::vector<group_ops> group_p2p;
+// The rendezvous (sim::nccl_rendezvous): whether it waits, for how long, and the cliques this
+// thread's open group joined.
+bool rendezvous = false;
+double rendezvous_timeout_s = 3.0;
+std::condition_variable joined_cv;
+thread_local std::vector<std::shared_ptr<clique>> group_inits;
+
+// Waits (rendezvous on) until every rank of each clique joined; reports a deadlock after the
+// timeout. Called without m held.
+ncclResult_t await_ranks(const std::vector<std::shared_ptr<clique>>& cs) {
+  std::unique_lock lk(m);
+  if (!rendezvous) return ncclSuccess;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(rendezvous_timeout_s);
+  for (const auto& c : cs)
+    if (!joined_cv.wait_until(lk, until, [&] { return c->joined >= c->nranks; })) {
+      const std::string what = "deadlock: ncclCommInitRank waits for the rest of a clique of " +
+                               std::to_string(c->nranks) + " ranks, " + std::to_string(c->joined) +
+                               " joined (NCCL would wait forever)";
+      lk.unlock();
+      sim::report(what);
+      return ncclSystemError;
+    }
+  return ncclSuccess;
+}
 
 }  // namespace
 
@@ -235,15 +262,13 @@ ncclResult_t ncclCommInitAll(ncclComm_t* comms, int ndev, const int* devlist) {
   if (ndev < 1) return ncclInvalidArgument;
   int count = 0;
   cudaGetDeviceCount(&count);
+  for (int i = 0; i < ndev; ++i)  // every device first, as NCCL does: a failure makes no communicator
+    if (const int d = devlist ? devlist[i] : i; d < 0 || d >= count) return ncclInvalidArgument;
   std::lock_guard lk(m);
   auto c = std::make_shared<clique>();
   c->nranks = ndev;
   cliques.push_back(c);
-  for (int i = 0; i < ndev; ++i) {
-    const int d = devlist ? devlist[i] : i;
-    if (d < 0 || d >= count) return ncclInvalidArgument;
-    comms[i] = make(c, i, d);
-  }
+  for (int i = 0; i < ndev; ++i) comms[i] = make(c, i, devlist ? devlist[i] : i);
   return ncclSuccess;
 }
 
@@ -251,7 +276,7 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   if (nranks < 1 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
   int dev = 0;
   cudaGetDevice(&dev);
-  std::lock_guard lk(m);
+  std::unique_lock lk(m);
   auto& c = by_id[std::string(id.internal, sizeof id.internal)];
   if (!c) {
     c = std::make_shared<clique>();
@@ -260,7 +285,15 @@ ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId id, int
   }
   if (c->nranks != nranks) return ncclInvalidUsage;
   *comm = make(c, rank, dev);
-  return ncclSuccess;
+  ++c->joined;
+  joined_cv.notify_all();
+  if (group_depth > 0) {  // NCCL connects the group's ranks at its ncclGroupEnd
+    group_inits.push_back(c);
+    return ncclSuccess;
+  }
+  std::vector<std::shared_ptr<clique>> one{c};
+  lk.unlock();
+  return await_ranks(one);
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
@@ -300,7 +333,9 @@ ncclResult_t ncclGroupEnd() {
   if (--group_depth > 0) return ncclSuccess;
   std::vector<group_ops> groups = std::move(group_p2p);
   group_p2p.clear();
-  ncclResult_t result = ncclSuccess;
+  std::vector<std::shared_ptr<clique>> inits = std::move(group_inits);
+  group_inits.clear();
+  ncclResult_t result = await_ranks(inits);
   for (auto& g : groups)
     if (join_p2p(g.comm, g.stream, std::move(g.ops)) != ncclSuccess) result = ncclInvalidUsage;
   return result;
@@ -339,5 +374,10 @@ void nccl_async_error(int rank, ncclResult_t r, int after_queries) {
 long nccl_async_queries() {
   std::lock_guard lk(m);
   return async_queries;
+}
+void nccl_rendezvous(bool on, double timeout_s) {
+  std::lock_guard lk(m);
+  rendezvous = on;
+  rendezvous_timeout_s = timeout_s;
 }
 }  // namespace sim
