@@ -26,8 +26,12 @@
 // trainer's replica thread); they run no user code.
 //
 // Memory: spans are wherever the backend's buffers live (host for threads and MPI, device
-// for NCCL). Collectives throw ferry::error (or a subclass) on failure; a failed
-// collective leaves the group unusable.
+// for NCCL). A communicator says which with `static constexpr ferry::span_memory memory`
+// (span_memory_of<C>; host when it says nothing), and mirrored_trainer refuses at compile
+// time a backend whose memory is the other kind (NCCL handed host buffers, or a thread
+// all-reduce handed device pointers, would fail or read garbage at run time).
+// Collectives throw ferry::error (or a subclass) on failure; a failed collective leaves
+// the group unusable.
 #pragma once
 
 #include <concepts>
@@ -35,6 +39,19 @@
 #include <span>
 
 namespace ferry {
+
+// Where a communicator's spans must be: host memory, device memory, or either (a
+// communicator that touches none, solo_communicator).
+enum class span_memory { host, device, any };
+
+// C::memory when C declares it, else span_memory::host (see Memory above).
+template <class C>
+inline constexpr span_memory span_memory_of = [] {
+  if constexpr (requires { { C::memory } -> std::convertible_to<span_memory>; })
+    return span_memory(C::memory);
+  else
+    return span_memory::host;
+}();
 
 template <class C>
 concept communicator = requires(C& c, const C& cc, std::span<float> s, int root) {
@@ -49,6 +66,8 @@ concept communicator = requires(C& c, const C& cc, std::span<float> s, int root)
 // A group of one: every collective is the identity. The trainer's 1-replica fast path.
 class solo_communicator {
  public:
+  static constexpr span_memory memory = span_memory::any;  // it touches no memory
+
   // Always 0.
   int rank() const noexcept { return 0; }
   // Always 1.

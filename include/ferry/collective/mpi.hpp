@@ -74,6 +74,8 @@ inline void require_mpi(const char* who) {
 
 class mpi_communicator {
  public:
+  static constexpr span_memory memory = span_memory::host;  // see the file's top
+
   // A duplicate of `comm` (default MPI_COMM_WORLD). Throws config_error when MPI is not
   // initialised, ferry::error when MPI_Comm_dup fails.
   explicit mpi_communicator(MPI_Comm comm = MPI_COMM_WORLD) {

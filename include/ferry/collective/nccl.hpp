@@ -117,6 +117,7 @@ inline void cuda_check_nccl(cudaError_t r, const char* call, int rank, int nrank
 // go elsewhere.
 class nccl_communicator {
  public:
+  static constexpr span_memory memory = span_memory::device;  // device()'s memory, enqueued on the stream
 
   // One communicator per listed device, rank i on devices[i] (ncclCommInitAll).
   // Throws config_error for an empty list or a device listed twice (NCCL does not support

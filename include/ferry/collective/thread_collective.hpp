@@ -198,6 +198,8 @@ class thread_group {
 // One rank's handle on a thread_group; satisfies ferry::communicator.
 class thread_communicator {
  public:
+  static constexpr span_memory memory = span_memory::host;  // the ranks' threads read each other's buffers
+
   // This rank's index in [0, size()).
   int rank() const noexcept { return rank_; }
   // The group's thread count.

@@ -209,6 +209,20 @@ void step_inputs(Step& step, std::size_t replicas, int inputs, std::vector<repli
 // replica's math, Comm all-reduces their gradients.
 template <class Backend, communicator Comm>
 class mirrored_trainer {
+  // The communicator reduces the backend's buffers in place, so both must mean the same
+  // memory: NCCL given host arrays, or a thread all-reduce given device pointers, fails or
+  // reads garbage at run time. A backend says so with on_device (none: host).
+  static constexpr bool backend_on_device = [] {
+    if constexpr (requires { { Backend::on_device } -> std::convertible_to<bool>; })
+      return bool(Backend::on_device);
+    else
+      return false;
+  }();
+  static_assert(span_memory_of<Comm> == span_memory::any ||
+                    (span_memory_of<Comm> == span_memory::device) == backend_on_device,
+                "mirrored_trainer<Backend, Comm>: the communicator all-reduces the backend's buffers in place, so "
+                "both must use the same memory: gpu_backend (device memory) with nccl_communicator, host_backend "
+                "with thread_communicator or mpi_communicator, solo_communicator with either");
   // abort() callable from any thread while the others wait in a collective, and reset()
   // making it usable again once all are back (thread_communicator).
   static constexpr bool resettable = requires(Comm& c) {
