@@ -26,7 +26,8 @@ packages=(meson ninja-build pkg-config g++ clang libclang-rt-14-dev doctest-dev 
           python3-numpy python3-matplotlib cmake ccache libcli11-dev doxygen
           wamerican wfrench wngerman wspanish witalian wportuguese wdutch  # variable-length data: word lists
           libjpeg62-turbo-dev mate-backgrounds  # images: libjpeg-turbo; photographs (bench_jpeg_crop, image data)
-          libspng-dev python3-pil python3-torchvision)  # images: libspng (PNG); Pillow (image data); torchvision baseline
+          libspng-dev python3-pil python3-torchvision  # images: libspng (PNG); Pillow (image data); torchvision baseline
+          locales)  # tests: localedef builds a comma-decimal locale (trace JSON under any LC_NUMERIC)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -46,6 +46,7 @@
 #include "ferry/memory/buffer.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
+#include "ferry/stage.hpp"
 #include "ferry/sources/record.hpp"
 #include "ferry/state.hpp"
 
@@ -68,7 +69,8 @@ class any_source : public source_interface<any_source<T>> {
     virtual bool can_save() const noexcept = 0;
     virtual void save(state_writer& w) const = 0;
     virtual void restore(state_reader& r) = 0;
-    virtual std::size_t batch_size() const noexcept = 0;
+    virtual std::size_t batch_size() const = 0;
+    virtual bool joins_collectives() const noexcept = 0;
     virtual bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) = 0;
     virtual void visit_stages(observe::stage_visitor& v) const = 0;
   };
@@ -77,7 +79,7 @@ class any_source : public source_interface<any_source<T>> {
   struct holder final : iface {
     S s;
     [[no_unique_address]] observe::upstream_probe<S> probe;
-    explicit holder(S&& x) : s(std::move(x)) {}
+    explicit holder(S&& x) : s(detail::live_or_throw(std::move(x))) {}
 
     void next(std::optional<T>& out) override {
       std::optional<T> e = probe.pull(s);
@@ -111,10 +113,11 @@ class any_source : public source_interface<any_source<T>> {
           if (!e) break;
           block->push_back(std::move(*e));
         }
-        if (block->empty()) return 0;
+        const std::size_t n = block->size();  // appended: `out` may hold views already
+        if (n == 0) return 0;
         for (const record& x : *block) out.views.push_back(x.bytes());
         out.owners.push_back(std::move(block));
-        return out.views.size();
+        return n;
       } else {
         return 0;  // not reached: any_source::next_borrowed needs T = record
       }
@@ -143,7 +146,7 @@ class any_source : public source_interface<any_source<T>> {
         throw config_error("any_source: the pipeline it holds cannot be restored (a source or "
                            "stage without save()/restore())");
     }
-    std::size_t batch_size() const noexcept override {
+    std::size_t batch_size() const override {
       if constexpr (sized_batches<S>)
         return s.batch_size();
       else
@@ -152,6 +155,7 @@ class any_source : public source_interface<any_source<T>> {
     bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) override {
       return detail::forward_buffer_resource(s, r);
     }
+    bool joins_collectives() const noexcept override { return detail::joins_collectives_now(s); }
     void visit_stages(observe::stage_visitor& v) const override { probe.visit(s, v); }
   };
 
@@ -159,7 +163,8 @@ class any_source : public source_interface<any_source<T>> {
   using value_type = T;  // the element type
 
   any_source() = default;
-  // Takes the pipeline by value (move it in). Throws std::bad_alloc.
+  // Takes the pipeline by value (move it in). Throws std::bad_alloc, and config_error when
+  // the pipeline was moved from.
   // (any_source itself is ruled out first: asking whether it is a source would ask whether
   // it is movable, which asks this constructor again; clang recurses.)
   template <class S>
@@ -213,6 +218,10 @@ class any_source : public source_interface<any_source<T>> {
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
     return held().set_buffer_resource(r);
   }
+  // Whether the held pipeline joins a collective on each next() (lockstep, cache_on_device
+  // across ranks): its type is erased, so prefetch and map's workers ask this at run time
+  // and refuse it (config_error) as they refuse such a typed pipeline at compile time.
+  bool joins_collectives_at_run_time() const noexcept { return p_ && p_->joins_collectives(); }
   // The held pipeline's report() rows; none when empty.
   void visit_stages(observe::stage_visitor& v) const {
     if (p_) p_->visit_stages(v);

@@ -48,7 +48,8 @@
 //                          collates from), else handed to every upstream
 //   visit_stages(v)        the upstreams' rows, then this stage's (report_mode(),
 //                          report_threads() and report_counters() when the stage has
-//                          threads of its own)
+//                          threads of its own; add_report_row(v) when its row is made of
+//                          counters of two threads)
 // Opt-outs, each a visible line in the stage:
 //   static constexpr bool changes_batch_size = true;   no batch_size()
 //   static constexpr bool cannot_save = true;          no save()/restore()
@@ -60,7 +61,8 @@
 // takes several upstreams (zip, concatenate), source_base<> none.
 //
 // Moved from: every protocol member of a moved-from stage throws config_error naming the
-// stage (a pipeline moved into the next stage must be used through that one).
+// stage (a pipeline moved into the next stage must be used through that one), and so does
+// building a stage over it; live() says which.
 //
 // Throws: what the stage's own members throw; config_error as above. Runs user code only
 // through the stage's members, on the thread that calls them.
@@ -124,10 +126,33 @@ constexpr bool joins_collectives() {
     return says_joins_collective<S>;
 }
 
+// Whether pulling s joins a collective, asked of the object: what joins_collectives<S>()
+// says, or what s says at run time (a stage whose options decide it, cache_on_device with
+// .ranks or .devices; an any_source, whose held pipeline's type is not S).
+template <class S>
+bool joins_collectives_now(const S& s) noexcept {
+  if constexpr (joins_collectives<S>())
+    return true;
+  else if constexpr (requires { { s.joins_collectives_at_run_time() } -> std::convertible_to<bool>; })
+    return s.joins_collectives_at_run_time();
+  else
+    return false;
+}
+
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_moved_from(const char* stage) {
   throw config_error(std::string(stage) +
                      ": used after it was moved from (a pipeline moved into the next stage, or into "
                      "another variable, is used through that one)");
+}
+
+// A pipeline handed to a stage (or an any_source) must be live: a moved-from stage's
+// members throw, but a stage reading it through its probe does not ask (a live stage's
+// upstream is live), so it is refused where it is handed over, once.
+template <class U>
+U&& live_or_throw(U&& u) {
+  if constexpr (requires { { u.live() } -> std::same_as<bool>; requires requires { std::remove_cvref_t<U>::name; }; })
+    if (!u.live()) throw_moved_from(std::remove_cvref_t<U>::name);
+  return std::forward<U>(u);
 }
 
 // A value the stage states (a seed, a shard index) is named with both values; a
@@ -240,6 +265,24 @@ class stage_base : public source_interface<Derived> {
     else
       return (detail::joins_collectives<Ups>() || ...);
   }
+  // The same, asked at run time: also true when the stage says so from its options
+  // (`bool joins_collective_now() const noexcept`, e.g. cache_on_device with .ranks) or an
+  // upstream does (an any_source holding lockstep). prefetch and map's workers refuse such
+  // an upstream with config_error at construction.
+  bool joins_collectives_at_run_time() const noexcept {
+    if constexpr (joins_collectives())
+      return true;
+    else {
+      if (!live_) return false;  // no upstream to ask (its members throw anyway)
+      if constexpr (requires(const Derived& d) { { d.joins_collective_now() } -> std::same_as<bool>; })
+        if (self().joins_collective_now()) return true;
+      return [&]<std::size_t... I>(std::index_sequence<I...>) {
+        return (detail::joins_collectives_now(std::get<I>(n().ups)) || ...);
+      }(std::make_index_sequence<n_ups>{});
+    }
+  }
+  // False once moved from (then every other member throws config_error naming the stage).
+  bool live() const noexcept { return live_; }
 
   // A small element's optional comes back in registers, which GCC builds through the stack
   // when next() is a call (a store-forwarding stall per element: from_range | map over
@@ -388,6 +431,10 @@ class stage_base : public source_interface<Derived> {
       v.add(Derived::name, n().stats, observe::stage_mode::source_stage, 1);
     } else if constexpr (n_ups == 1) {
       std::get<0>(n().probes).visit(std::get<0>(n().ups), v);
+      if constexpr (requires(const Derived& d) { d.add_report_row(v); }) {  // a row of its own making
+        self().add_report_row(v);
+        return;
+      }
       observe::stage_mode mode = observe::stage_mode::inline_stage;
       std::size_t threads = 1;
       const observe::stage_counters* counters = &n().stats;
@@ -434,12 +481,13 @@ class stage_base : public source_interface<Derived> {
   }
 
  protected:
+  // Throws config_error when an upstream was moved from (see live_or_throw).
   explicit stage_base(Ups... ups)
     requires(!heap)
-      : h_(std::in_place, std::move(ups)...) {}
+      : h_(std::in_place, live_or_throw(std::move(ups))...) {}
   explicit stage_base(Ups... ups)
     requires(heap)
-      : h_(std::make_unique<node>(std::in_place, std::move(ups)...)) {}
+      : h_(std::make_unique<node>(std::in_place, live_or_throw(std::move(ups))...)) {}
 
   stage_base(stage_base&& o) noexcept(heap || (std::is_nothrow_move_constructible_v<Ups> && ...))
       : h_(std::move(o.h_)), live_(std::exchange(o.live_, false)) {}
@@ -486,7 +534,6 @@ class stage_base : public source_interface<Derived> {
   }
   observe::stage_counters& stats() noexcept { return n().stats; }
   const observe::stage_counters& stats() const noexcept { return n().stats; }
-  bool live() const noexcept { return live_; }
   void check_live() const {
     if (!live_) [[unlikely]]
       throw_moved_from(Derived::name);

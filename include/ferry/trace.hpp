@@ -24,6 +24,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <charconv>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -114,15 +115,22 @@ class tracing {
     }
   }
 
+  // v with 3 decimals, whatever the C locale (snprintf's %f writes "16,765" under de_DE,
+  // which no JSON reader takes).
+  static void fixed3(std::string& out, double v) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, 3);
+    out.append(buf, r.ptr);
+  }
+
   void write(const observe::trace_buffer& b) const {
     const double ns = observe::ns_per_tick();
     std::string out;
     out.reserve(64 + recorded_ * 96);
-    char span[48];
-    std::snprintf(span, sizeof span, "%.3f", end_ > start_ ? double(end_ - start_) * ns / 1e3 : 0.0);
     out += "{\"displayTimeUnit\":\"ns\",\"otherData\":{\"recorded_events\":" + std::to_string(recorded_) +
-           ",\"dropped_events\":" + std::to_string(dropped_) + ",\"session_us\":" + span +
-           "},\n\"traceEvents\":[\n";
+           ",\"dropped_events\":" + std::to_string(dropped_) + ",\"session_us\":";
+    fixed3(out, end_ > start_ ? double(end_ - start_) * ns / 1e3 : 0.0);
+    out += "},\n\"traceEvents\":[\n";
     bool first = true;
     auto sep = [&] {
       if (!first) out += ",\n";
@@ -134,7 +142,6 @@ class tracing {
       escape(out, name);
       out += "\"}}";
     }
-    char num[96];
     for (std::size_t i = 0; i < recorded_; ++i) {
       const observe::trace_event& e = b.events[i];
       // An event begun before the session is cut at its start, so it still ends when it
@@ -145,9 +152,11 @@ class tracing {
       sep();
       out += "{\"name\":\"";
       escape(out, e.name ? e.name : "");
-      std::snprintf(num, sizeof num, "\",\"cat\":\"ferry\",\"ph\":\"X\",\"pid\":1,\"tid\":%u,\"ts\":%.3f,\"dur\":%.3f}",
-                    e.tid, ts, dur);
-      out += num;
+      out += "\",\"cat\":\"ferry\",\"ph\":\"X\",\"pid\":1,\"tid\":" + std::to_string(e.tid) + ",\"ts\":";
+      fixed3(out, ts);
+      out += ",\"dur\":";
+      fixed3(out, dur);
+      out += "}";
     }
     out += "\n]}\n";
     std::FILE* f = std::fopen(path_.c_str(), "wb");

@@ -310,6 +310,19 @@ TEST_CASE("records: lent to batch() without a reference each, from from_files or
     auto p = ferry::any_source<ferry::record>(own_records(want)) | ferry::batch(32);
     CHECK(batch_strings(p) == want);
   }
+  SUBCASE("appended to what the caller holds: each call returns how many it added") {
+    ferry::any_source<ferry::record> p = own_records(want);
+    ferry::borrowed_records out;
+    std::size_t total = 0;
+    for (std::size_t n; (n = p.next_borrowed(out, 7)) > 0;) {
+      CHECK(n <= 7);
+      total += n;
+      CHECK(out.views.size() == total);
+    }
+    CHECK(total == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i)
+      CHECK(std::string(reinterpret_cast<const char*>(out.views[i].data()), out.views[i].size()) == want[i]);
+  }
   SUBCASE("record origins survive erasure") {
     ferry::any_source<ferry::record> p = ferry::from_files({f.path}, ferry::text_lines{});
     auto r1 = p.next(), r2 = p.next();

@@ -918,6 +918,13 @@ void check_move(u64 bad) {
   else
     CHECK_MESSAGE(all == want, describe(all));
   CHECK_THROWS_AS(p.next(), ferry::config_error);  // NOLINT(bugprone-use-after-move): the point
+  // Handed on, the moved-from one is refused where it is handed over (a stage reading it
+  // does not ask again: it gave an empty epoch, or crashed for a threaded one).
+  if constexpr (requires { p.live(); }) {
+    CHECK(!p.live());  // NOLINT(bugprone-use-after-move)
+    CHECK_THROWS_AS(std::move(p) | ferry::take(1), ferry::config_error);  // NOLINT(bugprone-use-after-move)
+    CHECK_THROWS_AS(ferry::any_source<ferry::value_t<decltype(p)>>(std::move(p)), ferry::config_error);
+  }
 }
 
 template <class C>

@@ -236,6 +236,35 @@ TEST_CASE("lockstep: a map with workers over it is a config_error (its workers w
   CHECK(steps == 2);
 }
 
+// Erased, lockstep's type no longer says it joins a collective: prefetch and map's workers
+// ask the pipeline at run time, through any stage above the any_source too.
+TEST_CASE("lockstep inside an any_source: prefetch or a map with workers over it is still a config_error") {
+  ferry::thread_group g{1};
+  auto comm = g.communicator(0);
+  using step_t = ferry::value_t<decltype(rank_steps(0, 8) | ferry::lockstep(comm, ferry::step_policy::pad))>;
+  const auto erased = [&] {
+    return ferry::any_source<step_t>(rank_steps(0, 8) | ferry::lockstep(comm, ferry::step_policy::pad));
+  };
+  CHECK(erased().joins_collectives_at_run_time());
+  CHECK_THROWS_WITH_AS(erased() | ferry::prefetch(2), doctest::Contains("joins a collective"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(erased() | ferry::take(5) | ferry::prefetch(2), doctest::Contains("joins a collective"),
+                       ferry::config_error);
+  const auto id = [](auto st) { return st; };
+  CHECK_THROWS_WITH_AS(erased() | ferry::map(id, {.workers = 2}), doctest::Contains("map: workers after lockstep()"),
+                       ferry::config_error);
+  // Inline, fine; and an any_source without lockstep is not refused.
+  auto fine = erased() | ferry::map(id);
+  std::size_t steps = 0;
+  for (auto& st : fine) steps += st.global_size() > 0;
+  CHECK(steps == 2);
+  auto plain = ferry::any_source<step_t>(rank_steps(0, 8));
+  CHECK(!plain.joins_collectives_at_run_time());
+  auto ahead = std::move(plain) | ferry::prefetch(2);
+  steps = 0;
+  for (auto& st : ahead) steps += st.global_size() > 0;
+  CHECK(steps == 2);
+}
+
 TEST_CASE("lockstep: each rank's checkpoint resumes the agreed steps" * doctest::timeout(60)) {
   ferry_test::watchdog wd(60s);
   const std::vector<u64> rows = {6, 25};

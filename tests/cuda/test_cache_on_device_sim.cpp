@@ -37,6 +37,8 @@
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/cache_on_device.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "ferry/stages/map.hpp"
+#include "ferry/stages/prefetch.hpp"
 #include "ferry/stages/repeat.hpp"
 #include "sim_cache_gather.hpp"
 
@@ -1256,4 +1258,29 @@ TEST_CASE("sim: .devices over two simulated ranks that cut an epoch short at dif
   const auto want = host_epochs(make_rows(48 * steps), {.seed = 16, .across_replicas = true},
                                 ferry::remainder_policy::drop, 3, 4, 48);
   check_rank_epochs(got, {want[0], want[2]});
+}
+
+// Across ranks (or devices) each step is an all-to-all every rank joins: a thread reading
+// ahead would run it early, and a rank that stops leaves the others waiting in it.
+TEST_CASE("sim: prefetch or a map with workers over cache_on_device across ranks is a config_error") {
+  sim::reset(23, 2);
+  const auto data = make_rows(240);
+  thread_ranks group(1);
+  thread_ranks::member me(group, 0);
+  const ferry::cache_on_device_options across{.seed = 3, .across_replicas = true, .ranks = &me};
+  CHECK(on_two_gpus(data, sim_cache, across).joins_collectives_at_run_time());
+  CHECK_THROWS_WITH_AS(on_two_gpus(data, sim_cache, across) | ferry::prefetch(2),
+                       doctest::Contains("joins a collective"), ferry::config_error);
+  const auto id = [](auto st) { return st; };
+  CHECK_THROWS_WITH_AS(on_two_gpus(data, sim_cache, across) | ferry::map(id, {.workers = 2}),
+                       doctest::Contains("map: workers after lockstep() (or cache_on_device"), ferry::config_error);
+  // One process's replicas only: nothing to join, prefetch is fine.
+  auto local = on_two_gpus(data, sim_cache, {.seed = 3});
+  CHECK(!local.joins_collectives_at_run_time());
+  auto ahead = std::move(local) | ferry::prefetch(2);
+  std::size_t steps = 0;
+  for (auto& st : ahead) steps += st.replicas() == 2;
+  CHECK(steps == 10);
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
 }

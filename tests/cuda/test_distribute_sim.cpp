@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <optional>
@@ -30,6 +31,7 @@
 #include "ferry/stages/map.hpp"
 #include "ferry/stages/padded_batch.hpp"
 #include "ferry/stages/prefetch.hpp"
+#include "ferry/stats.hpp"
 
 namespace {
 
@@ -818,4 +820,51 @@ TEST_CASE("sim: a step whose copy failed keeps its host batch until the copies q
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);
   CHECK(sim::stats().live_device_blocks == 0);
+}
+
+// report() over distribute: with the staging thread its row is made of two threads'
+// counters; the time that thread spends in the upstream is the upstream's, not
+// distribute's (it used to name distribute the bottleneck behind a slow map, busy 100%,
+// its consumer's waits unreported).
+TEST_CASE("sim: report() names a slow upstream the bottleneck, with or without the staging thread" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  ferry::enable_stats();
+  struct off {
+    ~off() { ferry::enable_stats(false); }
+  } guard;
+  for (const bool staging : {false, true}) {
+    INFO("staging " << staging);
+    sim::reset(29, 4);
+    std::vector<float> data(64 * 20, 1.0f);
+    {
+      auto steps = ferry::from_range(data) | ferry::map([](float x) {
+                     // A slow fn: 100 us of work (a spin, so the time is the map's own).
+                     const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
+                     while (std::chrono::steady_clock::now() < until) {
+                     }
+                     return x;
+                   }) |
+                   ferry::batch(64) |
+                   ferry::distribute(ferry::cuda::devices{0}, {.host_resource = ferry::make_pinned_pool(),
+                                                               .steps_ahead = staging ? 2u : 1u,
+                                                               .staging_thread = staging});
+      std::size_t n = 0;
+      for (auto& st : steps) n += st.global_size();
+      CHECK(n == data.size());
+      const ferry::pipeline_report r = ferry::report(steps);
+      MESSAGE(r.summary());
+      CHECK(r.bottleneck == "map");
+      REQUIRE(r.stages.size() == 4);
+      const auto& d = r.stages.back();
+      CHECK(d.kind == "distribute");
+      CHECK(d.elements == 20);
+      CHECK(d.busy < 0.25);
+      if (staging) CHECK(d.wait_upstream > 0.5);  // its consumer waited for the staging thread
+      ferry::reset_stats(steps);
+      CHECK(ferry::report(steps).stages.back().elements == 0);
+      sim::drain();
+    }
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  }
 }

@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <clocale>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -98,14 +100,63 @@ TEST_CASE("with no session open, nothing is recorded" * doctest::timeout(60)) {
     CHECK(t.recorded() == 0);
   }
   CHECK(check_trace(path, "--events 0") == 0);
-  // And after the session: a new one sees only its own events.
-  auto p2 = pipeline();
+  // Between sessions: a pipeline drained with none open leaves nothing for the next one,
+  // which records exactly what a first session records for the same (inline, so
+  // deterministic) pipeline.
+  const auto inline_pipeline = [] {
+    return ferry::from_generator(300, [](std::uint64_t i) { return i; }) |
+           ferry::filter([](std::uint64_t x) { return x % 3 != 0; }) | ferry::batch(10);
+  };
+  std::uint64_t alone = 0;
+  {
+    ferry::tracing t(s.file("alone.json"));
+    auto q = inline_pipeline();
+    drain(q);
+    t.stop();
+    alone = t.recorded();
+  }
+  CHECK(alone > 0);
+  auto between = inline_pipeline();
+  drain(between);
   {
     ferry::tracing t(s.file("again.json"));
+    auto q = inline_pipeline();
+    drain(q);
     t.stop();
-    drain(p2);
-    CHECK(t.recorded() == 0);
+    CHECK(t.recorded() == alone);
   }
+}
+
+// A program that sets a comma-decimal locale (setlocale(LC_ALL, "") under de_DE) still
+// writes JSON: numbers with a '.' ("16,765" is no JSON number).
+TEST_CASE("the trace is valid JSON under a comma-decimal LC_NUMERIC" * doctest::timeout(60)) {
+  watchdog w(60s);
+  scratch s;
+  // A de_DE locale of our own (the locales package's sources; none need be installed).
+  const std::string built = "localedef -c -i de_DE -f UTF-8 '" + s.file("de_DE.UTF-8") + "' 2>/dev/null";
+  REQUIRE_MESSAGE(std::system(built.c_str()) == 0, "localedef could not build de_DE.UTF-8 (Debian's locales package)");
+  REQUIRE(::setenv("LOCPATH", s.dir.c_str(), 1) == 0);
+  REQUIRE(std::setlocale(LC_NUMERIC, "de_DE.UTF-8") != nullptr);
+  struct back_to_c {
+    ~back_to_c() {
+      std::setlocale(LC_NUMERIC, "C");
+      ::unsetenv("LOCPATH");
+    }
+  } guard;
+  char probe[16];
+  std::snprintf(probe, sizeof probe, "%.1f", 1.5);
+  REQUIRE(std::string(probe) == "1,5");  // the locale is in force: %f would break the JSON
+  const std::string path = s.file("de.json");
+  std::uint64_t recorded = 0;
+  {
+    ferry::tracing t(path);
+    auto p = pipeline();
+    drain(p);
+    t.stop();
+    recorded = t.recorded();
+  }
+  std::setlocale(LC_NUMERIC, "C");
+  CHECK(check_trace(path, "--events " + std::to_string(recorded)) == 0);
 }
 
 TEST_CASE("an event begun before the session is cut at its start, so events still nest" * doctest::timeout(60)) {

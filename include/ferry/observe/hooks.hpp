@@ -210,6 +210,8 @@ class stage_visitor {
   }
   // The snapshots so far, in pipeline order (source first).
   const std::vector<raw_stage>& stages() const noexcept { return stages_; }
+  // Whether this visit zeroes counters (reset_stats) rather than records them.
+  bool resetting() const noexcept { return reset_; }
 
  private:
   bool reset_;

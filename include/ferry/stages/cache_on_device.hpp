@@ -154,6 +154,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
 
  public:
   static constexpr char name[] = "cache_on_device";
+  // Across ranks or devices each step trades rows (an all-to-all every rank joins): no
+  // thread may read ahead of it (prefetch and map's workers refuse it; see stage.hpp).
+  bool joins_collective_now() const noexcept { return o_.ranks != nullptr || o_.devices != nullptr; }
   static constexpr bool changes_batch_size = true;  // steps, not batches
   static constexpr bool cannot_save = true;         // the cache is memory, not a position
 

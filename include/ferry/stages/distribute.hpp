@@ -188,11 +188,25 @@ class distribute_source
 
  private:
   bool staging() const noexcept { return backend_copies && s_->o.staging_thread; }
-  // report(): the staging thread's counters when it makes the steps (it does the work then).
-  observe::stage_mode report_mode() const {
-    return staging() ? observe::stage_mode::threaded_stage : observe::stage_mode::inline_stage;
+  // report()'s row. Inline: this stage's counters. With the staging thread, two threads'
+  // counters make it: the consumer's (steps handed out, its time in next(), its waits for
+  // the staging thread) and, as work, the staging thread's time making steps net of its
+  // pulls from upstream (the upstream's row, just added, is that thread's time in it).
+  // Only the staging thread's inclusive time, as before, counted the whole upstream as
+  // distribute's own, which then took the bottleneck from the stage that was.
+  void add_report_row(observe::stage_visitor& v) const {
+    if (!staging()) return v.add(name, this->stats(), observe::stage_mode::inline_stage, 1);
+    if (v.resetting()) {
+      v.add(name, this->stats(), observe::stage_mode::threaded_stage, 1);
+      v.add(name, s_->stager_stats, observe::stage_mode::threaded_stage, 1);
+      return;
+    }
+    const std::uint64_t up = v.stages().empty() ? 0 : v.stages().back().incl, made = s_->stager_stats.incl.get();
+    observe::stage_counters row = this->stats();
+    row.work.set(made > up ? made - up : 0);
+    row.wait_down = s_->stager_stats.wait_down;
+    v.add(name, row, observe::stage_mode::threaded_stage, 1);
   }
-  const observe::stage_counters& report_counters() const { return staging() ? s_->stager_stats : this->stats(); }
 
   std::optional<value_type> pull() {
     if (!started_) start();

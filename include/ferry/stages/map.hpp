@@ -359,10 +359,10 @@ struct map_t {
       return typename detail::map_function_returns_void<E, F>::error_above{};
     } else {
       detail::check_map_args(o);
-      if (detail::joins_collectives<std::remove_cvref_t<S>>() && o.workers != 1)
-        throw config_error("map: workers after lockstep(): the workers would run lockstep's all-reduce ahead of the "
-                           "consumer, and a rank that stops mid-epoch leaves the others waiting in it; use workers = "
-                           "1 (inline) there, or map before distribute()");
+      if (o.workers != 1 && detail::joins_collectives_now(s))  // lockstep, or cache_on_device across ranks
+        throw config_error("map: workers after lockstep() (or cache_on_device with .ranks or .devices): the workers "
+                           "would run its collective ahead of the consumer, and a rank that stops mid-epoch leaves "
+                           "the others waiting in it; use workers = 1 (inline) there, or map before distribute()");
       return detail::map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), o);
     }
   }

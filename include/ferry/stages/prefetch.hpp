@@ -53,7 +53,15 @@ class prefetch_source : public threaded_stage<prefetch_source<Up>, Up> {
 
  public:
   static constexpr char name[] = "prefetch";
-  prefetch_source(Up up, std::size_t depth) : threaded_stage<prefetch_source, Up>(std::move(up)), depth_(depth) {}
+  // Throws config_error when the upstream joins a collective as seen at run time (an
+  // any_source holding lockstep; cache_on_device with .ranks or .devices).
+  prefetch_source(Up up, std::size_t depth) : threaded_stage<prefetch_source, Up>(std::move(up)), depth_(depth) {
+    if (joins_collectives_now(this->up()))
+      throw config_error("prefetch: its upstream joins a collective on every element (lockstep, or cache_on_device "
+                         "with .ranks or .devices, here seen at run time): its thread would run the collective "
+                         "ahead of the consumer, and a rank that stops mid-epoch leaves the others waiting in it; "
+                         "put prefetch before distribute() or lockstep()");
+  }
 
  private:
   std::optional<value_t<Up>> pull() {
