@@ -40,9 +40,11 @@ inline constexpr std::size_t page_bytes = 4096;
 // message says how many bytes, and of which kind, could not be had.
 class pinned_bad_alloc : public std::bad_alloc {
  public:
+  // `bytes` the request; `pinned` whether it asked the driver (else the page-aligned fallback).
   pinned_bad_alloc(std::size_t bytes, bool pinned)
       : what_(std::string("ferry::pinned_resource: cannot allocate ") + std::to_string(bytes) + " bytes of " +
               (pinned ? "page-locked (cudaHostAlloc)" : "page-aligned host") + " memory") {}
+  // "ferry::pinned_resource: cannot allocate N bytes of ... memory".
   const char* what() const noexcept override { return what_.c_str(); }
  private:
   std::string what_;
