@@ -52,9 +52,11 @@
 #if defined(FERRY_HAVE_MPI)
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -242,20 +244,70 @@ inline std::vector<mpi_communicator> one_replica_per_process(distributed_context
 // NCCL across processes and nodes: one nccl_communicator per local device of this rank,
 // NCCL ranks numbered rank by rank (rank r's devices follow rank r-1's). Rank 0 makes the
 // ncclUniqueId and broadcasts it over MPI; every rank then joins (ncclCommInitRank in a
-// group). Collective: every rank must call it. Throws ferry::error on NCCL/MPI failure,
-// config_error when this rank owns no device.
+// group). Collective: every rank must call it. All ranks throw or none: each first checks
+// that it owns a device and can make each current, and the ranks agree on that (one
+// MPI_Allreduce) before any waits where a rank that threw would never come (MPI_Exscan,
+// MPI_Bcast, NCCL's rendezvous); rank 0's ncclGetUniqueId result travels with the id. So
+// a job that catches the error (to fall back to host replicas, say) does so on every rank.
+// Throws, on the rank at fault: config_error when it owns no device, cuda_error when it
+// cannot make one current, nccl_error when ncclGetUniqueId fails; on the others,
+// config_error or ferry::error naming that rank. nccl_error or ferry::error when NCCL or
+// MPI fails later (a failure inside NCCL's own join still leaves the peers waiting there:
+// abort_on_exception ends the job).
 inline std::vector<nccl_communicator> nccl_communicators(distributed_context& ctx) {
   const auto& dev = ctx.local_devices();
-  if (dev.empty())
-    throw config_error("nccl_communicators: rank " + std::to_string(ctx.rank()) +
-                       " owns no CUDA device (" + cuda::unavailable_reason() + ")");
   mpi_communicator& w = ctx.world();
+  std::exception_ptr mine;
+  std::int64_t fault = 0;  // 1: no device, 2: a device it cannot make current
+  if (dev.empty()) {
+    fault = 1;
+    mine = std::make_exception_ptr(config_error("nccl_communicators: rank " + std::to_string(ctx.rank()) +
+                                                " owns no CUDA device (" +
+                                                (cuda::unavailable_reason().empty()
+                                                     ? std::string("devices_per_rank is 0")
+                                                     : cuda::unavailable_reason()) +
+                                                ")"));
+  } else {
+    const cuda::device_restore keep;
+    for (int d : dev)
+      if (const cudaError_t e = cudaSetDevice(d); e != cudaSuccess) {
+        (void)cudaGetLastError();
+        fault = 2;
+        mine = std::make_exception_ptr(cuda_error("cudaSetDevice for nccl_communicators on rank " +
+                                                  std::to_string(ctx.rank()), d, static_cast<int>(e),
+                                                  cudaGetErrorName(e), cudaGetErrorString(e), __FILE__, __LINE__));
+        break;
+      }
+  }
+  // The first rank at fault and why (rank * 4 + fault: the minimum is the lowest rank).
+  constexpr std::int64_t none = std::numeric_limits<std::int64_t>::max();
+  const std::int64_t worst = w.all_reduce_min(fault ? std::int64_t(ctx.rank()) * 4 + fault : none);
+  if (worst != none) {
+    if (mine) std::rethrow_exception(mine);
+    const std::string who = "nccl_communicators: rank " + std::to_string(worst / 4);
+    if (worst % 4 == 1) throw config_error(who + " owns no CUDA device, so no rank joins NCCL");
+    throw error(who + " cannot make one of its CUDA devices current (its error says which), so no rank joins NCCL");
+  }
   const int first = static_cast<int>(w.exclusive_scan_sum(std::int64_t(dev.size())));
   const int total = static_cast<int>(w.all_reduce_sum(std::int64_t(dev.size())));
-  ncclUniqueId id{};
-  if (w.rank() == 0) id = nccl_communicator::unique_id();
-  w.broadcast_bytes(std::as_writable_bytes(std::span<ncclUniqueId>(&id, 1)), 0);
-  return nccl_communicator::join(id, total, first, dev);
+  struct {
+    ncclUniqueId id;
+    std::int32_t made;  // rank 0's ncclGetUniqueId succeeded
+  } msg{};
+  if (w.rank() == 0) {
+    try {
+      msg.id = nccl_communicator::unique_id();
+      msg.made = 1;
+    } catch (...) {
+      mine = std::current_exception();  // thrown after the broadcast, which the others wait in
+    }
+  }
+  w.broadcast_bytes(std::as_writable_bytes(std::span(&msg, 1)), 0);
+  if (mine) std::rethrow_exception(mine);
+  if (!msg.made)
+    throw error("nccl_communicators: rank 0 could not make the NCCL id (ncclGetUniqueId failed there; its error "
+                "says why), so no rank joins NCCL");
+  return nccl_communicator::join(msg.id, total, first, dev);
 }
 #endif
 

@@ -56,6 +56,12 @@ TEST_CASE("join: a device that cannot be made current is an error before any ran
     CHECK(std::chrono::steady_clock::now() - t0 < 1s);  // the rendezvous would wait 2 s
     REQUIRE(cudaGetDevice(&before) == cudaSuccess);
     CHECK(before == 1);  // the caller's device, as it was
+    // A device that exists but cannot be made current (exclusive mode, taken by another
+    // process): the same.
+    sim::fail_set_device(1, 1, cudaErrorDevicesUnavailable);
+    CHECK_THROWS_WITH_AS(ferry::nccl_communicator::join(ferry::nccl_communicator::unique_id(), 2, 0, {0, 1}),
+                         has("cudaSetDevice for NCCL rank 1 of 2 failed on device 1 of " + host),
+                         ferry::error);
     // The same clique with good devices still forms.
     CHECK(ferry::nccl_communicator::join(ferry::nccl_communicator::unique_id(), 2, 0, {0, 1}).size() == 2);
   });

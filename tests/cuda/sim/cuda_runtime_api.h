@@ -41,6 +41,7 @@ enum cudaError_t {
   cudaErrorMemoryAllocation = 2,
   cudaErrorCudartUnloading = 4,
   cudaErrorInsufficientDriver = 35,
+  cudaErrorDevicesUnavailable = 46,
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorInvalidResourceHandle = 400,
@@ -236,6 +237,9 @@ void fail_malloc(int device, int n);
 // Makes the n-th cudaGraphLaunch of a graph of `device` from now fail with `status`,
 // enqueueing nothing.
 void fail_graph_launch(int device, int n, cudaError_t status);
+// Makes the n-th cudaSetDevice(device) from now fail with `status` (a device in exclusive
+// mode taken by another process: cudaErrorDevicesUnavailable), the current device unchanged.
+void fail_set_device(int device, int n, cudaError_t status);
 
 // A member of a collective: instance `seq` of `group`, member `rank` of `nranks`. Enqueued
 // on `s` (whose device must be current); the instance runs when every member is at the

@@ -73,4 +73,7 @@ long nccl_async_queries();
 // without them it reports a deadlock (sim::report) and returns ncclSystemError, where NCCL
 // would wait forever.
 void nccl_rendezvous(bool on, double timeout_s = 3.0);
+// Makes the next ncclGetUniqueId return `r` (what NCCL gives when it finds no network
+// interface for its bootstrap, say); ncclSuccess clears it.
+void nccl_fail_unique_id(ncclResult_t r);
 }  // namespace sim

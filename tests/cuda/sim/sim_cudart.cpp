@@ -123,6 +123,7 @@ struct state {
   cudaError_t wait_fail_status = cudaSuccess;
   std::map<int, int> malloc_fail_in;  // device -> n-th cudaMalloc from now fails
   std::map<int, std::pair<int, cudaError_t>> graph_fail_in;  // device -> (n-th cudaGraphLaunch, status)
+  std::map<int, std::pair<int, cudaError_t>> set_device_fail_in;  // device -> (n-th cudaSetDevice, status)
   bool peer_denied = false;
   std::set<std::pair<int, int>> peers;  // (device, peer) with access enabled
 };
@@ -420,6 +421,15 @@ cudaError_t cudaGetDevice(int* d) {
 }
 cudaError_t cudaSetDevice(int d) {
   if (d < 0 || d >= sim::device_count) return fail(cudaErrorInvalidDevice);
+  {
+    auto& s = S();
+    std::lock_guard lk(s.m);
+    if (auto f = s.set_device_fail_in.find(d); f != s.set_device_fail_in.end() && --f->second.first == 0) {
+      const cudaError_t e = f->second.second;
+      s.set_device_fail_in.erase(f);
+      return fail(e);
+    }
+  }
   current_device = d;
   return cudaSuccess;
 }
@@ -446,6 +456,7 @@ const char* cudaGetErrorName(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
     case cudaErrorCudartUnloading: return "cudaErrorCudartUnloading";
     case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+    case cudaErrorDevicesUnavailable: return "cudaErrorDevicesUnavailable";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
     case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
@@ -919,6 +930,7 @@ void reset(std::uint64_t seed, int progress) {
   s.wait_fail_in = 0;
   s.malloc_fail_in.clear();
   s.graph_fail_in.clear();
+  s.set_device_fail_in.clear();
   s.peer_denied = false;
   s.peers.clear();
 }
@@ -1019,6 +1031,11 @@ void fail_malloc(int device, int n) {
 void fail_graph_launch(int device, int n, cudaError_t status) {
   std::lock_guard lk(S().m);
   S().graph_fail_in[device] = {n, status};
+}
+
+void fail_set_device(int device, int n, cudaError_t status) {
+  std::lock_guard lk(S().m);
+  S().set_device_fail_in[device] = {n, status};
 }
 
 op_id join_collective(cudaStream_t st, const void* group, std::uint64_t seq, int rank, int nranks,

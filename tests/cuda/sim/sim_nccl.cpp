@@ -12,6 +12,7 @@
 #include <mutex>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -59,6 +60,7 @@ bool rendezvous = false;
 double rendezvous_timeout_s = 3.0;
 std::condition_variable joined_cv;
 thread_local std::vector<std::shared_ptr<clique>> group_inits;
+ncclResult_t unique_id_result = ncclSuccess;  // sim::nccl_fail_unique_id
 
 // Waits (rendezvous on) until every rank of each clique joined; reports a deadlock after the
 // timeout. Called without m held.
@@ -254,6 +256,7 @@ const char* ncclGetErrorString(ncclResult_t r) {
 ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   static std::mt19937_64 g(42);
   std::lock_guard lk(m);
+  if (const ncclResult_t r = std::exchange(unique_id_result, ncclSuccess); r != ncclSuccess) return r;
   for (auto& ch : id->internal) ch = static_cast<char>(g());
   return ncclSuccess;
 }
@@ -374,6 +377,10 @@ void nccl_async_error(int rank, ncclResult_t r, int after_queries) {
 long nccl_async_queries() {
   std::lock_guard lk(m);
   return async_queries;
+}
+void nccl_fail_unique_id(ncclResult_t r) {
+  std::lock_guard lk(m);
+  unique_id_result = r;
 }
 void nccl_rendezvous(bool on, double timeout_s) {
   std::lock_guard lk(m);
