@@ -82,7 +82,6 @@ class nccl_error : public error {
 #include <nccl.h>
 
 #include <cstdio>
-#include <source_location>
 #include <thread>
 #include <span>
 #include <vector>
@@ -99,15 +98,14 @@ namespace detail {
 inline void nccl_check(ncclResult_t r, const char* call, int rank = -1, int nranks = -1, int device = -1) {
   if (r != ncclSuccess) throw nccl_error(call, rank, nranks, device, static_cast<int>(r), ncclGetErrorString(r));
 }
-// Throws cuda_error for a failed CUDA call made for NCCL rank `rank` of `nranks` on `device`
-// (named: the current device may be another when cudaSetDevice failed).
-inline void cuda_check_nccl(cudaError_t r, const char* call, int rank, int nranks, int device,
-                            std::source_location at = std::source_location::current()) {
+// Throws cuda_error for a failed CUDA call made at `line` of this file for NCCL rank `rank`
+// of `nranks` on `device` (named: the current device may be another when cudaSetDevice
+// failed). A line argument, not std::source_location: clang 14 with libstdc++ has none.
+inline void cuda_check_nccl(cudaError_t r, const char* call, int rank, int nranks, int device, int line) {
   if (r == cudaSuccess) return;
   (void)cudaGetLastError();  // a non-sticky error must not fail the next call
   throw cuda_error(std::string(call) + " for NCCL rank " + std::to_string(rank) + " of " + std::to_string(nranks),
-                   device, static_cast<int>(r), cudaGetErrorName(r), cudaGetErrorString(r), at.file_name(),
-                   static_cast<int>(at.line()));
+                   device, static_cast<int>(r), cudaGetErrorName(r), cudaGetErrorString(r), __FILE__, line);
 }
 }  // namespace detail
 
@@ -174,7 +172,7 @@ class nccl_communicator {
     const cuda::device_restore keep;
     for (std::size_t i = 0; i < devices.size(); ++i)
       detail::cuda_check_nccl(cudaSetDevice(devices[i]), "cudaSetDevice", first + static_cast<int>(i), nranks,
-                              devices[i]);
+                              devices[i], __LINE__);
     std::vector<ncclComm_t> raw(devices.size(), nullptr);
     detail::nccl_check(ncclGroupStart(), "ncclGroupStart");
     ncclResult_t st = ncclSuccess;
@@ -238,22 +236,22 @@ class nccl_communicator {
   void broadcast(std::span<float> s, int root) {
     live("ncclBroadcast");
     const cuda::device_restore keep;
-    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice", __LINE__);
     check(ncclBroadcast(s.data(), s.data(), s.size(), ncclFloat, root, comm_, stream_), "ncclBroadcast");
   }
   // Every rank's queued work, collectives included, is done when barrier() returns.
   void barrier() {
     live("barrier");
     const cuda::device_restore keep;
-    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
-    if (!scratch_) cuda_check(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice", __LINE__);
+    if (!scratch_) cuda_check(cudaMalloc(&scratch_, sizeof(float)), "cudaMalloc", __LINE__);
     check(ncclAllReduce(scratch_, scratch_, 1, ncclFloat, ncclSum, comm_, stream_), "ncclAllReduce (barrier)");
     // Poll instead of cudaStreamSynchronize: a peer that failed leaves the all-reduce
     // waiting forever, and only the communicator's async error says so.
     for (;;) {
       const cudaError_t q = cudaStreamQuery(stream_);
       if (q == cudaSuccess) break;
-      if (q != cudaErrorNotReady) cuda_check(q, "cudaStreamQuery");
+      if (q != cudaErrorNotReady) cuda_check(q, "cudaStreamQuery", __LINE__);
       check_async();
       std::this_thread::yield();
     }
@@ -291,13 +289,13 @@ class nccl_communicator {
   void send_bytes(const void* p, std::size_t bytes, int peer, cuda_stream stream) {
     live("ncclSend");
     const cuda::device_restore keep;
-    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice", __LINE__);
     check(ncclSend(p, bytes, ncclUint8, peer, comm_, stream), "ncclSend");
   }
   void recv_bytes(void* p, std::size_t bytes, int peer, cuda_stream stream) {
     live("ncclRecv");
     const cuda::device_restore keep;
-    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice", __LINE__);
     check(ncclRecv(p, bytes, ncclUint8, peer, comm_, stream), "ncclRecv");
   }
 
@@ -315,13 +313,13 @@ class nccl_communicator {
   }
   // This communicator's checks: the errors name its rank and device.
   void check(ncclResult_t r, const char* call) const { detail::nccl_check(r, call, rank_, size_, dev_); }
-  void cuda_check(cudaError_t r, const char* call, std::source_location at = std::source_location::current()) const {
-    detail::cuda_check_nccl(r, call, rank_, size_, dev_, at);
+  void cuda_check(cudaError_t r, const char* call, int line) const {
+    detail::cuda_check_nccl(r, call, rank_, size_, dev_, line);
   }
   void reduce(std::span<float> s, ncclRedOp_t op) {
     live("ncclAllReduce");
     const cuda::device_restore keep;
-    cuda_check(cudaSetDevice(dev_), "cudaSetDevice");
+    cuda_check(cudaSetDevice(dev_), "cudaSetDevice", __LINE__);
     check(ncclAllReduce(s.data(), s.data(), s.size(), ncclFloat, op, comm_, stream_), "ncclAllReduce");
   }
   static std::string list(const std::vector<int>& v) {
