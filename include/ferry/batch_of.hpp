@@ -306,6 +306,22 @@ class batch_of {
   static constexpr bool is_padded = detail::field_traits<field_t<I>>::padded;
 
   batch_of() = default;
+  // Moved from, a batch is empty (size() 0), as its buffers are: it kept its count, and a
+  // ragged field's payload_bytes() read offsets that had moved away.
+  batch_of(batch_of&& o) noexcept
+      : n_(std::exchange(o.n_, 0)), data_(std::move(o.data_)), offsets_(std::move(o.offsets_)),
+        elem_bytes_(o.elem_bytes_), ragged_(o.ragged_), padded_(o.padded_) {}
+  batch_of& operator=(batch_of&& o) noexcept {
+    if (this != &o) {
+      n_ = std::exchange(o.n_, 0);
+      data_ = std::move(o.data_);
+      offsets_ = std::move(o.offsets_);
+      elem_bytes_ = o.elem_bytes_;
+      ragged_ = o.ragged_;
+      padded_ = o.padded_;
+    }
+    return *this;
+  }
 
   // The number of elements.
   std::size_t size() const noexcept { return n_; }
@@ -357,6 +373,7 @@ class batch_of {
     const std::size_t es = elem_bytes_[f];
     if (!ragged_[f]) return {data_[f].data() + first * es, count * es};
     auto off = reinterpret_cast<const std::uint64_t*>(offsets_[f].data());
+    if (!off) return {};  // no rows (nothing collated, or moved from)
     return {data_[f].data() + off[first] * es, (off[first + count] - off[first]) * es};
   }
   // The bytes of field f for every element.
@@ -596,6 +613,11 @@ struct batch_collator {
                       const B& b) const {
     using F = typename B::template field_t<I>;
     const std::size_t es = b.elem_bytes_[I], n = b.n_;
+    // An absurd global batch (an option of 2^62 rows) would wrap the byte count to a tiny
+    // buffer that the copies below overrun.
+    if (es != 0 && global > std::numeric_limits<std::size_t>::max() / es)
+      throw config_error("distribute: a global batch of " + std::to_string(global) + " rows of " + std::to_string(es) +
+                         " bytes does not fit in memory (remainder_policy::pad pads short batches to it)");
     p.elem_bytes_[I] = es;
     if constexpr (!B::template is_ragged<I>) {
       p.data_[I] = buffer(res, global * es);

@@ -197,8 +197,12 @@ class step {
   }
   // 0-based step number within the epoch.
   std::uint64_t index() const noexcept { return index_; }
-  // The global host batch the slices were cut from (the padded copy under pad).
-  const batch_of<T>& host_batch() const { return *host_; }
+  // The global host batch the slices were cut from (the padded copy under pad); an empty
+  // batch for a default-constructed or moved-from step.
+  const batch_of<T>& host_batch() const {
+    static const batch_of<T> none;
+    return host_ ? *host_ : none;
+  }
 
  private:
   friend struct detail::step_access;

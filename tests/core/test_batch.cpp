@@ -97,6 +97,32 @@ TEST_CASE("ragged fields: values in one buffer plus n+1 offsets") {
   }
 }
 
+// Moved from, a batch is empty: it used to keep its size while its buffers had gone, so a
+// ragged field's payload_bytes() read offsets through a null pointer.
+TEST_CASE("a moved-from batch is empty, every accessor safe; a default step's host batch too") {
+  std::vector<std::tuple<std::string, int>> v{{"ab", 1}, {"cde", 2}, {"", 3}};
+  auto p = ferry::from_range(v) | ferry::batch(3);
+  auto b = p.next();
+  REQUIRE(b);
+  const std::size_t bytes = b->payload_bytes();
+  ferry::batch_of<std::tuple<std::string, int>> kept = std::move(*b);
+  CHECK(kept.size() == 3);
+  CHECK(kept.payload_bytes() == bytes);
+  CHECK(b->size() == 0);  // NOLINT(bugprone-use-after-move): the point
+  CHECK(b->empty());
+  CHECK(b->payload_bytes() == 0);
+  CHECK(b->field_bytes(0).empty());
+  CHECK(b->field<0>().offsets.empty());
+  CHECK(b->field<1>().empty());
+  ferry::batch_of<std::tuple<std::string, int>> again;
+  again = std::move(kept);
+  CHECK(again.size() == 3);
+  CHECK(kept.size() == 0);  // NOLINT(bugprone-use-after-move)
+  CHECK(again.field<0>()[1].size() == 3);
+  const ferry::step<std::tuple<std::string, int>> none;
+  CHECK(none.host_batch().size() == 0);
+}
+
 TEST_CASE("batch buffers are recycled: the pool stops allocating after warm-up") {
   auto pool = std::make_shared<ferry::buffer_pool>();
   auto p = ferry::from_generator(10'000, [](std::uint64_t i) { return std::array<float, 16>{float(i)}; }) |

@@ -19,6 +19,7 @@
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/filter.hpp"
+#include "ferry/stages/map.hpp"
 #include "ferry/stages/prefetch.hpp"
 #include "ferry/stages/repeat.hpp"
 #include "ferry/stages/shard.hpp"
@@ -173,7 +174,7 @@ TEST_CASE("distribute: batch(8) | prefetch(2) with a dataset shorter than one ba
   ferry_test::watchdog wd(30s, "short dataset through prefetch");
   for (std::uint32_t rows : {4u, 5u, 6u}) {
     CAPTURE(rows);
-    const auto data = make_data(rows);
+    const auto data = make_data(std::uint32_t(rows));
     {
       auto steps = ferry::from_range(data) | ferry::batch(8) | ferry::prefetch(2) |
                    ferry::distribute(ferry::host_replicas{4});
@@ -378,6 +379,32 @@ TEST_CASE("distribute: configuration errors say what to do" * doctest::timeout(3
     }
     CHECK(n == 3);
   }
+  SUBCASE("under drop, a global_batch option above batch()'s size: every batch would be dropped") {
+    // It dropped all 100 rows (5 short batches) without a word.
+    auto steps = ferry::from_range(data) | ferry::batch(20) | ferry::prefetch(1) |
+                 ferry::distribute(ferry::host_replicas{2}, {.global_batch = 40});
+    CHECK_THROWS_WITH_AS(steps.next(), doctest::Contains("global_batch is 40, more than the upstream batch stage's "
+                                                         "batch_size() of 20"),
+                         ferry::config_error);
+    // pad keeps every row (steps of 40, half padding), as may be meant; so does an equal size.
+    for (const auto policy : {ferry::remainder_policy::pad, ferry::remainder_policy::drop}) {
+      auto fine = ferry::from_range(data) | ferry::batch(20) |
+                  ferry::distribute(ferry::host_replicas{2},
+                                    {.remainder = policy, .global_batch = policy == ferry::remainder_policy::pad ? 40u : 20u});
+      std::size_t n = 0;
+      for (auto& st : fine) n += st.valid();
+      CHECK(n == 100);
+    }
+  }
+  SUBCASE("pad to a global batch whose bytes do not fit: a config_error, not an overrun") {
+    auto steps = ferry::from_range(make_data(6)) | ferry::batch(4) | ferry::prefetch(1) |
+                 ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::pad,
+                                                             .global_batch = std::size_t(1) << 62});
+    CHECK_THROWS_WITH_AS(steps.next(), doctest::Contains("does not fit in memory"), ferry::config_error);
+    auto hidden = ferry::distribute(sized_batches{{4, 2}}, ferry::host_replicas{2},
+                                    {.remainder = ferry::remainder_policy::pad, .global_batch = std::size_t(1) << 62});
+    CHECK_THROWS_WITH_AS(hidden.next(), doctest::Contains("does not fit in memory"), ferry::config_error);
+  }
   SUBCASE("zero replicas") {
     CHECK_THROWS_AS(ferry::distribute(ferry::from_range(data) | ferry::batch(4), ferry::host_replicas{0}),
                     ferry::config_error);
@@ -447,6 +474,75 @@ TEST_CASE("distribute: save/restore resumes at the same step; rewind starts over
   REQUIRE(first);
   CHECK(first->index() == 0);
   CHECK((*first)[0].field<0>()[0] == 1u);
+}
+
+// G inferred from the first batch (no batch() visible: a map after it) is part of the
+// state: a restore used to infer it again from the batch after the saved position, the
+// short last one perhaps, which then went out as a full step of G = its rows (or did not
+// divide among the replicas). Every policy, replica count and save position, against the
+// run that was not interrupted.
+TEST_CASE("distribute: a restore keeps the global batch size inferred before the save") {
+  const auto ident = [](ferry::batch_of<elem> b) { return b; };
+  for (std::size_t R : {1, 2, 4, 8})
+    for (const auto policy : {ferry::remainder_policy::drop, ferry::remainder_policy::pad,
+                              ferry::remainder_policy::partial})
+      for (std::size_t rows : {20, 24, 36}) {
+        CAPTURE(R);
+        CAPTURE(name(policy));
+        CAPTURE(rows);
+        const auto data = make_data(std::uint32_t(rows));
+        auto make = [&] {
+          return ferry::from_range(data) | ferry::batch(8) | ferry::repeat(2) | ferry::map(ident) |
+                 ferry::distribute(ferry::host_replicas{R}, {.remainder = policy});
+        };
+        // The uninterrupted run: each step's size, valid rows and first row.
+        std::vector<std::tuple<std::size_t, std::size_t, std::uint32_t>> want;
+        auto whole = make();
+        for (auto& st : whole) want.emplace_back(st.global_size(), st.valid(), st.valid() ? st[0].field<0>()[0] : 0);
+        for (std::size_t k = 1; k < want.size(); ++k) {
+          CAPTURE(k);
+          auto a = make();
+          for (std::size_t i = 0; i < k; ++i) REQUIRE(a.next());
+          const auto st = ferry::save_state(a);
+          const std::uint64_t dropped_before = a.dropped();
+          while (a.next()) {
+          }
+          auto b = make();
+          ferry::restore_state(b, st);
+          std::size_t at = k;
+          for (auto& s : b) {
+            REQUIRE(at < want.size());
+            CHECK(s.global_size() == std::get<0>(want[at]));
+            CHECK(s.valid() == std::get<1>(want[at]));
+            if (s.valid()) CHECK(s[0].field<0>()[0] == std::get<2>(want[at]));
+            ++at;
+          }
+          CHECK(at == want.size());
+          CHECK(b.dropped() == a.dropped() - dropped_before);  // the short batches after the save
+        }
+      }
+}
+
+// A state saved before the inferred size was part of it (the step index alone, its top
+// bit clear) still restores, inferring as those states did.
+TEST_CASE("distribute: a state of the step index alone (saved before) still restores") {
+  const auto data = make_data(64);
+  auto make = [&] { return ferry::from_range(data) | ferry::batch(8) | ferry::distribute(ferry::host_replicas{2}); };
+  auto a = make();
+  for (int i = 0; i < 3; ++i) REQUIRE(a.next());
+  ferry::pipeline_state st = ferry::save_state(a);
+  // distribute's words come last: the index (top bit set) and G (0: not inferred here).
+  REQUIRE(st.words.size() >= 2);
+  CHECK(st.words.back() == 0);
+  st.words.pop_back();
+  CHECK(st.words.back() == (std::uint64_t(1) << 63 | 3));
+  st.words.back() = 3;
+  auto b = make();
+  ferry::restore_state(b, st);
+  auto s = b.next();
+  REQUIRE(s);
+  CHECK(s->index() == 3);
+  CHECK((*s)[0].field<0>()[0] == 25);
 }
 
 TEST_CASE("distribute: nothing runs before the first next()") {

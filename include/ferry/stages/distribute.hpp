@@ -17,7 +17,9 @@
 // Inference is wrong when that first batch is short (a dataset or shard with fewer than
 // G rows): set global_batch when the pipeline hides batch(). A later batch larger than an
 // inferred G proves it was wrong, and is a config_error saying so. G not divisible by R
-// is a config_error; so is a batch larger than G. Fixed fields are split by rows; so are
+// is a config_error; so is a batch larger than G, and under remainder_policy::drop a
+// global_batch option larger than the upstream batch stage's size (every batch would be
+// dropped). Fixed fields are split by rows; so are
 // padded fields (padded_batch, bucket_by_sequence_length, pack: each replica's rows of L
 // values and their lengths); a ragged field (batch() of vectors or strings) gives each
 // replica its rows' values and their offsets rebased to start at 0
@@ -70,10 +72,12 @@
 //
 // Checkpoints: save() records the upstream's position after the last step handed out (a
 // step made ahead is not part of it: a restore makes it again), then distribute's tag and
-// the number of steps handed out this epoch; it throws config_error when the upstream
-// cannot be saved (an unordered map). restore() drops the steps made ahead (stopping the
-// staging thread) and restores the upstream and the step count; a state of another shape
-// is a config_error.
+// the number of steps handed out this epoch and an inferred G (restored with it, not
+// inferred again from the batch after the saved position); it throws config_error when the
+// upstream cannot be saved (an unordered map). restore() drops the steps made ahead
+// (stopping the staging thread) and restores the upstream, the step count and an inferred
+// G; a state of another shape, or whose inferred G differs from a global_batch option, is
+// a config_error.
 #pragma once
 
 #include <atomic>
@@ -302,14 +306,30 @@ class distribute_source
     else
       this->up().save(w);
   }
+  // The step index, its top bit set to say a second word follows: the global batch size
+  // when it was inferred from the first batch (0 otherwise). A restore must not infer it
+  // again from the batch after the saved position, the short last one perhaps (which then
+  // went out as a full step, or did not divide among the replicas). States of one word
+  // (saved before) restore as before.
+  static constexpr std::uint64_t with_global = std::uint64_t(1) << 63;
   void save_words(state_writer& w) const {
-    if (staging() && started_)
-      w.put(handed_);
-    else
-      w.put(ahead_.holds_step() ? s_->index - 1 : s_->index);
+    const std::uint64_t index = staging() && started_ ? handed_ : ahead_.holds_step() ? s_->index - 1 : s_->index;
+    w.put(index | with_global);
+    w.put(s_->inferred ? s_->global.load(std::memory_order_relaxed) : 0);
   }
   void before_restore() noexcept { drop_ahead(); }  // steps made from the position being left go
-  void restore_words(state_reader& r) { s_->index = handed_ = r.get(); }
+  void restore_words(state_reader& r) {
+    const std::uint64_t word = r.get();
+    const std::uint64_t inferred = word & with_global ? r.get() : 0;
+    if (inferred != 0) {
+      if (s_->o.global_batch != 0 && s_->o.global_batch != inferred)
+        throw_config_mismatch(name, "global_batch", inferred, s_->o.global_batch, false);
+      check_global_batch(inferred, replicas(), global_batch_from::inferred);
+      s_->global.store(inferred, std::memory_order_relaxed);
+      s_->inferred = true;
+    }
+    s_->index = handed_ = word & ~with_global;
+  }
 
   void start() {
     shared& c = *s_;
@@ -319,8 +339,17 @@ class distribute_source
     }
     if (c.global.load(std::memory_order_relaxed) == 0) c.global.store(c.o.global_batch, std::memory_order_relaxed);
     if constexpr (sized_batches<Up>) {
-      if (const std::size_t b = this->up().batch_size(); c.global.load(std::memory_order_relaxed) == 0 && b != 0) {
-        check_global_batch(b, c.be.replicas(), global_batch_from::upstream);  // 0: unknown (any_source)
+      const std::size_t b = this->up().batch_size();  // 0: unknown (any_source)
+      // Under drop, an option above batch()'s size would make every batch short: all
+      // dropped without a word. (pad and partial keep every row: steps of G with padding,
+      // or short steps, may be meant. Below it is fine: a token budget's size is max_tokens.)
+      if (c.o.remainder == remainder_policy::drop && c.o.global_batch > b && b != 0)
+        throw config_error("distribute: distribute_options::global_batch is " + std::to_string(c.o.global_batch) +
+                           ", more than the upstream batch stage's batch_size() of " + std::to_string(b) +
+                           ": under remainder_policy::drop every batch would be short and dropped; give them one "
+                           "size (or pad or partial to keep short batches)");
+      if (c.global.load(std::memory_order_relaxed) == 0 && b != 0) {
+        check_global_batch(b, c.be.replicas(), global_batch_from::upstream);
         c.global.store(b, std::memory_order_relaxed);
       }
     }
