@@ -24,6 +24,23 @@ void on_threads(int n, F f) {
   for (int r = 0; r < n; ++r) ts.emplace_back([&, r] { f(r); });
   for (auto& t : ts) t.join();
 }
+// Ranks 0..k-1 of g, each in an all_reduce_sum on a thread of its own (the caller joins
+// them); an abort lets them out: each counts itself in `released`, then calls after().
+template <class After>
+std::vector<std::thread> waiters(ferry::thread_group& g, int k, std::atomic<int>& released, After after) {
+  std::vector<std::thread> ts;
+  for (int r = 0; r < k; ++r)
+    ts.emplace_back([&g, &released, after, r] {
+      std::vector<float> v(8, 1.0f);
+      try {
+        g.communicator(r).all_reduce_sum(v);
+      } catch (const ferry::error&) {
+        released.fetch_add(1);
+        after();
+      }
+    });
+  return ts;
+}
 std::vector<float> random_floats(std::size_t n, std::uint32_t seed) {
   std::mt19937 g(seed);
   std::uniform_real_distribution<float> d(-10.0f, 10.0f);
@@ -137,16 +154,8 @@ TEST_CASE("abort releases ranks waiting in a collective" * doctest::timeout(20))
   const int n = 3;
   ferry::thread_group g(n);
   std::atomic<int> released{0};
-  std::vector<std::thread> ts;
-  for (int r = 0; r < n - 1; ++r)  // rank n-1 never comes: its replica "failed"
-    ts.emplace_back([&, r] {
-      std::vector<float> v(8, 1.0f);
-      try {
-        g.communicator(r).all_reduce_sum(v);
-      } catch (const ferry::error&) {
-        released.fetch_add(1);
-      }
-    });
+  // Rank n-1 never comes: its replica "failed".
+  std::vector<std::thread> ts = waiters(g, n - 1, released, [] {});
   // Abort only once both are blocked inside the collective, so what is tested is the
   // wake-up of sleeping waiters, not the check on entry.
   while (g.waiting() < n - 1) std::this_thread::yield();
@@ -229,17 +238,7 @@ TEST_CASE("a waiter woken by abort() throws even when reset() came first" * doct
   for (int it = 0; it < 200; ++it) {
     ferry::thread_group g(3);
     std::atomic<int> released{0};
-    std::vector<std::thread> ts;
-    for (int r = 0; r < 2; ++r)
-      ts.emplace_back([&, r] {
-        std::vector<float> v(8, 1.0f);
-        try {
-          g.communicator(r).all_reduce_sum(v);
-        } catch (const ferry::error&) {
-          released.fetch_add(1);
-          g.reset();
-        }
-      });
+    std::vector<std::thread> ts = waiters(g, 2, released, [&g] { g.reset(); });
     while (g.waiting() < 2) std::this_thread::yield();
     g.communicator(2).abort();
     const auto deadline = std::chrono::steady_clock::now() + 5s;

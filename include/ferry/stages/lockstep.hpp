@@ -24,7 +24,8 @@
 // A trainer accepts it (empty slices wait for no copy, so their streams are not checked).
 //
 // Cost: one all_reduce_sum of two floats per step on `comm` (host memory: an MPI or
-// thread communicator, not NCCL's device buffers), on the thread calling next().
+// thread communicator; one of device memory, NCCL, is refused at compile time), on the
+// thread calling next().
 //
 // Threads: none of its own; runs on the thread calling next(), which must be the one that
 // uses `comm` for this rank; no user code of its own. No thread may read ahead of it: a
@@ -61,6 +62,7 @@
 
 #include "ferry/batch_of.hpp"
 #include "ferry/collective/agree_steps.hpp"
+#include "ferry/collective/communicator.hpp"
 #include "ferry/error.hpp"
 #include "ferry/source.hpp"
 #include "ferry/stage.hpp"
@@ -71,6 +73,12 @@ namespace detail {
 
 template <source Up, class Comm>
 class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
+  // Its two floats live on this thread's stack: a communicator of device memory (NCCL)
+  // would be handed host memory, read later by an asynchronous kernel.
+  static_assert(span_memory_of<Comm> != span_memory::device,
+                "ferry::lockstep(comm): comm all-reduces device memory (nccl_communicator); lockstep agrees on "
+                "steps in host memory: give it the ranks' host communicator (mpi_communicator, thread_communicator)");
+
  public:
   static constexpr char name[] = "lockstep";
   static constexpr bool changes_batch_size = true;  // steps, not batches
