@@ -311,6 +311,7 @@ class batch_of {
   batch_of(batch_of&& o) noexcept
       : n_(std::exchange(o.n_, 0)), data_(std::move(o.data_)), offsets_(std::move(o.offsets_)),
         elem_bytes_(o.elem_bytes_), ragged_(o.ragged_), padded_(o.padded_) {}
+  // Takes o's rows and buffers; o is left empty, as above.
   batch_of& operator=(batch_of&& o) noexcept {
     if (this != &o) {
       n_ = std::exchange(o.n_, 0);

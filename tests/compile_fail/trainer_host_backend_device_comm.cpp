@@ -6,19 +6,10 @@
 // first-error: mirrored_trainer<Backend, Comm>: the communicator all-reduces the backend's buffers in place
 #include <span>
 
+#include "device_communicator.hpp"
 #include "ferry/collective/communicator.hpp"
 #include "ferry/train/mirrored_trainer.hpp"
 
 struct host_backend {};  // says nothing: host memory, as host_backend (on_device = false)
-
-struct device_communicator {
-  static constexpr ferry::span_memory memory = ferry::span_memory::device;
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  void all_reduce_sum(std::span<float>) {}
-  void all_reduce_average(std::span<float>) {}
-  void broadcast(std::span<float>, int) {}
-  void barrier() {}
-};
 
 int main() { return sizeof(ferry::train::mirrored_trainer<host_backend, device_communicator>) > 0; }
