@@ -306,23 +306,6 @@ class batch_of {
   static constexpr bool is_padded = detail::field_traits<field_t<I>>::padded;
 
   batch_of() = default;
-  // Moved from, a batch is empty (size() 0), as its buffers are: it kept its count, and a
-  // ragged field's payload_bytes() read offsets that had moved away.
-  batch_of(batch_of&& o) noexcept
-      : n_(std::exchange(o.n_, 0)), data_(std::move(o.data_)), offsets_(std::move(o.offsets_)),
-        elem_bytes_(o.elem_bytes_), ragged_(o.ragged_), padded_(o.padded_) {}
-  // Takes o's rows and buffers; o is left empty, as above.
-  batch_of& operator=(batch_of&& o) noexcept {
-    if (this != &o) {
-      n_ = std::exchange(o.n_, 0);
-      data_ = std::move(o.data_);
-      offsets_ = std::move(o.offsets_);
-      elem_bytes_ = o.elem_bytes_;
-      ragged_ = o.ragged_;
-      padded_ = o.padded_;
-    }
-    return *this;
-  }
 
   // The number of elements.
   std::size_t size() const noexcept { return n_; }
@@ -408,7 +391,25 @@ class batch_of {
   template <class>
   friend struct batch_collator;
 
-  std::size_t n_ = 0;
+  // The row count, 0 once moved from, as the buffers are (it used to keep its count, and a
+  // ragged field's payload_bytes() then read offsets that had moved away): the moves stay
+  // the defaulted ones.
+  struct row_count {
+    std::size_t v = 0;
+    row_count() = default;
+    row_count(std::size_t n) noexcept : v(n) {}  // NOLINT(google-explicit-constructor): stands for the count
+    row_count(row_count&& o) noexcept : v(std::exchange(o.v, 0)) {}
+    row_count& operator=(row_count&& o) noexcept {
+      v = std::exchange(o.v, 0);
+      return *this;
+    }
+    row_count& operator++() noexcept {
+      ++v;
+      return *this;
+    }
+    operator std::size_t() const noexcept { return v; }  // NOLINT(google-explicit-constructor)
+  };
+  row_count n_;
   std::array<buffer, field_count> data_;
   std::array<buffer, field_count> offsets_;
   std::array<std::size_t, field_count> elem_bytes_{};  // a padded field: L values' bytes

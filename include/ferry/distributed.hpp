@@ -271,11 +271,9 @@ inline std::vector<nccl_communicator> nccl_communicators(distributed_context& ct
     const cuda::device_restore keep;
     for (int d : dev)
       if (const cudaError_t e = cudaSetDevice(d); e != cudaSuccess) {
-        (void)cudaGetLastError();
         fault = 2;
-        mine = std::make_exception_ptr(cuda_error("cudaSetDevice for nccl_communicators on rank " +
-                                                  std::to_string(ctx.rank()), d, static_cast<int>(e),
-                                                  cudaGetErrorName(e), cudaGetErrorString(e), __FILE__, __LINE__));
+        mine = std::make_exception_ptr(cuda::detail::make_cuda_error(
+            e, "cudaSetDevice for nccl_communicators on rank " + std::to_string(ctx.rank()), d, __FILE__, __LINE__));
         break;
       }
   }

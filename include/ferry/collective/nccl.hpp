@@ -103,9 +103,9 @@ inline void nccl_check(ncclResult_t r, const char* call, int rank = -1, int nran
 // failed). A line argument, not std::source_location: clang 14 with libstdc++ has none.
 inline void cuda_check_nccl(cudaError_t r, const char* call, int rank, int nranks, int device, int line) {
   if (r == cudaSuccess) return;
-  (void)cudaGetLastError();  // a non-sticky error must not fail the next call
-  throw cuda_error(std::string(call) + " for NCCL rank " + std::to_string(rank) + " of " + std::to_string(nranks),
-                   device, static_cast<int>(r), cudaGetErrorName(r), cudaGetErrorString(r), __FILE__, line);
+  throw cuda::detail::make_cuda_error(
+      r, std::string(call) + " for NCCL rank " + std::to_string(rank) + " of " + std::to_string(nranks), device,
+      __FILE__, line);
 }
 }  // namespace detail
 

@@ -48,7 +48,6 @@ class device_buffer_pool {
  public:
   struct stats {
     std::uint64_t allocations = 0;  // cudaMalloc calls, ever
-    std::uint64_t frees = 0;        // blocks freed before the pool's end (outgrown)
     std::uint64_t reuses = 0;       // blocks handed out again
     std::uint64_t outstanding = 0;  // blocks handed out now
     std::uint64_t events_created = 0;
@@ -110,12 +109,13 @@ class device_buffer_pool {
     device_guard g(device_);
     void* p = nullptr;
     if (const cudaError_t st = cudaMalloc(&p, bytes); st != cudaSuccess) {
-      (void)cudaGetLastError();
       std::lock_guard lk(m_);
-      throw cuda_error("cudaMalloc of " + std::to_string(bytes) + " bytes (this pool holds " +
-                           std::to_string(held_bytes()) + " bytes in " + std::to_string(held_blocks()) + " blocks)",
-                       device_, static_cast<int>(st), cudaGetErrorName(st), cudaGetErrorString(st), __FILE__,
-                       __LINE__);
+      std::size_t held = 0, blocks = 0;
+      for (const auto& [b, k] : count_) held += b * k, blocks += k;
+      throw detail::make_cuda_error(st,
+                                    "cudaMalloc of " + std::to_string(bytes) + " bytes (this pool holds " +
+                                        std::to_string(held) + " bytes in " + std::to_string(blocks) + " blocks)",
+                                    device_, __FILE__, __LINE__);
     }
     std::lock_guard lk(m_);
     ++st_.allocations;
@@ -200,19 +200,7 @@ class device_buffer_pool {
         give_event(b.after);
       }
       FERRY_CUDA_LOG(cudaFree(b.p));
-      std::lock_guard lk(m_);
-      ++st_.frees;
     }
-  }
-  std::size_t held_bytes() const {
-    std::size_t n = 0;
-    for (const auto& [bytes, k] : count_) n += bytes * k;
-    return n;
-  }
-  std::size_t held_blocks() const {
-    std::size_t n = 0;
-    for (const auto& [bytes, k] : count_) n += k;
-    return n;
   }
 
   int device_;

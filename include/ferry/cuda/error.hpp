@@ -12,6 +12,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "ferry/config.hpp"
 #include "ferry/error.hpp"
@@ -70,11 +71,18 @@ inline int current_device_or_minus_one() noexcept {
   return d;
 }
 
+// The error of a failed call on `device` (named by the caller: the current device may be
+// another, e.g. when cudaSetDevice itself failed), `call` saying what was asked (with
+// sizes, ranks). Clears a non-sticky error so the next call starts clean.
+inline cuda_error make_cuda_error(cudaError_t st, std::string call, int device, const char* file, int line) {
+  (void)cudaGetLastError();
+  return cuda_error(std::move(call), device, static_cast<int>(st), cudaGetErrorName(st), cudaGetErrorString(st),
+                    file, line);
+}
+
 [[noreturn]] inline void throw_cuda_error(cudaError_t st, const char* call, const char* file,
                                           int line) {
-  (void)cudaGetLastError();  // clear a non-sticky error so the next call starts clean
-  throw cuda_error(call, current_device_or_minus_one(), static_cast<int>(st),
-                   cudaGetErrorName(st), cudaGetErrorString(st), file, line);
+  throw make_cuda_error(st, call, current_device_or_minus_one(), file, line);
 }
 
 inline void log_cuda_error(cudaError_t st, const char* call, const char* file, int line) noexcept {
