@@ -791,8 +791,10 @@ TEST_CASE("sim: steps that keep growing keep a few blocks per replica, not one o
     // kernels have not run (grow_below with the staging thread), per replica.
     CHECK(most_blocks <= R * (mk.ahead + (mk.staging ? 6 : 3)));
     // Old: one allocation per step and replica (240). A block grows by half at least:
-    // from ~0.3 to ~31 KiB, a dozen sizes, each a block or a few in flight.
-    CHECK(sim::stats().device_allocs < R * steps / 3);
+    // from ~0.3 to ~31 KiB, a dozen sizes, each a block or a few in flight: 36 on the
+    // consumer's thread; with the staging thread, how many of each size depends on which
+    // kernels have run when it asks (64 to 80 seen), so half the old count bounds it.
+    CHECK(sim::stats().device_allocs < (mk.staging ? R * steps / 2 : R * steps / 3));
     MESSAGE("most blocks " << most_blocks << ", allocations " << sim::stats().device_allocs);
     for (const auto& v : sim::violations()) FAIL_CHECK(v);
     CHECK(sim::stats().live_device_blocks == 0);
