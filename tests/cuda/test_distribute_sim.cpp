@@ -861,7 +861,7 @@ TEST_CASE("sim: report() names a slow upstream the bottleneck, with or without t
       const auto& d = r.stages.back();
       CHECK(d.kind == "distribute");
       CHECK(d.elements == 20);
-      CHECK(d.busy < 0.25);
+      CHECK(d.busy < 0.5);  // ~0.01 here, 0.26-0.32 under TSan; it was 0.998 (the whole upstream)
       if (staging) CHECK(d.wait_upstream > 0.5);  // its consumer waited for the staging thread
       ferry::reset_stats(steps);
       CHECK(ferry::report(steps).stages.back().elements == 0);
