@@ -111,7 +111,7 @@ class device_buffer_pool {
     if (const cudaError_t st = cudaMalloc(&p, bytes); st != cudaSuccess) {
       std::lock_guard lk(m_);
       std::size_t held = 0, blocks = 0;
-      for (const auto& [b, k] : count_) held += b * k, blocks += k;
+      for (const auto& [size, k] : count_) held += size * k, blocks += k;
       throw detail::make_cuda_error(st,
                                     "cudaMalloc of " + std::to_string(bytes) + " bytes (this pool holds " +
                                         std::to_string(held) + " bytes in " + std::to_string(blocks) + " blocks)",
