@@ -599,3 +599,136 @@ TEST_CASE("JPEG bad input: not a JPEG, truncated, too many or no pixels, bad win
   // After all of that, the same thread decodes a good file.
   CHECK(fused(jpg, {0, 0, 64, 64}, {32, 32, 3, false}).size() == out.size());
 }
+
+namespace {
+// A grey progressive JPEG whose AC scan is repeated `copies` times after the one the
+// encoder wrote: every copy is valid (it codes the whole component in one EOB run, a few
+// bytes), and libjpeg runs each over every block. Spliced by hand: libjpeg's encoder
+// refuses a script that codes a coefficient twice.
+bytes_t repeated_scans(std::uint32_t side, int copies) {
+  std::vector<std::uint8_t> px(std::size_t(side) * side, 128);
+  jpeg_compress_struct c;
+  jpeg_error_mgr jerr;
+  c.err = jpeg_std_error(&jerr);
+  jpeg_create_compress(&c);
+  unsigned char* mem = nullptr;
+  unsigned long mem_size = 0;
+  jpeg_mem_dest(&c, &mem, &mem_size);
+  c.image_width = c.image_height = side, c.input_components = 1, c.in_color_space = JCS_GRAYSCALE;
+  jpeg_set_defaults(&c);
+  jpeg_scan_info script[2] = {{1, {0}, 0, 0, 0, 0}, {1, {0}, 1, 63, 0, 0}};  // DC, then AC
+  c.scan_info = script, c.num_scans = 2;
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW r = px.data() + std::size_t(c.next_scanline) * side;
+    jpeg_write_scanlines(&c, &r, 1);
+  }
+  jpeg_finish_compress(&c);
+  const std::vector<unsigned char> f(mem, mem + mem_size);
+  std::free(mem);
+  jpeg_destroy_compress(&c);
+  std::size_t sos = 0, dht = 0;  // the last scan's SOS, and the DHT before it
+  for (std::size_t i = 0; i + 1 < f.size(); ++i)
+    if (f[i] == 0xFF && f[i + 1] == 0xDA) sos = i;
+  for (std::size_t i = 0; i + 1 < sos; ++i)
+    if (f[i] == 0xFF && f[i + 1] == 0xC4) dht = i;
+  REQUIRE(dht > 0);
+  bytes_t out(reinterpret_cast<const std::byte*>(f.data()), reinterpret_cast<const std::byte*>(f.data()) + f.size() - 2);
+  const bytes_t seg(reinterpret_cast<const std::byte*>(f.data()) + dht, reinterpret_cast<const std::byte*>(f.data()) + f.size() - 2);
+  for (int k = 0; k < copies; ++k) out.insert(out.end(), seg.begin(), seg.end());
+  out.push_back(std::byte{0xFF}), out.push_back(std::byte{0xD9});
+  return out;
+}
+}  // namespace
+
+TEST_CASE("JPEG: more scans than jpeg_limits::max_scans is a format_error, found at the scan past the limit") {
+  // 2 scans written, 200 more: 202. Each costs a pass over the image's blocks, so a file of
+  // a few hundred kB repeating one thousands of times took seconds to minutes a decode.
+  const bytes_t many = repeated_scans(64, 200);
+  std::vector<std::size_t> sos;  // where each scan's header starts
+  for (std::size_t i = 0; i + 1 < many.size(); ++i)
+    if (many[i] == std::byte{0xFF} && many[i + 1] == std::byte{0xDA}) sos.push_back(i);
+  REQUIRE(sos.size() == 202);
+  std::vector<std::uint8_t> out(16 * 16 * 3);
+  const fi::jpeg_limits enough{.max_scans = 202};
+  CHECK(fi::decode_jpeg(many, 1, enough).width == 64);  // a valid file: it decodes within its limit
+  CHECK_NOTHROW(fi::decode_jpeg_crop(many, {0, 0, 16, 16}, {16, 16, 3, false}, out, enough));
+  for (const bool crop : {false, true}) {
+    CAPTURE(crop);
+    try {
+      if (crop)
+        fi::decode_jpeg_crop(many, {0, 0, 16, 16}, {16, 16, 3, false}, out);
+      else
+        fi::decode_jpeg(many, 1);
+      FAIL("202 scans decoded under the default limit of 100");
+    } catch (const ferry::format_error& e) {
+      CHECK(std::string(e.what()).find("more than 100 scans (jpeg_limits::max_scans)") != std::string::npos);
+      CHECK(e.offset() > 0);
+      CHECK(e.offset() > sos[100]);  // in scan 101, the first past the limit, not at the end
+      CHECK(e.offset() < sos[101]);
+    }
+    try {
+      if (crop)
+        fi::decode_jpeg_crop(many, {0, 0, 16, 16}, {16, 16, 3, false}, out, {.max_scans = 201});
+      else
+        fi::decode_jpeg(many, 1, {.max_scans = 201});
+      FAIL("202 scans decoded under a limit of 201");
+    } catch (const ferry::format_error& e) {
+      CHECK(std::string(e.what()).find("more than 201 scans") != std::string::npos);
+    }
+  }
+  // An ordinary progressive file (libjpeg's own script: 10 scans for colour) is well inside.
+  const auto px = picture(64, 48, 3, 3);
+  CHECK(fi::decode_jpeg(encode(px, 64, 48, {.progressive = true}), 3, {.max_scans = 10}).height == 48);
+  CHECK_THROWS_AS(fi::decode_jpeg(many, 1, {.max_scans = 0}), ferry::config_error);
+  CHECK_THROWS_WITH_AS(fi::decode_jpeg(encode(px, 64, 48), 2), doctest::Contains("decode_jpeg: channels"),
+                       ferry::config_error);
+}
+
+// libjpeg's allocations failing: std::bad_alloc, as documented, not a format_error (a good
+// file is not corrupt) nor a jump to an unset jmp_buf (the decompressor was created before
+// its setjmp). malloc is replaced in this program for it, which the sanitizers' own malloc
+// forbids: their builds leave these cases out.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+namespace {
+std::size_t fail_malloc_over = SIZE_MAX;  // malloc refuses blocks larger than this
+}  // namespace
+extern "C" void* __libc_malloc(std::size_t);
+extern "C" void* malloc(std::size_t n) { return n > fail_malloc_over ? nullptr : __libc_malloc(n); }
+
+namespace {
+// Runs f with malloc refusing blocks over `over` bytes; what it threw, by kind.
+template <class F>
+std::string with_malloc_failing(std::size_t over, F&& f) {
+  std::string what = "returned";
+  fail_malloc_over = over;
+  try {
+    f();
+  } catch (const std::bad_alloc&) {
+    what = "bad_alloc";
+  } catch (const ferry::format_error&) {
+    what = "format_error";
+  } catch (...) {
+    what = "other";
+  }
+  fail_malloc_over = SIZE_MAX;
+  return what;
+}
+}  // namespace
+
+TEST_CASE("JPEG: libjpeg out of memory is std::bad_alloc, from its first allocation on") {
+  const auto px = picture(16, 16, 3, 1);
+  const bytes_t small = encode(px, 16, 16);
+  CHECK(with_malloc_failing(0, [&] { fi::read_jpeg_header(small); }) == "bad_alloc");
+  CHECK(with_malloc_failing(0, [&] { fi::encode_jpeg({px.data(), 16, 16, 3, 48}); }) == "bad_alloc");
+  // A progressive file's coefficient buffer (1500 x 1500: several MB) refused inside
+  // jpeg_start_decompress.
+  const auto big_px = picture(1500, 1500, 3, 2);
+  const bytes_t big = encode(big_px, 1500, 1500, {.quality = 90, .progressive = true, .subsample = true});
+  std::vector<std::uint8_t> out(16 * 16 * 3);
+  CHECK(with_malloc_failing(1 << 20, [&] { fi::decode_jpeg(big); }) == "bad_alloc");
+  CHECK(with_malloc_failing(1 << 20, [&] { fi::decode_jpeg_crop(big, {0, 0, 1500, 1500}, {16, 16, 3, false}, out); }) ==
+        "bad_alloc");
+  CHECK(fi::decode_jpeg(big).width == 1500);  // and with memory, it decodes
+}
+#endif

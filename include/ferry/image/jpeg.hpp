@@ -33,13 +33,15 @@
 // that lose no pixel, such as an unknown JFIF revision or bytes skipped before a marker, are
 // not, as in libjpeg-turbo's own tools and PIL), and a header whose
 // size is 0 or more than limits.max_pixels, or more than the file's bytes can code (a bit a
-// block of every component, for Huffman coding) (checked before anything is allocated from it);
+// block of every component, for Huffman coding) (checked before anything is allocated from it),
+// or more scans than limits.max_scans (found when libjpeg reaches the scan past it);
 // the error's path is "JPEG" (map's element_error names the element), its offset the byte
 // libjpeg had reached. A cut file fails every crop, whichever rows it needs: the scan's data
 // must end in an EOI marker, checked first (offset: the file's end; bytes after the EOI are
 // ignored, as by a full decode). Damaged data below a crop's rows goes unseen (not read).
 // config_error for an output size or channel count that is not valid, or a crop window
-// outside the image. std::bad_alloc.
+// outside the image, or limits.max_scans below 1. std::bad_alloc, also when libjpeg's own
+// allocations fail.
 //
 // Memory: decode_jpeg returns a new image or reuses the caller's; decode_jpeg_crop writes
 // into the caller's span and keeps the decoded rows of the crop, and resize_bilinear its
@@ -75,9 +77,14 @@ struct jpeg_info {
   bool progressive = false;  // progressive (else baseline or extended sequential) coding
 };
 
-// The most pixels a header may claim (2^28: 16384 x 16384).
+// What a file may make a decode do: the most pixels its header may claim (2^28: 16384 x
+// 16384), and the most scans (libjpeg reads a progressive file's scans one by one, each
+// over every block of its components: a file of a few hundred kB repeating a scan thousands
+// of times, each one valid, costs minutes at these sizes; real files have about 10, rarely
+// over 20; djpeg's -maxscans is the same check).
 struct jpeg_limits {
   std::uint64_t max_pixels = std::uint64_t(1) << 28;  // width x height at most
+  int max_scans = 100;                                 // scans at most (progressive files)
 };
 
 namespace detail {
@@ -107,40 +114,67 @@ extern "C" inline void ferry_jpeg_emit_message(j_common_ptr c, int level) {
   if (level < 0 && !harmless_warning(c->err->msg_code)) ferry_jpeg_error_exit(c);
 }
 
-// One decompressor for one call; destroyed on every path.
+// Stops a decode at scan max_scans + 1: libjpeg calls it as it reads the file.
+struct jpeg_scan_limit {
+  jpeg_progress_mgr mgr;
+  int max_scans;
+};
+extern "C" inline void ferry_jpeg_progress(j_common_ptr c) {
+  const auto* d = reinterpret_cast<j_decompress_ptr>(c);
+  const int most = reinterpret_cast<const jpeg_scan_limit*>(c->progress)->max_scans;
+  if (d->input_scan_number <= most) return;
+  auto* e = reinterpret_cast<jpeg_error*>(c->err);
+  c->err->msg_code = 0;  // not an out-of-memory code left by an earlier (harmless) warning
+  std::snprintf(e->message, sizeof e->message, "more than %d scans (jpeg_limits::max_scans)", most);
+  std::longjmp(e->jump, 1);
+}
+
+// One decompressor for one call; destroyed on every path. create() runs inside the
+// caller's setjmp: libjpeg's first allocation may fail, and its error jumps.
 struct jpeg_decoder {
   jpeg_decompress_struct cinfo{};
   jpeg_error err{};
+  jpeg_scan_limit scans{};
   std::size_t size = 0;
   jpeg_decoder() {
     cinfo.err = jpeg_std_error(&err.mgr);
     err.mgr.error_exit = ferry_jpeg_error_exit;
     err.mgr.emit_message = ferry_jpeg_emit_message;
-    jpeg_create_decompress(&cinfo);
   }
   jpeg_decoder(const jpeg_decoder&) = delete;
   jpeg_decoder& operator=(const jpeg_decoder&) = delete;
-  ~jpeg_decoder() { jpeg_destroy_decompress(&cinfo); }
+  ~jpeg_decoder() { jpeg_destroy_decompress(&cinfo); }  // harmless before create() (no memory manager)
+  void create() { jpeg_create_decompress(&cinfo); }
   // Where libjpeg had read to (the error's byte offset).
   std::size_t offset() const { return cinfo.src ? size - cinfo.src->bytes_in_buffer : 0; }
+  // The error libjpeg jumped with: std::bad_alloc when it ran out of memory (a good file
+  // must not read as a corrupt one), else format_error.
   [[noreturn]] void fail() const {
+    if (err.mgr.msg_code == JERR_OUT_OF_MEMORY) throw std::bad_alloc();
     throw format_error("JPEG", offset(), std::string(err.message) + " (of " + std::to_string(size) + " bytes)");
   }
 };
 
-inline void check_output(const crop_output& out) {
+inline void check_output(const char* fn, const crop_output& out) {
   if (out.height == 0 || out.width == 0)
-    throw config_error("decode_jpeg_crop: the output size must be at least 1x1 (got " + std::to_string(out.height) +
+    throw config_error(std::string(fn) + ": the output size must be at least 1x1 (got " + std::to_string(out.height) +
                        "x" + std::to_string(out.width) + ")");
   if (out.channels != 1 && out.channels != 3)
-    throw config_error("decode_jpeg_crop: channels must be 1 or 3 (got " + std::to_string(out.channels) + ")");
+    throw config_error(std::string(fn) + ": channels must be 1 or 3 (got " + std::to_string(out.channels) + ")");
 }
 
-// Reads the header and checks the size against the limits (nothing allocated from it yet).
-// Call inside the setjmp of the caller.
+// Creates the decompressor, reads the header and checks the size against the limits
+// (nothing allocated from it yet), and sets the scan limit. Call inside the setjmp of the
+// caller.
 inline void read_header(jpeg_decoder& d, std::span<const std::byte> bytes, const jpeg_limits& lim) {
   if (bytes.size() < 3 || bytes[0] != std::byte{0xFF} || bytes[1] != std::byte{0xD8})
     throw format_error("JPEG", 0, "not a JPEG: no SOI marker (" + std::to_string(bytes.size()) + " bytes)");
+  if (lim.max_scans < 1)
+    throw config_error("jpeg_limits: max_scans must be at least 1 (got " + std::to_string(lim.max_scans) + ")");
+  d.create();
+  d.scans.mgr.progress_monitor = ferry_jpeg_progress;
+  d.scans.max_scans = lim.max_scans;
+  d.cinfo.progress = &d.scans.mgr;
   d.size = bytes.size();
   jpeg_mem_src(&d.cinfo, reinterpret_cast<const unsigned char*>(bytes.data()), static_cast<unsigned long>(bytes.size()));
   jpeg_read_header(&d.cinfo, TRUE);
@@ -224,7 +258,7 @@ inline jpeg_info read_jpeg_header(std::span<const std::byte> bytes, const jpeg_l
 // is then unspecified.
 inline void decode_jpeg(std::span<const std::byte> bytes, image& img, std::uint32_t channels = 3,
                         const jpeg_limits& lim = {}) {
-  detail::check_output({1, 1, channels, false});
+  detail::check_output("decode_jpeg", {1, 1, channels, false});
   detail::jpeg_decoder d;
   std::vector<std::uint8_t> row;
   if (setjmp(d.err.jump)) d.fail();
@@ -265,7 +299,7 @@ inline unsigned jpeg_crop_scale(const crop_window& win, const crop_output& out) 
 // out.flip, into `dst` (at least that many bytes). Throws as the file's top says.
 inline void decode_jpeg_crop(std::span<const std::byte> bytes, const crop_window& win, const crop_output& out,
                              std::span<std::uint8_t> dst, const jpeg_limits& lim = {}) {
-  detail::check_output(out);
+  detail::check_output("decode_jpeg_crop", out);
   const std::size_t need = std::size_t(out.height) * out.width * out.channels;
   if (dst.size() < need)
     throw config_error("decode_jpeg_crop: the output holds " + std::to_string(dst.size()) + " bytes, fewer than " +
@@ -358,12 +392,12 @@ inline std::vector<std::byte> encode_jpeg(const pixels_view& px, const jpeg_enco
   err.mgr.error_exit = detail::ferry_jpeg_error_exit;
   unsigned char* out = nullptr;
   unsigned long size = 0;
-  jpeg_create_compress(&c);
   if (setjmp(err.jump)) {  // out of memory inside libjpeg, in effect
-    jpeg_destroy_compress(&c);
+    jpeg_destroy_compress(&c);  // harmless when the create failed (no memory manager)
     std::free(out);
     throw std::bad_alloc();
   }
+  jpeg_create_compress(&c);  // inside the setjmp: its first allocation may fail
   jpeg_mem_dest(&c, &out, &size);
   c.image_width = px.width, c.image_height = px.height, c.input_components = int(px.channels);
   c.in_color_space = px.channels == 1 ? JCS_GRAYSCALE : px.channels == 3 ? JCS_RGB : JCS_CMYK;
