@@ -342,7 +342,7 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     std::string huge = tar_writer::header("a/1.jpg", std::uint64_t(1) << 40, '0', "", true);
     write_file(path, huge + std::string(512, 'z'));
     expect_format_error([&] { ferry::from_files({path}, ferry::webdataset{}).next(); }, path, 0,
-                        "is larger than max_record_bytes");
+                        "truncated member 'a/1.jpg'");
   }
   SUBCASE("what is never buffered: a chain of long names, a large file without a dot") {
     // 40 long-name headers of 60 KB with no member: an error before max_record_bytes is
@@ -500,6 +500,121 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     CHECK(src.next());
     CHECK(src.next());
     expect_format_error([&] { src.next(); }, path, 2048, "not a tar header");
+  }
+  SUBCASE("a damaged header of an archive after the end-of-archive blocks is a format_error, not the end") {
+    tar_writer w;
+    w.add("a/1.jpg", "one");
+    w.end();
+    tar_writer next;
+    next.add("c/3.jpg", "three");
+    next.end();
+    std::string bytes = w.out + next.out;
+    bytes[w.out.size()] = 'C';  // the second archive's first name: its checksum no longer matches
+    write_file(path, bytes);
+    auto src = ferry::from_files({path}, ferry::webdataset{});
+    CHECK(ferry::parse_webdataset(*src.next()).key == "a/1");
+    expect_format_error([&] { src.next(); }, path, w.out.size(), "checksum mismatch), after the end-of-archive zero blocks");
+  }
+  SUBCASE("a sample larger than max_record_bytes is one bad record: skip loses it alone, raise reads on after it") {
+    tar_writer w;
+    w.add("a/1.jpg", "one");
+    const std::size_t b_at = w.add("b/2.jpg", std::string(300, 'b'));
+    w.add("README", std::string(100, 'r'));  // no sample data, inside b/2's span
+    const std::size_t big_at = w.add("b/2.cls", std::string(6000, 'x'));
+    w.add("b/2.txt", "after the big one");
+    w.add("c/3.jpg", "three");
+    w.add("d/4.jpg", "four");
+    w.end();
+    write_file(path, w.out);
+    for (const std::size_t chunk : {std::size_t(512), std::size_t(4096), std::size_t(1) << 20}) {
+      CAPTURE(chunk);
+      auto skip = ferry::from_files({path}, ferry::webdataset{},
+                                    {.on_error = ferry::error_policy::skip, .on_skip = [](const ferry::skipped_record&) {},
+                                     .chunk_bytes = chunk, .max_record_bytes = 4096});
+      std::vector<std::string> keys;
+      while (auto r = skip.next()) keys.push_back(ferry::parse_webdataset(*r).key);
+      CHECK(keys == std::vector<std::string>{"a/1", "c/3", "d/4"});
+      CHECK(skip.skipped() == 1);
+      auto raise = ferry::from_files({path}, ferry::webdataset{}, {.chunk_bytes = chunk, .max_record_bytes = 4096});
+      CHECK(ferry::parse_webdataset(*raise.next()).key == "a/1");
+      expect_format_error([&] { raise.next(); }, path, b_at,
+                          "sample 'b/2' is larger than max_record_bytes (4096): its member 'b/2.cls' (6000 bytes, "
+                          "header at offset " + std::to_string(big_at) + ")");
+      CHECK(ferry::parse_webdataset(*raise.next()).key == "c/3");
+      CHECK(ferry::parse_webdataset(*raise.next()).key == "d/4");
+      CHECK_FALSE(raise.next());
+    }
+    // The first member alone too large, at the file's start and at its end.
+    tar_writer f;
+    f.add("z/0.bin", std::string(5000, 'z'));
+    f.add("y/1.jpg", "one");
+    f.add("x/2.bin", std::string(5000, 'x'));
+    f.end();
+    write_file(path, f.out);
+    auto skip = ferry::from_files({path}, ferry::webdataset{},
+                                  {.on_error = ferry::error_policy::skip, .on_skip = [](const ferry::skipped_record&) {},
+                                   .max_record_bytes = 4096});
+    std::vector<std::string> keys;
+    while (auto r = skip.next()) keys.push_back(ferry::parse_webdataset(*r).key);
+    CHECK(keys == std::vector<std::string>{"y/1"});
+    CHECK(skip.skipped() == 2);
+  }
+  SUBCASE("sparse members (GNU tar --sparse) are a format_error, never passed over or read as data") {
+    tar_writer w;
+    w.add("a/1.jpg", "one");
+    const std::size_t s_at = w.out.size();
+    w.out += tar_writer::header("b/2.bin", 512, 'S') + std::string(512, '\0');
+    w.add("b/2.cls", "2");
+    w.end();
+    write_file(path, w.out);
+    auto src = ferry::from_files({path}, ferry::webdataset{});
+    CHECK(ferry::parse_webdataset(*src.next()).key == "a/1");
+    expect_format_error([&] { src.next(); }, path, s_at, "a sparse member 'b/2.bin' (GNU tar --sparse)");
+    tar_writer p;
+    const std::string rec = tar_writer::pax_record("GNU.sparse.major", "1") + tar_writer::pax_record("GNU.sparse.minor", "0");
+    p.out += tar_writer::header("PaxHeaders/x", rec.size(), 'x') + tar_writer::padded(rec);
+    p.add("d/GNUSparseFile.0/000006.bin", std::string(512, '\0'));
+    p.end();
+    write_file(path, p.out);
+    expect_format_error([&] { ferry::from_files({path}, ferry::webdataset{}).next(); }, path, 0,
+                        "a sparse member (GNU tar --sparse, pax GNU.sparse.major)");
+    // GNU tar's own, where it is installed: a 2 MiB file with a hole.
+    if (std::system("tar --version > /dev/null 2>&1") == 0) {
+      std::filesystem::create_directories(d / "sparse/d");
+      write_file(d / "sparse/d/000006.cls", "6");
+      std::filesystem::resize_file(d / "sparse/d/000006.cls", 1);
+      {
+        std::FILE* fh = std::fopen((d / "sparse/d/000006.bin").c_str(), "wb");
+        std::fseek(fh, 2 << 20, SEEK_SET);
+        std::fputc('x', fh);
+        std::fclose(fh);
+      }
+      for (const std::string fmt : {"gnu", "pax"}) {
+        CAPTURE(fmt);
+        const std::string tar = d / ("sparse-" + fmt + ".tar");
+        const std::string cmd = "tar --sparse --format=" + fmt + " --sort=name -C " + (d / "sparse") + " -cf " + tar + " d";
+        REQUIRE(std::system(cmd.c_str()) == 0);
+        try {
+          auto s = ferry::from_files({tar}, ferry::webdataset{});
+          while (s.next()) {
+          }
+          FAIL("a sparse member read without an error");
+        } catch (const ferry::format_error& e) {
+          CHECK(std::string(e.what()).find("sparse member") != std::string::npos);
+        }
+      }
+    }
+  }
+  SUBCASE(".tgz shards are inflated, as .tar.gz ones") {
+    tar_writer w;
+    w.add("a/1.jpg", "one");
+    w.add("a/1.cls", "1");
+    w.end();
+    const std::string tgz = d / "shard.tgz";
+    write_gzip(tgz, w.out);
+    auto src = ferry::from_files({tgz}, ferry::webdataset{});
+    CHECK(ferry::parse_webdataset(*src.next()).at("cls").str() == "1");
+    CHECK_FALSE(src.next());
   }
   SUBCASE("a member header lost to zeros (one zero block, then its data) is a format_error there, not the end") {
     tar_writer w;

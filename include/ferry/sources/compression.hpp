@@ -5,8 +5,8 @@
 
 namespace ferry {
 
-// How a file is compressed. automatic: gzip/zlib when the name ends in ".gz", ".gzip" or
-// ".zlib", plain otherwise.
+// How a file is compressed. automatic: gzip/zlib when the name ends in ".gz", ".gzip",
+// ".zlib", ".GZ" or ".tgz" (a gzipped tar shard), plain otherwise.
 enum class compression { automatic, none, gzip };
 
 // Which library inflates compressed files. automatic: the environment's FERRY_INFLATE

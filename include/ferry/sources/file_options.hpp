@@ -57,7 +57,7 @@ struct from_files_options {
   // one record, whatever a damaged length field or a file without newlines says. Raise it
   // for larger records.
   std::uint64_t max_record_bytes = std::uint64_t(64) << 20;
-  compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib
+  compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib / .tgz
   // Which library inflates them: ISA-L when ferry was built with it, else zlib, unless
   // the environment's FERRY_INFLATE says zlib or isal (byte_stream.hpp). from_files
   // throws config_error for isal without ISA-L, and for another FERRY_INFLATE.

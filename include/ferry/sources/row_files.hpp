@@ -87,7 +87,7 @@ class row_files {
     std::optional<array_meta> first;
     auto pool = std::make_shared<detail::chunk_pool>(64 * 1024);
     for (const std::string& p : detail::expand_paths(paths)) {
-      if (p.ends_with(".gz") || p.ends_with(".gzip") || p.ends_with(".zlib"))
+      if (detail::name_says_compressed(p))
         throw config_error("row_files: " + p + " is compressed: rows cannot be read at an offset (inflate it first)");
       file f;
       f.name = std::make_shared<const std::string>(p);

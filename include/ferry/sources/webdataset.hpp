@@ -26,11 +26,16 @@
 // whether the sample goes on), so they never split one. Two zero blocks end an archive;
 // reading goes on after them when another archive follows (cat a.tar b.tar), as tar
 // --ignore-zeros does; bytes after them that are not a tar header end the file (a newline
-// added at the end, padding), as plain tar stops at the zero blocks. After a lone zero
+// added at the end, padding), as plain tar stops at the zero blocks; a damaged header there
+// (the ustar magic, or a checksum field that is a number, but a wrong sum) is a
+// format_error, not an end that would drop the next archive's samples. After a lone zero
 // block such bytes are a format_error (a member whose header was zeroed: its data
 // follows), not a silent end that would drop the samples after it. Long-name and pax
-// headers (pax records hold xattrs of any size) count toward max_record_bytes. A sample is buffered whole: its members and what is passed over
-// between them must fit max_record_bytes (64 MiB by default). An entry passed over after a
+// headers (pax records hold xattrs of any size) count toward max_record_bytes. GNU sparse
+// members ('S', or pax GNU.sparse.* records) are a format_error: their data is a map and
+// fragments, not the file's bytes. A sample is buffered whole: its members and what is
+// passed over between them must fit max_record_bytes (64 MiB by default); a larger one is
+// read past a chunk at a time and is a bad record (Errors). An entry passed over after a
 // member that would take the sample past it ends the sample there, since whether the
 // sample goes on after it is not known without reading it: only a member of the same key
 // after it is a bad record (Errors). So do a member's long-name or pax headers that would.
@@ -42,10 +47,12 @@
 // Errors: format_error, at the offset of the header where the bad member starts: "not a tar
 // header (checksum mismatch)", a size field that is not a number, a truncated header or
 // member ("truncated member 'a/1.jpg' (its header says n bytes, m are left)"), a long name
-// or pax header with no member after it, a sample larger than max_record_bytes; with any of
-// these the rest of the file cannot be read (a whole sample before a damaged header, or
-// before an entry passed over that is cut short, comes out first). Bad records, which
-// error_policy::skip passes over alone (raise throws them as format_errors): a sample with
+// or pax header with no member after it, a sparse member; with any of these the rest of
+// the file cannot be read (a whole sample before a damaged header, or before an entry
+// passed over that is cut short, comes out first). Bad records, which error_policy::skip
+// passes over alone (raise throws them as format_errors, and the next call reads on after
+// them): a sample larger than max_record_bytes (at its first header, naming the member that
+// takes it past), a sample with
 // two members of one extension, and the rest of a sample that went on after an entry passed
 // over, or at a member whose long-name or pax headers, would take it past max_record_bytes
 // (framed from the next member's header on, naming the entry: the sample came out without
@@ -128,6 +135,19 @@ struct tar_entry {
 
 inline constexpr std::size_t tar_block = 512;
 
+// A 512-byte block a tar writer made, whether its checksum matches or not: the ustar magic,
+// or a checksum field that is an octal number. Bytes after an archive's end that are not
+// (a newline, padding) end the file; a damaged header there is an error, since the members
+// of another archive (cat a.tar b.tar) may follow it.
+inline bool looks_like_tar_header(const unsigned char* h) {
+  if (std::memcmp(h + 257, "ustar", 5) == 0) return true;
+  std::size_t i = 148;
+  while (i < 156 && h[i] == ' ') ++i;
+  const std::size_t first = i;
+  while (i < 156 && h[i] >= '0' && h[i] <= '7') ++i;
+  return i > first && (i == 156 || h[i] == 0 || h[i] == ' ');
+}
+
 // The archive's bytes through `view(n)`: at least n bytes from the buffer's start, or all
 // there are (fewer only at the end); returns {data, available}. A byte_stream's ensure,
 // or a record's whole bytes.
@@ -187,6 +207,9 @@ struct tar_reader {
       const std::size_t eq = rec.find('=');
       if (eq == std::string_view::npos) fail(at, "a damaged pax header record (no '=')");
       const std::string_view k = rec.substr(0, eq), v = rec.substr(eq + 1);
+      if (k.starts_with("GNU.sparse."))  // the data is a map and fragments, not the file's bytes
+        fail(at, "a sparse member (GNU tar --sparse, pax " + std::string(k) +
+                     "): not supported; write the shard without --sparse");
       if (k == "path") {
         path_out.assign(v);
       } else if (k == "size") {
@@ -246,6 +269,9 @@ struct tar_reader {
         }
       if (want != sum && static_cast<std::int64_t>(want) != ssum) fail(pos, "not a tar header (checksum mismatch)");
       const char type = static_cast<char>(h[156]);
+      if (type == 'S')  // passed over as an entry of no data, the member would be lost unseen
+        fail(pos, "a sparse member '" + field(h, 100) + "' (GNU tar --sparse): not supported; write the shard "
+                  "without --sparse");
       const bool prefix = type == 'L' || type == 'x' || type == 'K';
       std::uint64_t size = number(h + 124, 12, pos, "size");
       if (has_pax_size && !prefix) size = pax_size;  // a pax size is the member's, not a long name's
@@ -329,13 +355,39 @@ struct wds_framer {
   void seek_rows(std::uint64_t) {}
   void open(byte_stream&) { cut_key.clear(); }
 
-  // A sample is buffered whole: never more than max_record bytes of it (`e`: its member or
-  // an entry passed over inside it).
-  void check_span(const byte_stream& s, const tar_entry& e, const std::string& key) const {
-    if (e.end > max_record)
-      throw format_error(s.path(), s.offset(),
-                         "sample '" + key + "' is larger than max_record_bytes (" + std::to_string(max_record) +
-                             "): it would reach " + std::to_string(e.end) + " bytes");
+  // A sample larger than max_record (its member `e`, whose header starts at e.start, ends
+  // past it): passed over a chunk at a time, with its members after `e` and the entries of
+  // no sample data between them (as a buffered sample's span has them), and framed as a bad
+  // record at the sample's start, so that error_policy::skip loses it alone: its headers
+  // say where it ends. A damaged header after it is the next call's error.
+  frame_status pass_over_sample(byte_stream& s, tar_entry e, const std::string& key, frame& f) {
+    const std::uint64_t at = s.offset();
+    f.bad_offset = at;
+    f.why = "sample '" + key + "' is larger than max_record_bytes (" + std::to_string(max_record) + "): its member '" +
+            e.name + "' (" + std::to_string(e.size) + " bytes, header at offset " + std::to_string(at + e.start) +
+            ") ends " + std::to_string(e.end) + " bytes from the sample's start";
+    s.consume(e.start);  // the members before it
+    e.data -= e.start, e.end -= e.start, e.start = 0;
+    pass_over(s, e);
+    const auto view = [&s](std::size_t n) {
+      const std::size_t a = s.ensure(n);
+      return std::pair<const std::byte*, std::size_t>(s.data(), a);
+    };
+    for (;;) {
+      const tar_reader rd{s.path(), s.offset(), max_record};
+      tar_entry n;
+      try {
+        n = rd.next(view, 0);
+      } catch (const format_error&) {
+        break;
+      }
+      std::string_view k, x;
+      const bool member = n.kind == tar_entry::file && split_wds_name(n.name, k, x);
+      if (n.kind == tar_entry::eof || n.kind == tar_entry::zero || (member && k != key)) break;
+      pass_over(s, n);  // its member, or an entry of no sample data
+    }
+    cut_key.clear();
+    return frame_status::bad_record;
   }
 
   // Consumes an entry that carries no sample data (a directory, a file without a dot),
@@ -383,10 +435,16 @@ struct wds_framer {
         e = rd.next(view, pos);
       } catch (const format_error& err) {
         // After the end-of-archive zero blocks, what is not another archive's header is
-        // not the archive's (a newline an editor added, padding): tar stops there too.
+        // not the archive's (a newline an editor added, padding): tar stops there too. A
+        // damaged header is an error: the samples of the archive it starts would be lost.
         if (end == 0 && zeros >= 2) {
-          cut_key.clear();
-          return frame_status::end;
+          const auto [b, a] = view(tar_block);
+          if (a < tar_block || !looks_like_tar_header(reinterpret_cast<const unsigned char*>(b))) {
+            cut_key.clear();
+            return frame_status::end;
+          }
+          throw format_error(err.path(), err.offset(), err.reason() + ", after the end-of-archive zero blocks (a "
+                                                                      "damaged header of an archive that follows?)");
         }
         // After one zero block it may be a member's data whose header was lost to zeros:
         // ending there would drop the samples after it unseen.
@@ -430,7 +488,7 @@ struct wds_framer {
         cut_by = "'" + e.name + "' (" + std::to_string(e.size) + " bytes, no sample data)";
         break;
       }
-      check_span(s, e, end == 0 ? std::string(k) : key);
+      if (e.end > max_record) return pass_over_sample(s, e, end == 0 ? std::string(k) : key, f);
       try {
         rd.complete(view, e);
       } catch (const format_error&) {

@@ -263,7 +263,7 @@ inline bool name_says_compressed(const std::string& p) {
     const std::size_t n = std::strlen(s);
     return p.size() >= n && p.compare(p.size() - n, n, s) == 0;
   };
-  return ends(".gz") || ends(".gzip") || ends(".zlib") || ends(".GZ");
+  return ends(".gz") || ends(".gzip") || ends(".zlib") || ends(".GZ") || ends(".tgz");  // .tgz: a gzipped tar
 }
 
 // Thrown by a read of a pipe that a reader's owner asked to stop (set_cancel): not an
