@@ -905,3 +905,29 @@ TEST_CASE("cache(path): hostile contents with valid CRCs, and files cut inside t
     }
   }
 }
+
+TEST_CASE("cache(path): two pipelines filling one path at once write their own partial files, and replay their own") {
+  src_test::temp_dir dir;
+  const std::string path = dir / "shared.cache";
+  const auto partials = [&] {
+    std::size_t n = 0;
+    for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path()))
+      if (e.path().filename().string().starts_with("shared.cache.partial-")) ++n;
+    return n;
+  };
+  // Two element types in one process: the partial file's name once came from a counter per
+  // type and the pid, so both opened "<path>.partial-<pid>-0" and the int pipeline replayed
+  // the unsigned one's elements.
+  auto p1 = ferry::from_range(std::vector<int>{1, 2, 3}) | ferry::cache(path, {.key = "", .read_ahead = 0});
+  auto p2 = ferry::from_range(std::vector<unsigned>{100, 200, 300}) | ferry::cache(path, {.key = "", .read_ahead = 0});
+  CHECK(p1.next() == 1);
+  CHECK(p2.next() == 100u);
+  CHECK(partials() == 2);
+  CHECK(drain(p1) == std::vector<int>{2, 3});
+  CHECK(drain(p2) == std::vector<unsigned>{200, 300});
+  p1.rewind();
+  p2.rewind();
+  CHECK(drain(p1) == std::vector<int>{1, 2, 3});
+  CHECK(drain(p2) == std::vector<unsigned>{100, 200, 300});
+  CHECK(partials() == 0);
+}

@@ -3,7 +3,7 @@
 // Both stores have one shape, which cache_source drives:
 //   begin_fill() / append(e) / commit() / discard()   the first complete pass, written
 //   open_replay(index, offset) / read() / offset()     later passes, read back
-// The file store writes "<path>.partial-<pid>-<n>" and renames it to <path> on commit, so
+// The file store writes "<path>.partial-<random id>" and renames it to <path> on commit, so
 // a file at <path> is always a whole pass (a crash leaves only a .partial file behind).
 // It reads the file back through from_files' byte_stream: pooled 1 MiB chunks, filled
 // ahead by I/O threads (which run no user code and are joined when the reader closes).
@@ -26,6 +26,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -124,9 +125,16 @@ class file_cache_store {
   // Opens a new partial file and writes the header. Throws io_error.
   void begin_fill() {
     discard();
-    static std::atomic<std::uint64_t> serial{0};
-    tmp_ = path_ + ".partial-" + std::to_string(::getpid()) + "-" + std::to_string(serial++);
-    wfd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    // A name no other pipeline, process or host draws, created only if new (O_EXCL): a
+    // counter per element type and the pid (1 in every container) let two passes write
+    // one file, and a pipeline replay the other's elements.
+    for (int tries = 0; tries < 8; ++tries) {
+      char id[17];
+      std::snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(unique_id()));
+      tmp_ = path_ + ".partial-" + id;
+      wfd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+      if (wfd_ >= 0 || errno != EEXIST) break;
+    }
     if (wfd_ < 0) {
       const int e = errno;
       tmp_.clear();

@@ -14,7 +14,7 @@
 // later epoch. Put the stages whose order should change each epoch (shuffle) after
 // cache(): the kept pass is replayed in its order.
 //
-// The file: written as "<path>.partial-<pid>-<n>", synced and renamed to <path> when the
+// The file: written as "<path>.partial-<random id>", synced and renamed to <path> when the
 // pass is whole, so <path> always holds a whole pass. A later run (or another pipeline)
 // that finds <path> with the same element type and key reads it and never pulls its
 // upstream. The file is not tied to the upstream's contents: change `key` (or remove the
