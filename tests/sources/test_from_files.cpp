@@ -441,6 +441,23 @@ TEST_CASE("fixed length: header, footer, record count") {
   CHECK(read_all({t / "a.bin"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = 2, .footer_bytes = 3},
                  {.max_record_bytes = 8})
             .size() == 2);
+  // max_record_bytes is 1 to 2^40: "no limit" (2^64 - 1) let a TFRecord length of 2^64 - 16
+  // wrap its framing in a stream of unknown size (a read past the buffer, or the same
+  // record framed forever).
+  for (const std::uint64_t bad : {std::uint64_t(0), (std::uint64_t(1) << 40) + 1, ~std::uint64_t(0)})
+    CHECK_THROWS_WITH_AS(ferry::from_files({t / "a.bin"}, ferry::tfrecord{}, {.max_record_bytes = bad}),
+                         doctest::Contains("max_record_bytes"), ferry::config_error);
+  CHECK_NOTHROW(ferry::from_files({t / "a.bin"}, ferry::tfrecord{}, {.max_record_bytes = std::uint64_t(1) << 40}));
+  {
+    std::string rec(12, '\0');
+    const std::uint64_t len = ~std::uint64_t(0) - 15;  // + 16 wraps to 0
+    for (int i = 0; i < 8; ++i) rec[std::size_t(i)] = char(len >> (8 * i));
+    const std::uint32_t crc = ferry::detail::crc32c::mask(ferry::detail::crc32c::value(rec.data(), 8));
+    for (int i = 0; i < 4; ++i) rec[std::size_t(8 + i)] = char(crc >> (8 * i));
+    write_gzip(t / "wrap.tfrecord.gz", rec + std::string(64, 'x'));
+    expect_error([&] { read_all({t / "wrap.tfrecord.gz"}, ferry::tfrecord{}, {.max_record_bytes = std::uint64_t(1) << 40}); },
+                 t / "wrap.tfrecord.gz", 0, "exceeds max_record_bytes (1099511627776)");
+  }
   // A header larger than any buffer (3 MiB) in a compressed file is skipped piece by piece.
   write_gzip(t / "h.bin.gz", std::string(3 << 20, 'H') + "0123456789");
   CHECK(read_all({t / "h.bin.gz"}, ferry::fixed_length{.record_bytes = 5, .header_bytes = 3 << 20},

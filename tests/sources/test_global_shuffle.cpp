@@ -3,8 +3,11 @@
 // rank counts (every element of an epoch exactly once), pipeline_state, bad arguments, and
 // rows read by index from .npy, fixed-length and TFRecord files (against from_files' reading).
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
+#include <filesystem>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -12,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/doubles.hpp"
 #include "ferry/detail/permutation.hpp"
 #include "ferry/sources/from_files.hpp"
 #include "ferry/sources/global_shuffle.hpp"
@@ -382,6 +386,42 @@ TEST_CASE("row_files: bad TFRecord files name the file and the record's offset")
                        ferry::config_error);
   CHECK_THROWS_AS(ferry::row_files({d / "missing.tfrecord"}, ferry::tfrecord{}), ferry::io_error);
   CHECK_THROWS_AS(ferry::row_files({d / "data.tfrecord"}, ferry::tfrecord{}, {.max_record_bytes = 0}), ferry::config_error);
+}
+
+TEST_CASE("row_files: a directory or a FIFO is an io_error at once; its max_record_bytes holds for every format") {
+  src_test::temp_dir d;
+  std::filesystem::create_directories(d / "dir.bin");
+  // A directory's size (4096 bytes) once counted as 512 rows of 8.
+  for (const ferry::file_format& fmt :
+       {ferry::file_format(ferry::fixed_length{.record_bytes = 8}), ferry::file_format(ferry::tfrecord{}),
+        ferry::file_format(ferry::text_lines{})})
+    src_test::expect_error<ferry::io_error>([&] { ferry::row_files({d / "dir.bin"}, fmt); }, d / "dir.bin", 0,
+                                  "not a regular file");
+  // npy's header is read first: that read fails.
+  src_test::expect_error<ferry::io_error>([&] { ferry::row_files({d / "dir.bin"}, ferry::npy{}); }, d / "dir.bin", 0,
+                                          "Is a directory");
+  // A FIFO with no writer: open() blocked for good.
+  REQUIRE(::mkfifo((d / "fifo.bin").c_str(), 0600) == 0);
+  ferry_test::watchdog w(std::chrono::seconds(30), "row_files over a FIFO");
+  src_test::expect_error<ferry::io_error>([&] { ferry::row_files({d / "fifo.bin"}, ferry::fixed_length{.record_bytes = 8}); },
+                                d / "fifo.bin", 0, "not a regular file");
+  // Rows of 96 bytes with max_record_bytes 64, then 128: the option, not from_files' default.
+  std::string rows;
+  for (int i = 0; i < 3; ++i) rows += std::string(96, char('a' + i));
+  src_test::write_file(d / "wide.npy", src_test::npy_of("|u1", "(3, 96)", rows));
+  src_test::write_file(d / "wide.bin", rows);
+  CHECK_THROWS(ferry::row_files({d / "wide.npy"}, ferry::npy{}, {.max_record_bytes = 64}));
+  CHECK_THROWS_AS(ferry::row_files({d / "wide.bin"}, ferry::fixed_length{.record_bytes = 96}, {.max_record_bytes = 64}),
+                  ferry::config_error);
+  CHECK(ferry::row_files({d / "wide.npy"}, ferry::npy{}, {.max_record_bytes = 128})[2].str() == std::string(96, 'c'));
+  // Over 80 MiB rows, above from_files' 64 MiB default, read with the option raised (the
+  // option was dropped for these formats: refused).
+  CHECK(ferry::row_files({d / "wide.bin"}, ferry::fixed_length{.record_bytes = 96}, {.max_record_bytes = 96})[1].str() ==
+        std::string(96, 'b'));
+  src_test::write_file(d / "big.bin", std::string(std::size_t(80) << 20, 'z'));
+  CHECK(ferry::row_files({d / "big.bin"}, ferry::fixed_length{.record_bytes = std::size_t(80) << 20},
+                         {.max_record_bytes = std::uint64_t(1) << 30})
+            .size() == 1);
 }
 
 TEST_CASE("row_files: WebDataset samples and text lines by index equal from_files' records") {

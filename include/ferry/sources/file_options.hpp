@@ -55,7 +55,7 @@ struct from_files_options {
   // The largest record (a line, a TFRecord, a row, a fixed_length record + footer) read
   // from any file, plain or compressed: no more than about this much is ever buffered for
   // one record, whatever a damaged length field or a file without newlines says. Raise it
-  // for larger records.
+  // for larger records: 1 to 2^40 (a config_error otherwise).
   std::uint64_t max_record_bytes = std::uint64_t(64) << 20;
   compression compress = compression::automatic;   // by file name: .gz / .gzip / .zlib / .tgz
   // Which library inflates them: ISA-L when ferry was built with it, else zlib, unless

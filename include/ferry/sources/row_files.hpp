@@ -25,7 +25,8 @@
 // Threads: the constructor runs on the caller's thread; operator[] may be called from
 // several threads at once (pread on shared descriptors), as a map's workers would.
 //
-// Errors: the constructor throws io_error (a missing file, a pattern that matches nothing),
+// Errors: the constructor throws io_error (a missing file, a pattern that matches nothing, a
+// directory or FIFO: rows are read at offsets of regular files),
 // format_error (a bad header, rows that differ from the first file's, a header counting
 // more rows than its file holds or, with the files before it, more than 2^64, a
 // fixed-length file of the wrong size; TFRecord: a truncated record, a length CRC mismatch, a length over
@@ -69,8 +70,9 @@ namespace ferry {
 
 // Options of row_files.
 struct row_files_options {
-  // TFRecord, WebDataset, text lines: a record longer than this is a format_error when
-  // indexed (nothing is allocated from a length field's claim), as in from_files.
+  // A record longer than this is a format_error when indexed (nothing is allocated from a
+  // length field's claim), and a row of npy, IDX or fixed_length longer than this a
+  // config_error or format_error, as in from_files (1 to 2^40).
   std::uint64_t max_record_bytes = std::uint64_t(64) << 20;
 };
 
@@ -82,7 +84,7 @@ class row_files {
   row_files(const std::vector<std::string>& paths, const file_format& fmt, row_files_options o = {})
       : s_(std::make_shared<shared>()) {
     if (o.max_record_bytes == 0) throw config_error("row_files: max_record_bytes must be > 0");
-    const from_files_options opt{.read_ahead = 0, .compress = compression::none};
+    const from_files_options opt{.read_ahead = 0, .max_record_bytes = o.max_record_bytes, .compress = compression::none};
     detail::check_format(fmt, opt);
     std::optional<array_meta> first;
     auto pool = std::make_shared<detail::chunk_pool>(64 * 1024);
@@ -268,10 +270,17 @@ class row_files {
       at += len + 16;
     }
   }
+  // A regular file, opened for reads at offsets: a directory (whose size would count as
+  // rows) or a FIFO (open() would block until a writer came) is an io_error.
   static std::shared_ptr<descriptor> open_fd(const std::string& p) {
     auto d = std::make_shared<descriptor>();
-    d->fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    d->fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (d->fd < 0) throw io_error(p, 0, std::error_code(errno, std::generic_category()), "cannot open");
+    struct stat st {};
+    if (::fstat(d->fd, &st) != 0) throw io_error(p, 0, std::error_code(errno, std::generic_category()), "cannot stat");
+    if (!S_ISREG(st.st_mode))
+      throw io_error(p, 0, std::error_code(S_ISDIR(st.st_mode) ? EISDIR : ESPIPE, std::generic_category()),
+                     "row_files reads rows at offsets: not a regular file");
     return d;
   }
 

@@ -74,6 +74,7 @@ inline framer make_framer(const file_format& f, std::uint64_t max_record) {
 
 inline constexpr std::size_t max_read_ahead = std::size_t(1) << 16, max_read_threads = 256,
                              max_chunk_bytes = std::size_t(1) << 30;
+inline constexpr std::uint64_t max_record_limit = std::uint64_t(1) << 40;  // max_record_bytes at most
 
 inline void check_format(const file_format& f, const from_files_options& o) {
   // Bounds that say what is wrong, where the value would otherwise fail deep inside (a
@@ -84,6 +85,11 @@ inline void check_format(const file_format& f, const from_files_options& o) {
   if (o.read_threads > max_read_threads)
     throw config_error("from_files: read_threads = " + std::to_string(o.read_threads) + " I/O threads per file; at most " +
                        std::to_string(max_read_threads));
+  // At most 2^40 (1 TiB): a record's length plus its framing must not wrap (a TFRecord
+  // length of 2^64 - 16 over "no limit" read past the buffer, or framed records forever).
+  if (o.max_record_bytes == 0 || o.max_record_bytes > max_record_limit)
+    throw config_error("from_files: max_record_bytes = " + std::to_string(o.max_record_bytes) + "; 1 to " +
+                       std::to_string(max_record_limit) + " (1 TiB)");
   if (o.chunk_bytes > max_chunk_bytes)
     throw config_error("from_files: chunk_bytes = " + std::to_string(o.chunk_bytes) + "; at most " +
                        std::to_string(max_chunk_bytes) + " (1 GiB)");
@@ -99,7 +105,7 @@ inline void check_format(const file_format& f, const from_files_options& o) {
       need > o.max_record_bytes)
     throw config_error("from_files: fixed_length.record_bytes + footer_bytes (" + std::to_string(fl->record_bytes) +
                        " + " + std::to_string(fl->footer_bytes) + ") exceeds max_record_bytes (" +
-                       std::to_string(o.max_record_bytes) + "); raise from_files_options.max_record_bytes");
+                       std::to_string(o.max_record_bytes) + "); raise the options' max_record_bytes");
   if (__builtin_add_overflow(need, std::uint64_t(fl->header_bytes), &all))
     throw config_error("from_files: fixed_length.header_bytes + record_bytes + footer_bytes overflows (header " +
                        std::to_string(fl->header_bytes) + ")");
