@@ -336,12 +336,8 @@ class stage_base : public source_interface<Derived> {
     requires(has_pull_view())
   {
     check_live();
-    if (!observe::on()) [[likely]]
-      return self().pull_view(max);
-    const observe::ticks t0 = observe::now();
-    std::span<const Value> v = self().pull_view(max);
-    observe::note_bulk(n().stats, Derived::name, t0, v);
-    return v;
+    return observe::observed_view(n().stats, Derived::name,
+                                  [&]() -> std::span<const Value> { return self().pull_view(max); });
   }
 
   void rewind()

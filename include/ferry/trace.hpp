@@ -152,6 +152,7 @@ class tracing {
       sep();
       out += "{\"name\":\"";
       escape(out, e.name ? e.name : "");
+      if (e.threw) out += " (threw)";
       out += "\",\"cat\":\"ferry\",\"ph\":\"X\",\"pid\":1,\"tid\":" + std::to_string(e.tid) + ",\"ts\":";
       fixed3(out, ts);
       out += ",\"dur\":";

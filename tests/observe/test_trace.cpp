@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <unistd.h>
@@ -73,6 +74,38 @@ TEST_CASE("a trace is valid JSON with events for each stage, on named threads" *
                               "batch=84 prefetch=84") == 0);
   // Tracing ended with the session: stats are off again.
   CHECK_FALSE(ferry::stats_enabled());
+}
+
+TEST_CASE("a call that throws is traced, marked as thrown, and the error still reaches the caller" *
+          doctest::timeout(60)) {
+  watchdog w(60s);
+  scratch s;
+  const std::string path = s.file("threw.json");
+  struct boom : std::runtime_error {
+    using std::runtime_error::runtime_error;
+  };
+  {
+    ferry::tracing t(path);
+    // A user function failing on a map worker: the worker's fn event, then map's and
+    // batch's calls on the consumer's thread, which rethrow it.
+    auto p = ferry::from_generator(100, [](std::uint64_t i) { return i; }) |
+             ferry::map([](std::uint64_t x) {
+               if (x == 50) throw boom("element 50");
+               return x;
+             }, {.workers = 2}) |
+             ferry::batch(8);
+    CHECK_THROWS_AS(drain(p), ferry::element_error);  // wrapping boom, naming map and the element
+    // A source's generator failing inline: the generator's stage event.
+    auto q = ferry::from_generator(10, [](std::uint64_t i) {
+      if (i == 3) throw boom("element 3");
+      return i;
+    });
+    CHECK_THROWS_AS(drain(q), ferry::element_error);
+    t.stop();
+    CHECK(t.dropped() == 0);
+  }
+  CHECK(check_trace(path, "'map: fn (threw)'=1 'map (threw)'=1 'batch (threw)'=1 "
+                          "'from_generator (threw)'=1 map batch=6") == 0);
 }
 
 TEST_CASE("a full buffer drops events, counts them, and the file is still valid JSON" * doctest::timeout(60)) {

@@ -257,8 +257,10 @@ std::uint64_t bytes_of(std::span<const T> xs) noexcept {
 struct trace_event {
   const char* name;  // a string literal: the stage kind or "<kind>: <activity>"
   std::uint32_t tid;  // ferry's number for the thread (names in trace_buffer::thread_names)
+  bool threw;  // the call ended by throwing (written as " (threw)" after the name)
   ticks t0, t1;  // start and end
 };
+static_assert(sizeof(trace_event) <= 32, "docs/observe.md: events of 32 bytes");
 
 // The open tracing session's buffer (ferry/trace.hpp owns it): a fixed array filled
 // lock-free; events past its end are counted as dropped.
@@ -289,8 +291,9 @@ inline thread_info& this_thread_info() noexcept {
 // Names the calling thread in traces (a string literal: "ferry prefetch", ...).
 inline void name_this_thread(const char* name) noexcept { detail::this_thread_info().name = name; }
 
-// Records one event into the open session, if any. Only called while tracing() is true.
-inline void record(const char* name, ticks t0, ticks t1) noexcept {
+// Records one event into the open session, if any (threw: the call ended by throwing).
+// Only called while tracing() is true.
+inline void record(const char* name, ticks t0, ticks t1, bool threw = false) noexcept {
   detail::trace_writers.fetch_add(1, std::memory_order_seq_cst);
   if (trace_buffer* b = detail::trace_buf.load(std::memory_order_seq_cst)) {
     detail::thread_info& ti = detail::this_thread_info();
@@ -304,7 +307,7 @@ inline void record(const char* name, ticks t0, ticks t1) noexcept {
     }
     const std::size_t i = b->next.fetch_add(1, std::memory_order_relaxed);
     if (i < b->events.size())
-      b->events[i] = trace_event{name, ti.tid, t0, t1};
+      b->events[i] = trace_event{.name = name, .tid = ti.tid, .threw = threw, .t0 = t0, .t1 = t1};
     else
       b->dropped.fetch_add(1, std::memory_order_relaxed);
   }
@@ -318,6 +321,14 @@ inline void note_span(stage_counters& c, ticks t0, ticks t1) noexcept {
   c.incl.add(t1 - t0);
   if (c.first.get() == 0) c.first.set(t0);
   c.last.set(t1);
+}
+
+// After an observed call that threw: its time counts, and the trace shows the call ended
+// by throwing, so a failed run's trace says which stage failed and when.
+inline void note_throw(stage_counters& c, const char* kind, ticks t0) noexcept {
+  const ticks t1 = now();
+  note_span(c, t0, t1);
+  if (tracing()) record(kind, t0, t1, true);
 }
 
 // After an observed next(): count the element, its bytes, the time; trace it.
@@ -366,15 +377,27 @@ void note_bulk(stage_counters& c, const char* kind, ticks t0, std::span<const T>
 template <class F>
 FERRY_OBSERVE_COLD auto observed_next_slow(stage_counters& c, const char* kind, F& f) {
   const ticks t0 = now();
-  auto e = f();
-  note_next(c, kind, t0, e);
-  return e;
+  try {
+    auto e = f();
+    note_next(c, kind, t0, e);
+    return e;
+  } catch (...) {
+    note_throw(c, kind, t0);
+    throw;
+  }
 }
 // observed_borrow's measured path: counts the views f() appended and their bytes.
 template <class Out, class F>
 FERRY_OBSERVE_COLD std::size_t observed_borrow_slow(stage_counters& c, const char* kind, Out& out, F& f) {
   const ticks t0 = now();
-  const std::size_t first = out.views.size(), n = f();
+  const std::size_t first = out.views.size();
+  std::size_t n = 0;
+  try {
+    n = f();
+  } catch (...) {
+    note_throw(c, kind, t0);
+    throw;
+  }
   std::uint64_t bytes = 0;
   for (std::size_t i = first; i < first + n; ++i) bytes += out.views[i].size();
   note_count(c, kind, t0, n, bytes);
@@ -384,9 +407,29 @@ FERRY_OBSERVE_COLD std::size_t observed_borrow_slow(stage_counters& c, const cha
 template <class T, class F>
 FERRY_OBSERVE_COLD std::size_t observed_bulk_slow(stage_counters& c, const char* kind, std::span<T> out, F& f) {
   const ticks t0 = now();
-  const std::size_t n = f();
+  std::size_t n = 0;
+  try {
+    n = f();
+  } catch (...) {
+    note_throw(c, kind, t0);
+    throw;
+  }
   note_bulk(c, kind, t0, std::span<const T>(out.data(), n));
   return n;
+}
+
+// observed_view's measured path: counts the elements of the span f() returned.
+template <class F>
+FERRY_OBSERVE_COLD auto observed_view_slow(stage_counters& c, const char* kind, F& f) {
+  const ticks t0 = now();
+  try {
+    auto v = f();
+    note_bulk(c, kind, t0, std::span<const typename decltype(v)::element_type>(v));
+    return v;
+  } catch (...) {
+    note_throw(c, kind, t0);
+    throw;
+  }
 }
 
 // Runs f() (a next() body) and, when stats are on, counts and times it for stage `kind`.
@@ -409,6 +452,14 @@ FERRY_OBSERVE_INLINE std::size_t observed_borrow(stage_counters& c, const char* 
   if (!on()) [[likely]]
     return f();
   return observed_borrow_slow(c, kind, out, f);
+}
+
+// The same for a next_view() body returning a span.
+template <class F>
+FERRY_OBSERVE_INLINE auto observed_view(stage_counters& c, const char* kind, F&& f) {
+  if (!on()) [[likely]]
+    return f();
+  return observed_view_slow(c, kind, f);
 }
 
 // Time spent blocked: measured only when stats are on and the wait really blocks.
@@ -451,12 +502,7 @@ struct upstream_probe {
   }
   // up.next_view(max), counted and timed.
   auto pull_view(Up& up, std::size_t max) {
-    if (!on()) [[likely]]
-      return up.next_view(max);
-    const ticks t0 = now();
-    auto v = up.next_view(max);
-    note_bulk(c, "source", t0, v);
-    return v;
+    return observed_view(c, "source", [&] { return up.next_view(max); });
   }
   // up.next_borrowed(out, max), counted and timed.
   template <class Out>

@@ -226,7 +226,7 @@ void interleave_files_source<Up>::worker(std::size_t t) {
     if (timed) {
       const observe::ticks t1 = observe::now();
       this->stats().work.add_shared(t1 - t0);
-      if (observe::tracing()) observe::record("interleave: read", t0, t1);
+      if (observe::tracing()) observe::record("interleave: read", t0, t1, r.err != nullptr);
     }
     bool wake;
     {

@@ -192,16 +192,17 @@ static void work_loop(map_core& c, const map_machine_options o, const std::size_
     for (std::uint64_t i = 0; i < got; ++i) {
       const observe::ticks t0 = timed ? observe::now() : 0;
       auto apply = [&] { return std::invoke(c.fn, std::move(ins[i])); };
+      bool made_ok;
       if (o.ordered) {
-        c.ring.make(at, apply);
+        made_ok = c.ring.make(at, apply);
         if (++at == window) at = 0;
       } else {
-        map_queue<Out>::make(outs[i], apply);
+        made_ok = map_queue<Out>::make(outs[i], apply);
       }
       if (timed) {
         const observe::ticks t1 = observe::now();
         c.stats->work.add_shared(t1 - t0);
-        if (observe::tracing()) observe::record("map: fn", t0, t1);
+        if (observe::tracing()) observe::record("map: fn", t0, t1, !made_ok);
       }
     }
     if (got) {  // adapt the run length toward ~200 us of fn time

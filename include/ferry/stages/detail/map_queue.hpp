@@ -39,11 +39,13 @@ struct map_queue {
 
   // Worker: fn's result (or its exception) into its run's slot s.
   template <class G>
-  static void make(slot& s, G&& g) {
+  static bool make(slot& s, G&& g) {  // false: g threw (kept for the consumer)
     try {
       s.value.emplace(g());
+      return true;
     } catch (...) {
       s.error = std::current_exception();
+      return false;
     }
   }
   static void upstream_error(slot& s, std::exception_ptr e) {

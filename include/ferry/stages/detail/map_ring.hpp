@@ -55,13 +55,15 @@ struct map_ring {
 
   // Worker: fn's result (or its exception) at place `at`.
   template <class G>
-  void make(std::size_t at, G&& g) {
+  bool make(std::size_t at, G&& g) {  // false: g threw (kept for the consumer)
     try {
       vals[at].emplace(g());
       kind[at] = ok;
+      return true;
     } catch (...) {
       errs[at] = std::current_exception();
       kind[at] = fn_threw;
+      return false;
     }
   }
   void upstream_error(std::size_t at, std::exception_ptr e) {
