@@ -161,7 +161,8 @@ class distribute_source
     std::atomic<std::size_t> global{0};
     std::atomic<std::uint64_t> dropped{0};
     std::uint64_t index = 0;  // steps made this epoch
-    bool inferred = false;    // G came from the first batch (for the error messages)
+    std::atomic<bool> inferred{false};  // G came from the first batch (a save on the consumer's
+                                        // thread may read it while the staging thread sets it)
     observe::stage_counters stager_stats;  // the staging thread's making of steps
   };
 
@@ -315,7 +316,7 @@ class distribute_source
   void save_words(state_writer& w) const {
     const std::uint64_t index = staging() && started_ ? handed_ : ahead_.holds_step() ? s_->index - 1 : s_->index;
     w.put(index | with_global);
-    w.put(s_->inferred ? s_->global.load(std::memory_order_relaxed) : 0);
+    w.put(s_->inferred.load(std::memory_order_relaxed) ? s_->global.load(std::memory_order_relaxed) : 0);
   }
   void before_restore() noexcept { drop_ahead(); }  // steps made from the position being left go
   void restore_words(state_reader& r) {
@@ -326,7 +327,7 @@ class distribute_source
         throw_config_mismatch(name, "global_batch", inferred, s_->o.global_batch, false);
       check_global_batch(inferred, replicas(), global_batch_from::inferred);
       s_->global.store(inferred, std::memory_order_relaxed);
-      s_->inferred = true;
+      s_->inferred.store(true, std::memory_order_relaxed);
     }
     s_->index = handed_ = word & ~with_global;
   }

@@ -59,16 +59,16 @@ inline void check_batch_rows(std::size_t m, std::size_t global, bool inferred) {
 // G for a batch of m rows: the one known, or, when none is known yet, m itself (the first
 // batch's size: inferred, and checked to divide among R); then m is checked against it.
 // Throws config_error as check_global_batch and check_batch_rows do.
-inline std::size_t settle_global_batch(std::atomic<std::size_t>& known, bool& inferred, std::size_t m,
-                                       std::size_t replicas) {
+inline std::size_t settle_global_batch(std::atomic<std::size_t>& known, std::atomic<bool>& inferred,
+                                       std::size_t m, std::size_t replicas) {
   std::size_t global = known.load(std::memory_order_relaxed);
   if (global == 0) {
-    inferred = true;
+    inferred.store(true, std::memory_order_relaxed);
     check_global_batch(m, replicas, global_batch_from::inferred);
     global = m;
     known.store(m, std::memory_order_relaxed);
   }
-  check_batch_rows(m, global, inferred);
+  check_batch_rows(m, global, inferred.load(std::memory_order_relaxed));
   return global;
 }
 
