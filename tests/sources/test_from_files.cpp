@@ -394,6 +394,15 @@ TEST_CASE("idx: fixtures, gzip, and Fashion-MNIST when installed") {
   for (int i = 0; i < 60; ++i) CHECK(static_cast<unsigned char>(a[i / 20][i % 20]) == i % 251);
   auto f = ferry::from_files({d + "/f4be_2x2.idx"}, ferry::idx{});
   CHECK(f.meta()->dtype == ">f4");
+  // A first file that next() would skip: meta() gives the next one's layout, as next()
+  // reads it (it threw the skipped file's error); under raise it throws that error.
+  ferry::from_files_options skip{.on_error = ferry::error_policy::skip};
+  skip.on_skip = [](const ferry::skipped_record&) {};
+  auto after_missing = ferry::from_files({d + "/missing.idx", d + "/f4be_2x2.idx"}, ferry::idx{}, skip);
+  REQUIRE(after_missing.meta());
+  CHECK(after_missing.meta()->dtype == ">f4");
+  CHECK_FALSE(ferry::from_files({d + "/missing.idx"}, ferry::idx{}, skip).meta());
+  CHECK_THROWS_AS(ferry::from_files({d + "/missing.idx", d + "/f4be_2x2.idx"}, ferry::idx{}).meta(), ferry::io_error);
   CHECK(read_all(f)[0] == std::string("\x3f\xc0\x00\x00\xc0\x00\x00\x00", 8));  // 1.5, -2 big-endian
 
   const std::string fm = "/usr/share/datasets/fashion-mnist/";
@@ -457,6 +466,24 @@ TEST_CASE("fixed length: header, footer, record count") {
     write_gzip(t / "wrap.tfrecord.gz", rec + std::string(64, 'x'));
     expect_error([&] { read_all({t / "wrap.tfrecord.gz"}, ferry::tfrecord{}, {.max_record_bytes = std::uint64_t(1) << 40}); },
                  t / "wrap.tfrecord.gz", 0, "exceeds max_record_bytes (1099511627776)");
+    // A claim of 2^39 bytes within the limit, in a stream of unknown size: the buffer grows
+    // with the bytes that come (it allocated the claim at once: std::bad_alloc at every
+    // call, which skip could not pass), so the record is truncated, and skip goes on.
+    const std::uint64_t claim = std::uint64_t(1) << 39;
+    for (int i = 0; i < 8; ++i) rec[std::size_t(i)] = char(claim >> (8 * i));
+    const std::uint32_t crc2 = ferry::detail::crc32c::mask(ferry::detail::crc32c::value(rec.data(), 8));
+    for (int i = 0; i < 4; ++i) rec[std::size_t(8 + i)] = char(crc2 >> (8 * i));
+    write_gzip(t / "claim.tfrecord.gz", rec + std::string(64, 'x'));
+    write_gzip(t / "good.tfrecord.gz", tfrecord_of("after"));
+    const ferry::from_files_options big{.max_record_bytes = std::uint64_t(1) << 40};
+    expect_error([&] { read_all({t / "claim.tfrecord.gz"}, ferry::tfrecord{}, big); }, t / "claim.tfrecord.gz", 0,
+                 "truncated record");
+    ferry::from_files_options skip = big;
+    skip.on_error = ferry::error_policy::skip;
+    skip.on_skip = [](const ferry::skipped_record&) {};
+    auto s = ferry::from_files({t / "claim.tfrecord.gz", t / "good.tfrecord.gz"}, ferry::tfrecord{}, skip);
+    CHECK(read_all(s) == std::vector<std::string>{"after"});
+    CHECK(s.skipped() == 1);
   }
   // A header larger than any buffer (3 MiB) in a compressed file is skipped piece by piece.
   write_gzip(t / "h.bin.gz", std::string(3 << 20, 'H') + "0123456789");
@@ -1300,6 +1327,22 @@ TEST_CASE("save/restore at every position, rewind, end stays ended" * doctest::t
     auto mid = ferry::from_files(files, ferry::tfrecord{}, o);
     for (int i = 0; i < 4; ++i) REQUIRE(mid.next());
     const auto ms = ferry::save_state(mid);
+    if (!gz) {
+      // The open file cut below the saved position since the checkpoint: an error naming it,
+      // not an end of that file (its other records skipped unseen).
+      const std::string keep = read_file(files[0]);
+      write_file(files[0], keep.substr(0, 100));
+      auto shrunk = ferry::from_files(files, ferry::tfrecord{}, o);
+      ferry::restore_state(shrunk, ms);
+      try {
+        shrunk.next();
+        FAIL("a restore past the end of a file that shrank read on");
+      } catch (const ferry::format_error& e) {
+        CHECK(e.path() == files[0]);
+        CHECK(std::string(e.what()).find("cannot resume: the file has 100 bytes") != std::string::npos);
+      }
+      write_file(files[0], keep);
+    }
     auto fixed = ferry::from_files(files, ferry::fixed_length{.record_bytes = 16}, o);
     CHECK_THROWS_WITH_AS(ferry::restore_state(fixed, ms), doctest::Contains("from_files: the state was saved with another format"),
                          ferry::config_error);

@@ -248,16 +248,24 @@ class file_source : public source_base<file_source, record> {
     return std::nullopt;
   }
   // For npy and idx: dtype and shape of the rows (reads the header of the file next()
-  // would open if none has been read yet; throws as next() would). nullopt for the other
-  // formats.
+  // would open if none has been read yet; throws as next() would: under
+  // error_policy::skip, the first file from there whose header reads, nullopt when none
+  // does). nullopt for the other formats.
   std::optional<array_meta> meta() {
     if (!first_meta_ && !reader_.is_open() && !done_ && fi_ < files_.size() && array_format()) {
       if (fi_ > 0 || opt_.shuffle_files)
         if (auto m = reference_layout(fi_)) return m;
-      std::optional<array_meta> probe;
-      file_reader r(fmt_, header_only(), pool_);
-      r.open(files_[fi_], probe);
-      return probe;
+      for (std::size_t j = fi_; j < files_.size(); ++j) {
+        std::optional<array_meta> probe;
+        try {
+          file_reader r(fmt_, header_only(), pool_);
+          r.open(files_[j], probe);
+          return probe;
+        } catch (const ferry::error&) {
+          if (opt_.on_error != error_policy::skip) throw;
+        }
+      }
+      return std::nullopt;
     }
     return first_meta_;
   }

@@ -430,6 +430,11 @@ class byte_stream {
   void seek(std::uint64_t target) {
     if (target == offset()) return;
     if (!gz_) {
+      // Past the end the file reads as ended: a restore into a file that shrank since the
+      // checkpoint would skip the rest of it unseen.
+      if (const auto n = size(); n && target > *n)
+        throw format_error(path_, target, "cannot resume: the file has " + std::to_string(*n) +
+                                              " bytes, fewer than the saved position (it changed since the checkpoint)");
       ra_.reset();  // it was reading from the old position
       if (::lseek(fd_, static_cast<off_t>(target), SEEK_SET) < 0)
         throw io_error(path_, target, std::error_code(errno, std::generic_category()), "cannot seek");
@@ -467,6 +472,11 @@ class byte_stream {
       if (size_) {  // never allocate beyond what the file holds
         const std::uint64_t left = *size_ > offset() ? *size_ - offset() : 0;
         if (want > left) want = static_cast<std::size_t>(left);
+      } else {  // a stream: twice what it has given, so a length field's claim is never
+                // allocated ahead of the bytes (a 60-byte .gz claiming 2^39 bytes was
+                // bad_alloc at every call), and the copies stay linear in the bytes
+        const std::size_t held = std::max(have, cur_ ? cur_->capacity : std::size_t(0));
+        want = std::min(want, std::max(chunk_bytes, held > SIZE_MAX / 2 ? SIZE_MAX : 2 * held));
       }
       want = std::max(want, have + 1);
       std::shared_ptr<chunk> fresh = pool_->acquire(want);
