@@ -69,6 +69,8 @@ class any_source : public source_interface<any_source<T>> {
     virtual bool can_save() const noexcept = 0;
     virtual void save(state_writer& w) const = 0;
     virtual void restore(state_reader& r) = 0;
+    virtual void mark_restore_failed() noexcept = 0;
+    virtual bool restore_failed() const noexcept = 0;
     virtual std::size_t batch_size() const = 0;
     virtual bool joins_collectives() const noexcept = 0;
     virtual bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) = 0;
@@ -81,8 +83,17 @@ class any_source : public source_interface<any_source<T>> {
     [[no_unique_address]] observe::upstream_probe<S> probe;
     explicit holder(S&& x) : s(detail::live_or_throw(std::move(x))) {}
 
+    // s.next(), not the probe's pull, for a ferry stage: its check of a failed restore
+    // (the probe skips it, as a stage's own check covers its upstream; nothing covers the
+    // held pipeline but its own).
+    std::optional<T> pull_one() {
+      if constexpr (observe::observable<S>)
+        return s.next();
+      else
+        return probe.pull(s);
+    }
     void next(std::optional<T>& out) override {
-      std::optional<T> e = probe.pull(s);
+      std::optional<T> e = pull_one();
       if (e) out.emplace(std::move(*e));  // field by field (see iface::next)
     }
     std::size_t next_bulk(std::span<T> out) override {
@@ -91,7 +102,7 @@ class any_source : public source_interface<any_source<T>> {
       } else if constexpr (std::is_move_assignable_v<T>) {
         std::size_t k = 0;
         for (; k < out.size(); ++k) {
-          std::optional<T> e = probe.pull(s);
+          std::optional<T> e = pull_one();
           if (!e) break;
           out[k] = std::move(*e);
         }
@@ -109,7 +120,7 @@ class any_source : public source_interface<any_source<T>> {
         auto block = std::make_shared<std::vector<record>>();
         block->reserve(max);
         while (block->size() < max) {
-          std::optional<record> e = probe.pull(s);
+          std::optional<record> e = pull_one();
           if (!e) break;
           block->push_back(std::move(*e));
         }
@@ -146,6 +157,10 @@ class any_source : public source_interface<any_source<T>> {
         throw config_error("any_source: the pipeline it holds cannot be restored (a source or "
                            "stage without save()/restore())");
     }
+    void mark_restore_failed() noexcept override {
+      if constexpr (requires { ferry_mark_restore_failed(s); }) ferry_mark_restore_failed(s);
+    }
+    bool restore_failed() const noexcept override { return detail::restore_failed_in(s); }
     std::size_t batch_size() const override {
       if constexpr (sized_batches<S>)
         return s.batch_size();
@@ -206,7 +221,17 @@ class any_source : public source_interface<any_source<T>> {
   // Writes exactly the held pipeline's state; throws config_error when it cannot save.
   void save(state_writer& w) const { held().save(w); }
   // Reads exactly the held pipeline's state; throws config_error when it cannot restore.
+  // A restore that throws leaves the held pipeline marked as it leaves a typed one
+  // (stage.hpp): next() throws config_error until rewind() or a good restore.
   void restore(state_reader& r) { held().restore(r); }
+  // restore_state's hook, found by argument-dependent lookup (not for users): marks the
+  // held pipeline as after a failed restore (stage.hpp).
+  friend void ferry_mark_restore_failed(any_source& a) noexcept {
+    if (a.p_) a.p_->mark_restore_failed();
+  }
+  // Whether a restore into the held pipeline failed part way (not for users; a stage built
+  // over this any_source asks it).
+  friend bool ferry_restore_failed(const any_source& a) noexcept { return a.p_ && a.p_->restore_failed(); }
   // The held batch()'s size, 0 when no batch() is visible in the held pipeline (then
   // distribute() infers it from the first batch, as for any unsized pipeline).
   std::size_t batch_size() const

@@ -177,12 +177,19 @@ pipeline_state save_state(const S& s) {
 }
 
 // Call on a fresh pipeline of the same shape, before its first next().
-// Throws config_error when the state came from another pipeline shape.
+// Throws config_error when the state came from another pipeline shape. A refused state
+// may have been taken by some stages and not others: a ferry pipeline then throws
+// config_error from next() and save_state() until rewind() or a restore_state that
+// succeeds (stage.hpp).
 template <resumable_source S>
 void restore_state(S& s, const pipeline_state& st) {
   state_reader r(st);
   s.restore(r);
-  if (!r.done()) throw config_error("restore_state: the state is longer than this pipeline's");
+  if (!r.done()) {
+    // Every stage took its words from the state's first part: not the state's position.
+    if constexpr (requires { ferry_mark_restore_failed(s); }) ferry_mark_restore_failed(s);
+    throw config_error("restore_state: the state is longer than this pipeline's");
+  }
 }
 
 // ---- the pipe operator ----------------------------------------------------------------

@@ -33,7 +33,14 @@
 //                          restore into another configuration is a config_error naming
 //                          it), then save_words(w).
 //                          restore() calls before_restore() first (a stage with threads
-//                          refuses once started, or stops them).
+//                          refuses once started, or stops them). A restore that throws
+//                          (another configuration, a damaged or foreign state) leaves the
+//                          stages it reached restored and the rest not, so every stage it
+//                          throws through is marked: next() and the other pulls, and save(),
+//                          then throw config_error until rewind() (which restarts every
+//                          stage's epoch) or a restore() that succeeds. restore_state marks
+//                          the pipeline too when it refuses a state longer than the
+//                          pipeline's. A stage built over a marked pipeline is marked.
 //   batch_size()           the upstream's, for distribute(): a stage of one upstream whose
 //                          elements keep their type keeps batches whole unless it says
 //                          `static constexpr bool changes_batch_size = true;`. Several
@@ -62,7 +69,8 @@
 //
 // Moved from: every protocol member of a moved-from stage throws config_error naming the
 // stage (a pipeline moved into the next stage must be used through that one), and so does
-// building a stage over it; live() says which.
+// building a stage over it; live() says which. The moved-from check and the failed-restore
+// mark are one byte, tested once per element (check_live()).
 //
 // Throws: what the stage's own members throw; config_error as above. Runs user code only
 // through the stage's members, on the thread that calls them.
@@ -143,6 +151,30 @@ bool joins_collectives_now(const S& s) noexcept {
   throw config_error(std::string(stage) +
                      ": used after it was moved from (a pipeline moved into the next stage, or into "
                      "another variable, is used through that one)");
+}
+
+// What a stage can be used for: everything, nothing (moved from), or everything but pulls
+// and save() (a restore threw through it: see the file's top). One byte, so that
+// check_live() stays one compare per element.
+enum class stage_state : std::uint8_t { ready, moved_from, restore_failed };
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_unusable(const char* stage, stage_state s) {
+  if (s == stage_state::moved_from) throw_moved_from(stage);
+  throw config_error(std::string(stage) +
+                     ": a restore into this pipeline failed part way (some of its stages took the "
+                     "state's positions, others not, so its elements would be neither the "
+                     "state's nor a fresh epoch's): rewind() it, or restore a state that matches "
+                     "it, before next() or save_state()");
+}
+
+// Whether a restore into u failed part way (a ferry stage says so through its hidden
+// friend; any other source never).
+template <class U>
+bool restore_failed_in(const U& u) noexcept {
+  if constexpr (requires { { ferry_restore_failed(u) } -> std::same_as<bool>; })
+    return ferry_restore_failed(u);
+  else
+    return false;
 }
 
 // A pipeline handed to a stage (or an any_source) must be live: a moved-from stage's
@@ -273,7 +305,7 @@ class stage_base : public source_interface<Derived> {
     if constexpr (joins_collectives())
       return true;
     else {
-      if (!live_) return false;  // no upstream to ask (its members throw anyway)
+      if (!live()) return false;  // no upstream to ask (its members throw anyway)
       if constexpr (requires(const Derived& d) { { d.joins_collective_now() } -> std::same_as<bool>; })
         if (self().joins_collective_now()) return true;
       return [&]<std::size_t... I>(std::index_sequence<I...>) {
@@ -282,7 +314,16 @@ class stage_base : public source_interface<Derived> {
     }
   }
   // False once moved from (then every other member throws config_error naming the stage).
-  bool live() const noexcept { return live_; }
+  bool live() const noexcept { return state_ != stage_state::moved_from; }
+
+  // Whether a restore into the pipeline failed part way (not for users: found by
+  // argument-dependent lookup, for a stage built over it).
+  friend bool ferry_restore_failed(const stage_base& s) noexcept { return s.state_ == stage_state::restore_failed; }
+  // restore_state's hook (not for users): marks the pipeline so, when restore_state
+  // refuses a state longer than the pipeline's after every stage has taken its words.
+  friend void ferry_mark_restore_failed(stage_base& s) noexcept {
+    if (s.state_ == stage_state::ready) s.state_ = stage_state::restore_failed;
+  }
 
   // A small element's optional comes back in registers, which GCC builds through the stack
   // when next() is a call (a store-forwarding stall per element: from_range | map over
@@ -340,13 +381,15 @@ class stage_base : public source_interface<Derived> {
                                   [&]() -> std::span<const Value> { return self().pull_view(max); });
   }
 
+  // Also the way back from a failed restore: every stage's epoch starts again.
   void rewind()
     requires(can_rewind())
   {
-    check_live();
+    check_not_moved();
     if constexpr (requires(Derived& d) { d.halt(); }) self().halt();
     each_up([](auto& u) { u.rewind(); });
     if constexpr (has_start_epoch()) self().start_epoch();
+    rewound();
   }
 
   void save(state_writer& w) const
@@ -363,28 +406,36 @@ class stage_base : public source_interface<Derived> {
     if constexpr (has_words()) self().save_words(w);
   }
 
+  // Throws what the upstreams' and the stage's restore throw; then the stage is marked
+  // (see the file's top) until rewind() or a restore() that succeeds.
   void restore(state_reader& r)
     requires(can_save())
   {
-    check_live();
-    if constexpr (requires(Derived& d) { d.before_restore(); }) self().before_restore();
-    if constexpr (requires(Derived& d) { d.restore_upstream(r); })
-      self().restore_upstream(r);
-    else
-      each_up([&](auto& u) { u.restore(r); });
-    r.expect(tag());
-    if constexpr (has_config())
-      self().config([&](const char* what, std::uint64_t mine, bool fingerprint = false) {
-        const std::uint64_t saved = r.get();
-        if (saved != mine) throw_config_mismatch(Derived::name, what, saved, mine, fingerprint);
-      });
-    if constexpr (has_words()) self().restore_words(r);
+    check_not_moved();
+    try {
+      if constexpr (requires(Derived& d) { d.before_restore(); }) self().before_restore();
+      if constexpr (requires(Derived& d) { d.restore_upstream(r); })
+        self().restore_upstream(r);
+      else
+        each_up([&](auto& u) { u.restore(r); });
+      r.expect(tag());
+      if constexpr (has_config())
+        self().config([&](const char* what, std::uint64_t mine, bool fingerprint = false) {
+          const std::uint64_t saved = r.get();
+          if (saved != mine) throw_config_mismatch(Derived::name, what, saved, mine, fingerprint);
+        });
+      if constexpr (has_words()) self().restore_words(r);
+    } catch (...) {
+      state_ = stage_state::restore_failed;
+      throw;
+    }
+    state_ = stage_state::ready;
   }
 
   std::size_t batch_size() const
     requires(forwards_batch_size())
   {
-    check_live();
+    check_not_moved();
     if constexpr (n_ups == 1) {
       return std::get<0>(n().ups).batch_size();
     } else {
@@ -398,7 +449,7 @@ class stage_base : public source_interface<Derived> {
   std::size_t replicas() const
     requires(forwards_replicas())
   {
-    check_live();
+    check_not_moved();
     return std::get<0>(n().ups).replicas();
   }
   // A stage that collates: its rows per batch. (collates() is not const: the same hook
@@ -406,12 +457,12 @@ class stage_base : public source_interface<Derived> {
   std::size_t batch_size() const
     requires(collates_batches())
   {
-    check_live();
+    check_not_moved();
     return const_cast<Derived&>(self()).collates().rows;
   }
 
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    check_live();
+    check_not_moved();
     if constexpr (collates_batches()) {  // distribute's pinned pool
       if (r) self().collates().resource = r;
       return true;
@@ -478,15 +529,20 @@ class stage_base : public source_interface<Derived> {
 
  protected:
   // Throws config_error when an upstream was moved from (see live_or_throw).
+  // A stage over a pipeline whose restore failed part way is marked as it is.
   explicit stage_base(Ups... ups)
     requires(!heap)
-      : h_(std::in_place, live_or_throw(std::move(ups))...) {}
+      : h_(std::in_place, live_or_throw(std::move(ups))...) {
+    inherit_restore_failed();
+  }
   explicit stage_base(Ups... ups)
     requires(heap)
-      : h_(std::make_unique<node>(std::in_place, live_or_throw(std::move(ups))...)) {}
+      : h_(std::make_unique<node>(std::in_place, live_or_throw(std::move(ups))...)) {
+    inherit_restore_failed();
+  }
 
   stage_base(stage_base&& o) noexcept(heap || (std::is_nothrow_move_constructible_v<Ups> && ...))
-      : h_(std::move(o.h_)), live_(std::exchange(o.live_, false)) {}
+      : h_(std::move(o.h_)), state_(std::exchange(o.state_, stage_state::moved_from)) {}
   // Heap blocks are swapped, never freed here: a stage's threads (stopped by its own
   // members' assignment, after this one) still read the block they were started on.
   stage_base& operator=(stage_base&& o) noexcept(heap || (std::is_nothrow_move_assignable_v<Ups> && ...)) {
@@ -495,7 +551,7 @@ class stage_base : public source_interface<Derived> {
         std::swap(h_, o.h_);
       else
         h_ = std::move(o.h_);
-      live_ = std::exchange(o.live_, false);
+      state_ = std::exchange(o.state_, stage_state::moved_from);
     }
     return *this;
   }
@@ -530,9 +586,20 @@ class stage_base : public source_interface<Derived> {
   }
   observe::stage_counters& stats() noexcept { return n().stats; }
   const observe::stage_counters& stats() const noexcept { return n().stats; }
+  // Before a pull or save(): one compare (moved from, or a restore failed part way).
   void check_live() const {
-    if (!live_) [[unlikely]]
+    if (state_ != stage_state::ready) [[unlikely]]
+      throw_unusable(Derived::name, state_);
+  }
+  // Before anything else (rewind(), restore(), the configuration queries): the moved-from
+  // check alone.
+  void check_not_moved() const {
+    if (state_ == stage_state::moved_from) [[unlikely]]
       throw_moved_from(Derived::name);
+  }
+  // After a rewind() of the stage's own (cache's): usable again, as after the base's.
+  void rewound() noexcept {
+    if (state_ == stage_state::restore_failed) state_ = stage_state::ready;
   }
  private:
   // The checkpoint tag: the stage's name, or its state_tag when one stage name has forms
@@ -572,8 +639,14 @@ class stage_base : public source_interface<Derived> {
     return v.upstream_incl(before);
   }
 
+  void inherit_restore_failed() noexcept {
+    bool failed = false;
+    each_up([&](const auto& u) { failed = failed || restore_failed_in(u); });
+    if (failed) state_ = stage_state::restore_failed;
+  }
+
   holder h_;
-  bool live_ = true;
+  stage_state state_ = stage_state::ready;
 };
 
 template <class... A>

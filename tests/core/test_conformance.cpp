@@ -6,6 +6,7 @@
 //     (the generator's function throws at element e), which must arrive at its place
 //     with nothing lost;
 //   - exact resume at every position, through pipeline_state bytes;
+//   - a refused restore: next() and save_state() throw until rewind() or a good restore;
 //   - rewind() mid-epoch giving what a fresh pipeline's next epoch gives;
 //   - a move mid-epoch: the new one goes on exactly, the moved-from one throws config_error;
 //   - destruction mid-epoch returning promptly (threads joined);
@@ -884,6 +885,51 @@ void check_resume_everywhere(u64 bad) {
   }
 }
 
+// A refused restore (a state one word short: the last stage refuses part way through its
+// words, after its upstreams took theirs; one word long: every stage took its words, then
+// restore_state refuses) leaves the pipeline marked: next() and save_state() throw
+// config_error, not an epoch that is neither the state's nor a fresh one's; rewind() gives
+// the next epoch whole; a good restore then goes on exactly.
+template <class C>
+void check_refused_restore(u64 bad) {
+  constexpr bool stop = errors_end_epoch_case<C>();
+  const events want = C::oracle(bad);
+  for (std::size_t k : {std::size_t(0), std::size_t(1), want.size() / 2, want.size()}) {
+    CAPTURE(k);
+    auto p = C::make(bad);
+    const events head = take_n(p, k);
+    if (stop && k > 0 && head.back().error) continue;  // no exact position to save
+    const ferry::pipeline_state good = ferry::save_state(p);
+    ferry::pipeline_state shorter = good, longer = good;
+    shorter.words.pop_back();
+    longer.words.push_back(0);
+    for (const ferry::pipeline_state* refused : {&shorter, &longer}) {
+      INFO((refused == &shorter ? "a state one word short" : "a state one word long"));
+      auto q = C::make(bad);
+      CHECK_THROWS_AS(ferry::restore_state(q, *refused), ferry::config_error);
+      CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("a restore into this pipeline failed part way"),
+                           ferry::config_error);
+      CHECK_THROWS_AS(ferry::save_state(q), ferry::config_error);
+      // A good restore after the refused one: exact.
+      ferry::restore_state(q, good);
+      const events tail = rest(q, stop);
+      CHECK_MESSAGE(tail == events(want.begin() + static_cast<std::ptrdiff_t>(k), want.end()), describe(tail));
+      if constexpr (requires { q.rewind(); }) {
+        // Refused again, then rewound: the next epoch, whole, as a fresh pipeline's.
+        auto r = C::make(bad);
+        CHECK_THROWS_AS(ferry::restore_state(r, *refused), ferry::config_error);
+        CHECK_THROWS_AS(r.next(), ferry::config_error);
+        r.rewind();
+        const events got = rest(r, stop), second = second_epoch<C>(bad);
+        if constexpr (any_order_case<C>())
+          CHECK(sorted(got) == sorted(second));
+        else
+          CHECK_MESSAGE(got == second, describe(got) << " vs " << describe(second));
+      }
+    }
+  }
+}
+
 template <class C>
 void check_rewind(u64 bad) {
   const events first = C::oracle(bad), second = second_epoch<C>(bad);
@@ -978,8 +1024,10 @@ void conform() {
     CAPTURE(bad);
     check_events<C>(bad);
     if constexpr (requires(decltype(C::make(bad)) p) { p.rewind(); }) check_rewind<C>(bad);
-    if constexpr (resumable_case<C>()) check_resume_everywhere<C>(bad);
-    else {
+    if constexpr (resumable_case<C>()) {
+      check_resume_everywhere<C>(bad);
+      check_refused_restore<C>(bad);
+    } else {
       auto p = C::make(bad);
       take_n(p, 3);
       CHECK_THROWS_AS(ferry::save_state(p), ferry::config_error);

@@ -488,7 +488,8 @@ TEST_CASE("the checkpoint: the upstream's words, the tag, then how many were ski
   CHECK_THROWS_WITH_AS(ferry::restore_state(t, ferry::save_state(p)), doctest::Contains("'take'"),
                        ferry::config_error);
   auto s = ferry_test::failing_source(10, {1}) | ferry::skip(4);
-  CHECK_THROWS_WITH_AS(ferry::restore_state(s, ferry::save_state(t)), doctest::Contains("'skip'"),
+  auto fresh_take = ferry_test::failing_source(10, {1}) | ferry::take(4);  // t is marked by its refusal
+  CHECK_THROWS_WITH_AS(ferry::restore_state(s, ferry::save_state(fresh_take)), doctest::Contains("'skip'"),
                        ferry::config_error);
 }
 

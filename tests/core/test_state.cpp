@@ -8,6 +8,7 @@
 
 #include "common/doubles.hpp"
 #include "ferry/ferry.hpp"
+#include "ferry/stages/interleave.hpp"
 
 using namespace std::chrono_literals;
 using ferry_test::drain;
@@ -309,3 +310,166 @@ TEST_CASE("property: a checkpoint restores into its own configuration only, nami
                      ", this pipeline has index = " + std::to_string(index[1])) != std::string::npos);
   }
 }
+
+// A refused restore used to leave the stages it reached restored and the rest not, and
+// the pipeline then handed out an epoch that was neither the state's nor a fresh one's,
+// with no error (from_range(20) | shuffle(4, seed 1)'s state into seed 2: 12 of 20
+// elements; found by a review helper). Now every stage the refusal throws through is
+// marked: pulls and save_state() throw config_error until rewind() or a good restore.
+TEST_CASE("a refused restore marks the pipeline until rewind() or a good restore" * doctest::timeout(60)) {
+  watchdog w(60s);
+  const auto part_way = doctest::Contains("a restore into this pipeline failed part way");
+  std::vector<std::uint64_t> v(20);
+  for (std::uint64_t i = 0; i < 20; ++i) v[i] = i;
+  auto shuffled = [&](std::uint64_t seed) { return ferry::from_range(v) | ferry::shuffle(4, seed); };
+  auto a = shuffled(1);
+  for (int i = 0; i < 9; ++i) REQUIRE(a.next());
+  const auto st1 = ferry::save_state(a);
+  auto c = shuffled(2);  // the same position under seed 2: the good state
+  for (int i = 0; i < 9; ++i) REQUIRE(c.next());
+  const auto st2 = ferry::save_state(c);
+  const auto rest2 = drain(c);
+
+  SUBCASE("another seed: refused; next() and save_state() throw; rewind() gives a whole epoch") {
+    auto b = shuffled(2);
+    CHECK_THROWS_WITH_AS(ferry::restore_state(b, st1), doctest::Contains("shuffle: the state was saved with seed = 1"),
+                         ferry::config_error);
+    CHECK_THROWS_WITH_AS(b.next(), part_way, ferry::config_error);
+    CHECK_THROWS_WITH_AS(b.next(), part_way, ferry::config_error);  // until rewound, every time
+    CHECK_THROWS_WITH_AS(ferry::save_state(b), part_way, ferry::config_error);
+    b.rewind();
+    auto fresh = shuffled(2);
+    fresh.rewind();
+    CHECK(drain(b) == drain(fresh));  // the second epoch, all 20
+  }
+  SUBCASE("a good restore after a refused one goes on exactly") {
+    auto b = shuffled(2);
+    CHECK_THROWS_AS(ferry::restore_state(b, st1), ferry::config_error);
+    ferry::restore_state(b, st2);
+    CHECK(drain(b) == rest2);
+  }
+  SUBCASE("a state longer than the pipeline's: every stage took its words, then refused; marked too") {
+    auto longer = st2;
+    longer.words.push_back(7);
+    auto b = shuffled(2);
+    CHECK_THROWS_WITH_AS(ferry::restore_state(b, longer), doctest::Contains("longer than this pipeline's"),
+                         ferry::config_error);
+    CHECK_THROWS_WITH_AS(b.next(), part_way, ferry::config_error);
+    ferry::restore_state(b, st2);
+    CHECK(drain(b) == rest2);
+  }
+  SUBCASE("a stage built over a marked pipeline is marked; an any_source holding one throws") {
+    auto b = shuffled(2);
+    CHECK_THROWS_AS(ferry::restore_state(b, st1), ferry::config_error);
+    auto t = std::move(b) | ferry::take(100);  // take's pull skips its upstream's check
+    CHECK_THROWS_WITH_AS(t.next(), part_way, ferry::config_error);
+    t.rewind();
+    CHECK(drain(t).size() == 20);
+    auto d = shuffled(2);
+    CHECK_THROWS_AS(ferry::restore_state(d, st1), ferry::config_error);
+    ferry::any_source<std::uint64_t> any(std::move(d));
+    CHECK_THROWS_WITH_AS(any.next(), part_way, ferry::config_error);
+    auto e = std::move(any) | ferry::map([](std::uint64_t x) { return x; });
+    CHECK_THROWS_WITH_AS(e.next(), part_way, ferry::config_error);
+    e.rewind();
+    CHECK(drain(e).size() == 20);
+  }
+  SUBCASE("any_source: refused inside, or longer than the held pipeline's") {
+    ferry::any_source<std::uint64_t> b = shuffled(2);
+    CHECK_THROWS_AS(ferry::restore_state(b, st1), ferry::config_error);
+    CHECK_THROWS_WITH_AS(b.next(), part_way, ferry::config_error);
+    ferry::restore_state(b, st2);
+    CHECK(drain(b) == rest2);
+    auto longer = st2;
+    longer.words.push_back(7);
+    ferry::any_source<std::uint64_t> d = shuffled(2);
+    CHECK_THROWS_AS(ferry::restore_state(d, longer), ferry::config_error);
+    CHECK_THROWS_WITH_AS(d.next(), part_way, ferry::config_error);
+    d.rewind();
+    CHECK(drain(d).size() == 20);
+  }
+}
+
+// The same with threads and several upstreams: a map with workers and a prefetch restored
+// under a batch that refuses, zip with one side restored, interleave(fn) over a restored
+// shuffle; next_bulk is refused as next() is.
+TEST_CASE("a refused restore marks threaded stages, joins and interleave(fn) too" * doctest::timeout(60)) {
+  watchdog w(60s);
+  const auto part_way = doctest::Contains("a restore into this pipeline failed part way");
+  auto gen = [] { return ferry::from_generator(60, [](std::uint64_t i) { return i * 3; }); };
+  auto flat = [](auto& p) {
+    std::vector<std::uint64_t> out;
+    while (auto e = p.next()) flatten(out, *e);
+    return out;
+  };
+  auto check = [&](auto make_a, auto make_b, int k) {
+    auto a = make_a();
+    for (int i = 0; i < k; ++i) REQUIRE(a.next());
+    const auto st_a = ferry::save_state(a);
+    auto c = make_b();
+    for (int i = 0; i < k; ++i) REQUIRE(c.next());
+    const auto st_b = ferry::save_state(c);
+    const auto rest_b = flat(c);
+    auto b = make_b();
+    CHECK_THROWS_AS(ferry::restore_state(b, st_a), ferry::config_error);
+    CHECK_THROWS_WITH_AS(b.next(), part_way, ferry::config_error);
+    CHECK_THROWS_WITH_AS(ferry::save_state(b), part_way, ferry::config_error);
+    ferry::restore_state(b, st_b);  // good: exact
+    CHECK(flat(b) == rest_b);
+    auto r = make_b();
+    CHECK_THROWS_AS(ferry::restore_state(r, st_a), ferry::config_error);
+    r.rewind();
+    auto fresh = make_b();
+    fresh.rewind();
+    CHECK(flat(r) == flat(fresh));
+  };
+  SUBCASE("map with workers, prefetch and batch under a shuffle of another seed") {
+    auto make = [&](std::uint64_t seed) {
+      return gen() | ferry::map([](std::uint64_t x) { return x + 1; }, {.workers = 2, .window = 8}) |
+             ferry::prefetch(3) | ferry::batch(4) | ferry::shuffle(2, seed);
+    };
+    check([&] { return make(1); }, [&] { return make(2); }, 3);
+  }
+  SUBCASE("prefetch over a shuffle of another seed") {
+    auto make = [&](std::uint64_t seed) { return gen() | ferry::shuffle(8, seed) | ferry::prefetch(2); };
+    check([&] { return make(1); }, [&] { return make(2); }, 7);
+  }
+  SUBCASE("interleave(fn) of another cycle over a restored shuffle") {
+    auto make = [&](std::size_t cycle) {
+      return gen() | ferry::shuffle(8, 3) |
+             ferry::interleave([](std::uint64_t x) { return ferry::from_generator(x % 4, [x](std::uint64_t j) { return x * 10 + j; }); },
+                               {.workers = 1, .cycle = cycle});
+    };
+    check([&] { return make(3); }, [&] { return make(2); }, 11);
+  }
+  SUBCASE("zip: one side restored, the other refused") {
+    auto make = [&](std::uint64_t seed) {
+      return ferry::zip(gen() | ferry::shuffle(4, 1), gen() | ferry::shuffle(4, seed)) |
+             ferry::map([](const std::pair<std::uint64_t, std::uint64_t>& p) { return p.first * 1000 + p.second; });
+    };
+    check([&] { return make(1); }, [&] { return make(2); }, 5);
+  }
+  SUBCASE("next_bulk: a map over from_range, refused by a take's count") {
+    std::vector<std::uint64_t> v(50);
+    for (std::uint64_t i = 0; i < 50; ++i) v[i] = i;
+    auto make = [&] { return ferry::from_range(v) | ferry::map([](std::uint64_t x) { return x * 2; }); };
+    auto a = make() | ferry::take(40);
+    for (int i = 0; i < 30; ++i) REQUIRE(a.next());
+    const auto st = ferry::save_state(a);
+    auto b = make() | ferry::take(20);  // the state took 30: more than take(20) hands on
+    CHECK_THROWS_WITH_AS(ferry::restore_state(b, st), doctest::Contains("take"), ferry::config_error);
+    std::vector<std::uint64_t> out(8);
+    auto m = make();
+    CHECK_THROWS_AS(ferry::restore_state(m, ferry::pipeline_state{}), ferry::config_error);  // too short
+    CHECK_THROWS_WITH_AS(m.next_bulk(std::span<std::uint64_t>(out)), part_way, ferry::config_error);
+    m.rewind();
+    CHECK(m.next_bulk(std::span<std::uint64_t>(out)) == 8);
+    CHECK(out[7] == 14);
+    auto view = ferry::from_range(v);  // next_view, on a source
+    CHECK_THROWS_AS(ferry::restore_state(view, ferry::pipeline_state{}), ferry::config_error);
+    CHECK_THROWS_WITH_AS(view.next_view(4), part_way, ferry::config_error);
+    view.rewind();
+    CHECK(view.next_view(4).size() == 4);
+  }
+}
+

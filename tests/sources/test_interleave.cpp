@@ -279,8 +279,9 @@ TEST_CASE("interleave: restore_state refuses a state of other files, cycle or bl
       bad.words[word] = value;
       auto b = make(d.files, 3, 2);
       CHECK_THROWS_WITH_AS(ferry::restore_state(b, bad), doctest::Contains("bad slot"), ferry::config_error);
-      CHECK(drain(b) == d.expected(3, 2));  // a refused state leaves the epoch's start
-      b.rewind();  // and a rewind starts the epoch afresh
+      // from_files took the state's words, interleave refused: next() says so until a rewind
+      CHECK_THROWS_WITH_AS(b.next(), doctest::Contains("failed part way"), ferry::config_error);
+      b.rewind();  // which starts the epoch afresh
       CHECK(drain(b) == d.expected(3, 2));
     }
     // The turn at a slot that has ended while another has not (word taken + 1 + 5 j: slot j active).
@@ -289,6 +290,8 @@ TEST_CASE("interleave: restore_state refuses a state of other files, cycle or bl
       bad.words[taken + 1 + 5 * bad.words[turn]] = 0;
       auto b = make(d.files, 3, 2);
       CHECK_THROWS_WITH_AS(ferry::restore_state(b, bad), doctest::Contains("bad slot"), ferry::config_error);
+      CHECK_THROWS_AS(b.next(), ferry::config_error);
+      b.rewind();
       CHECK(drain(b) == d.expected(3, 2));
     }
     // A slot past its last file (word taken + 2 + 5 j: slot j's file ordinal; slot 0 has 2 files).
@@ -298,6 +301,8 @@ TEST_CASE("interleave: restore_state refuses a state of other files, cycle or bl
       auto b = make(d.files, 3, 2);
       CHECK_THROWS_WITH_AS(ferry::restore_state(b, bad), doctest::Contains("slot 0 is at file 3 of 2"),
                            ferry::config_error);
+      CHECK_THROWS_AS(b.next(), ferry::config_error);
+      b.rewind();
       CHECK(drain(b) == d.expected(3, 2));
     }
     // Cut short, or another stage's state.
@@ -305,6 +310,10 @@ TEST_CASE("interleave: restore_state refuses a state of other files, cycle or bl
     cut.words.pop_back();
     auto b = make(d.files, 3, 2);
     CHECK_THROWS_WITH_AS(ferry::restore_state(b, cut), doctest::Contains("too short"), ferry::config_error);
+    CHECK_THROWS_AS(b.next(), ferry::config_error);
+    ferry::restore_state(b, st);  // the state itself, after the refused one: exact
+    CHECK(drain(b) == rest);
+    b.rewind();
     CHECK(drain(b) == d.expected(3, 2));
     auto plain = ferry::from_files(d.files, ferry::tfrecord{});
     CHECK_THROWS_WITH_AS(ferry::restore_state(b, ferry::save_state(plain)), doctest::Contains("another shape"),

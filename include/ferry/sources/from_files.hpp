@@ -199,7 +199,7 @@ class file_source : public source_base<file_source, record> {
     return h;
   }
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>&) {
-    this->check_live();
+    this->check_not_moved();
     return false;
   }
 

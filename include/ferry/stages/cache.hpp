@@ -105,10 +105,24 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
   // The next pass: replays a kept pass from its first element; otherwise drops what the
   // pass kept so far and rewinds the upstream. (Not the base's rewind: a replay leaves the
   // upstream where it is.)
+  // Also the way back from a failed restore, as the base's rewind() is.
   void rewind()
     requires rewindable_source<Up>
   {
-    this->check_live();
+    this->check_not_moved();
+    next_pass();
+    // A restore that failed in the upstream marked it; where the pass replays without it
+    // (a kept pass), it starts its epoch again all the same.
+    if (restore_failed_in(this->up())) this->up().rewind();
+    this->rewound();
+  }
+
+  // True once a whole pass is kept (later passes do not run the upstream).
+  bool cached() const noexcept { return phase_ == phase::replay && !broken_; }
+
+ private:
+  // rewind()'s work.
+  void next_pass() {
     // A restored position in a kept pass: that pass is this job's, so the next one replays
     // it, read from the file or rebuilt from the upstream's restored position (the fill's
     // start) when nothing holds it, from its first element.
@@ -134,10 +148,6 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     this->up().rewind();
   }
 
-  // True once a whole pass is kept (later passes do not run the upstream).
-  bool cached() const noexcept { return phase_ == phase::replay && !broken_; }
-
- private:
   std::optional<value_type> pull() { return next_impl(); }
 
   void save_upstream(state_writer& w) const {

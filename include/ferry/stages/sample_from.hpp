@@ -120,7 +120,7 @@ class sample_from_source : public source_base<sample_from_source<Ups>, typename 
   std::uint64_t epoch() const { return epoch_; }
 
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {
-    this->check_live();
+    this->check_not_moved();
     return ups_.set_buffer_resource(r);
   }
   // Every source's stages in order, then sample_from, whose own time excludes all of theirs.
