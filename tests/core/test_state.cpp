@@ -473,3 +473,96 @@ TEST_CASE("a refused restore marks threaded stages, joins and interleave(fn) too
   }
 }
 
+// interleave(fn)'s slot table was trusted: a restored count of upstream pulls to re-read
+// of 2^62 over repeat() never returned from the first next(), and a slot's distance of
+// 2^64 - 1 (its + 1 wrapped) was accepted and the slot never reopened, its elements lost
+// (found by a review helper). Every table a save cannot write is refused now, naming
+// interleave; a real save, however far back its anchor, restores exactly.
+TEST_CASE("interleave(fn): a crafted slot table is refused, not replayed for ever or half" * doctest::timeout(60)) {
+  watchdog w(60s);
+  auto fn = [](std::uint64_t x) { return ferry::from_generator(3, [x](std::uint64_t j) { return x * 10 + j; }); };
+  auto make = [&] {
+    return ferry::from_generator(100, [](std::uint64_t i) { return i; }) | ferry::repeat() |
+           ferry::interleave(fn, {.workers = 0, .block = 1, .cycle = 2});
+  };
+  auto a = make();
+  for (int i = 0; i < 5; ++i) REQUIRE(a.next());
+  const auto st = ferry::save_state(a);
+  // The table: turn, taken, then per slot open?, distance, n and n words; then the pulls
+  // since the anchor and the end flag.
+  const std::size_t table = after_tag(st, "interleave") + 2, slot0 = table + 2;
+  REQUIRE(st.words[slot0] == 1);
+  const std::size_t slot1 = slot0 + 3 + st.words[slot0 + 2];
+  REQUIRE(st.words[slot1] == 1);
+  const std::size_t since = st.words.size() - 2;
+  REQUIRE(slot1 + 3 + st.words[slot1 + 2] == since);
+  REQUIRE(st.words[slot0 + 1] + st.words[slot1 + 1] == 1);  // distances 0 and 1
+  REQUIRE(st.words[since] == 2);
+  const std::size_t at0 = st.words[slot0 + 1] == 0 ? slot0 + 1 : slot1 + 1, at1 = at0 == slot0 + 1 ? slot1 + 1 : slot0 + 1;
+  struct edit {
+    const char* what;
+    std::vector<std::pair<std::size_t, std::uint64_t>> words;
+  };
+  for (const edit& e : std::vector<edit>{
+           {"2^62 pulls to re-read", {{since, std::uint64_t(1) << 62}}},
+           {"one pull more than a save re-reads", {{since, (std::uint64_t(1) << 24) + 1}}},
+           {"a distance of 2^64 - 1", {{at1, ~std::uint64_t(0)}}},
+           {"two slots at one distance", {{at1, 0}}},
+           {"a slot at the pulls", {{at1, 2}}},
+           {"a slot past the pulls", {{at1, 5}}},
+           {"no slot at the anchor", {{at0, 2}, {since, 3}}},
+       }) {
+    INFO(std::string(e.what));
+    ferry::pipeline_state bad = st;
+    for (auto [word, value] : e.words) bad.words[word] = value;
+    auto b = make();
+    CHECK_THROWS_WITH_AS(ferry::restore_state(b, ferry::pipeline_state::from_bytes(bad.to_bytes())),
+                         doctest::Contains("interleave: a damaged state"), ferry::config_error);
+  }
+  {
+    INFO("pulls with no slot open");  // both slots closed, 2 pulls since the anchor
+    ferry::pipeline_state bad = st;
+    bad.words.resize(slot0);
+    for (std::uint64_t x : {0, 0, 2, 0}) bad.words.push_back(x);
+    auto b = make();
+    CHECK_THROWS_WITH_AS(ferry::restore_state(b, ferry::pipeline_state::from_bytes(bad.to_bytes())),
+                         doctest::Contains("interleave: a damaged state"), ferry::config_error);
+    bad.words[bad.words.size() - 2] = 0;  // none: a table a save writes
+    auto c = make();
+    CHECK_NOTHROW(ferry::restore_state(c, ferry::pipeline_state::from_bytes(bad.to_bytes())));
+  }
+  // The state as saved restores exactly.
+  auto b = make();
+  ferry::restore_state(b, st);
+  for (int i = 0; i < 50; ++i) CHECK(b.next() == a.next());
+}
+
+TEST_CASE("interleave(fn): an anchor far back (one long source among many short ones) restores exactly" *
+          doctest::timeout(60)) {
+  watchdog w(60s);
+  // Element 0's source is 400 long, every other one 1 long: with cycle 2, slot 0 stays open
+  // while slot 1 opens and ends hundreds of sources, so the anchor stays at element 0.
+  auto make = [] {
+    return ferry::from_generator(1000, [](std::uint64_t i) { return i; }) |
+           ferry::interleave(
+               [](std::uint64_t x) { return ferry::from_generator(x == 0 ? 400 : 1, [x](std::uint64_t j) { return x * 1000 + j; }); },
+               {.workers = 0, .block = 1, .cycle = 2});
+  };
+  std::vector<std::uint64_t> all;
+  {
+    auto p = make();
+    while (auto e = p.next()) all.push_back(*e);
+  }
+  REQUIRE(all.size() == 400 + 999);
+  for (std::size_t k : {std::size_t(1), std::size_t(100), std::size_t(500), std::size_t(790), std::size_t(1000)}) {
+    CAPTURE(k);
+    auto p = make();
+    for (std::size_t i = 0; i < k; ++i) REQUIRE(p.next());
+    const auto st = ferry::save_state(p);
+    auto q = make();
+    ferry::restore_state(q, st);
+    std::vector<std::uint64_t> rest;
+    while (auto e = q.next()) rest.push_back(*e);
+    CHECK(rest == std::vector<std::uint64_t>(all.begin() + static_cast<std::ptrdiff_t>(k), all.end()));
+  }
+}

@@ -85,6 +85,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   restore_and_pull(ferry::sample_from({.seed = 2}, gen(30), gen(40) | ferry::repeat(2)), st);
   restore_and_pull(gen(64) | ferry::batch(8) | ferry::distribute(ferry::host_replicas{2}), st);
   restore_and_pull(ferry::from_range(std::vector<int>(20, 1)) | ferry::cache(), st);
+  // interleave(fn)'s slot table: its re-read count and each slot's distance.
+  restore_and_pull(gen(100) | ferry::repeat() |
+                       ferry::interleave([](std::uint64_t x) { return ferry::from_generator(x % 4, [](std::uint64_t j) { return j; }); },
+                                         {.workers = 0, .cycle = 2}),
+                   st);
   if (!records_path().empty()) {
     restore_and_pull(ferry::from_files({records_path()}, ferry::tfrecord{}) | ferry::batch(2), st);
     restore_and_pull(ferry::from_files({records_path(), records_path()}, ferry::tfrecord{}) |

@@ -59,7 +59,11 @@
 // the oldest open slot was opened (cheap when they are paths). Restoring another cycle or
 // block is refused, as is a damaged state (config_error). An upstream that cannot be saved
 // when a slot opens (an unordered parallel map) does not stop the elements: save() throws
-// its refusal while that slot is the oldest open. File path: from_files' own state
+// its refusal while that slot is the oldest open. The re-read is bounded: save() throws
+// config_error while the oldest open slot's element is more than 2^24 upstream pulls back
+// (one slot's source outlasting millions of the others'), and a restore refuses a state
+// claiming more, or slots no save writes (two at one upstream element, one at or past
+// the pulls, none at the anchor). File path: from_files' own state
 // (its epoch and file list) first, then cycle and block (another cycle or block is a
 // config_error naming both), the turn and each slot's file, offset and record count; a
 // damaged state is a config_error. A pipe cannot be read again from a saved position.
@@ -245,6 +249,11 @@ class interleave_source
     if (replay_) return replay_table_.write(w, slots_.size());
     const slot* o = oldest();
     const std::uint64_t base_k = o ? o->distance : pulls_;
+    if (pulls_ - base_k > interleave_table::max_since)
+      throw config_error("interleave: cannot save now: the oldest open slot's element is " +
+                         std::to_string(pulls_ - base_k) + " upstream pulls back, and a restore re-reads "
+                         "at most " + std::to_string(interleave_table::max_since) +
+                         " (one slot's source outlasting very many of the others'); save when it has ended");
     interleave_table t{cur_, in_block_, {}, pulls_ - base_k, up_ended_};
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       const auto& s = slots_[i];
@@ -283,12 +292,21 @@ class interleave_source
     interleave_table& t = replay_table_;
     cur_ = static_cast<std::size_t>(t.cur);
     in_block_ = static_cast<std::size_t>(t.in_block);
+    // The open slots by distance (distinct, each below t.since: read() checked).
+    std::vector<interleave_table::open_slot*> by_distance;
+    by_distance.reserve(t.open.size());
+    for (interleave_table::open_slot& s : t.open) by_distance.push_back(&s);
+    std::sort(by_distance.begin(), by_distance.end(), [](const auto* a, const auto* b) { return a->distance < b->distance; });
+    auto next_open = by_distance.begin();
     for (std::uint64_t k = 0; k < t.since; ++k) {
-      pipeline_state before;
-      if constexpr (resumable) {
-        state_writer w(before);
-        this->up().save(w);
-      }
+      interleave_table::open_slot* opens = next_open != by_distance.end() && (*next_open)->distance == k ? *next_open : nullptr;
+      if (opens) ++next_open;
+      pipeline_state before;  // a slot's anchor: only for the pulls that open one
+      if constexpr (resumable)
+        if (opens) {
+          state_writer w(before);
+          this->up().save(w);
+        }
       std::optional<value_t<Up>> e;
       try {
         e = this->pull_up();
@@ -296,15 +314,13 @@ class interleave_source
         continue;  // handed out before the save
       }
       if (!e) throw config_error("restore_state: interleave: the upstream ended before the state's position");
-      for (interleave_table::open_slot& s : t.open)
-        if (s.distance == k) {
-          auto sl = std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
-          if constexpr (resumable) restore_state(sl->src, s.words);
-          sl->distance = k;
-          sl->anchor = std::move(before);
-          slots_[s.slot] = std::move(sl);
-          break;
-        }
+      if (opens) {
+        auto sl = std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
+        if constexpr (resumable) restore_state(sl->src, opens->words);
+        sl->distance = k;
+        sl->anchor = std::move(before);
+        slots_[opens->slot] = std::move(sl);
+      }
     }
     pulls_ = t.since;
     up_ended_ = t.ended;

@@ -28,8 +28,16 @@ struct interleave_table {
   std::uint64_t since = 0;              // upstream pulls from the anchor to the save
   bool ended = false;                   // the upstream had ended
 
-  // Reads a table of `slots` slots. Throws config_error for a damaged one (a turn or slot
-  // out of range, a slot's words over 2^20, pulls that do not reach every open slot).
+  // The most upstream pulls a checkpoint re-reads: from the anchor (the oldest open slot's
+  // element) to the save. Nothing else bounds them (a long source in one slot while the
+  // others open and end many short ones, or upstream errors, keep the anchor far back),
+  // so save() refuses past it and read() refuses a state claiming more (one claiming 2^62
+  // would re-read for ever over repeat()).
+  static constexpr std::uint64_t max_since = std::uint64_t(1) << 24;
+
+  // Reads a table of `slots` slots. Throws config_error for a damaged one, or one no save
+  // writes: a turn or slot out of range, a slot's words over 2^20, more than max_since
+  // pulls, an open slot at or past the pulls, two at one distance, or none at the anchor.
   static interleave_table read(state_reader& r, std::size_t slots, std::size_t block) {
     interleave_table t;
     t.cur = r.get();
@@ -37,7 +45,6 @@ struct interleave_table {
     if (t.cur >= slots || t.in_block >= block)
       throw config_error("restore_state: interleave: a damaged state (turn " + std::to_string(t.cur) + ", " +
                          std::to_string(t.in_block) + " taken)");
-    std::uint64_t last = 0;
     for (std::size_t i = 0; i < slots; ++i) {
       const std::uint64_t is_open = r.get();
       if (is_open > 1) throw config_error("restore_state: interleave: a damaged state (slot " + std::to_string(i) + ")");
@@ -48,14 +55,33 @@ struct interleave_table {
         throw config_error("restore_state: interleave: a damaged state (slot " + std::to_string(i) + ": " +
                            std::to_string(n) + " words)");
       for (std::uint64_t j = 0; j < n; ++j) s.words.words.push_back(r.get());
-      last = std::max(last, s.distance + 1);
       t.open.push_back(std::move(s));
     }
     t.since = r.get();
     const std::uint64_t ended = r.get();
-    if (t.since < last || ended > 1)
+    if (ended > 1) throw config_error("restore_state: interleave: a damaged state (an end flag of " + std::to_string(ended) + ")");
+    if (t.since > max_since)
       throw config_error("restore_state: interleave: a damaged state (" + std::to_string(t.since) +
-                         " upstream pulls since the anchor)");
+                         " upstream pulls to re-read since the anchor; a save writes at most " +
+                         std::to_string(max_since) + ")");
+    // Each open slot's element was pulled before the save (its distance is below the
+    // pulls), one element per slot, and the anchor is the oldest one's (distance 0); with
+    // no slot open the anchor is the save itself (no pulls).
+    std::vector<std::uint64_t> d;
+    d.reserve(t.open.size());
+    for (const open_slot& s : t.open) {
+      if (s.distance >= t.since)
+        throw config_error("restore_state: interleave: a damaged state (slot " + std::to_string(s.slot) +
+                           " opened " + std::to_string(s.distance) + " pulls after the anchor, of " +
+                           std::to_string(t.since) + " pulls since it)");
+      d.push_back(s.distance);
+    }
+    std::sort(d.begin(), d.end());
+    if (std::adjacent_find(d.begin(), d.end()) != d.end())
+      throw config_error("restore_state: interleave: a damaged state (two open slots of one upstream element)");
+    if (d.empty() ? t.since != 0 : d.front() != 0)
+      throw config_error("restore_state: interleave: a damaged state (" + std::to_string(t.since) +
+                         " upstream pulls since an anchor that is no open slot's)");
     t.ended = ended != 0;
     return t;
   }
