@@ -83,26 +83,31 @@ class any_source : public source_interface<any_source<T>> {
     [[no_unique_address]] observe::upstream_probe<S> probe;
     explicit holder(S&& x) : s(detail::live_or_throw(std::move(x))) {}
 
-    // s.next(), not the probe's pull, for a ferry stage: its check of a failed restore
-    // (the probe skips it, as a stage's own check covers its upstream; nothing covers the
-    // held pipeline but its own).
-    std::optional<T> pull_one() {
+    // A ferry stage's check of a failed restore, once a call: the probe's pull skips it (a
+    // stage's own check covers its upstream; nothing covers the held pipeline but this),
+    // and once per element cost the erased batch path 40% (bench_overhead).
+    void check_usable() const {
       if constexpr (observe::observable<S>)
-        return s.next();
-      else
-        return probe.pull(s);
+        if (detail::restore_failed_in(s)) [[unlikely]] {
+          if constexpr (requires { S::name; })
+            detail::throw_unusable(S::name, detail::stage_state::restore_failed);
+          else
+            detail::throw_unusable("any_source", detail::stage_state::restore_failed);
+        }
     }
     void next(std::optional<T>& out) override {
-      std::optional<T> e = pull_one();
+      check_usable();
+      std::optional<T> e = probe.pull(s);
       if (e) out.emplace(std::move(*e));  // field by field (see iface::next)
     }
     std::size_t next_bulk(std::span<T> out) override {
       if constexpr (bulk_source<S>) {
-        return probe.pull_bulk(s, out);
+        return probe.pull_bulk(s, out);  // s.next_bulk() checks
       } else if constexpr (std::is_move_assignable_v<T>) {
+        check_usable();
         std::size_t k = 0;
         for (; k < out.size(); ++k) {
-          std::optional<T> e = pull_one();
+          std::optional<T> e = probe.pull(s);
           if (!e) break;
           out[k] = std::move(*e);
         }
@@ -113,14 +118,15 @@ class any_source : public source_interface<any_source<T>> {
     }
     std::size_t next_borrowed(borrowed_records& out, std::size_t max) override {
       if constexpr (borrowing_source<S>) {
-        return probe.pull_borrowed(s, out, max);
+        return probe.pull_borrowed(s, out, max);  // s.next_borrowed() checks
       } else if constexpr (std::same_as<T, record>) {
         // The records themselves keep their bytes alive: one block holds them for the
         // views, instead of a reference per record.
+        check_usable();
         auto block = std::make_shared<std::vector<record>>();
         block->reserve(max);
         while (block->size() < max) {
-          std::optional<record> e = pull_one();
+          std::optional<record> e = probe.pull(s);
           if (!e) break;
           block->push_back(std::move(*e));
         }
