@@ -372,32 +372,31 @@ void note_bulk(stage_counters& c, const char* kind, ticks t0, std::span<const T>
 #define FERRY_OBSERVE_COLD
 #endif
 
-// The measured paths live out of line, so a stage's next() stays as small (and as
-// inlinable into its downstream) as it was without hooks.
+// f() begun at t0, with note_throw when it throws (then rethrown): the measured paths' call.
 template <class F>
-FERRY_OBSERVE_COLD auto observed_next_slow(stage_counters& c, const char* kind, F& f) {
-  const ticks t0 = now();
+decltype(auto) call_noting_throw(stage_counters& c, const char* kind, ticks t0, F& f) {
   try {
-    auto e = f();
-    note_next(c, kind, t0, e);
-    return e;
+    return f();
   } catch (...) {
     note_throw(c, kind, t0);
     throw;
   }
 }
+
+// The measured paths live out of line, so a stage's next() stays as small (and as
+// inlinable into its downstream) as it was without hooks.
+template <class F>
+FERRY_OBSERVE_COLD auto observed_next_slow(stage_counters& c, const char* kind, F& f) {
+  const ticks t0 = now();
+  auto e = call_noting_throw(c, kind, t0, f);
+  note_next(c, kind, t0, e);
+  return e;
+}
 // observed_borrow's measured path: counts the views f() appended and their bytes.
 template <class Out, class F>
 FERRY_OBSERVE_COLD std::size_t observed_borrow_slow(stage_counters& c, const char* kind, Out& out, F& f) {
   const ticks t0 = now();
-  const std::size_t first = out.views.size();
-  std::size_t n = 0;
-  try {
-    n = f();
-  } catch (...) {
-    note_throw(c, kind, t0);
-    throw;
-  }
+  const std::size_t first = out.views.size(), n = call_noting_throw(c, kind, t0, f);
   std::uint64_t bytes = 0;
   for (std::size_t i = first; i < first + n; ++i) bytes += out.views[i].size();
   note_count(c, kind, t0, n, bytes);
@@ -407,13 +406,7 @@ FERRY_OBSERVE_COLD std::size_t observed_borrow_slow(stage_counters& c, const cha
 template <class T, class F>
 FERRY_OBSERVE_COLD std::size_t observed_bulk_slow(stage_counters& c, const char* kind, std::span<T> out, F& f) {
   const ticks t0 = now();
-  std::size_t n = 0;
-  try {
-    n = f();
-  } catch (...) {
-    note_throw(c, kind, t0);
-    throw;
-  }
+  const std::size_t n = call_noting_throw(c, kind, t0, f);
   note_bulk(c, kind, t0, std::span<const T>(out.data(), n));
   return n;
 }
@@ -422,14 +415,9 @@ FERRY_OBSERVE_COLD std::size_t observed_bulk_slow(stage_counters& c, const char*
 template <class F>
 FERRY_OBSERVE_COLD auto observed_view_slow(stage_counters& c, const char* kind, F& f) {
   const ticks t0 = now();
-  try {
-    auto v = f();
-    note_bulk(c, kind, t0, std::span<const typename decltype(v)::element_type>(v));
-    return v;
-  } catch (...) {
-    note_throw(c, kind, t0);
-    throw;
-  }
+  auto v = call_noting_throw(c, kind, t0, f);
+  note_bulk(c, kind, t0, std::span<const typename decltype(v)::element_type>(v));
+  return v;
 }
 
 // Runs f() (a next() body) and, when stats are on, counts and times it for stage `kind`.
