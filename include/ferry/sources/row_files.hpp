@@ -195,6 +195,7 @@ class row_files {
  private:
   struct descriptor {
     int fd = -1;
+    std::uint64_t size = 0;  // at open (open_fd's fstat)
     ~descriptor() {
       if (fd >= 0) ::close(fd);
     }
@@ -221,11 +222,7 @@ class row_files {
     std::shared_ptr<const std::string> file;  // the record's origin points at it
     std::unique_ptr<std::byte[]> bytes;
   };
-  static std::uint64_t file_size(const file& f) {
-    struct stat st {};
-    if (::fstat(f.fd->fd, &st) != 0) throw io_error(*f.name, 0, std::error_code(errno, std::generic_category()), "cannot stat");
-    return std::uint64_t(st.st_size);
-  }
+  static std::uint64_t file_size(const file& f) { return f.fd->size; }
   // n bytes at `at` (row `row`'s, or an index window), or io_error.
   static void read_at(const file& f, std::uint64_t at, std::byte* dst, std::size_t n, std::uint64_t row) {
     std::size_t got = 0;
@@ -281,6 +278,7 @@ class row_files {
     if (!S_ISREG(st.st_mode))
       throw io_error(p, 0, std::error_code(S_ISDIR(st.st_mode) ? EISDIR : ESPIPE, std::generic_category()),
                      "row_files reads rows at offsets: not a regular file");
+    d->size = std::uint64_t(st.st_size);
     return d;
   }
 

@@ -355,6 +355,14 @@ struct wds_framer {
   void seek_rows(std::uint64_t) {}
   void open(byte_stream&) { cut_key.clear(); }
 
+  // tar_reader's view(n) of the stream: ensure(n), then its bytes from the current offset.
+  static auto view_of(byte_stream& s) {
+    return [&s](std::size_t n) {
+      const std::size_t a = s.ensure(n);
+      return std::pair<const std::byte*, std::size_t>(s.data(), a);
+    };
+  }
+
   // A sample larger than max_record (its member `e`, whose header starts at e.start, ends
   // past it): passed over a chunk at a time, with its members after `e` and the entries of
   // no sample data between them (as a buffered sample's span has them), and framed as a bad
@@ -369,10 +377,7 @@ struct wds_framer {
     s.consume(e.start);  // the members before it
     e.data -= e.start, e.end -= e.start, e.start = 0;
     pass_over(s, e);
-    const auto view = [&s](std::size_t n) {
-      const std::size_t a = s.ensure(n);
-      return std::pair<const std::byte*, std::size_t>(s.data(), a);
-    };
+    const auto view = view_of(s);
     for (;;) {
       const tar_reader rd{s.path(), s.offset(), max_record};
       tar_entry n;
@@ -418,10 +423,7 @@ struct wds_framer {
   }
 
   frame_status next(byte_stream& s, frame& f) {
-    const auto view = [&s](std::size_t n) {
-      const std::size_t a = s.ensure(n);
-      return std::pair<const std::byte*, std::size_t>(s.data(), a);
-    };
+    const auto view = view_of(s);
     std::size_t pos = 0, end = 0;
     std::string key;
     std::vector<std::string> exts;
