@@ -56,6 +56,34 @@ bytes_t encode(const std::vector<std::uint8_t>& px, std::uint32_t w, std::uint32
                          {.quality = o.quality, .progressive = o.progressive, .subsample = o.subsample});
 }
 
+// px (w x h, `comps` components of colour space `cs`) through libjpeg's encoder, with
+// setup(c) after jpeg_set_defaults: what encode_jpeg does not offer (sampling factors, a
+// scan script; whatever setup points at must outlive the call).
+template <class Setup>
+bytes_t encode_with(const std::vector<std::uint8_t>& px, std::uint32_t w, std::uint32_t h, int comps, J_COLOR_SPACE cs,
+                    Setup&& setup) {
+  jpeg_compress_struct c;
+  jpeg_error_mgr jerr;
+  c.err = jpeg_std_error(&jerr);
+  jpeg_create_compress(&c);
+  unsigned char* mem = nullptr;
+  unsigned long mem_size = 0;
+  jpeg_mem_dest(&c, &mem, &mem_size);
+  c.image_width = w, c.image_height = h, c.input_components = comps, c.in_color_space = cs;
+  jpeg_set_defaults(&c);
+  setup(c);
+  jpeg_start_compress(&c, TRUE);
+  while (c.next_scanline < c.image_height) {
+    JSAMPROW r = const_cast<std::uint8_t*>(px.data() + std::size_t(c.next_scanline) * w * std::size_t(comps));
+    jpeg_write_scanlines(&c, &r, 1);
+  }
+  jpeg_finish_compress(&c);
+  const bytes_t out(reinterpret_cast<const std::byte*>(mem), reinterpret_cast<const std::byte*>(mem) + mem_size);
+  std::free(mem);
+  jpeg_destroy_compress(&c);
+  return out;
+}
+
 
 // The reference for reductions: each output pixel the mean of the source area it covers
 // (area resampling, what an antialiasing resize approximates).
@@ -524,29 +552,12 @@ TEST_CASE("JPEG bad input: not a JPEG, truncated, too many or no pixels, bad win
   // bytes after the first scan's header passed a check of the first scan (31250 bytes) and
   // made libjpeg reserve 1 GB before it failed as truncated.
   {
-    jpeg_compress_struct c;
-    jpeg_error_mgr jerr;
-    c.err = jpeg_std_error(&jerr);
-    jpeg_create_compress(&c);
-    unsigned char* mem = nullptr;
-    unsigned long mem_size = 0;
-    jpeg_mem_dest(&c, &mem, &mem_size);
-    c.image_width = 64, c.image_height = 64, c.input_components = 3, c.in_color_space = JCS_RGB;
-    jpeg_set_defaults(&c);
-    c.comp_info[0].h_samp_factor = c.comp_info[0].v_samp_factor = 1;
-    for (int i : {1, 2}) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 4;
     jpeg_scan_info scans[3] = {{1, {0}, 0, 63, 0, 0}, {1, {1}, 0, 63, 0, 0}, {1, {2}, 0, 63, 0, 0}};
-    c.scan_info = scans, c.num_scans = 3;
-    jpeg_start_compress(&c, TRUE);
-    const auto rgb = picture(64, 64, 3, 11);
-    for (std::uint32_t y = 0; y < 64; ++y) {
-      JSAMPROW r = const_cast<std::uint8_t*>(rgb.data() + std::size_t(y) * 64 * 3);
-      jpeg_write_scanlines(&c, &r, 1);
-    }
-    jpeg_finish_compress(&c);
-    const bytes_t multi(reinterpret_cast<const std::byte*>(mem), reinterpret_cast<const std::byte*>(mem) + mem_size);
-    std::free(mem);
-    jpeg_destroy_compress(&c);
+    const bytes_t multi = encode_with(picture(64, 64, 3, 11), 64, 64, 3, JCS_RGB, [&](jpeg_compress_struct& c) {
+      c.comp_info[0].h_samp_factor = c.comp_info[0].v_samp_factor = 1;
+      for (int i : {1, 2}) c.comp_info[i].h_samp_factor = c.comp_info[i].v_samp_factor = 4;
+      c.scan_info = scans, c.num_scans = 3;
+    });
     CHECK(fi::decode_jpeg(multi).width == 64);  // a valid file as written
     bytes_t claim = multi;
     std::size_t sos = 0;
@@ -606,35 +617,18 @@ namespace {
 // bytes), and libjpeg runs each over every block. Spliced by hand: libjpeg's encoder
 // refuses a script that codes a coefficient twice.
 bytes_t repeated_scans(std::uint32_t side, int copies) {
-  std::vector<std::uint8_t> px(std::size_t(side) * side, 128);
-  jpeg_compress_struct c;
-  jpeg_error_mgr jerr;
-  c.err = jpeg_std_error(&jerr);
-  jpeg_create_compress(&c);
-  unsigned char* mem = nullptr;
-  unsigned long mem_size = 0;
-  jpeg_mem_dest(&c, &mem, &mem_size);
-  c.image_width = c.image_height = side, c.input_components = 1, c.in_color_space = JCS_GRAYSCALE;
-  jpeg_set_defaults(&c);
   jpeg_scan_info script[2] = {{1, {0}, 0, 0, 0, 0}, {1, {0}, 1, 63, 0, 0}};  // DC, then AC
-  c.scan_info = script, c.num_scans = 2;
-  jpeg_start_compress(&c, TRUE);
-  while (c.next_scanline < c.image_height) {
-    JSAMPROW r = px.data() + std::size_t(c.next_scanline) * side;
-    jpeg_write_scanlines(&c, &r, 1);
-  }
-  jpeg_finish_compress(&c);
-  const std::vector<unsigned char> f(mem, mem + mem_size);
-  std::free(mem);
-  jpeg_destroy_compress(&c);
+  const bytes_t f = encode_with(std::vector<std::uint8_t>(std::size_t(side) * side, 128), side, side, 1, JCS_GRAYSCALE,
+                                [&](jpeg_compress_struct& c) { c.scan_info = script, c.num_scans = 2; });
+  const auto at = [&](std::size_t i, unsigned char m) { return f[i] == std::byte{0xFF} && f[i + 1] == std::byte{m}; };
   std::size_t sos = 0, dht = 0;  // the last scan's SOS, and the DHT before it
   for (std::size_t i = 0; i + 1 < f.size(); ++i)
-    if (f[i] == 0xFF && f[i + 1] == 0xDA) sos = i;
+    if (at(i, 0xDA)) sos = i;
   for (std::size_t i = 0; i + 1 < sos; ++i)
-    if (f[i] == 0xFF && f[i + 1] == 0xC4) dht = i;
+    if (at(i, 0xC4)) dht = i;
   REQUIRE(dht > 0);
-  bytes_t out(reinterpret_cast<const std::byte*>(f.data()), reinterpret_cast<const std::byte*>(f.data()) + f.size() - 2);
-  const bytes_t seg(reinterpret_cast<const std::byte*>(f.data()) + dht, reinterpret_cast<const std::byte*>(f.data()) + f.size() - 2);
+  bytes_t out(f.begin(), f.end() - 2);
+  const bytes_t seg(f.begin() + std::ptrdiff_t(dht), f.end() - 2);
   for (int k = 0; k < copies; ++k) out.insert(out.end(), seg.begin(), seg.end());
   out.push_back(std::byte{0xFF}), out.push_back(std::byte{0xD9});
   return out;
