@@ -566,3 +566,57 @@ TEST_CASE("interleave(fn): an anchor far back (one long source among many short 
     CHECK(rest == std::vector<std::uint64_t>(all.begin() + static_cast<std::ptrdiff_t>(k), all.end()));
   }
 }
+
+// interleave(fn)'s replay swallowed every upstream error among the pulls it re-reads (the
+// consumer had them before the save), also at a pull that opened a slot when the state was
+// saved: a source that fails there now (a file changed or unreadable since) lost that slot's
+// elements with no error at all. Such an error, or fn's, now reaches next() and marks the
+// stage as a failed restore, as a refused state does; a good restore or rewind() clears it.
+TEST_CASE("interleave(fn): a replayed pull that opened a slot and now throws is an error, not a lost slot" *
+          doctest::timeout(60)) {
+  watchdog w(60s);
+  const auto part_way = doctest::Contains("a restore into this pipeline failed part way");
+  bool up_fails = false, fn_fails = false;
+  auto make = [&] {
+    return ferry::from_generator(20,
+                                 [&](std::uint64_t i) {
+                                   if (up_fails && i == 1) throw std::runtime_error("element 1 unreadable now");
+                                   return i;
+                                 }) |
+           ferry::interleave(
+               [&](std::uint64_t x) {
+                 if (fn_fails && x == 1) throw std::runtime_error("fn fails on 1 now");
+                 return ferry::from_generator(3, [x](std::uint64_t j) { return x * 10 + j; });
+               },
+               {.workers = 0, .block = 1, .cycle = 2});
+  };
+  std::vector<std::uint64_t> all;
+  {
+    auto p = make();
+    while (auto e = p.next()) all.push_back(*e);
+  }
+  REQUIRE(all.size() == 60);
+  auto a = make();
+  for (int i = 0; i < 3; ++i) REQUIRE(a.next());  // 0, 10, 1: slots open at pulls 0 and 1
+  const auto st = ferry::save_state(a);
+  const std::vector<std::uint64_t> rest(all.begin() + 3, all.end());
+  for (bool* fails : {&up_fails, &fn_fails}) {
+    CAPTURE(fails == &up_fails ? "the upstream's pull" : "fn");
+    *fails = true;
+    auto b = make();
+    ferry::restore_state(b, st);
+    CHECK_THROWS_WITH(b.next(), doctest::Contains("now"));
+    CHECK_THROWS_WITH_AS(b.next(), part_way, ferry::config_error);
+    CHECK_THROWS_WITH_AS(ferry::save_state(b), part_way, ferry::config_error);
+    *fails = false;
+    ferry::restore_state(b, st);  // a good restore clears the mark
+    CHECK(drain(b) == rest);
+    *fails = true;
+    auto c = make();
+    ferry::restore_state(c, st);
+    CHECK_THROWS(c.next());
+    *fails = false;
+    c.rewind();
+    CHECK(drain(c) == all);
+  }
+}

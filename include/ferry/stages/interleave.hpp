@@ -63,7 +63,11 @@
 // config_error while the oldest open slot's element is more than 2^24 upstream pulls back
 // (one slot's source outlasting millions of the others'), and a restore refuses a state
 // claiming more, or slots no save writes (two at one upstream element, one at or past
-// the pulls, none at the anchor). File path: from_files' own state
+// the pulls, none at the anchor). The re-read happens at the first next(): there, an
+// upstream pull that opened a slot when the state was saved and throws now, or fn or a
+// slot's restore throwing, reaches the caller and marks the stage as a failed restore
+// (next() and save() throw config_error until rewind() or a restore that succeeds)
+// rather than going on without that slot. File path: from_files' own state
 // (its epoch and file list) first, then cycle and block (another cycle or block is a
 // config_error naming both), the turn and each slot's file, offset and record count; a
 // damaged state is a config_error. A pipe cannot be read again from a saved position.
@@ -286,9 +290,20 @@ class interleave_source
 
   // After restore: the upstream sits at the anchor. Pull to where it was (swallowing the
   // errors among those pulls: the consumer had them), opening each saved slot's source
-  // from its element again and restoring its position.
+  // from its element again and restoring its position. A pull that opened a slot when the
+  // state was saved and throws now (a file that changed, a read that failed), or fn or the
+  // slot's restore throwing, leaves that slot's elements nowhere: the error goes out and
+  // the stage is marked as a failed restore (stage.hpp), not read on without them.
   void replay() {
     replay_ = false;
+    try {
+      replay_table();
+    } catch (...) {
+      ferry_mark_restore_failed(*this);
+      throw;
+    }
+  }
+  void replay_table() {
     interleave_table& t = replay_table_;
     cur_ = static_cast<std::size_t>(t.cur);
     in_block_ = static_cast<std::size_t>(t.in_block);
@@ -308,11 +323,14 @@ class interleave_source
           this->up().save(w);
         }
       std::optional<value_t<Up>> e;
-      try {
+      if (opens)
         e = this->pull_up();
-      } catch (...) {
-        continue;  // handed out before the save
-      }
+      else
+        try {
+          e = this->pull_up();
+        } catch (...) {
+          continue;  // handed out before the save
+        }
       if (!e) throw config_error("restore_state: interleave: the upstream ended before the state's position");
       if (opens) {
         auto sl = std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
