@@ -753,6 +753,9 @@ TEST_CASE("sim: ragged fields reach every replica with rebased offsets; no alloc
 // block, and the smaller ones, once their last kernel is done, are freed rather than kept
 // (a pool that kept one block of every size it passed held 120 for 2 in flight). Blocks
 // are sized by classes, so a rising size allocates a few times per doubling, not each step.
+// They are freed on the consumer's thread, between steps: the staging thread used to free
+// them (a cudaFree, which waits for the device) while a trainer's replica threads may be
+// half way through launching an NCCL all-reduce, NCCL's known deadlock.
 TEST_CASE("sim: steps that keep growing keep a few blocks per replica, not one of every size" *
           doctest::timeout(60)) {
   ferry_test::watchdog wd(std::chrono::seconds(60));
@@ -766,6 +769,7 @@ TEST_CASE("sim: steps that keep growing keep a few blocks per replica, not one o
   for (const making mk : makings) {
     INFO("ahead " << mk.ahead << ", staging " << mk.staging);
     sim::reset(17, 1);
+    sim::frees_only_on_this_thread(true);
     std::uint64_t most_blocks = 0;
     std::size_t k = 0;
     {
@@ -788,8 +792,10 @@ TEST_CASE("sim: steps that keep growing keep a few blocks per replica, not one o
     }
     CHECK(k == steps);
     // Blocks in flight: the step handed out, the steps made ahead, those released whose
-    // kernels have not run (grow_below with the staging thread), per replica.
-    CHECK(most_blocks <= R * (mk.ahead + (mk.staging ? 6 : 3)));
+    // kernels have not run (grow_below with the staging thread), per replica; and smaller
+    // blocks retired while their last kernels have not run (at most the max_pending = 4
+    // released steps the GPU may lag behind), freed by a later step without a host wait.
+    CHECK(most_blocks <= R * (mk.ahead + (mk.staging ? 6 : 3) + 4));
     // Old: one allocation per step and replica (240). A block grows by half at least:
     // from ~0.3 to ~31 KiB, a dozen sizes, each a block or a few in flight: 36 on the
     // consumer's thread; with the staging thread, how many of each size depends on which

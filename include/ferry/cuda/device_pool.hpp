@@ -20,6 +20,16 @@
 // than a request is never used again: acquire frees it (after its last user), or a step
 // size that keeps rising (length-sorted data) would keep a block of every size it passed.
 //
+// Where blocks are freed: cudaFree waits for the device, and a thread waiting there while
+// another thread of the process has NCCL kernels half launched (the all-reduce running on
+// GPU 0, GPU 1's not yet launched, its thread blocked behind the free) deadlocks: NCCL's
+// known hazard. A pool built with frees_on_reclaim = true (distribute's, whose acquire runs
+// on the staging thread beside the trainer's replica threads) frees nothing in acquire: it
+// retires the smaller blocks, and reclaim() frees those whose last users are done, without
+// waiting, on the thread that calls it (distribute's consumer, between steps, where no
+// collective launch is half done). Otherwise acquire frees them itself, waiting for their
+// last users.
+//
 // Thread-safe. acquire/take_event throw ferry::cuda_error (a failed cudaMalloc names the
 // bytes asked for); release/give_event and the destructor never throw (the destructor
 // waits for pending release events, then frees).
@@ -30,6 +40,7 @@
 #if defined(FERRY_WITH_CUDART)
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -53,7 +64,9 @@ class device_buffer_pool {
     std::uint64_t events_created = 0;
   };
 
-  explicit device_buffer_pool(int device) : device_(device) {}
+  // frees_on_reclaim: see the file's top.
+  explicit device_buffer_pool(int device, bool frees_on_reclaim = false)
+      : device_(device), frees_on_reclaim_(frees_on_reclaim) {}
   device_buffer_pool(const device_buffer_pool&) = delete;
   device_buffer_pool& operator=(const device_buffer_pool&) = delete;
   ~device_buffer_pool() {
@@ -66,6 +79,13 @@ class device_buffer_pool {
         }
         FERRY_CUDA_LOG(cudaFree(b.p));
       }
+    for (const block& b : retired_) {
+      if (b.after) {
+        FERRY_CUDA_LOG(cudaEventSynchronize(b.after));
+        FERRY_CUDA_LOG(cudaEventDestroy(b.after));
+      }
+      FERRY_CUDA_LOG(cudaFree(b.p));
+    }
     for (cudaEvent_t e : events_) FERRY_CUDA_LOG(cudaEventDestroy(e));
   }
 
@@ -81,7 +101,8 @@ class device_buffer_pool {
     std::vector<block> smaller;  // free blocks no request will fit again
     {
       std::lock_guard lk(m_);
-      if (!free_.empty() && free_.begin()->first < bytes) take_smaller(bytes, smaller);
+      largest_ = std::max(largest_, bytes);
+      if (!free_.empty() && free_.begin()->first < bytes) take_smaller(bytes, frees_on_reclaim_ ? retired_ : smaller);
       auto it = free_.find(bytes);
       const bool busy = it != free_.end() && !it->second.empty() && grow_below > 0 && it->second.front().after &&
                         count_[bytes] < grow_below && cudaEventQuery(it->second.front().after) == cudaErrorNotReady;
@@ -124,6 +145,31 @@ class device_buffer_pool {
     return p;
   }
 
+  // Frees the retired blocks (frees_on_reclaim) whose last users are done; the others stay
+  // for a later call. Never waits for the device; never throws.
+  void reclaim() noexcept {
+    std::vector<block> done;
+    {
+      std::lock_guard lk(m_);
+      if (retired_.empty()) return;
+      const auto busy_end = std::partition(retired_.begin(), retired_.end(), [](const block& b) {
+        return b.after && cudaEventQuery(b.after) == cudaErrorNotReady;
+      });
+      try {
+        done.assign(busy_end, retired_.end());
+      } catch (...) {
+        return;  // no memory for the list: the next call frees them
+      }
+      retired_.erase(busy_end, retired_.end());
+    }
+    free_blocks(done);  // their events are done: no wait
+  }
+  // Blocks retired and not yet freed (for tests).
+  std::size_t retired() const {
+    std::lock_guard lk(m_);
+    return retired_.size();
+  }
+
   // Takes `p` back; `after` (an event from take_event, recorded on the last user's
   // stream, or null when no work is pending) now belongs to the pool.
   void release(void* p, std::size_t bytes, cudaEvent_t after) noexcept {
@@ -131,7 +177,11 @@ class device_buffer_pool {
       std::lock_guard lk(m_);
       --st_.outstanding;
       try {
-        free_[bytes].push_back({p, after});
+        if (frees_on_reclaim_ && bytes < largest_) {  // no request will fit it again
+          retired_.push_back({p, after});
+          --count_[bytes];
+        } else
+          free_[bytes].push_back({p, after});
         return;
       } catch (...) {  // no memory for the bookkeeping: free the block instead
         --count_[bytes];
@@ -204,7 +254,10 @@ class device_buffer_pool {
   }
 
   int device_;
+  bool frees_on_reclaim_;
   mutable std::mutex m_;
+  std::vector<block> retired_;  // smaller than a request since, waiting for reclaim()
+  std::size_t largest_ = 0;     // the largest request so far
   std::map<std::size_t, std::deque<block>> free_;
   std::map<std::size_t, std::size_t> count_;  // blocks of each size, free or handed out
   std::vector<cudaEvent_t> events_;

@@ -132,7 +132,7 @@ class devices_state {
       rep.copy = stream::create(ordinals[i]);
       rep.compute = streams.empty() ? stream::create(ordinals[i])
                                     : stream::borrow(static_cast<cudaStream_t>(streams[i]), ordinals[i]);
-      rep.pool = std::make_unique<device_buffer_pool>(ordinals[i]);
+      rep.pool = std::make_unique<device_buffer_pool>(ordinals[i], /*frees_on_reclaim=*/true);  // hand_out frees
       r_.push_back(std::move(rep));
     }
   }
@@ -353,8 +353,8 @@ class devices_backend {
       total += aligned(per * host->element_bytes(f));
     }
     // A larger step grows the block by half at least: data whose steps keep growing
-    // (length-sorted sequences) then allocates (and frees the smaller blocks, a cudaFree
-    // that waits for the device) about twice per doubling, not every step. The price: a
+    // (length-sorted sequences) then allocates (and retires the smaller blocks, freed by
+    // hand_out once their last users are done) about twice per doubling, not every step. The price: a
     // block up to half larger than the largest step.
     if (total > block_bytes_)
       block_bytes_ = buffer_pool::size_class(block_bytes_ == 0 ? total : std::max(total, block_bytes_ + block_bytes_ / 2));
@@ -431,6 +431,10 @@ class devices_backend {
       auto& rep = st_->at(r);
       device_guard g(rep.device);
       FERRY_CUDA_TRY(cudaStreamWaitEvent(rep.compute.get(), lease->at(r).copied, 0));
+      // Blocks a larger step replaced, freed here on the consumer's thread between steps,
+      // not by the staging thread while a trainer's replicas launch collectives
+      // (device_pool.hpp's top).
+      rep.pool->reclaim();
     }
   }
 

@@ -230,6 +230,10 @@ void fail_copy(int n, cudaError_t status);
 void fail_wait(int n, cudaError_t status);
 // A machine whose GPUs cannot read each other's memory (until the next reset).
 void deny_peer_access();
+// With on = true, a cudaFree or cudaFreeHost on any other thread is a violation (until
+// called with false, or the next reset): they wait for the device, which beside another
+// thread's half-launched NCCL collective can deadlock.
+void frees_only_on_this_thread(bool on);
 // Whether `device` has enabled access to `peer`'s memory.
 bool peer_enabled(int device, int peer);
 // Makes the n-th cudaMalloc on `device` from now fail with cudaErrorMemoryAllocation.

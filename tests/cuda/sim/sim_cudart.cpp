@@ -126,7 +126,16 @@ struct state {
   std::map<int, std::pair<int, cudaError_t>> set_device_fail_in;  // device -> (n-th cudaSetDevice, status)
   bool peer_denied = false;
   std::set<std::pair<int, int>> peers;  // (device, peer) with access enabled
+  std::thread::id frees_only_on{};  // sim::frees_only_on_this_thread: none when default
 };
+
+// cudaFree and cudaFreeHost wait for the device: on a thread other than the one the test
+// named, beside another thread's NCCL launches, they can deadlock (sim::frees_only_on_this_thread).
+void check_free_thread(state& s, const char* call) {
+  if (s.frees_only_on != std::thread::id{} && std::this_thread::get_id() != s.frees_only_on)
+    s.violations.push_back(std::string(call) + " on a thread other than the consumer's (it waits for the device: "
+                           "beside another thread's half-launched NCCL collective it can deadlock)");
+}
 
 
 state& S() {
@@ -756,6 +765,7 @@ cudaError_t cudaFree(void* p) {
   std::lock_guard lk(s.m);
   if (!p) return cudaSuccess;
   if (unsafe_in_capture("cudaFree")) return cudaErrorStreamCaptureUnsupported;
+  check_free_thread(s, "cudaFree");
   auto it = s.blocks.find(reinterpret_cast<std::uintptr_t>(p));
   if (it == s.blocks.end()) return fail(cudaErrorInvalidValue);
   // A real cudaFree waits for the device when work may still use the block.
@@ -786,6 +796,7 @@ cudaError_t cudaFreeHost(void* p) {
   auto& s = S();
   std::lock_guard lk(s.m);
   if (unsafe_in_capture("cudaFreeHost")) return cudaErrorStreamCaptureUnsupported;
+  check_free_thread(s, "cudaFreeHost");
   auto it = s.host_blocks.find(p);
   if (it == s.host_blocks.end()) return fail(cudaErrorInvalidValue);
   const std::size_t bytes = it->second;
@@ -933,6 +944,12 @@ void reset(std::uint64_t seed, int progress) {
   s.set_device_fail_in.clear();
   s.peer_denied = false;
   s.peers.clear();
+  s.frees_only_on = {};
+}
+
+void frees_only_on_this_thread(bool on) {
+  std::lock_guard lk(S().m);
+  S().frees_only_on = on ? std::this_thread::get_id() : std::thread::id{};
 }
 
 counters stats() {
