@@ -61,6 +61,49 @@ TEST_CASE("repeat over shuffle gives a new order each epoch") {
   CHECK(a == b);
 }
 
+// Each epoch of repeat(n) is n epochs of its upstream, also after a rewind() part way:
+// repeat used to rewind its upstream only for the passes it reached, so a shuffle below
+// started the next epoch at another order after a rewind() part way than after a whole
+// epoch (found by a random-composition test), and, under a stage that reads ahead, at an
+// order that depended on how far its threads had read.
+TEST_CASE("repeat(n): after rewind() part way, the next epoch is the one a whole epoch leads to, "
+          "whatever read ahead" * doctest::timeout(60)) {
+  ferry_test::watchdog w(std::chrono::seconds(60));
+  auto make = [] { return ferry::from_generator(6, [](std::uint64_t i) { return i; }) | ferry::shuffle(6, 7) | ferry::repeat(3); };
+  std::vector<std::uint64_t> second;  // epoch 1 after a whole epoch 0
+  {
+    auto p = make();
+    REQUIRE(drain(p).size() == 18);
+    p.rewind();
+    second = drain(p);
+    REQUIRE(second.size() == 18);
+  }
+  for (std::size_t taken : {0, 1, 5, 6, 7, 12, 17, 18}) {
+    CAPTURE(taken);
+    auto p = make();
+    for (std::size_t i = 0; i < taken; ++i) REQUIRE(p.next());
+    p.rewind();
+    CHECK(drain(p) == second);
+  }
+  // Under a parallel map and a prefetch, which read passes ahead of the consumer.
+  for (int round = 0; round < 20; ++round) {
+    CAPTURE(round);
+    auto m = make() | ferry::map([](std::uint64_t x) { return x; }, {.workers = 2, .window = 8});
+    REQUIRE(m.next());
+    m.rewind();
+    CHECK(drain(m) == second);
+    auto q = make() | ferry::prefetch(16);
+    REQUIRE(q.next());
+    q.rewind();
+    CHECK(drain(q) == second);
+  }
+  // A repeat(0) and an empty dataset rewind nothing more.
+  auto z = make() | ferry::repeat(0);
+  CHECK(drain(z).empty());
+  z.rewind();
+  CHECK(drain(z).empty());
+}
+
 TEST_CASE("take never pulls more than it hands out") {
   ferry_test::counting_source src(100);
   auto calls = src.calls();

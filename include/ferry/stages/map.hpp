@@ -39,9 +39,12 @@
 // ferry::element_error ("map: user function threw at element k: ...") with the original
 // exception nested (std::rethrow_if_nested); ferry's own errors pass through unchanged.
 // The elements after k are still available to a consumer that catches and goes on
-// (batch loses the batch it was building). One exception: an inline map that batch()
-// drives in bulk over a contiguous source pulls and maps the batch's run as one unit, so
-// the throw loses that whole run and the consumer goes on after it.
+// (batch loses the batch it was building). One exception: an inline map (workers = 1)
+// that batch() drives in bulk over a bulk source (from_range, from_generator, a stage
+// that passes runs on, an any_source over one) pulls and maps the batch's run as one
+// unit, so the throw loses that whole run, the elements after k in it too, and the
+// consumer goes on after it: there, and only there, what a consumer that goes on after an
+// error gets depends on the worker count.
 // An exception from upstream reaches the consumer unchanged at its position, and the next
 // call goes on after it (the workers go on pulling), as prefetch does. A std::bad_alloc on
 // a worker outside fn and upstream (its buffers) ends the epoch instead, after the elements

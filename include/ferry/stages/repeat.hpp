@@ -6,6 +6,16 @@
 // An empty dataset ends at once (never spins). Needs a rewindable upstream (a compile
 // error otherwise).
 //
+// Epochs: each epoch of repeat(n) is n epochs of the upstream, also when rewind() comes
+// part way: it rewinds the upstream once for each pass left (a rewind reads nothing), so
+// after rewind() the upstream is at the epoch it would reach after a whole epoch. A stage
+// above that reads ahead (map's workers, prefetch) may have started passes the consumer
+// never saw; without this, a shuffle below would start the next epoch at an order that
+// depended on how far its threads had read. repeat() (forever) has no passes left to
+// count: after a rewind() part way, under such a stage, its upstream's next epoch depends
+// on how far it was read (save and restore a state for an exact place); so does
+// repeat(n) for n over 4096, which counts no passes either.
+//
 // Threads: runs on the thread that calls next(), which also runs the upstream's rewind()
 // between passes; repeat runs no user code and starts no thread.
 //
@@ -67,7 +77,10 @@ class repeat_source : public stage<repeat_source<Up>, Up> {
     }
     return std::nullopt;
   }
+  // After the base's upstream rewind(): the passes this epoch did not reach (see the top).
   void start_epoch() {
+    if (n_ <= max_padded && epoch_ < n_)
+      for (std::uint64_t k = n_ - 1 - epoch_; k > 0; --k) this->up().rewind();
     epoch_ = 0;
     seen_in_epoch_ = false;
   }
@@ -85,6 +98,9 @@ class repeat_source : public stage<repeat_source<Up>, Up> {
     epoch_ = epoch;
   }
 
+  // Above this n, a rewind() part way counts no passes, as repeat() (a repeat(10^9) meant
+  // as "forever" would otherwise rewind its upstream a billion times).
+  static constexpr std::uint64_t max_padded = std::uint64_t(1) << 12;
   std::uint64_t n_;
   std::uint64_t epoch_ = 0;
   bool seen_in_epoch_ = false;
