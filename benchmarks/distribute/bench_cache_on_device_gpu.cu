@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   float* resident = nullptr;
   FERRY_CUDA_TRY(cudaMalloc(&resident, steps * G * sizeof(row)));
   FERRY_CUDA_TRY(cudaMemcpy(resident, data.data(), steps * G * sizeof(row), cudaMemcpyHostToDevice));
+  FERRY_CUDA_TRY(cudaDeviceSynchronize());  // a pageable cudaMemcpy may return before its DMA lands
   cudaStream_t s;
   FERRY_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   double by_hand = 1e30;

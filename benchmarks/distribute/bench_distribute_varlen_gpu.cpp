@@ -138,6 +138,7 @@ result measure(const std::vector<std::vector<seq>>& r, Build build, cudaStream_t
     FERRY_CUDA_TRY(cudaStreamSynchronize(s));
     res.raw_gbs = total / seconds_since(t0) / 1e9;
     FERRY_CUDA_TRY(cudaMemset(static_cast<char*>(dev) + nbytes.back(), 1, most - nbytes.back()));
+    FERRY_CUDA_TRY(cudaDeviceSynchronize());  // the legacy stream's memset, before stream s reads
   }
   const long long cycles = ferry_test::cycles_for_ms(2 * res.mean_bytes / (res.raw_gbs * 1e9) * 1e3);
 

@@ -86,6 +86,9 @@ int main(int argc, char** argv) {
   FERRY_CUDA_TRY(cudaMalloc(&d_dst, copy_bytes));
   FERRY_CUDA_TRY(cudaMemcpy(d_in, in.data(), in_bytes, cudaMemcpyHostToDevice));
   FERRY_CUDA_TRY(cudaMemset(d_src, 1, copy_bytes));
+  // A pageable cudaMemcpy may return before its DMA lands, and cudaMemset may return before
+  // it ran; the non-blocking stream below does not wait for the legacy stream's work.
+  FERRY_CUDA_TRY(cudaDeviceSynchronize());
   cudaStream_t s = nullptr;
   FERRY_CUDA_TRY(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
 

@@ -13,7 +13,10 @@
 // replica r) is clique rank w x R + r, on that replica's device. cache_on_device calls it a
 // unit a step while an epoch is served: give it the communicators the trainer all-reduces
 // with, so that NCCL orders both alike on every rank (NCCL does not promise that calls on
-// two communicators running at once cannot deadlock).
+// two communicators running at once cannot deadlock). The trainer replays its all-reduce
+// in CUDA graphs (trainer_options::graphs) while these calls run outside graphs on the
+// same communicators: NCCL allows that mix with NCCL_GRAPH_MIXING_SUPPORT=1, its default;
+// a job that sets it to 0 (for speed) must turn the trainer's graphs off.
 //
 // Threads: one exchange is used by one thread at a time (the stage's caller), which
 // drives all of this process's ranks (one group); runs no user code. Errors: what the
