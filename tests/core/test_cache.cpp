@@ -1,10 +1,16 @@
 // cache(): in memory and in a file.
 #include <doctest/doctest.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <string>
@@ -930,4 +936,72 @@ TEST_CASE("cache(path): two pipelines filling one path at once write their own p
   CHECK(drain(p1) == std::vector<int>{1, 2, 3});
   CHECK(drain(p2) == std::vector<unsigned>{100, 200, 300});
   CHECK(partials() == 0);
+}
+
+// A writer killed mid-pass (a job that was stopped, a node that rebooted) left its partial
+// file for good: each killed run leaked a pass's worth of disk beside the cache. A pass
+// that starts filling now removes the partial files of its path that no writer holds
+// locked and that nothing wrote for a minute; it leaves a live writer's (locked, or just
+// written), names that are not a partial file's of this path, and other paths' files.
+TEST_CASE("cache(path): a new fill removes the partial files killed writers left, and nothing else" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog w(std::chrono::seconds(60));
+  src_test::temp_dir dir;
+  const std::string path = dir / "c.cache";
+  const auto make_file = [&](const std::string& name, bool old) {
+    const fs::path f = fs::path(std::string(dir / name));
+    { std::ofstream(f) << "a dead pass"; }
+    if (old) fs::last_write_time(f, fs::file_time_type::clock::now() - std::chrono::hours(1));
+    return f;
+  };
+  // A real killed writer: a child process fills the cache part way and is killed there.
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    auto p = ferry::from_generator(1 << 20, [](std::uint64_t i) { return i; }) | ferry::cache(path);
+    for (int i = 0; i < 1000; ++i) (void)p.next();
+    ::raise(SIGSTOP);  // the parent kills it here, mid-pass, partial file locked
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, WUNTRACED) == child);
+  REQUIRE(WIFSTOPPED(status));
+  std::vector<fs::path> killed;
+  for (const auto& e : fs::directory_iterator(std::string(dir.path)))
+    if (e.path().filename().string().starts_with("c.cache.partial-")) killed.push_back(e.path());
+  REQUIRE(killed.size() == 1);
+  {
+    // While the writer lives (stopped, its lock held), an old partial file is not taken.
+    fs::last_write_time(killed[0], fs::file_time_type::clock::now() - std::chrono::hours(1));
+    auto p = ferry::from_range(std::vector<int>{1, 2, 3}) | ferry::cache(std::string(dir / "other.cache"));
+    CHECK(drain(p) == std::vector<int>{1, 2, 3});
+    auto q = ferry::from_range(std::vector<std::uint64_t>{7}) | ferry::cache(path);
+    CHECK(drain(q) == std::vector<std::uint64_t>{7});
+    CHECK(fs::exists(killed[0]));
+    fs::remove(path);
+  }
+  ::kill(child, SIGKILL);
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  fs::last_write_time(killed[0], fs::file_time_type::clock::now() - std::chrono::hours(1));
+  const fs::path dead = make_file("c.cache.partial-00000000000000aa", true);
+  const fs::path recent = make_file("c.cache.partial-00000000000000cc", false);   // a writer between write and rename
+  const fs::path not_hex = make_file("c.cache.partial-notes12345678901", true);
+  const fs::path longer = make_file("c.cache.partial-00000000000000dd.bak", true);
+  const fs::path others = make_file("other.cache.partial-00000000000000ee", true);
+  const fs::path held = make_file("c.cache.partial-00000000000000bb", true);
+  const int hfd = ::open(held.c_str(), O_RDONLY | O_CLOEXEC);
+  REQUIRE(hfd >= 0);
+  REQUIRE(::flock(hfd, LOCK_EX | LOCK_NB) == 0);  // a live writer (in this process: a lock of its own)
+  auto p = ferry::from_range(std::vector<std::uint64_t>{1, 2, 3}) | ferry::cache(path);
+  CHECK(drain(p) == std::vector<std::uint64_t>{1, 2, 3});
+  ::close(hfd);
+  CHECK(!fs::exists(killed[0]));
+  CHECK(!fs::exists(dead));
+  for (const fs::path& f : {recent, not_hex, longer, others, held}) {
+    CAPTURE(f.string());
+    CHECK(fs::exists(f));
+  }
+  CHECK(fs::exists(path));
+  p.rewind();
+  CHECK(drain(p) == std::vector<std::uint64_t>{1, 2, 3});  // the whole pass, replayed
 }

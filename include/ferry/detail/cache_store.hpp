@@ -4,7 +4,11 @@
 //   begin_fill() / append(e) / commit() / discard()   the first complete pass, written
 //   open_replay(index, offset) / read() / offset()     later passes, read back
 // The file store writes "<path>.partial-<random id>" and renames it to <path> on commit, so
-// a file at <path> is always a whole pass (a crash leaves only a .partial file behind).
+// a file at <path> is always a whole pass. The writer holds an flock on its partial file;
+// a pass that starts filling removes the partial files of <path> that nobody holds and
+// that nothing wrote for a minute (left by a writer that was killed; the minute covers a
+// writer between its last write, close and rename), so crashed runs do not pile up dead
+// passes on the disk.
 // It reads the file back through from_files' byte_stream: pooled 1 MiB chunks, filled
 // ahead by I/O threads (which run no user code and are joined when the reader closes).
 //
@@ -18,7 +22,9 @@
 //   footer  element count (u64), "ferryCaE"                                    16 bytes
 #pragma once
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,6 +34,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <optional>
 #include <string>
@@ -122,18 +129,29 @@ class file_cache_store {
     in_.close();
   }
 
-  // Opens a new partial file and writes the header. Throws io_error.
+  // Opens a new partial file and writes the header (after removing dead writers' partial
+  // files: see the file's top). Throws io_error.
   void begin_fill() {
     discard();
+    remove_dead_partials();
     // A name no other pipeline, process or host draws, created only if new (O_EXCL): a
     // counter per element type and the pid (1 in every container) let two passes write
-    // one file, and a pipeline replay the other's elements.
+    // one file, and a pipeline replay the other's elements. Locked at once, so that
+    // remove_dead_partials() never takes it for a dead writer's (on a file system without
+    // locks it is written unlocked, and such files are never removed).
     for (int tries = 0; tries < 8; ++tries) {
       char id[17];
       std::snprintf(id, sizeof id, "%016llx", static_cast<unsigned long long>(unique_id()));
       tmp_ = path_ + ".partial-" + id;
       wfd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-      if (wfd_ >= 0 || errno != EEXIST) break;
+      if (wfd_ >= 0) {
+        if (::flock(wfd_, LOCK_EX | LOCK_NB) == 0 || errno != EWOULDBLOCK) break;
+        ::unlink(tmp_.c_str());  // held by someone else already: never ours to write
+        ::close(std::exchange(wfd_, -1));
+        errno = EWOULDBLOCK;
+      } else if (errno != EEXIST) {
+        break;
+      }
     }
     if (wfd_ < 0) {
       const int e = errno;
@@ -174,10 +192,40 @@ class file_cache_store {
     tmp_.clear();
     in_.close();
   }
+  // Removes "<path>.partial-<16 hex digits>" files that no writer holds locked and that
+  // were last written over a minute ago: a writer killed mid-pass leaves one, as large as
+  // the pass it had written. A file system that cannot lock leaves them (the lock cannot
+  // tell a live writer). Never throws.
+  void remove_dead_partials() noexcept {
+    const std::size_t slash = path_.rfind('/');
+    const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path_.substr(0, slash));
+    const std::string prefix = (slash == std::string::npos ? path_ : path_.substr(slash + 1)) + ".partial-";
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return;
+    try {
+      while (const dirent* e = ::readdir(d)) {
+        const std::string name = e->d_name;
+        if (name.size() != prefix.size() + 16 || name.compare(0, prefix.size(), prefix) != 0) continue;
+        if (name.find_first_not_of("0123456789abcdef", prefix.size()) != std::string::npos) continue;
+        const std::string full = dir + "/" + name;
+        const int fd = ::open(full.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0) continue;
+        struct stat held{}, named{};
+        if (::fstat(fd, &held) == 0 && S_ISREG(held.st_mode) && held.st_mtime + 60 < ::time(nullptr) &&
+            ::flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+            ::lstat(full.c_str(), &named) == 0 && named.st_dev == held.st_dev && named.st_ino == held.st_ino)
+          ::unlink(full.c_str());  // nobody writes it: its writer is gone
+        ::close(fd);
+      }
+    } catch (...) {  // no memory for a name: the next fill tries again
+    }
+    ::closedir(d);
+  }
+
   // Drops a partial pass: closes and removes its file. Never throws.
   void discard() noexcept {
+    if (!tmp_.empty()) ::unlink(tmp_.c_str());  // before the close drops the lock
     if (wfd_ >= 0) ::close(std::exchange(wfd_, -1));
-    if (!tmp_.empty()) ::unlink(tmp_.c_str());
     tmp_.clear();
     out_.clear();
     out_.shrink_to_fit();

@@ -15,7 +15,10 @@
 // cache(): the kept pass is replayed in its order.
 //
 // The file: written as "<path>.partial-<random id>", synced and renamed to <path> when the
-// pass is whole, so <path> always holds a whole pass. A later run (or another pipeline)
+// pass is whole, so <path> always holds a whole pass. The writer holds an flock on it; a
+// pass that starts filling removes the "<path>.partial-*" files nobody holds that were
+// last written over a minute ago (a killed writer's), so crashed runs leave no dead
+// passes on the disk (file systems without locks keep them). A later run (or another pipeline)
 // that finds <path> with the same element type and key reads it and never pulls its
 // upstream. The file is not tied to the upstream's contents: change `key` (or remove the
 // file) when the data or the stages before cache() change. One file per pipeline: ranks
