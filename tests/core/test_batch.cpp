@@ -352,3 +352,15 @@ TEST_CASE("batch: a state restores into another batch size at the same element")
     }
   }
 }
+
+// Found by mutation testing (a changed bound, a check or a saved field dropped, each passing
+// the suite before): drop_remainder was tested only on the bulk path (from_range); an
+// upstream pulled element by element (filter) and ragged elements take other paths.
+TEST_CASE("batch(drop_remainder): the short last batch is dropped on the element-by-element and ragged paths") {
+  const std::vector<int> v(7, 1);
+  auto p = ferry::from_range(v) | ferry::filter([](int) { return true; }) | ferry::batch(4, {.drop_remainder = true});
+  CHECK(drain(p).size() == 1);
+  const std::vector<std::vector<int>> r(7, std::vector<int>{1, 2});
+  auto q = ferry::from_range(r) | ferry::batch(4, {.drop_remainder = true});
+  CHECK(drain(q).size() == 1);
+}

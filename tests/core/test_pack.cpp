@@ -262,3 +262,14 @@ TEST_CASE("pack then distribute: each host replica gets its rows, L tokens each"
     }
   CHECK(got == want);
 }
+
+// Found by mutation testing (a changed bound, a check or a saved field dropped, each passing
+// the suite before): a restore over a dataset whose split sequence holds exactly the tokens
+// taken from it (the boundary; the old test's sequence was shorter) must be refused.
+TEST_CASE("pack: a restore over a sequence exactly as long as the tokens taken from it is refused") {
+  const std::vector<doc> docs = {doc(10, 1), doc(10, 2)};
+  auto a = ferry::from_range(docs) | ferry::pack(4, 1);
+  REQUIRE(a.next());  // 4 of the first sequence's 10 tokens taken
+  auto c = ferry::from_range(std::vector<doc>{doc(4, 1), doc(10, 2)}) | ferry::pack(4, 1);
+  CHECK_THROWS_AS(ferry::restore_state(c, ferry::save_state(a)), ferry::config_error);
+}

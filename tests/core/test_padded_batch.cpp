@@ -391,3 +391,17 @@ TEST_CASE("padded_batch with_mask: a checkpoint without masks does not restore i
   ferry::restore_state(b, ferry::save_state(c));
   CHECK(as_rows(*b.next()).values == as_rows(*c.next()).values);
 }
+
+// Found by mutation testing (a changed bound, a check or a saved field dropped, each passing
+// the suite before): a row of exactly the fixed length is no error (only a longer one is),
+// and a state saved with truncate is refused by a padded_batch without it.
+TEST_CASE("padded_batch: a row of exactly .length fits; another truncate is refused") {
+  const std::vector<seq> exact(3, seq{{1, 2, 3, 4}, 0});
+  auto p = ferry::from_range(exact) | ferry::padded_batch(2, {.length = 4});
+  CHECK_NOTHROW(p.next());
+  const std::vector<seq> v(6, seq{{1, 2}, 0});
+  auto a = ferry::from_range(v) | ferry::padded_batch(2, {.length = 4, .truncate = true});
+  REQUIRE(a.next());
+  auto b = ferry::from_range(v) | ferry::padded_batch(2, {.length = 4});
+  CHECK_THROWS_AS(ferry::restore_state(b, ferry::save_state(a)), ferry::config_error);
+}

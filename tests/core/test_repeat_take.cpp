@@ -489,3 +489,16 @@ TEST_CASE("resume is exact at every batch through take's bulk path, bulk errors 
     resumes_everywhere(make);
   }
 }
+
+// Found by mutation testing (a changed bound, a check or a saved field dropped, each passing
+// the suite before): a state saved after the last pass (a checkpoint at the end of training)
+// was refused had repeat compared its pass count with >=.
+TEST_CASE("repeat(n): a state saved after the last pass restores, at the end") {
+  const std::vector<int> v{1, 2, 3};
+  auto a = ferry::from_range(v) | ferry::repeat(2);
+  CHECK(drain(a).size() == 6);
+  const auto st = ferry::save_state(a);
+  auto b = ferry::from_range(v) | ferry::repeat(2);
+  REQUIRE_NOTHROW(ferry::restore_state(b, st));
+  CHECK(!b.next());
+}

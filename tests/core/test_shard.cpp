@@ -51,3 +51,14 @@ TEST_CASE("bad shard arguments are config errors that say what is allowed") {
   CHECK_THROWS_WITH_AS(ferry::shard(0, 0), doctest::Contains("count must be at least 1"), ferry::config_error);
   CHECK_THROWS_AS(ferry::shard(ferry::from_range(std::vector<int>{1}), 2, 5), ferry::config_error);
 }
+
+// Found by mutation testing (a changed bound, a check or a saved field dropped, each passing
+// the suite before): a state of another shard index must be refused (it was not in the
+// saved configuration's checks, and only the count was tested).
+TEST_CASE("shard: a state of another index is refused") {
+  std::vector<int> v(20);
+  auto a = ferry::from_range(v) | ferry::shard(4, 0);
+  REQUIRE(a.next());
+  auto b = ferry::from_range(v) | ferry::shard(4, 1);
+  CHECK_THROWS_AS(ferry::restore_state(b, ferry::save_state(a)), ferry::config_error);
+}

@@ -1,9 +1,13 @@
 // shuffle: a permutation, deterministic per (seed, epoch), new each epoch, bounded window.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
+#include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "common/doubles.hpp"
@@ -216,4 +220,37 @@ TEST_CASE("shuffle: a new epoch after an upstream error starts clean") {
   CHECK(first == shuffle_oracle(50, {20}, 16, 8, 0));
   p.rewind();
   CHECK(events(p) == shuffle_oracle(50, {20}, 16, 8, 1));
+}
+
+// Found by mutation testing (a changed bound, a check or a saved field dropped, each passing
+// the suite before): shuffle restored into its last window over cache(path) must pull the
+// upstream's end, or the cache never commits the pass the restored run completed.
+TEST_CASE("shuffle over cache(path): a restore into the last window completes the cached pass") {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("ferry-shuffle-cache-" + std::to_string(::getpid()) + ".cache")).string();
+  std::filesystem::remove(path);
+  auto calls = std::make_shared<int>(0);
+  auto make = [&] {
+    return ferry::from_generator(10, [calls](std::uint64_t i) { ++*calls; return i; }) | ferry::cache(path) |
+           ferry::shuffle(4, 1);
+  };
+  ferry::pipeline_state st;
+  {
+    auto a = make();
+    for (int i = 0; i < 9; ++i) REQUIRE(a.next());
+    st = ferry::save_state(a);
+  }
+  std::filesystem::remove(path);  // the saving run's file is gone (another machine)
+  {
+    auto b = make();
+    ferry::restore_state(b, st);
+    REQUIRE(b.next());  // the last element; the end is not asked for
+  }
+  *calls = 0;
+  {
+    auto c = make();
+    CHECK(drain(c).size() == 10);
+  }
+  CHECK(*calls == 0);  // the pass b completed is read back
+  std::filesystem::remove(path);
 }

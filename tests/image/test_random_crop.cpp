@@ -268,3 +268,20 @@ TEST_CASE("decode_random_crop: a JPEG inside a tf.train.Example, keyed by its re
     }
   }
 }
+
+// Found by mutation testing (a changed bound, a check or a saved field dropped, each passing
+// the suite before): every left and top offset must be drawable (an offset range one short
+// never reached the last column).
+TEST_CASE("random_resized_crop: every left and top offset is drawn") {
+  std::map<std::uint32_t, int> lefts, tops;
+  for (std::uint64_t s = 1; s <= 2000; ++s) {
+    ferry::detail::splitmix64 g(s);
+    const auto c = ferry::image::random_resized_crop(8, 8, g, 0.25, 0.25, 1.0, 1.0);
+    REQUIRE(c.width == 4);
+    ++lefts[c.left], ++tops[c.top];
+  }
+  CHECK(lefts.size() == 5);
+  CHECK(tops.size() == 5);
+  CHECK(lefts.rbegin()->first == 4);
+  CHECK(tops.rbegin()->first == 4);
+}

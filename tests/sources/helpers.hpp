@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,8 @@ inline void write_gzip(const std::string& p, const std::string& bytes) {
 }
 inline std::string read_file(const std::string& p) {
   FILE* f = std::fopen(p.c_str(), "rb");
+  if (!f)  // the test's data, most likely: meson test sets FERRY_TEST_DATA, a run by hand may not
+    throw std::runtime_error("cannot read " + p + " (run from the source tree, or set FERRY_TEST_DATA to its tests/data)");
   std::string s;
   char buf[65536];
   std::size_t n;

@@ -1903,3 +1903,20 @@ TEST_CASE("shuffle_files: a resumed source continues the epoch's order and the l
     CHECK(seen.size() == 2);  // both orders of its two files come up
   }
 }
+
+// Found by mutation testing (a changed bound, a check or a saved field dropped, each passing
+// the suite before): drop_remainder on the borrowed-records path.
+TEST_CASE("tfrecord | batch(drop_remainder): the short last batch is dropped") {
+  src_test::temp_dir dir;
+  const std::string path = dir / "seven.tfrecord";
+  std::string bytes;
+  for (int i = 0; i < 7; ++i) bytes += src_test::tfrecord_of("rec" + std::to_string(i));
+  src_test::write_file(path, bytes);
+  auto p = ferry::from_files({path}, ferry::tfrecord{}) | ferry::batch(4, {.drop_remainder = true});
+  std::size_t n = 0;
+  while (auto b = p.next()) {
+    CHECK(b->size() == 4);
+    ++n;
+  }
+  CHECK(n == 1);
+}

@@ -480,3 +480,24 @@ TEST_CASE("row_files: WebDataset samples and text lines by index equal from_file
   CHECK_THROWS_WITH_AS(ferry::row_files({d / "a.txt"}, ferry::text_lines{}, {.max_record_bytes = 4}),
                        doctest::Contains("max_record_bytes"), ferry::format_error);
 }
+
+// Found by mutation testing (a changed bound, a check or a saved field dropped, each passing
+// the suite before): the position at the end of an epoch must resume (nothing left), and a
+// state whose offset in this rank's part equals the part's size must be refused.
+TEST_CASE("global_shuffle: the end of an epoch resumes; a part offset at the part's size is refused") {
+  std::vector<int> data(10);
+  for (int i = 0; i < 10; ++i) data[static_cast<std::size_t>(i)] = i;
+  auto a = ferry::global_shuffle(data, {.seed = 3, .global_batch = 2});
+  REQUIRE(a.next());
+  auto st = ferry::save_state(a);
+  REQUIRE(st.words.back() == 1);
+  st.words.back() = 2;  // j == the part (2 rows a step / 1 rank)
+  auto b = ferry::global_shuffle(data, {.seed = 3, .global_batch = 2});
+  CHECK_THROWS_AS(ferry::restore_state(b, st), ferry::config_error);
+  while (a.next()) {
+  }
+  ferry::global_shuffle_options o{.seed = 3, .global_batch = 2};
+  o.resume = a.position();
+  auto c = ferry::global_shuffle(data, o);
+  CHECK(!c.next());
+}
