@@ -265,6 +265,15 @@ TEST_CASE("decode_random_crop: a JPEG inside a tf.train.Example, keyed by its re
       const std::uint64_t at = r.origin().data_offset + std::uint64_t(reinterpret_cast<const std::byte*>(jb.data()) - r.data());
       CHECK(e.offset() >= at);
       CHECK(e.offset() <= at + jb.size());
+      // Exactly: where the JPEG starts in the file plus where libjpeg stopped in it (a
+      // mutant that left out the JPEG's place in the record passed the bounds above).
+      const std::span<const std::byte> alone(reinterpret_cast<const std::byte*>(jb.data()), jb.size());
+      try {
+        (void)c(alone, fi::element_key(5, r));
+        FAIL("no error decoding the cut JPEG alone");
+      } catch (const ferry::format_error& inner) {
+        CHECK(e.offset() == at + inner.offset());
+      }
     }
   }
 }
@@ -284,4 +293,35 @@ TEST_CASE("random_resized_crop: every left and top offset is drawn") {
   CHECK(tops.size() == 5);
   CHECK(lefts.rbegin()->first == 4);
   CHECK(tops.rbegin()->first == 4);
+}
+
+// The draw is keyed on the file's base name, not its path ("ranks that mount the data at
+// different places draw alike"): a mutant keyed on the whole path passed every test.
+TEST_CASE("decode_random_crop: one shard under two mount points draws the same crops; another name, others") {
+  src_test::temp_dir dir;
+  src_test::tar_writer w;
+  for (int i = 0; i < 5; ++i) {
+    w.add(std::to_string(100 + i) + ".jpg", jpeg_of(96, 72, std::uint64_t(i)));
+    w.add(std::to_string(100 + i) + ".cls", "1");
+  }
+  w.end();
+  std::filesystem::create_directories(dir / "mnt-a/data");
+  std::filesystem::create_directories(dir / "mnt-b");
+  for (const std::string& p : {dir / "mnt-a/data/shard.tar", dir / "mnt-b/shard.tar", dir / "mnt-b/other.tar"})
+    src_test::write_file(p, w.out);
+  auto crops_of = [](const std::string& path) {
+    auto p = ferry::from_files({path}, ferry::webdataset{}) |
+             ferry::map([c = crop({.seed = 3})](const ferry::record& r) {
+               const auto smp = ferry::parse_webdataset(r);
+               return std::pair{smp.key, c(smp.at("jpg"))};
+             });
+    return epoch_of(p);
+  };
+  const result a = crops_of(dir / "mnt-a/data/shard.tar"), b = crops_of(dir / "mnt-b/shard.tar"),
+               other = crops_of(dir / "mnt-b/other.tar");
+  REQUIRE(a.size() == 5);
+  CHECK(a == b);
+  std::size_t differ = 0;
+  for (const auto& [key, px] : a) differ += other.at(key) != px;
+  CHECK(differ >= 4);  // another name, another key: the crops move (five draws all alike by chance: never)
 }
