@@ -13,7 +13,8 @@
 // a config_error). Sources are moved in.
 //
 // Draws: draw d of epoch e takes u in [0, 1) from the d-th output of SplitMix64 seeded with
-// mix_seed({seed, e}) (ferry/detail/random.hpp), computed from the counter alone, and picks
+// mix_seed({seed, e}) (ferry/detail/random.hpp; its top 53 bits times 2^-53), computed from
+// the counter alone, and picks
 // the first active source (in argument order) whose cumulative weight exceeds
 // u * (sum of the active weights). "Active": a positive weight and not ended this epoch.
 // So the order is a function of (seed, epoch, the sources' lengths and errors) only, the
@@ -23,8 +24,8 @@
 // with a finite sum). A zero weight is allowed: that source is never drawn, so its
 // elements are never read (nor is its next() called).
 // End of a source: with .stop_on_empty = false (the default), a drawn source that ends is
-// dropped and later draws go over the remaining active sources, their weights
-// renormalised; the epoch ends when every source of positive weight has ended (sources of
+// dropped (the draw that found its end is used up) and later draws go over the remaining
+// active sources, their weights renormalised; the epoch ends when every source of positive weight has ended (sources of
 // weight 0 are never read, so they do not keep it going). With .stop_on_empty = true the
 // epoch ends at the first draw that hits a source's end (as tf.data's
 // stop_on_empty_dataset), and the other sources keep their unread elements. Either way a
