@@ -70,22 +70,9 @@ class device_buffer_pool {
   device_buffer_pool(const device_buffer_pool&) = delete;
   device_buffer_pool& operator=(const device_buffer_pool&) = delete;
   ~device_buffer_pool() {
-    const device_restore keep(device_);
-    for (auto& [bytes, blocks] : free_)
-      for (auto& b : blocks) {
-        if (b.after) {
-          FERRY_CUDA_LOG(cudaEventSynchronize(b.after));  // its last user may still run
-          FERRY_CUDA_LOG(cudaEventDestroy(b.after));
-        }
-        FERRY_CUDA_LOG(cudaFree(b.p));
-      }
-    for (const block& b : retired_) {
-      if (b.after) {
-        FERRY_CUDA_LOG(cudaEventSynchronize(b.after));
-        FERRY_CUDA_LOG(cudaEventDestroy(b.after));
-      }
-      FERRY_CUDA_LOG(cudaFree(b.p));
-    }
+    // Each block once its last user is done; their events go back to events_, destroyed last.
+    for (const auto& [bytes, blocks] : free_) free_blocks(blocks);
+    free_blocks(retired_);
     for (cudaEvent_t e : events_) FERRY_CUDA_LOG(cudaEventDestroy(e));
   }
 
@@ -188,7 +175,7 @@ class device_buffer_pool {
       }
     }
     const block one{p, after};
-    free_blocks({&one, 1});
+    free_blocks(std::span<const block>(&one, 1));
   }
 
   // An event on this pool's device (cached, timing disabled).
@@ -241,7 +228,8 @@ class device_buffer_pool {
     free_.erase(free_.begin(), end);
   }
   // Outside m_: frees blocks once their last users are done (never throws).
-  void free_blocks(std::span<const block> blocks) noexcept {
+  template <class Blocks>
+  void free_blocks(const Blocks& blocks) noexcept {
     if (blocks.empty()) return;
     const device_restore keep(device_);
     for (const block& b : blocks) {
