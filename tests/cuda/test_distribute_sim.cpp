@@ -807,6 +807,60 @@ TEST_CASE("sim: steps that keep growing keep a few blocks per replica, not one o
   }
 }
 
+// Host batches go back to their pinned pool on the consumer's thread, between steps: a
+// pool over its bound frees pinned blocks there (cudaFreeHost, which waits for the device),
+// and the staging thread used to do it beside a trainer's replica threads launching an
+// NCCL all-reduce, the hazard of the test above. Steps of varying size through a pool
+// capped at 16 KiB: most of its blocks go back to the driver, each step.
+TEST_CASE("sim: pinned blocks are freed on the consumer's thread, also with the staging thread" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  using seq = std::pair<std::vector<std::int32_t>, std::int32_t>;
+  constexpr std::size_t G = 8, steps = 60;
+  std::vector<seq> rows(G * steps);
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    rows[i].first.assign(1 + (i * 37) % 700, std::int32_t(i));  // L from 1 to 700, varying
+    rows[i].second = std::int32_t(i);
+  }
+  for (const making mk : makings) {
+    INFO("ahead " << mk.ahead << ", staging " << mk.staging);
+    sim::reset(23, 1);
+    sim::frees_only_on_this_thread(true);
+    auto pool = ferry::make_pinned_pool(16 << 10);
+    std::size_t k = 0;
+    std::uint64_t freed_while_running = 0;
+    std::mutex m;
+    std::size_t rows_right = 0;  // by kernels: each row's first value is its index
+    {
+      auto p = ferry::from_range(rows) | ferry::padded_batch(G) |
+               ferry::distribute(ferry::cuda::devices{0, 1},
+                                 {.host_resource = pool, .steps_ahead = mk.ahead, .staging_thread = mk.staging});
+      for (auto& st : p) {
+        for (std::size_t r = 0; r < 2; ++r) {
+          REQUIRE(cudaSetDevice(st[r].device()) == cudaSuccess);
+          ferry::padded_view<std::int32_t> t = st[r].field<0>();
+          const std::size_t first = k * G + r * G / 2;
+          sim::launch(st[r].stream(), "read", {{t.values.data(), t.values.size_bytes()}}, {},
+                      [&m, &rows_right, t, first] {
+                        std::lock_guard lk(m);
+                        for (std::size_t i = 0; i < t.size(); ++i) rows_right += t[i][0] == std::int32_t(first + i);
+                      });
+        }
+        ++k;
+      }
+      freed_while_running = pool->upstream_resource().deallocations();
+      sim::drain();
+    }
+    CHECK(k == steps);
+    CHECK(rows_right == rows.size());
+    CHECK(freed_while_running > steps / 2);  // the pool did free blocks as it ran
+    CHECK(pool->statistics().outstanding_bytes == 0);
+    MESSAGE("pinned blocks freed while running " << freed_while_running);
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    sim::frees_only_on_this_thread(false);
+  }
+}
+
 // A copy that fails after another copy of the same replica was queued: the step's host
 // batch must not go back to its pool (to be refilled by the next batch) while the queued
 // copy may still read it.
