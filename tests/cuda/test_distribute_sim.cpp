@@ -807,11 +807,11 @@ TEST_CASE("sim: steps that keep growing keep a few blocks per replica, not one o
   }
 }
 
-// Host batches go back to their pinned pool on the consumer's thread, between steps: a
-// pool over its bound frees pinned blocks there (cudaFreeHost, which waits for the device),
-// and the staging thread used to do it beside a trainer's replica threads launching an
-// NCCL all-reduce, the hazard of the test above. Steps of varying size through a pool
-// capped at 16 KiB: most of its blocks go back to the driver, each step.
+// A pinned pool past its bound frees blocks (cudaFreeHost, which waits for the device) as
+// host batches come back; the staging thread did that beside a trainer's replica threads
+// launching an NCCL all-reduce, the hazard of the test above. Now the consumer's next()
+// frees them. Steps of varying size through a pool capped at 16 KiB: most of its blocks go
+// back to the driver, each step.
 TEST_CASE("sim: pinned blocks are freed on the consumer's thread, also with the staging thread" *
           doctest::timeout(60)) {
   ferry_test::watchdog wd(std::chrono::seconds(60));

@@ -19,9 +19,9 @@
 // step k on rb.stream() (or on streams that rb.stream() waits for) before asking for step
 // k+1; work enqueued after that may see the block overwritten. The host batch is kept
 // until the copies out of it have finished (polled with cudaEventQuery), then returned
-// to the pinned pool by the consumer's thread in a later next(): a pool over its bound
-// frees pinned blocks then (cudaFreeHost waits for the device), and on the staging
-// thread that could stall beside a trainer's NCCL launches (device_pool.hpp's top).
+// to the pinned pool. A pool past its bound frees pinned blocks (cudaFreeHost, which
+// waits for the device): on the staging thread that is deferred to the consumer's next()
+// (pinned.hpp's pinned_frees_deferred), as device blocks are (device_pool.hpp's top).
 //
 // Overlap. With distribute_options::steps_ahead = 1 (the default) step k+1 is made, its
 // copies enqueued, when step k is handed out, so they run while the GPU works on step k,
@@ -148,6 +148,7 @@ class devices_state {
     for (auto& d : pending_)
       for (auto [r, e] : d.copies) r_[r].pool->give_event(e);
     pending_.clear();
+    ::ferry::detail::free_deferred_pinned();
     // replicas go in reverse member order: pool (waits on release events) before streams
   }
 
@@ -155,32 +156,18 @@ class devices_state {
   const replica& at(std::size_t r) const { return r_[r]; }
   std::size_t size() const noexcept { return r_.size(); }
 
-  // Moves the host batches whose copies have finished to those free_done() returns to
-  // their pool; never blocks. Not freed here: poll() may run on the staging thread, and a
-  // pool over its bound frees pinned blocks (cudaFreeHost, which waits for the device: the
-  // cudaFree hazard of device_pool.hpp's top, beside a trainer's NCCL launches).
+  // Frees host batches whose copies have finished; never blocks.
   void poll() noexcept {
-    std::lock_guard lk(m_);
-    while (!pending_.empty() && copies_done(pending_.front())) {
-      try {
-        done_.push_back(std::move(pending_.front().host));
-      } catch (...) {  // out of memory for the list: keep it pending, try again later
-        return;
-      }
-      for (auto [r, e] : pending_.front().copies) r_[r].pool->give_event(e);
-      pending_.pop_front();
-    }
-  }
-  // Returns the host batches poll() found done to their pool, outside the lock. On the
-  // consumer's thread, between steps (devices_backend::hand_out); one thread at a time.
-  void free_done() noexcept {
+    std::vector<std::shared_ptr<const void>> done;
     {
       std::lock_guard lk(m_);
-      if (done_.empty()) return;
-      freeing_.swap(done_);  // both lists keep their memory: no allocation per step
+      while (!pending_.empty() && copies_done(pending_.front())) {
+        for (auto [r, e] : pending_.front().copies) r_[r].pool->give_event(e);
+        done.push_back(std::move(pending_.front().host));
+        pending_.pop_front();
+      }
     }
-    freeing_.clear();
-  }
+  }  // `done` frees the batches here, outside the lock
 
   // Parks a released step's host batch until its copies are done; poll() (on the thread
   // that makes steps) returns it. No CUDA call here: release() runs on the consumer's
@@ -236,8 +223,6 @@ class devices_state {
   std::vector<replica> r_;
   mutable std::mutex m_;
   std::deque<deferred> pending_;
-  std::vector<std::shared_ptr<const void>> done_;  // copies done, for free_done()
-  std::vector<std::shared_ptr<const void>> freeing_;  // free_done()'s, emptied outside m_
 };
 
 // The device blocks and host batch one step holds.
@@ -454,7 +439,7 @@ class devices_backend {
       // (device_pool.hpp's top).
       rep.pool->reclaim();
     }
-    st_->free_done();  // host batches whose copies are done, for the same reason
+    ::ferry::detail::free_deferred_pinned();  // pinned blocks the staging thread let go, likewise
   }
 
   // distribute's staging thread keeps `n` steps ahead: let each replica's pool grow to the

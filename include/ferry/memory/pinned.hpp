@@ -13,7 +13,9 @@
 //
 // Throws pinned_bad_alloc (a std::bad_alloc whose what() names the bytes asked for) when
 // memory runs out or the size cannot be had at all, and ferry::cuda_error when
-// cudaHostAlloc fails otherwise. Thread-safe; no user code runs.
+// cudaHostAlloc fails otherwise. Thread-safe; no user code runs. A block freed on
+// distribute's staging thread goes back to the driver later, on the consumer's thread
+// (detail::pinned_frees_deferred).
 #pragma once
 
 #include <atomic>
@@ -22,8 +24,10 @@
 #include <cstdlib>
 #include <memory>
 #include <memory_resource>
+#include <mutex>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "ferry/config.hpp"
 #include "ferry/cuda/error.hpp"
@@ -31,6 +35,54 @@
 #include "ferry/memory/buffer.hpp"
 
 namespace ferry {
+
+namespace detail {
+
+// Set on a thread that must not wait for the device (distribute's staging thread): a
+// cudaFreeHost waits for it, and beside a trainer's replica threads half way through
+// launching an NCCL all-reduce GPU by GPU it can hold up the last launch that the kernels
+// already running wait for (NCCL's known deadlock). There pinned_resource hands its
+// blocks to the list below, and a thread that may wait (distribute's consumer, in next())
+// frees them with free_deferred_pinned().
+inline thread_local bool pinned_frees_deferred = false;
+
+struct deferred_pinned_list {
+  std::mutex m;
+  std::vector<void*> blocks;
+  std::atomic<bool> any{false};  // next() looks without the lock
+};
+inline deferred_pinned_list& deferred_pinned() {
+  static auto* l = new deferred_pinned_list;  // never destroyed: blocks may come at exit
+  return *l;
+}
+// False when the list cannot take it (out of memory): the caller frees it now.
+inline bool defer_pinned_free(void* p) noexcept {
+  deferred_pinned_list& l = deferred_pinned();
+  std::lock_guard lk(l.m);
+  try {
+    l.blocks.push_back(p);
+  } catch (...) {
+    return false;
+  }
+  l.any.store(true, std::memory_order_release);
+  return true;
+}
+// Frees the pinned blocks deferred so far, on this thread. Never throws.
+inline void free_deferred_pinned() noexcept {
+  deferred_pinned_list& l = deferred_pinned();
+  if (!l.any.load(std::memory_order_acquire)) return;  // every step: one load
+  std::vector<void*> blocks;
+  {
+    std::lock_guard lk(l.m);
+    blocks.swap(l.blocks);
+    l.any.store(false, std::memory_order_relaxed);
+  }
+#if defined(FERRY_WITH_CUDART)
+  for (void* p : blocks) FERRY_CUDA_LOG(cudaFreeHost(p));
+#endif
+}
+
+}  // namespace detail
 
 // The page size the fallback aligns and rounds blocks to (and the largest alignment the
 // resource grants).
@@ -61,7 +113,8 @@ class pinned_resource : public std::pmr::memory_resource {
   bool pinned() const noexcept { return pinned_; }
   // Blocks obtained from the driver / the OS so far, and returned.
   std::uint64_t allocations() const noexcept { return allocs_.load(std::memory_order_relaxed); }
-  // Blocks returned to the driver / the OS so far.
+  // Blocks returned to the driver / the OS so far (on a thread that defers pinned frees,
+  // counted when handed to the deferred list).
   std::uint64_t deallocations() const noexcept { return frees_.load(std::memory_order_relaxed); }
 
  private:
@@ -96,7 +149,7 @@ class pinned_resource : public std::pmr::memory_resource {
     frees_.fetch_add(1, std::memory_order_relaxed);
 #if defined(FERRY_WITH_CUDART)
     if (pinned_) {
-      FERRY_CUDA_LOG(cudaFreeHost(p));
+      if (!detail::pinned_frees_deferred || !detail::defer_pinned_free(p)) FERRY_CUDA_LOG(cudaFreeHost(p));
       return;
     }
 #endif
