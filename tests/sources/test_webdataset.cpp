@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -61,6 +62,10 @@ archive make_archive(std::mt19937_64& g, const std::string& file, int n, bool cl
       const std::string junk = random_bytes(g, g() % 40);
       note(w.add("README", junk) + 512 + junk.size());
     }
+    if (g() % 8 == 0) {  // WebDataset's metadata: passed over, dot or not
+      const std::string junk = random_bytes(g, g() % 40);
+      note(w.add(g() % 2 ? "__meta__/info.json" : "__index__", junk) + 512 + junk.size());
+    }
     want_sample s;
     s.file = file;
     const char kinds[] = {'L', 'x', 'p'};
@@ -73,7 +78,10 @@ archive make_archive(std::mt19937_64& g, const std::string& file, int n, bool cl
     for (const auto& x : pick) {
       const std::size_t sizes[] = {0, 1, 511, 512, 513, std::size_t(g() % 3000)};
       want_member m{x, random_bytes(g, sizes[g() % 6]), 0, 0};
-      m.header = w.add(s.key + "." + x, m.data, '0', kind);
+      std::string written = x;  // extensions in any case come out lowercased, as WebDataset's
+      for (char& c : written)
+        if (g() % 3 == 0) c = char(std::toupper(static_cast<unsigned char>(c)));
+      m.header = w.add(s.key + "." + written, m.data, '0', kind);
       m.data_at = w.out.size() - tar_writer::padded(m.data).size();
       note(m.data_at + m.data.size());
       s.members.push_back(m);
@@ -297,6 +305,36 @@ TEST_CASE("webdataset: damaged headers, duplicates, sizes and limits") {
     h.replace(148, 8, tar_writer::octal(sum, 7) + ' ');
     write_file(path, h + tar_writer::padded("abc"));
     expect_format_error([&] { ferry::from_files({path}, ferry::webdataset{}).next(); }, path, 0, "not an octal number");
+  }
+  SUBCASE("extensions compare and come out lowercased, and metadata names are passed over, as in WebDataset") {
+    tar_writer w;
+    w.add("__meta__/info.json", "{}");  // WebDataset's metadata: not a sample
+    w.add("a/1.JPG", "one");
+    w.add("a/1.Seg.PNG", "mask");
+    w.add("__index__", "x");  // within the span: passed over, the sample goes on
+    w.add("a/1.cls", "7");
+    w.add("__a__b/2.jpg", "two");  // a first component that only starts and ends alike is a key
+    w.add("____/3.jpg", "three");  // "____" is WebDataset's __[^/]*__ too
+    const std::size_t at = w.add("a/4.jpg", "four");
+    w.add("a/4.JPG", "again");  // the same extension to WebDataset: a duplicate
+    w.add("a/5.txt", "five");
+    w.end();
+    write_file(path, w.out);
+    auto src = ferry::from_files({path}, ferry::webdataset{});
+    const ferry::webdataset_sample one = ferry::parse_webdataset(*src.next());
+    CHECK(one.key == "a/1");
+    REQUIRE(one.members.size() == 3);
+    CHECK(one.members[0].ext == "jpg");
+    CHECK(one.members[1].ext == "seg.png");
+    CHECK(one.members[2].ext == "cls");
+    CHECK(one.at("jpg").str() == "one");
+    CHECK(one.at("JPG").str() == "one");
+    CHECK(one.at("SEG.png").str() == "mask");
+    CHECK(one.find("png") == nullptr);
+    CHECK(ferry::parse_webdataset(*src.next()).key == "__a__b/2");
+    expect_format_error([&] { src.next(); }, path, at, "sample 'a/4' has two members with one extension");
+    CHECK(ferry::parse_webdataset(*src.next()).key == "a/5");  // reading goes on past it
+    CHECK(!src.next());
   }
   SUBCASE("a sample with two members of one extension is one bad record") {
     tar_writer w;

@@ -11,8 +11,8 @@
 //
 // A record is one sample: the run of consecutive tar members whose names share a key
 // (WebDataset's rule: the key is the path up to the first dot of the base name, the
-// extension the rest, its case kept where WebDataset lowercases: a/000123.seg.png is key
-// a/000123, extension seg.png), from the first member's header to the end of the last
+// extension the rest, lowercased as WebDataset does (ASCII letters): a/000123.Seg.PNG is
+// key a/000123, extension seg.png), from the first member's header to the end of the last
 // one's padding, so a sample is read, sharded, interleaved, shuffled and checkpointed like
 // any record, and costs no copy.
 // parse_webdataset(record) walks it again and gives each member as a record of its own
@@ -20,8 +20,9 @@
 //
 // Tar as written by GNU tar, Python's tarfile and WebDataset's writers: POSIX ustar
 // (prefix + name), GNU long names ('L'), pax headers ('x': path and size), base-256
-// sizes; directories, links, global pax headers and names without a dot (README) carry no
-// sample data and are passed over, as WebDataset's group_by_keys does: before a sample a
+// sizes; directories, links, global pax headers, names without a dot (README) and
+// WebDataset's metadata names (a first path component __like_this__: __meta__/info.json)
+// carry no sample data and are passed over, as WebDataset's reader does: before a sample a
 // chunk at a time, after a member within the sample's span (only past them is it known
 // whether the sample goes on), so they never split one. Two zero blocks end an archive;
 // reading goes on after them when another archive follows (cat a.tar b.tar), as tar
@@ -53,7 +54,7 @@
 // passes over alone (raise throws them as format_errors, and the next call reads on after
 // them): a sample larger than max_record_bytes (at its first header, naming the member that
 // takes it past), a sample with
-// two members of one extension, and the rest of a sample that went on after an entry passed
+// two members of one extension (in any case: 1.jpg and 1.JPG, as WebDataset), and the rest of a sample that went on after an entry passed
 // over, or at a member whose long-name or pax headers, would take it past max_record_bytes
 // (framed from the next member's header on, naming the entry: the sample came out without
 // them; not seen across a restore between the two, as the checkpoint is an offset). An
@@ -89,9 +90,23 @@ namespace ferry {
 // The WebDataset (tar) format tag, for from_files (see the file's top).
 struct webdataset {};
 
+namespace detail {
+inline char lower_ascii(char c) noexcept { return c >= 'A' && c <= 'Z' ? char(c - 'A' + 'a') : c; }
+// Extensions compare as WebDataset's lowercased ones do.
+inline bool same_ext(std::string_view a, std::string_view b) noexcept {
+  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(),
+                                            [](char x, char y) { return lower_ascii(x) == lower_ascii(y); });
+}
+inline std::string lowered(std::string_view x) {
+  std::string s(x);
+  for (char& c : s) c = lower_ascii(c);
+  return s;
+}
+}  // namespace detail
+
 // One member of a sample: its extension ("jpg", "seg.png") and its bytes.
 struct webdataset_member {
-  std::string ext;  // the name after the first dot of its base name
+  std::string ext;  // the name after the first dot of its base name, lowercased
   record data;      // its bytes, sharing the sample's storage; origin: its header
 };
 
@@ -100,10 +115,11 @@ struct webdataset_sample {
   std::string key;  // the path up to the first dot of the base name ("a/000123")
   std::vector<webdataset_member> members;  // each extension once
 
-  // The member with extension `ext`, or nullptr. Throws nothing.
+  // The member with extension `ext` (ASCII letters in any case: "jpg" finds 1.JPG), or
+  // nullptr. Throws nothing.
   const record* find(std::string_view ext) const noexcept {
     for (const auto& m : members)
-      if (m.ext == ext) return &m.data;
+      if (detail::same_ext(m.ext, ext)) return &m.data;
     return nullptr;
   }
   // The member with extension `ext`; throws format_error naming the file, the sample's
@@ -329,9 +345,12 @@ struct tar_reader {
   }
 };
 
-// WebDataset's base_plus_ext: key and extension of a member's name, false for a name
-// whose base name has no dot (WebDataset passes those over).
+// WebDataset's base_plus_ext: key and extension (case kept) of a member's name; false for
+// a name whose base name has no dot, and for a metadata name (its first path component
+// __like_this__), which WebDataset's reader passes over.
 inline bool split_wds_name(std::string_view name, std::string_view& key, std::string_view& ext) {
+  const std::string_view first = name.substr(0, name.find('/'));
+  if (first.size() >= 4 && first.starts_with("__") && first.ends_with("__")) return false;
   const std::size_t slash = name.rfind('/');
   const std::size_t base = slash == std::string_view::npos ? 0 : slash + 1;
   const std::size_t dot = name.find('.', base);
@@ -500,7 +519,7 @@ struct wds_framer {
       pos = static_cast<std::size_t>(e.end);
       if (!member) continue;  // a README or directory in the span: the sample may go on after it
       if (end == 0) key.assign(k);
-      if (std::find(exts.begin(), exts.end(), x) != exts.end()) dup = true;
+      if (std::any_of(exts.begin(), exts.end(), [x](const std::string& y) { return same_ext(x, y); })) dup = true;
       exts.emplace_back(x);
       end = pos;
     }
@@ -542,7 +561,7 @@ inline void parse_webdataset(const record& r, webdataset_sample& out) {
       rd.fail(e.start, "member '" + e.name + "' is not of sample '" + out.key + "': not one sample's bytes");
     if (out.find(x)) rd.fail(e.start, "sample '" + out.key + "' has two members '." + std::string(x) + "'");
     out.members.push_back(webdataset_member{
-        std::string(x), r.part(e.data, static_cast<std::size_t>(e.size), static_cast<std::uint32_t>(e.data - e.start))});
+        detail::lowered(x), r.part(e.data, static_cast<std::size_t>(e.size), static_cast<std::uint32_t>(e.data - e.start))});
   }
   if (out.members.empty()) rd.fail(0, "no member in the sample (not a WebDataset sample's bytes)");
 }
