@@ -16,8 +16,8 @@
 # Compile time is most of the cost (docs/testing.md): the sanitizer builds compile at -Og
 # with line tables only (-g1: enough for the sanitizers' stack traces), and ninja runs
 # one job per core as memory allows (scripts/jobs.sh; FERRY_JOBS overrides). A fresh
-# 2-core machine with a cold ccache takes 29 to 33 minutes (44 to 46 on a slower VM;
-# docs/testing.md, measured).
+# 2-core machine with a cold ccache takes 29 to 34 minutes with nothing else running, up
+# to 38 with other builds beside it (44 to 46 on a slower VM; docs/testing.md, measured).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$SECONDS

@@ -33,6 +33,8 @@
 #include <utility>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "ferry/ferry.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/train/host_trainer.hpp"
@@ -73,26 +75,17 @@ int main(int argc, char** argv) try {
   int epochs = 3;
   std::size_t replicas = 2, limit = 0;
   std::string dir = "/usr/share/dict";
-  const auto usage = [&] {
-    std::fprintf(stderr, "usage: %s [--epochs N] [--replicas R] [--dict DIR] [--limit WORDS_PER_LIST]\n", argv[0]);
-    return 1;
-  };
-  for (int i = 1; i < argc; i += 2) {
-    if (i + 1 == argc) {  // a flag without its value is a mistake, not a default
-      std::fprintf(stderr, "11_text_language: %s needs a value\n", argv[i]);
-      return usage();
-    }
-    const std::string a = argv[i], v = argv[i + 1];
-    if (a == "--epochs") epochs = std::atoi(v.c_str());
-    else if (a == "--replicas") replicas = std::size_t(std::atoi(v.c_str()));
-    else if (a == "--dict") dir = v;
-    else if (a == "--limit") limit = std::size_t(std::atoll(v.c_str()));
-    else
-      return usage();
-  }
-  if (epochs < 1 || replicas < 1) {
-    std::fprintf(stderr, "11_text_language: --epochs and --replicas must be at least 1\n");
-    return 1;
+  CLI::App app("The language of a word from its bytes: Debian's word lists bucketed by length, padded, "
+               "distributed over host replicas and trained.",
+               "11_text_language");
+  app.add_option("--epochs", epochs)->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--replicas", replicas, "host replicas")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--dict", dir, "the word lists' directory")->capture_default_str();
+  app.add_option("--limit", limit, "words from each list at most (default: all)")->check(CLI::Range(1, 1 << 30));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 1;  // --help: 0; else the message and 1
   }
 
   // The words, as views into one array; train and test by the hash.

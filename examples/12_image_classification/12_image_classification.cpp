@@ -40,6 +40,8 @@
 #include <thread>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "ferry/error.hpp"
 #include "ferry/image/augment.hpp"
 #include "ferry/image/jpeg.hpp"
@@ -197,45 +199,28 @@ void run(fmnist::model& m, const Tag& tag, const ex12::augment_fn& augment, cons
   std::printf("test_accuracy: %.4f\n", accuracy);
 }
 
-[[noreturn]] void usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--epochs N] [--batch B] [--workers N] [--device auto|gpu|cpu] [--replicas R]\n"
-               "          [--limit TRAIN_IMAGES] [--seed S] [--world W --rank I] [--data DIR]\n",
-               argv0);
-  std::exit(1);
-}
-
+// The command line, or an exit: 0 after --help, 1 with CLI11's message for a bad one.
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; i += 2) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) usage(argv[0]);
-    const std::string v = argv[i + 1];
-    auto whole = [&](std::uint64_t lo) {
-      std::uint64_t n = 0;
-      const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
-      if (ec != std::errc{} || end != v.data() + v.size() || n < lo) {
-        std::fprintf(stderr, "12_image_classification: %s wants a whole number >= %llu, got '%s'\n", a.c_str(),
-                     (unsigned long long)lo, v.c_str());
-        std::exit(1);
-      }
-      return n;
-    };
-    if (a == "--epochs") o.epochs = int(whole(1));
-    else if (a == "--batch") o.batch = whole(1);
-    else if (a == "--workers") o.workers = whole(1);
-    else if (a == "--replicas") o.replicas = whole(1);
-    else if (a == "--limit") o.limit = whole(1);
-    else if (a == "--seed") o.seed = whole(0);
-    else if (a == "--world") o.world = whole(1);
-    else if (a == "--rank") o.rank = whole(0);
-    else if (a == "--data") o.data = v;
-    else if (a == "--device" && (v == "auto" || v == "gpu" || v == "cpu")) o.device = v;
-    else usage(argv[0]);
-  }
-  if (o.rank >= o.world) {
-    std::fprintf(stderr, "12_image_classification: --rank must be below --world\n");
-    std::exit(1);
+  CLI::App app("Image classification through the image path: WebDataset shards of JPEGs, a fused random "
+               "crop on map's workers, augmentation after distribute, example 04's trainer.",
+               "12_image_classification");
+  app.add_option("--epochs", o.epochs)->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--batch", o.batch, "the global batch")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--workers", o.workers, "map's decode threads (default: the cores)")->check(CLI::Range(1, 1024));
+  app.add_option("--device", o.device)->check(CLI::IsMember({"auto", "gpu", "cpu"}))->capture_default_str();
+  app.add_option("--replicas", o.replicas, "cpu: host replicas (default: one per core, at most batch / 64, dividing the batch)")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--limit", o.limit, "train on the first N images")->check(CLI::Range(std::uint64_t(1), ~std::uint64_t(0)));
+  app.add_option("--seed", o.seed)->capture_default_str();
+  auto* world = app.add_option("--world", o.world, "shards (by file)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--rank", o.rank, "this one's shard")->check(CLI::Range(0, 1 << 20))->needs(world)->capture_default_str();
+  app.add_option("--data", o.data, "the directory of train-*.tar and test-*.tar")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+    if (o.rank >= o.world) throw CLI::ValidationError("--rank", "must be below --world");
+  } catch (const CLI::ParseError& e) {
+    std::exit(app.exit(e) == 0 ? 0 : 1);
   }
   return o;
 }

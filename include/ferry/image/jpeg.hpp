@@ -9,9 +9,11 @@
 //   auto win = ferry::image::random_resized_crop(h.width, h.height, rng);    // torchvision's draw
 //   ferry::image::decode_jpeg_crop(bytes, win, {224, 224, 3, /*flip=*/true}, out);
 //
-// The fused crop: libjpeg-turbo decodes at scale k/8 (k = 1..8) through the inverse DCT,
-// so a crop that is more than twice the output size costs a fraction of a full decode; the
-// smallest k whose scaled crop is at least the output size in both directions is taken.
+// The fused crop: libjpeg-turbo decodes at scale k/8 through the inverse DCT, so a crop
+// that is at least twice the output size costs a fraction of a full decode; the smallest k
+// of 1, 2 and 4 whose scaled crop is at least the output size in both directions is taken,
+// else 8 (full size: libjpeg-turbo has SIMD code for those four; 3/8, 5/8, 6/8 and 7/8 are
+// plain C there and were slower than decoding at the next of them; docs/images.md).
 // Only the crop's rows are decoded (jpeg_skip_scanlines before, none after) and, across,
 // only the iMCU columns of its columns and of one more either side (jpeg_crop_scanline:
 // libjpeg repeats a region's edge chroma where a full decode interpolates, tens of levels
@@ -284,9 +286,9 @@ inline image decode_jpeg(std::span<const std::byte> bytes, std::uint32_t channel
   return img;
 }
 
-// The DCT scale k/8 (k = 1..8) a fused crop decodes `win` at for `out`: the smallest whose
-// scaled crop is at least the output in both directions (8: full size, when even that is
-// smaller: the resize then enlarges).
+// The DCT scale k/8 (k = 1, 2, 4 or 8) a fused crop decodes `win` at for `out`: the
+// smallest of 1, 2 and 4 whose scaled crop is at least the output in both directions,
+// else 8 (full size; when even that is smaller the resize enlarges).
 inline unsigned jpeg_crop_scale(const crop_window& win, const crop_output& out) {
   for (unsigned k = 1; k < 8; k *= 2)
     if (std::uint64_t(win.width) * k >= std::uint64_t(out.width) * 8 && std::uint64_t(win.height) * k >= std::uint64_t(out.height) * 8)

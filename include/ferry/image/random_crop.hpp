@@ -9,7 +9,7 @@
 //                }, {.workers = 8})
 //              | ferry::batch(256);
 //
-// The draw: torchvision's RandomResizedCrop (random_resized_crop in jpeg.hpp: area scale
+// The draw: torchvision's RandomResizedCrop (random_resized_crop in image.hpp: area scale
 // and log-uniform aspect ratio, ten tries, then the centre crop) and a horizontal flip with
 // probability `flip`, from a SplitMix64 seeded by element_key: the seed, the record's
 // epoch (record::origin().epoch: from_files' and interleave's count of rewinds), its file's

@@ -4,12 +4,12 @@
 // holds its batch size. Rows of like length share a batch, so little of it is padding.
 // tf.data's bucket_by_sequence_length.
 //
-//   // elements: std::pair<std::vector<std::int32_t>, std::int32_t> (tokens, label)
-//   auto p = src | ferry::bucket_by_sequence_length(
-//                      [](const auto& e) { return e.first.size(); },
-//                      {8, 16, 32},           // buckets [0, 8), [8, 16), [16, 32), [32, inf)
-//                      {128, 64, 32, 16});    // a batch size per bucket
-//   auto q = src | ferry::bucket_by_sequence_length(len, {8, 16, 32}, {}, {.max_tokens = 4096});
+//   // rows(): a new source of std::pair<std::vector<std::int32_t>, std::int32_t> (tokens, label)
+//   auto p = rows() | ferry::bucket_by_sequence_length(
+//                         [](const auto& e) { return e.first.size(); },
+//                         {8, 16, 32},           // buckets [0, 8), [8, 16), [16, 32), [32, inf)
+//                         {128, 64, 32, 16});    // a batch size per bucket
+//   auto q = rows() | ferry::bucket_by_sequence_length(len, {8, 16, 32}, {}, {.max_tokens = 4096});
 //
 // Buckets: k boundaries b0 < b1 < ... make k+1 buckets, [0, b0), [b0, b1), ..., [b(k-1),
 // infinity), each with its batch size (k+1 of them). L, for each ragged field: the batch's

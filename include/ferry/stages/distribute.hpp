@@ -117,7 +117,8 @@ struct distribute_options {
   // Backends that copy (CUDA): 1 makes step k+1 (its copies enqueued) when handing out
   // step k, so the copy runs beside step k's compute even when the consumer waits for
   // each step's result on the host (a trainer reading its loss); 0 makes each step when
-  // asked for. Host replicas copy nothing and ignore it. Anything else is a config_error.
+  // asked for. Anything else is a config_error, also for host replicas, which copy
+  // nothing: there a valid value has no effect (one set of options serves both backends).
   std::size_t steps_ahead = 1;
   // Backends that copy (CUDA): make steps on a thread of distribute's own (tf.data's
   // prefetch_to_device), up to steps_ahead (1 to 64; 4 is a good start) ready ahead, so
@@ -125,7 +126,7 @@ struct distribute_options {
   // streams after the copies and takes the next step. For a consumer thread that is the
   // bottleneck (a small model's launches): its next() fell from 16 to a few microseconds
   // on an H200 (docs/distribute.md). Everything upstream then runs on that thread. Host
-  // replicas copy nothing and ignore it.
+  // replicas copy nothing: there it has no effect, but steps_ahead is checked as above.
   bool staging_thread = false;
 };
 

@@ -1,11 +1,11 @@
-// ferry/stages/interleave.hpp: interleave(fn, {.cycle, .block, .workers}) turns each
+// ferry/stages/interleave.hpp: interleave(fn, {.workers, .block, .cycle}) turns each
 // upstream element into a source with fn and hands out the elements of `cycle` of them at
 // once, `block` at a time from each, in a fixed order (tf.data's interleave); and its file
 // fast path, from_files(...) | interleave(cycle, {.workers, .block}).
 //
 //   ferry::from_range(shard_paths)
 //     | ferry::interleave([](const std::string& p) { return ferry::from_files({p}, ferry::tfrecord{}); },
-//                         {.cycle = 4, .block = 16, .workers = 4})
+//                         {.workers = 4, .block = 16, .cycle = 4})
 //   ferry::from_files({"shards/*.tfrecord"}, ferry::tfrecord{}) | ferry::shard(n, i)
 //     | ferry::interleave(4, {.workers = 4, .block = 16}) | ferry::batch(256)
 //
@@ -93,7 +93,7 @@
 
 namespace ferry {
 
-// interleave()'s options, a braced list: interleave(fn, {.cycle = 4, .block = 16}).
+// interleave()'s options, a braced list in this order: interleave(fn, {.block = 16, .cycle = 4}).
 struct interleave_options {
   std::size_t workers = 2;   // threads: fn form, one per open slot (0: none); files: readers
   std::size_t block = 1;     // elements taken from a slot before the turn moves on

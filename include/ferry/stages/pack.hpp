@@ -4,13 +4,14 @@
 // so that a model can keep attention inside each sequence. What LLM pretraining loaders
 // do instead of padding: no token is padding except in the epoch's last row.
 //
-//   // elements: std::vector<std::int32_t>, one document's tokens each
-//   auto p = docs | ferry::pack(2048, 8) | ferry::prefetch(2) | ferry::distribute(devs);
-//   for (auto& b : plain) {                       // batch_of<std::tuple<padded<std::int32_t>,
-//     ferry::padded_view<std::int32_t> tok = b.field<0>();   //   padded<std::uint32_t>,
-//     ferry::padded_view<std::uint32_t> seg = b.field<1>();  //   padded<std::uint32_t>>>
-//     ferry::padded_view<std::uint32_t> pos = b.field<2>();
-//   }
+//   // docs: a source of std::vector<std::int32_t>, one document's tokens each
+//   auto p = std::move(docs) | ferry::pack(2048, 8) | ferry::prefetch(2) | ferry::distribute(devs);
+//   for (auto& st : p)                             // batches: batch_of<std::tuple<
+//     for (auto& rb : st) {                        //   padded<std::int32_t>, padded<std::uint32_t>,
+//       ferry::padded_view<std::int32_t> tok = rb.field<0>();   //   padded<std::uint32_t>>>
+//       ferry::padded_view<std::uint32_t> seg = rb.field<1>();  // each replica's rows, on its
+//       ferry::padded_view<std::uint32_t> pos = rb.field<2>();  // device with cuda::devices
+//     }
 //
 // Each row: L tokens (width L) from one or more sequences, in order. seg[i][j] is 1 for
 // the row's first (piece of a) sequence, 2 for the next, ...; pos[i][j] counts from 0

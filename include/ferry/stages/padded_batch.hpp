@@ -3,15 +3,15 @@
 // a padded field: n rows of the same length L, each row its values then padding, and each
 // row's real length. Fixed fields pass unchanged. tf.data's padded_batch.
 //
-//   // elements: std::pair<std::vector<std::int32_t>, std::int32_t> (tokens, label)
-//   auto p = src | ferry::padded_batch(64);                          // L: the batch's longest row
-//   auto q = src | ferry::padded_batch(64, {.multiple_of = 8});      // ... rounded up to 8
-//   auto r = src | ferry::padded_batch(64, {.length = 128, .truncate = true, .pad_value = -1});
+//   // rows(): a new source of std::pair<std::vector<std::int32_t>, std::int32_t> (tokens, label)
+//   auto p = rows() | ferry::padded_batch(64);                       // L: the batch's longest row
+//   auto q = rows() | ferry::padded_batch(64, {.multiple_of = 8});   // ... rounded up to 8
+//   auto r = rows() | ferry::padded_batch(64, {.length = 128, .truncate = true, .pad_value = -1});
 //   for (auto& b : p) {
 //     ferry::padded_view<std::int32_t> t = b.field<0>();   // t.width == L, t[i] a row of L
 //     std::span<const std::uint32_t> len = t.lengths;       // real lengths, each <= L
 //   }
-//   auto m = src | ferry::padded_batch(64, ferry::with_mask);  // + field<2>(): t's mask
+//   auto m = rows() | ferry::padded_batch(64, ferry::with_mask);  // + field<2>(): t's mask
 //
 // The batch's type is batch_of<padded_element_t<T>>: each ragged field of T named
 // ferry::padded<its value type>. distribute() splits such batches across replicas as it
