@@ -23,7 +23,11 @@
 //   next_view(n)           when the stage has pull_view(n)         (contiguous sources)
 //   rewind()               halt() if the stage has threads, every upstream's rewind(),
 //                          then start_epoch(); a source (no upstream) is rewindable when
-//                          it has start_epoch()
+//                          it has start_epoch(). One that throws (a file that cannot be
+//                          reopened) marks every stage it throws through, as a failed
+//                          restore does: their threads are stopped and no epoch started,
+//                          so a next() would wait for nothing or read on from anywhere;
+//                          a rewind() that succeeds clears it
 //   save(w) / restore(r)   the checkpoint rule, once: every upstream's words first (or
 //                          the stage's save_upstream(w), for a stage that is ahead of its
 //                          upstream, with restore_upstream(r) when the stage holds its
@@ -60,6 +64,9 @@
 // Opt-outs, each a visible line in the stage:
 //   static constexpr bool changes_batch_size = true;   no batch_size()
 //   static constexpr bool cannot_save = true;          no save()/restore()
+//   static constexpr bool usable_when_start_epoch_throws = true;
+//                                                      not marked when its own
+//                                                      start_epoch() throws in rewind()
 // A source (no upstream) must have save_words/restore_words unless it cannot save.
 //
 // Storage: stage<> keeps the upstream inside the stage object; threaded_stage<> keeps it in
@@ -161,8 +168,8 @@ enum class stage_state : std::uint8_t { ready, moved_from, restore_failed };
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_unusable(const char* stage, stage_state s) {
   if (s == stage_state::moved_from) throw_moved_from(stage);
   throw config_error(std::string(stage) +
-                     ": a restore into this pipeline failed part way (some of its stages took the "
-                     "state's positions, others not, so its elements would be neither the "
+                     ": a restore or rewind() of this pipeline failed part way (some of its stages "
+                     "took the new position, others not, so its elements would be neither the "
                      "state's nor a fresh epoch's): rewind() it, or restore a state that matches "
                      "it, before next() or save_state()");
 }
@@ -233,6 +240,10 @@ class stage_base : public source_interface<Derived> {
   template <class D = Derived>
   static constexpr bool has_start_epoch() {
     return requires(D& d) { d.start_epoch(); };
+  }
+  template <class D = Derived>
+  static constexpr bool keeps_usable_on_start_epoch_error() {
+    return requires { requires D::usable_when_start_epoch_throws; };
   }
   template <class D = Derived>
   static constexpr bool has_config() {
@@ -381,15 +392,24 @@ class stage_base : public source_interface<Derived> {
                                   [&]() -> std::span<const Value> { return self().pull_view(max); });
   }
 
-  // Also the way back from a failed restore: every stage's epoch starts again.
+  // Also the way back from a failed restore: every stage's epoch starts again. Throws what
+  // the upstreams' rewind() and start_epoch() throw, and marks the stage then (see the
+  // file's top).
   void rewind()
     requires(can_rewind())
   {
     check_not_moved();
-    if constexpr (requires(Derived& d) { d.halt(); }) self().halt();
-    each_up([](auto& u) { u.rewind(); });
-    if constexpr (has_start_epoch()) self().start_epoch();
+    try {
+      if constexpr (requires(Derived& d) { d.halt(); }) self().halt();
+      each_up([](auto& u) { u.rewind(); });
+      if constexpr (has_start_epoch() && !keeps_usable_on_start_epoch_error()) self().start_epoch();
+    } catch (...) {
+      state_ = stage_state::restore_failed;
+      throw;
+    }
     rewound();
+    // A stage that stays usable when its start_epoch throws says what it serves then.
+    if constexpr (has_start_epoch() && keeps_usable_on_start_epoch_error()) self().start_epoch();
   }
 
   void save(state_writer& w) const

@@ -907,7 +907,7 @@ void check_refused_restore(u64 bad) {
       INFO((refused == &shorter ? "a state one word short" : "a state one word long"));
       auto q = C::make(bad);
       CHECK_THROWS_AS(ferry::restore_state(q, *refused), ferry::config_error);
-      CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("a restore into this pipeline failed part way"),
+      CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("a restore or rewind() of this pipeline failed part way"),
                            ferry::config_error);
       CHECK_THROWS_AS(ferry::save_state(q), ferry::config_error);
       // A good restore after the refused one: exact.

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <functional>
+#include <optional>
+#include <stdexcept>
 #include <vector>
 
 #include "common/doubles.hpp"
@@ -318,7 +320,7 @@ TEST_CASE("property: a checkpoint restores into its own configuration only, nami
 // marked: pulls and save_state() throw config_error until rewind() or a good restore.
 TEST_CASE("a refused restore marks the pipeline until rewind() or a good restore" * doctest::timeout(60)) {
   watchdog w(60s);
-  const auto part_way = doctest::Contains("a restore into this pipeline failed part way");
+  const auto part_way = doctest::Contains("a restore or rewind() of this pipeline failed part way");
   std::vector<std::uint64_t> v(20);
   for (std::uint64_t i = 0; i < 20; ++i) v[i] = i;
   auto shuffled = [&](std::uint64_t seed) { return ferry::from_range(v) | ferry::shuffle(4, seed); };
@@ -395,7 +397,7 @@ TEST_CASE("a refused restore marks the pipeline until rewind() or a good restore
 // shuffle; next_bulk is refused as next() is.
 TEST_CASE("a refused restore marks threaded stages, joins and interleave(fn) too" * doctest::timeout(60)) {
   watchdog w(60s);
-  const auto part_way = doctest::Contains("a restore into this pipeline failed part way");
+  const auto part_way = doctest::Contains("a restore or rewind() of this pipeline failed part way");
   auto gen = [] { return ferry::from_generator(60, [](std::uint64_t i) { return i * 3; }); };
   auto flat = [](auto& p) {
     std::vector<std::uint64_t> out;
@@ -575,7 +577,7 @@ TEST_CASE("interleave(fn): an anchor far back (one long source among many short 
 TEST_CASE("interleave(fn): a replayed pull that opened a slot and now throws is an error, not a lost slot" *
           doctest::timeout(60)) {
   watchdog w(60s);
-  const auto part_way = doctest::Contains("a restore into this pipeline failed part way");
+  const auto part_way = doctest::Contains("a restore or rewind() of this pipeline failed part way");
   bool up_fails = false, fn_fails = false;
   auto make = [&] {
     return ferry::from_generator(20,
@@ -649,4 +651,60 @@ TEST_CASE("interleave(fn): save, restore, take one, save again, restore again: e
     ferry::restore_state(c, ferry::save_state(b));
     CHECK(drain(c) == std::vector<std::uint64_t>(all.begin() + std::ptrdiff_t(k + 1), all.end()));
   }
+}
+
+// A source whose rewind() throws while armed (a file that cannot be reopened).
+class rewind_fails : public ferry::source_interface<rewind_fails> {
+ public:
+  using value_type = std::uint64_t;
+  explicit rewind_fails(const bool* armed) : armed_(armed) {}
+  std::optional<std::uint64_t> next() {
+    if (i_ >= 40) return std::nullopt;
+    return i_++;
+  }
+  void rewind() {
+    if (*armed_) throw std::runtime_error("cannot reopen");
+    i_ = 0;
+  }
+
+ private:
+  const bool* armed_;
+  std::uint64_t i_ = 0;
+};
+
+// A rewind() that throws in the upstream stopped a prefetch's or a parallel map's threads
+// and started no epoch: the next next() waited for ever on a queue nothing fills (an
+// interleave(fn) restarted its slots from wherever the upstream was). Now every stage it
+// throws through is marked: next() and save() throw config_error until a rewind() that
+// succeeds, which gives a whole epoch.
+TEST_CASE("a rewind() that throws part way marks the pipeline: next() throws, not waits; the next rewind() recovers" *
+          doctest::timeout(60)) {
+  watchdog w(60s);
+  const auto part_way = doctest::Contains("a restore or rewind() of this pipeline failed part way");
+  bool armed = false;
+  const auto check = [&](auto p, const char* what, std::size_t per_epoch) {
+    CAPTURE(what);
+    armed = false;
+    std::size_t n = 0;
+    REQUIRE(p.next());  // threads started, reading ahead
+    REQUIRE(p.next());
+    armed = true;
+    CHECK_THROWS_WITH(p.rewind(), doctest::Contains("cannot reopen"));
+    CHECK_THROWS_WITH_AS((void)p.next(), part_way, ferry::config_error);
+    CHECK_THROWS_WITH_AS((void)p.next(), part_way, ferry::config_error);
+    armed = false;
+    p.rewind();
+    while (p.next()) ++n;
+    CHECK(n == per_epoch);
+  };
+  const auto src = [&] { return rewind_fails(&armed); };
+  check(src() | ferry::prefetch(2), "prefetch", 40);
+  check(src() | ferry::map([](std::uint64_t x) { return x + 1; }, {.workers = 2, .window = 4}), "map, 2 workers", 40);
+  check(src() | ferry::map([](std::uint64_t x) { return x + 1; }, {.workers = 2, .window = 4}) | ferry::batch(8),
+        "map, 2 workers | batch", 5);
+  check(src() | ferry::interleave([](std::uint64_t x) { return ferry::from_generator(2, [x](std::uint64_t j) { return x * 10 + j; }); },
+                                  {.workers = 2, .block = 1, .cycle = 3}),
+        "interleave(fn), 2 workers", 80);
+  check(src() | ferry::prefetch(2) | ferry::shuffle(8, 1) | ferry::prefetch(1), "prefetch | shuffle | prefetch", 40);
+  check(src() | ferry::cache(), "cache, a pass part way (its own rewind)", 40);
 }

@@ -113,10 +113,15 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     requires rewindable_source<Up>
   {
     this->check_not_moved();
-    next_pass();
-    // A restore that failed in the upstream marked it; where the pass replays without it
-    // (a kept pass), it starts its epoch again all the same.
-    if (restore_failed_in(this->up())) this->up().rewind();
+    try {
+      next_pass();
+      // A restore that failed in the upstream marked it; where the pass replays without it
+      // (a kept pass), it starts its epoch again all the same.
+      if (restore_failed_in(this->up())) this->up().rewind();
+    } catch (...) {  // a replay that cannot be opened, an upstream's rewind: marked, as the base's
+      ferry_mark_restore_failed(*this);
+      throw;
+    }
     this->rewound();
   }
 

@@ -244,6 +244,9 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
   // The upstream from now on, every epoch; the memory freed.
   void give_up() noexcept { free_all(), state_ = mode::streaming; }
 
+  // A failure in start_epoch() (the agreement, the end of the fill, a reorder) gives the
+  // cache up and throws: the stage then streams, so the base's rewind() leaves it usable.
+  static constexpr bool usable_when_start_epoch_throws = true;
   void start_epoch() {
     held_.reset();  // a step of the epoch left
     if (o_.resume && o_.resume->epoch == 0) resumed_ = true;  // past its position (or given up)
