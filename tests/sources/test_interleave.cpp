@@ -861,3 +861,42 @@ TEST_CASE("interleave(fn) over an upstream that cannot be saved: every element c
     CHECK(got == want);
   }
 }
+
+// interleave(fn) kept its counters inside the stage object, and its slots' threads wrote
+// their waits there: after a move mid-epoch (into another variable, an any_source, the
+// next stage) they wrote into the old object, freed or not (ASan: heap-use-after-free).
+// The counters now live in the stage's heap block, which moves with it: the moved-to
+// stage counts the waits of the threads started before the move.
+TEST_CASE("interleave(fn) with workers moved mid-epoch: its threads count into the stage they now serve" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  ferry::enable_stats();
+  struct stats_off {
+    ~stats_off() { ferry::enable_stats(false); }
+  } off;
+  auto make = [] {
+    return ferry::from_range(std::vector<std::uint64_t>{0, 1}) |  // no slot opens after the move
+           ferry::interleave(
+               [](std::uint64_t i) {
+                 return ferry::from_generator(40000, [i](std::uint64_t k) { return i * 1000000 + k; });
+               },
+               {.workers = 2, .block = 1, .buffer = 4, .cycle = 2});
+  };
+  using P = decltype(make());
+  auto p = std::make_unique<P>(make());
+  REQUIRE(p->next());  // both slots' threads started
+  REQUIRE(p->next());
+  P q = std::move(*p);
+  p.reset();  // the old object, where the threads counted, is gone
+  const auto waits = [&] {
+    for (const auto& s : ferry::report(q).stages)
+      if (s.kind == "interleave") return s.wait_upstream_s + s.wait_downstream_s;
+    return -1.0;
+  };
+  const double before = waits();
+  std::uint64_t n = 2;
+  while (q.next()) ++n;
+  CHECK(n == 80000);
+  // 80000 elements through queues of 4: some side waited, and it counted here.
+  CHECK(waits() > before);
+}

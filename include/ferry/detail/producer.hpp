@@ -239,7 +239,8 @@ class producer {
           c.producer_sleeps = true;
           c.not_full.wait(lk, [&] { return c.stop || !c.producer_sleeps; });
           c.producer_sleeps = false;
-          if (c.producer_stats) wt.stop(c.producer_stats->wait_down, c.names.producer_wait);
+          // Shared: interleave's slot threads all count into their stage's counters.
+          if (c.producer_stats) wt.stop(c.producer_stats->wait_down, c.names.producer_wait, /*shared=*/true);
         }
         if (c.stop) return;  // `it` goes here (a made step's blocks go back)
         try {

@@ -107,12 +107,14 @@ template <class Up, class F>
 using interleave_inner_t = std::remove_cvref_t<std::invoke_result_t<F&, value_t<Up>&&>>;
 
 template <source Up, class F>
+// threaded_stage: the slots' threads write the stage's counters, which must not move with
+// the stage (a pipeline moved mid-epoch, into an any_source or the next stage).
 class interleave_source
-    : public stage<interleave_source<Up, F>, Up, value_t<interleave_inner_t<Up, F>>> {
+    : public threaded_stage<interleave_source<Up, F>, Up, value_t<interleave_inner_t<Up, F>>> {
   using S = interleave_inner_t<Up, F>;
   static_assert(source<S>, "ferry::interleave: fn must return a source (a pipeline) for each upstream element");
   using T = value_t<S>;
-  friend stage<interleave_source, Up, T>;
+  friend threaded_stage<interleave_source, Up, T>;
   static constexpr bool resumable = resumable_source<Up> && resumable_source<S>;
 
   // One open slot. The source lives at a fixed address: its thread (if any) pulls it.
@@ -132,7 +134,7 @@ class interleave_source
   static constexpr bool cannot_save = !resumable;
 
   interleave_source(Up up, F fn, interleave_options o)
-      : stage<interleave_source, Up, T>(std::move(up)), fn_(std::move(fn)), o_(o), slots_(o.cycle) {}
+      : threaded_stage<interleave_source, Up, T>(std::move(up)), fn_(std::move(fn)), o_(o), slots_(o.cycle) {}
 
  private:
   std::optional<T> pull() {
