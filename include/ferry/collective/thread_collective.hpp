@@ -11,9 +11,12 @@
 // the result does not depend on thread timing. Two barriers per call; no allocation.
 //
 // Failure: if one thread fails (its replica threw), abort() (on the group or any of its
-// communicators, from any thread) wakes every thread waiting in a collective and makes it
-// throw ferry::error (naming its rank and who aborted) instead of waiting forever; every
-// later collective throws the same until reset(). A thread that was waiting when abort()
+// communicators, from any thread) wakes every thread waiting to enter a collective and makes
+// it throw ferry::error (naming its rank and who aborted) instead of waiting forever; every
+// later collective throws the same until reset(). Once every rank has posted its buffer
+// the collective is finished, abort or not: each rank reads and writes the others' buffers
+// until the last is done (memory only, nothing that can fail), and one that threw then
+// would free its buffer under the others. A thread that was waiting when abort()
 // was called throws even if reset() runs before it wakes, so reset() may be called as soon
 // as the caller knows the threads it cares about are out; but only whoever drives every
 // rank can know that no rank is still on its way into the aborted collective (a rank that
@@ -111,7 +114,8 @@ class thread_group {
     return error(who + ": the collective was aborted by " + by + " (a replica failed)");
   }
 
-  // The barrier of rank `rank` (-1 when unknown: thread_group::barrier()).
+  // The barrier of rank `rank` (-1 when unknown: thread_group::barrier()), which abort()
+  // breaks until it completes.
   void barrier(int rank) {
     std::unique_lock lk(m_);
     if (aborted_) throw aborted_error(rank);
@@ -120,15 +124,35 @@ class thread_group {
     const std::uint64_t gen = gen_, aborts = aborts_;
     if (++waiting_ == n_) {
       waiting_ = 0;
+      completed_ = {gen, aborts};
       ++gen_;
       lk.unlock();
       cv_.notify_all();
       return;
     }
     cv_.wait(lk, [&] { return gen_ != gen || aborts_ != aborts; });
-    // Aborted first: after abort() and reset(), fresh arrivals may complete a barrier of
-    // this generation without this thread, so a changed gen_ alone proves nothing.
-    if (aborts_ != aborts) throw aborted_error(rank);
+    // Completed with this thread in it (before any abort): the others are past it, into
+    // this thread's buffer, so it goes on even if an abort came since. Nothing completes
+    // after that until this thread arrives again, so completed_ still says so. Otherwise
+    // aborted: after abort() and reset(), fresh arrivals may complete a barrier of this
+    // generation without this thread, which their aborts_ tells apart.
+    if (completed_.gen == gen && completed_.aborts == aborts) return;
+    throw aborted_error(rank);
+  }
+
+  // The barrier that ends a collective, after every rank posted its buffer: abort() does not
+  // break it (each rank is past the first barrier, and gets here after memory work alone).
+  void exit_barrier() noexcept {
+    std::unique_lock lk(m_);
+    const std::uint64_t gen = exit_gen_;
+    if (++exit_waiting_ == n_) {
+      exit_waiting_ = 0;
+      ++exit_gen_;
+      lk.unlock();
+      cv_.notify_all();
+      return;
+    }
+    cv_.wait(lk, [&] { return exit_gen_ != gen; });
   }
 
   void all_reduce(int rank, std::span<float> s, bool average) {
@@ -140,7 +164,7 @@ class thread_group {
     for (std::size_t q = 0; q < n; ++q)
       if (lens_[q] != s.size()) {
         const std::size_t theirs = lens_[q];  // read before the barrier: after it rank q may post its next call's
-        barrier(rank);  // let every rank see the mismatch before anyone reposts
+        exit_barrier();  // let every rank see the mismatch before anyone reposts
         throw config_error("thread_group::all_reduce: ranks passed buffers of different "
                            "lengths (" + std::to_string(theirs) + " on rank " +
                            std::to_string(q) + ", " + std::to_string(s.size()) + " on rank " +
@@ -161,7 +185,7 @@ class thread_group {
     if (hi > lo)  // (an empty buffer may be null)
       for (std::size_t q = 1; q < n; ++q)
         std::memcpy(bufs_[q] + lo, acc + lo, (hi - lo) * sizeof(float));
-    barrier(rank);  // nobody returns (and reuses its buffer) while others still read or write it
+    exit_barrier();  // nobody returns (and reuses or frees its buffer) while others still read or write it
   }
 
   void broadcast(int rank, std::span<float> s, int root) {
@@ -174,13 +198,13 @@ class thread_group {
     lens_[r] = s.size();
     barrier(rank);
     if (const std::size_t root_len = lens_[from]; root_len != s.size()) {  // before the barrier, as in all_reduce
-      barrier(rank);
+      exit_barrier();
       throw config_error("thread_group::broadcast: rank " + std::to_string(rank) + " passed " +
                          std::to_string(s.size()) + " floats, the root " + std::to_string(root_len));
     }
     if (rank != root)
       for (std::size_t i = 0; i < s.size(); ++i) s[i] = bufs_[from][i];
-    barrier(rank);
+    exit_barrier();
   }
 
   int n_;
@@ -191,6 +215,11 @@ class thread_group {
   int waiting_ = 0;
   std::uint64_t gen_ = 0;
   std::uint64_t aborts_ = 0;  // abort() calls ever: what a waiter compares, as aborted_ may be reset
+  struct completion {
+    std::uint64_t gen = ~std::uint64_t(0), aborts = 0;
+  } completed_;  // the last barrier() that completed: its generation, and aborts_ then
+  int exit_waiting_ = 0;      // exit_barrier(), apart: abort() leaves it alone
+  std::uint64_t exit_gen_ = 0;
   int aborted_by_ = -1;       // the rank of the first abort() since reset() (-1: the group's own)
   bool aborted_ = false;
 };
