@@ -213,8 +213,8 @@ options parse(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   app.add_option("--limit", o.limit, "train on the first N images")->check(CLI::Range(std::uint64_t(1), ~std::uint64_t(0)));
   app.add_option("--seed", o.seed)->capture_default_str();
-  auto* world = app.add_option("--world", o.world, "shards (by file)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
-  app.add_option("--rank", o.rank, "this one's shard")->check(CLI::Range(0, 1 << 20))->needs(world)->capture_default_str();
+  app.add_option("--world", o.world, "shards (by file)")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  app.add_option("--rank", o.rank, "this one's shard (below --world)")->check(CLI::Range(0, 1 << 20))->capture_default_str();
   app.add_option("--data", o.data, "the directory of train-*.tar and test-*.tar")->capture_default_str();
   try {
     app.parse(argc, argv);

@@ -27,7 +27,9 @@
 //                          reopened) marks every stage it throws through, as a failed
 //                          restore does: their threads are stopped and no epoch started,
 //                          so a next() would wait for nothing or read on from anywhere;
-//                          a rewind() that succeeds clears it
+//                          a rewind() that succeeds clears it. An upstream that throws
+//                          and stays usable (not marked: cache_on_device then streams)
+//                          counts as rewound: the stage starts its epoch, then throws
 //   save(w) / restore(r)   the checkpoint rule, once: every upstream's words first (or
 //                          the stage's save_upstream(w), for a stage that is ahead of its
 //                          upstream, with restore_upstream(r) when the stage holds its
@@ -86,6 +88,7 @@
 #include <cstddef>
 #include <concepts>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <memory_resource>
 #include <optional>
@@ -182,6 +185,24 @@ bool restore_failed_in(const U& u) noexcept {
     return ferry_restore_failed(u);
   else
     return false;
+}
+
+// u.rewind(). When it throws and u is a ferry stage that stays usable (not marked:
+// cache_on_device gives its cache up and streams), the error goes to `kept` (the first
+// one) and the caller goes on as after a rewind; otherwise (marked, or a source that
+// cannot say) it propagates.
+template <class U>
+void rewind_upstream(U& u, std::exception_ptr& kept) {
+  try {
+    u.rewind();
+  } catch (...) {
+    if constexpr (requires { { ferry_restore_failed(u) } -> std::same_as<bool>; })
+      if (!ferry_restore_failed(u)) {
+        if (!kept) kept = std::current_exception();
+        return;
+      }
+    throw;
+  }
 }
 
 // A pipeline handed to a stage (or an any_source) must be live: a moved-from stage's
@@ -399,9 +420,10 @@ class stage_base : public source_interface<Derived> {
     requires(can_rewind())
   {
     check_not_moved();
+    std::exception_ptr kept;  // an upstream's error that left it usable: thrown after this epoch starts
     try {
       if constexpr (requires(Derived& d) { d.halt(); }) self().halt();
-      each_up([](auto& u) { u.rewind(); });
+      each_up([&](auto& u) { rewind_upstream(u, kept); });
       if constexpr (has_start_epoch() && !keeps_usable_on_start_epoch_error()) self().start_epoch();
     } catch (...) {
       state_ = stage_state::restore_failed;
@@ -410,6 +432,7 @@ class stage_base : public source_interface<Derived> {
     rewound();
     // A stage that stays usable when its start_epoch throws says what it serves then.
     if constexpr (has_start_epoch() && keeps_usable_on_start_epoch_error()) self().start_epoch();
+    if (kept) std::rethrow_exception(kept);
   }
 
   void save(state_writer& w) const

@@ -707,4 +707,18 @@ TEST_CASE("a rewind() that throws part way marks the pipeline: next() throws, no
         "interleave(fn), 2 workers", 80);
   check(src() | ferry::prefetch(2) | ferry::shuffle(8, 1) | ferry::prefetch(1), "prefetch | shuffle | prefetch", 40);
   check(src() | ferry::cache(), "cache, a pass part way (its own rewind)", 40);
+
+  // repeat rewinds its upstream as it hands out elements: a rewind that throws there marks
+  // repeat too (it skipped the check, and the pass after came out empty).
+  armed = false;
+  auto r = src() | ferry::prefetch(2) | ferry::repeat(2);
+  for (int i = 0; i < 40; ++i) REQUIRE(r.next());
+  armed = true;
+  CHECK_THROWS_WITH(r.next(), doctest::Contains("cannot reopen"));
+  CHECK_THROWS_WITH_AS((void)r.next(), part_way, ferry::config_error);
+  armed = false;
+  r.rewind();
+  std::size_t n = 0;
+  while (r.next()) ++n;
+  CHECK(n == 80);
 }

@@ -40,6 +40,7 @@
 #include "ferry/stages/map.hpp"
 #include "ferry/stages/prefetch.hpp"
 #include "ferry/stages/repeat.hpp"
+#include "ferry/stages/take.hpp"
 #include "sim_cache_gather.hpp"
 
 namespace {
@@ -544,6 +545,17 @@ TEST_CASE("sim: across_replicas over GPUs without peer access: a config_error at
                          ferry::config_error);
     CHECK(!p.cached());
     CHECK(epoch_of(p) == e0);  // streamed: the upstream's order
+  }
+  // With stages above it: they start their epochs as after a rewind (the stage streams),
+  // then the error reaches the caller; they are not marked as failed (stage.hpp).
+  {
+    auto p = on_two_gpus(data, sim_cache, {.seed = 3, .across_replicas = true}) | ferry::take(1000) |
+             ferry::repeat(1);
+    const epoch_rows e0 = epoch_of(p, false);
+    CHECK_THROWS_WITH_AS(p.rewind(), doctest::Contains("GPU 0 cannot read GPU 1's memory (no peer access"),
+                         ferry::config_error);
+    CHECK(epoch_of(p) == e0);
+    CHECK(epoch_of(p) == e0);
   }
   sim::drain();
   for (const auto& v : sim::violations()) FAIL_CHECK(v);

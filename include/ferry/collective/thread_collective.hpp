@@ -16,8 +16,8 @@
 // later collective throws the same until reset(). Once every rank has posted its buffer
 // the collective is finished, abort or not: each rank reads and writes the others' buffers
 // until the last is done (memory only, nothing that can fail), and one that threw then
-// would free its buffer under the others. A thread that was waiting when abort()
-// was called throws even if reset() runs before it wakes, so reset() may be called as soon
+// would free its buffer under the others. A thread that was waiting to enter when abort()
+// was called (its barrier not complete) throws even if reset() runs before it wakes, so reset() may be called as soon
 // as the caller knows the threads it cares about are out; but only whoever drives every
 // rank can know that no rank is still on its way into the aborted collective (a rank that
 // enters after the reset waits for peers that have left): see mirrored_trainer.

@@ -256,13 +256,15 @@ class cache_on_device_source : public stage<cache_on_device_source<Up, Launch>, 
     // A rewind before the first next() (a loop that rewinds before each epoch) has begun no
     // epoch 0: across ranks, the agreement waits for the rewind after one.
     const bool idle = state_ == mode::filling && !std::exchange(begun_, false);
-    if (!exchange_.agree_once(state_ == mode::filling && filled_, idle)) return give_up();
-    if (state_ == mode::filling && !filled_) {  // epoch 0 stopped part way: fill again from the start
-      free_all();
-      steps_ = 0;
-      return;
-    }
     try {
+      // The ranks' agreement inside: a collective that fails gives the cache up too, or the
+      // next fill would append to epoch 0's rows.
+      if (!exchange_.agree_once(state_ == mode::filling && filled_, idle)) return give_up();
+      if (state_ == mode::filling && !filled_) {  // epoch 0 stopped part way: fill again from the start
+        free_all();
+        steps_ = 0;
+        return;
+      }
       if (state_ == mode::filling) {
         std::exception_ptr e;  // across ranks, every rank learns whether one failed here
         try { finish_fill(); } catch (...) { e = std::current_exception(); }

@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -71,8 +72,15 @@ class repeat_source : public stage<repeat_source<Up>, Up> {
         break;
       }
       if (++epoch_ < n_) {
-        this->up().rewind();
         seen_in_epoch_ = false;
+        std::exception_ptr kept;
+        try {
+          rewind_upstream(this->up(), kept);
+        } catch (...) {  // the upstream is marked, or cannot say: so is this stage (stage.hpp)
+          ferry_mark_restore_failed(*this);
+          throw;
+        }
+        if (kept) std::rethrow_exception(kept);  // the upstream goes on (streams): so does the pass
       }
     }
     return std::nullopt;
