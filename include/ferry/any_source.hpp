@@ -71,6 +71,7 @@ class any_source : public source_interface<any_source<T>> {
     virtual void restore(state_reader& r) = 0;
     virtual void mark_restore_failed() noexcept = 0;
     virtual bool restore_failed() const noexcept = 0;
+    virtual void refused_pull() = 0;
     virtual std::size_t batch_size() const = 0;
     virtual bool joins_collectives() const noexcept = 0;
     virtual bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) = 0;
@@ -86,9 +87,10 @@ class any_source : public source_interface<any_source<T>> {
     // A ferry stage's check of a failed restore, once a call: the probe's pull skips it (a
     // stage's own check covers its upstream; nothing covers the held pipeline but this),
     // and once per element cost the erased batch path 40% (bench_overhead).
-    void check_usable() const {
+    void check_usable() {
       if constexpr (observe::observable<S>)
         if (detail::restore_failed_in(s)) [[unlikely]] {
+          if (detail::joins_collectives_now(s)) detail::tell_refused_pull(s);  // lockstep: see stage.hpp
           if constexpr (requires { S::name; })
             detail::throw_unusable(S::name, detail::stage_state::restore_failed);
           else
@@ -167,6 +169,7 @@ class any_source : public source_interface<any_source<T>> {
       if constexpr (requires { ferry_mark_restore_failed(s); }) ferry_mark_restore_failed(s);
     }
     bool restore_failed() const noexcept override { return detail::restore_failed_in(s); }
+    void refused_pull() override { detail::tell_refused_pull(s); }
     std::size_t batch_size() const override {
       if constexpr (sized_batches<S>)
         return s.batch_size();
@@ -238,6 +241,10 @@ class any_source : public source_interface<any_source<T>> {
   // Whether a restore into the held pipeline failed part way (not for users; a stage built
   // over this any_source asks it).
   friend bool ferry_restore_failed(const any_source& a) noexcept { return a.p_ && a.p_->restore_failed(); }
+  // tell_refused_pull's walk through the held pipeline (not for users; stage.hpp).
+  friend void ferry_refused_pull(any_source& a) {
+    if (a.p_) a.p_->refused_pull();
+  }
   // The held batch()'s size, 0 when no batch() is visible in the held pipeline (then
   // distribute() infers it from the first batch, as for any unsized pipeline).
   std::size_t batch_size() const

@@ -47,6 +47,9 @@
 //                          stage's epoch) or a restore() that succeeds. restore_state marks
 //                          the pipeline too when it refuses a state longer than the
 //                          pipeline's. A stage built over a marked pipeline is marked.
+//                          A pull refused so, in a pipeline that joins collectives,
+//                          first calls refused_pull() on every stage below that has it
+//                          (lockstep joins its step's all-reduce, flagged as failed).
 //   batch_size()           the upstream's, for distribute(): a stage of one upstream whose
 //                          elements keep their type keeps batches whole unless it says
 //                          `static constexpr bool changes_batch_size = true;`. Several
@@ -185,6 +188,16 @@ bool restore_failed_in(const U& u) noexcept {
     return ferry_restore_failed(u);
   else
     return false;
+}
+
+// Tells the pipeline u that a pull of it is refused (a restore or rewind() failed part way
+// at or above it): a stage that joins a collective on each pull (lockstep) joins it once,
+// flagged, so that the other ranks do not wait for this one. Through ferry stages and an
+// any_source's held pipeline, upstreams first (the order their pulls would run); a cold
+// path. Throws what the collective throws.
+template <class U>
+void tell_refused_pull(U& u) {
+  if constexpr (requires { ferry_refused_pull(u); }) ferry_refused_pull(u);
 }
 
 // u.rewind(). When it throws and u is a ferry stage that stays usable (not marked:
@@ -356,6 +369,9 @@ class stage_base : public source_interface<Derived> {
   friend void ferry_mark_restore_failed(stage_base& s) noexcept {
     if (s.state_ == stage_state::ready) s.state_ = stage_state::restore_failed;
   }
+  // tell_refused_pull's walk (not for users): the upstreams', then this stage's
+  // refused_pull() where it has one.
+  friend void ferry_refused_pull(stage_base& s) { s.walk_refused_pull(); }
 
   // A small element's optional comes back in registers, which GCC builds through the stack
   // when next() is a call (a store-forwarding stall per element: from_range | map over
@@ -385,7 +401,7 @@ class stage_base : public source_interface<Derived> {
   [[gnu::always_inline]] std::optional<Value> next_body() {
     static_assert(source<Derived>,
                   "ferry stage: the stage must stay a source (do not hide the base's public value_type)");
-    check_live();
+    check_pull();
     return observe::observed_next(n().stats, Derived::name, [&] { return self().pull(); });
   }
 
@@ -393,7 +409,7 @@ class stage_base : public source_interface<Derived> {
   std::size_t next_bulk(std::span<Value> out)
     requires(has_pull_bulk())
   {
-    check_live();
+    check_pull();
     return observe::observed_bulk(n().stats, Derived::name, out, [&] { return self().pull_bulk(out); });
   }
 
@@ -401,14 +417,14 @@ class stage_base : public source_interface<Derived> {
   std::size_t next_borrowed(Out& out, std::size_t max)
     requires(has_pull_borrowed<Out>())
   {
-    check_live();
+    check_pull();
     return observe::observed_borrow(n().stats, Derived::name, out, [&] { return self().pull_borrowed(out, max); });
   }
 
   std::span<const Value> next_view(std::size_t max)
     requires(has_pull_view())
   {
-    check_live();
+    check_pull();
     return observe::observed_view(n().stats, Derived::name,
                                   [&]() -> std::span<const Value> { return self().pull_view(max); });
   }
@@ -633,6 +649,22 @@ class stage_base : public source_interface<Derived> {
   void check_live() const {
     if (state_ != stage_state::ready) [[unlikely]]
       throw_unusable(Derived::name, state_);
+  }
+  // Before a pull: check_live(), and a pull refused after a failed restore or rewind()
+  // tells a stage below that joins a collective each pull (lockstep), which joins it
+  // flagged: the other ranks throw at that step instead of waiting for this rank.
+  [[gnu::always_inline]] void check_pull() {
+    if (state_ != stage_state::ready) [[unlikely]]
+      refuse_pull();
+  }
+  // (A member: the stage befriends its base, not the base's friends.)
+  void walk_refused_pull() {
+    each_up([](auto& u) { tell_refused_pull(u); });
+    if constexpr (requires(Derived& d) { d.refused_pull(); }) self().refused_pull();
+  }
+  [[noreturn, gnu::cold, gnu::noinline]] void refuse_pull() {
+    if (state_ == stage_state::restore_failed && joins_collectives_at_run_time()) ferry_refused_pull(*this);
+    throw_unusable(Derived::name, state_);
   }
   // Before anything else (rewind(), restore(), the configuration queries): the moved-from
   // check alone.

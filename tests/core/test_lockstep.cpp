@@ -7,6 +7,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -278,6 +280,92 @@ TEST_CASE("lockstep: each rank's checkpoint resumes the agreed steps" * doctest:
       CHECK(res[r].error.empty());
       CHECK(res[r].steps == steps_of(25));
       for (u64 x : res[r].ids) ++seen[x];
+    }
+    for (int c : seen) CHECK(c == 1);
+  }
+}
+
+namespace {
+
+// Rows first..first+n-1; rewind() throws while *fail is set (a file that cannot be reopened).
+class flaky_rewind_source : public ferry::source_interface<flaky_rewind_source> {
+ public:
+  using value_type = u64;
+  flaky_rewind_source(u64 first, u64 n, std::shared_ptr<std::atomic<bool>> fail)
+      : first_(first), n_(n), fail_(std::move(fail)) {}
+  std::optional<u64> next() {
+    if (i_ >= n_) return std::nullopt;
+    return first_ + i_++;
+  }
+  void rewind() {
+    if (*fail_) throw std::runtime_error("rewind failed");
+    i_ = 0;
+  }
+
+ private:
+  u64 first_, n_, i_ = 0;
+  std::shared_ptr<std::atomic<bool>> fail_;
+};
+
+}  // namespace
+
+// A rank whose rewind() failed part way refuses next() (config_error): before it throws, it
+// joins the step's all-reduce flagged, so the other ranks throw at that step instead of
+// waiting for it in the all-reduce; found through a stage over lockstep and any_source too.
+TEST_CASE("lockstep: a rank whose rewind() failed part way fails that step on every rank, no hang; a good "
+          "rewind() then runs the epoch whole" * doctest::timeout(120)) {
+  ferry_test::watchdog wd(120s);
+  const std::vector<u64> rows = {12, 20, 9};
+  for (int form = 0; form < 4; ++form) {  // lockstep last; take over it; an any_source; take over that
+    CAPTURE(form);
+    ferry::thread_group g{3};
+    std::vector<std::string> error(3);
+    std::vector<std::vector<u64>> ids(3);
+    std::vector<std::size_t> steps(3, 0);
+    std::vector<std::thread> ts;
+    for (std::size_t r = 0; r < 3; ++r)
+      ts.emplace_back([&, r] {
+        auto comm = g.communicator(int(r));
+        const u64 first = r == 0 ? 0 : r == 1 ? 12 : 32;
+        auto fail = std::make_shared<std::atomic<bool>>(false);
+        auto base = [&] {
+          return flaky_rewind_source(first, rows[r], fail) | ferry::batch(4) |
+                 ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::partial}) |
+                 ferry::lockstep(comm, ferry::step_policy::pad);
+        };
+        using step_t = ferry::value_t<decltype(base())>;
+        auto body = [&](auto&& p) {
+          REQUIRE(p.next());
+          *fail = r == 1;
+          if (r == 1)
+            CHECK_THROWS_WITH_AS(p.rewind(), "rewind failed", std::runtime_error);
+          else
+            p.rewind();
+          *fail = false;
+          try {
+            (void)p.next();
+          } catch (const std::exception& e) {
+            error[r] = e.what();
+          }
+          p.rewind();  // every rank, rank 1's good now
+          for (auto& st : p) {
+            ++steps[r];
+            for (std::size_t k = 0; k < st.replicas(); ++k)
+              for (u64 x : st[k].template field<0>()) ids[r].push_back(x);
+          }
+        };
+        if (form == 0) body(base());
+        if (form == 1) body(base() | ferry::take(1000));
+        if (form == 2) body(ferry::any_source<step_t>(base()));
+        if (form == 3) body(ferry::any_source<step_t>(base()) | ferry::take(1000));
+      });
+    for (auto& t : ts) t.join();
+    CHECK(error[1].find("failed part way") != std::string::npos);
+    for (std::size_t r : {0u, 2u}) CHECK(error[r].find("lockstep: 1 other rank(s) failed at step 0") != std::string::npos);
+    std::vector<int> seen(41, 0);
+    for (std::size_t r = 0; r < 3; ++r) {
+      CHECK(steps[r] == steps_of(20));
+      for (u64 x : ids[r]) ++seen[x];
     }
     for (int c : seen) CHECK(c == 1);
   }

@@ -36,7 +36,10 @@
 // rank rethrows its error, and every other rank throws ferry::error ("lockstep: 1 other
 // rank(s) failed at step 17 ...") at the same step, keeping its own step for the next
 // call. So no rank hangs, the error is an event at the same place on every rank, and
-// nothing is lost: the epoch goes on at the next next(). Collective errors propagate.
+// nothing is lost: the epoch goes on at the next next(). A rank whose pipeline refuses
+// pulls after a restore or rewind() that failed part way (config_error: stage.hpp), here or
+// in a stage over lockstep, joins the step's all-reduce flagged the same way before it
+// throws. Collective errors propagate.
 // Every rank must call next() the same number of times (a range-for does, and ends at the
 // first throw on every rank alike).
 //
@@ -126,6 +129,15 @@ class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
       return mine;
     }
     return empty_step(k);
+  }
+
+  // This rank's pull is refused (a failed restore or rewind(): stage.hpp's check_pull):
+  // the step's all-reduce, joined as a failure, so the other ranks throw at this step and
+  // keep theirs (as for an upstream error) instead of waiting for this rank.
+  void refused_pull() {
+    if (over_) return;  // the ranks agreed the epoch is over: theirs join nothing either
+    std::array<float, 2> w{0.0f, 1.0f};
+    comm_->all_reduce_sum(std::span<float>(w));
   }
 
   V empty_step(std::uint64_t k) {
