@@ -12,14 +12,18 @@ bash scripts/setup.sh --configure-only
 build=${FERRY_BUILD:-build}
 target=examples/04_train_fashion_mnist/train_fashion_mnist
 exe=$build/$target
-if ninja -C "$build" -t targets all 2>/dev/null | grep -q "^$target:"; then
+# `ninja -t query`, not `-t targets | grep -q`: under pipefail, grep's early exit made
+# ninja die of SIGPIPE and the test fail at random (46 of 300 runs).
+if ninja -C "$build" -t query "$target" >/dev/null 2>&1; then
   ninja -C "$build" -j "$(bash scripts/jobs.sh)" "$target"
 fi
 if [ ! -x "$exe" ]; then
-  # The trainer needs a BLAS (OpenBLAS) and Thrust (CCCL) on the host path, or CUDA:
-  # setup.sh installs the first two, so this means the build left it out.
+  # The trainer needs CLI11, and OpenBLAS and Thrust (the CUDA toolkit's, or Debian's) on
+  # the host path, or CUDA: setup.sh installs all but CUDA, so this means the build left
+  # it out.
   echo "main.sh: $exe was not built; see the 'ferry' summary printed by 'meson setup $build'" \
-       "(openblas and cuda) and the build log" >&2
+       "(openblas, CLI11, CCCL, cuda) and the build log; after installing what was missing," \
+       "run 'meson setup --reconfigure $build'" >&2
   exit 1
 fi
 exec "$exe" "$@"

@@ -28,6 +28,8 @@ packages=(meson ninja-build pkg-config g++ clang libclang-rt-14-dev doctest-dev 
           libjpeg62-turbo-dev mate-backgrounds  # images: libjpeg-turbo; photographs (bench_jpeg_crop, image data)
           libspng-dev python3-pil python3-torchvision  # images: libspng (PNG); Pillow (image data); torchvision baseline
           locales)  # tests: localedef builds a comma-decimal locale (trace JSON under any LC_NUMERIC)
+# Thrust for the trainer's host backend: the CUDA toolkit's CCCL, or Debian's without one.
+[ -d /usr/local/cuda/include/cccl ] || packages+=(libthrust-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

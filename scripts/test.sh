@@ -51,13 +51,17 @@ run_suite() {  # build-dir [meson test args...]
 }
 # setup_or_configure DIR ARGS...: meson setup DIR with ARGS, or, when DIR exists, the same
 # options applied to it (an older DIR built at -O2 -g is brought to today's levels).
+# Meson's output goes to a log, shown when it fails (its ERROR line is on stdout).
 setup_or_configure() {
   local dir=$1; shift
+  local log
+  log=$(mktemp)
   if [ -f "$dir/build.ninja" ]; then
-    meson configure "$dir" "$@" >/dev/null || status=1
+    meson configure "$dir" "$@" >"$log" 2>&1 || { status=1; tail -n 20 "$log"; }
   else
-    meson setup "$dir" "$@" >/dev/null || status=1
+    meson setup "$dir" "$@" >"$log" 2>&1 || { status=1; tail -n 20 "$log"; }
   fi
+  rm -f "$log"
 }
 part "setup" "$setup_s" 0  # packages (when missing) and configuring $build
 echo "== ninja runs $jobs jobs"
@@ -96,10 +100,8 @@ part "TSan" $((t1 - t0)) $((SECONDS - t1))
 if command -v clang++ >/dev/null && [ -f tests/fuzz/meson.build ]; then
   echo "== fuzzers (short runs)"
   t0=$SECONDS
-  if [ ! -f build-fuzz/build.ninja ]; then
-    CXX=clang++ meson setup build-fuzz -Dcuda=disabled -Dbenchmarks=false -Dexamples=false \
-      -Dfuzzers=true -Dareas=fuzz >/dev/null || status=1
-  fi
+  [ -f build-fuzz/build.ninja ] || CXX=clang++ setup_or_configure build-fuzz -Dcuda=disabled -Dbenchmarks=false \
+    -Dexamples=false -Dfuzzers=true -Dareas=fuzz
   build_dir build-fuzz && ok=1 || ok=0
   t1=$SECONDS
   [ $ok = 1 ] && run_suite build-fuzz --suite fuzz

@@ -59,7 +59,7 @@ int main(int argc, char** argv) try {
   // Which backend: every local GPU when there is one (and this build has the GPU path).
   const fmnist::backend_choice be = fmnist::choose_backend(o.device, o.gpus, o.batch, o.replicas, hc);
   const bool use_gpu = be.gpu;
-  const std::vector<int>& devs = be.devices;
+  [[maybe_unused]] const std::vector<int>& devs = be.devices;  // the GPU path's (FERRY_EXAMPLE_GPU)
   o.replicas = be.replicas;
   if (o.workers == 0) o.workers = use_gpu ? std::clamp<std::size_t>(hc / 2, 1, 8) : 1;
   if (o.batch % o.replicas != 0)
