@@ -13,7 +13,8 @@
 #   cxx17             a program including ferry/ferry.hpp with -std=c++17 stops with one
 #                     error line, which names C++20 (pkgconfig and cmake above set no
 #                     standard themselves: ferry.pc and ferry::ferry carry C++20)
-#   options           every combination of -Dtests, -Dbenchmarks, -Dexamples configures
+#   options           every combination of -Dtests, -Dbenchmarks, -Dexamples configures,
+#                     and so does a build without the CUDA toolkit (-Dtoolkit_dir=<empty>)
 #   warnings          tests/consumers/warnings/warnings.cpp (every public header, the typical
 #                     pipelines instantiated) compiles against the install with -I and
 #                     -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Werror, by $CXX and by
@@ -162,8 +163,15 @@ consumer_options() {
     fi
     rm -rf "$tmp/opts-$t-$b-$e"
   done; done; done
+  # A machine without the CUDA toolkit (a folder with none of it, no nvcc): the CPU layer.
+  if ! meson setup "$tmp/opts-notoolkit" "$src" -Dcuda=disabled -Dtoolkit_dir="$tmp/no-toolkit" \
+       >"$tmp/opts-notoolkit.log" 2>&1; then
+    bad+=" no CUDA toolkit"
+    tail -n 5 "$tmp/opts-notoolkit.log" | sed 's/^/    /'
+  fi
+  rm -rf "$tmp/opts-notoolkit"
   [ -z "$bad" ] || { echo "FAIL options: these do not configure:$bad"; return 1; }
-  echo "PASS options: all 8 combinations of -Dtests, -Dbenchmarks, -Dexamples configure"
+  echo "PASS options: all 8 combinations of -Dtests, -Dbenchmarks, -Dexamples configure, and one without the CUDA toolkit"
 }
 
 # ferry's headers warn nowhere a user's strict flags reach them: included with -I (as a
