@@ -29,7 +29,10 @@
 //                          so a next() would wait for nothing or read on from anywhere;
 //                          a rewind() that succeeds clears it. An upstream that throws
 //                          and stays usable (not marked: cache_on_device then streams)
-//                          counts as rewound: the stage starts its epoch, then throws
+//                          counts as rewound: the stage starts its epoch, then throws.
+//                          before_rewind(), where the stage has it, runs after halt()
+//                          and before the upstreams' rewind: what it resets is reset
+//                          even when that throws (lockstep's epoch state).
 //   save(w) / restore(r)   the checkpoint rule, once: every upstream's words first (or
 //                          the stage's save_upstream(w), for a stage that is ahead of its
 //                          upstream, with restore_upstream(r) when the stage holds its
@@ -48,8 +51,9 @@
 //                          the pipeline too when it refuses a state longer than the
 //                          pipeline's. A stage built over a marked pipeline is marked.
 //                          A pull refused so, in a pipeline that joins collectives,
-//                          first calls refused_pull() on every stage below that has it
-//                          (lockstep joins its step's all-reduce, flagged as failed).
+//                          first calls refused_pull() on the stages below that have it,
+//                          down a chain of one-upstream stages (lockstep joins its
+//                          step's all-reduce, flagged as failed).
 //   batch_size()           the upstream's, for distribute(): a stage of one upstream whose
 //                          elements keep their type keeps batches whole unless it says
 //                          `static constexpr bool changes_batch_size = true;`. Several
@@ -439,6 +443,7 @@ class stage_base : public source_interface<Derived> {
     std::exception_ptr kept;  // an upstream's error that left it usable: thrown after this epoch starts
     try {
       if constexpr (requires(Derived& d) { d.halt(); }) self().halt();
+      if constexpr (requires(Derived& d) { d.before_rewind(); }) self().before_rewind();
       each_up([&](auto& u) { rewind_upstream(u, kept); });
       if constexpr (has_start_epoch() && !keeps_usable_on_start_epoch_error()) self().start_epoch();
     } catch (...) {
@@ -657,9 +662,11 @@ class stage_base : public source_interface<Derived> {
     if (state_ != stage_state::ready) [[unlikely]]
       refuse_pull();
   }
-  // (A member: the stage befriends its base, not the base's friends.)
+  // (A member: the stage befriends its base, not the base's friends.) Through stages of one
+  // upstream only: a join (zip, concatenate) pulls one side or both, which the walk cannot
+  // tell, and joining a collective the other ranks do not would hang this rank.
   void walk_refused_pull() {
-    each_up([](auto& u) { tell_refused_pull(u); });
+    if constexpr (n_ups == 1) each_up([](auto& u) { tell_refused_pull(u); });
     if constexpr (requires(Derived& d) { d.refused_pull(); }) self().refused_pull();
   }
   [[noreturn, gnu::cold, gnu::noinline]] void refuse_pull() {

@@ -301,6 +301,14 @@ class flaky_rewind_source : public ferry::source_interface<flaky_rewind_source> 
     if (*fail_) throw std::runtime_error("rewind failed");
     i_ = 0;
   }
+  void save(ferry::state_writer& w) const {
+    w.tag("flaky");
+    w.put(i_);
+  }
+  void restore(ferry::state_reader& r) {
+    r.expect("flaky");
+    i_ = r.get();
+  }
 
  private:
   u64 first_, n_, i_ = 0;
@@ -309,64 +317,105 @@ class flaky_rewind_source : public ferry::source_interface<flaky_rewind_source> 
 
 }  // namespace
 
-// A rank whose rewind() failed part way refuses next() (config_error): before it throws, it
-// joins the step's all-reduce flagged, so the other ranks throw at that step instead of
-// waiting for it in the all-reduce; found through a stage over lockstep and any_source too.
-TEST_CASE("lockstep: a rank whose rewind() failed part way fails that step on every rank, no hang; a good "
-          "rewind() then runs the epoch whole" * doctest::timeout(120)) {
+// A rank whose rewind() or restore failed part way refuses next() (config_error): where the
+// other ranks' next() joins the step's all-reduce, it joins it flagged first, so they throw
+// at that step instead of waiting for it (or pairing its next all-reduce with this one);
+// where theirs joins none (the epoch is over), neither does it. Found through a stage over
+// lockstep and an any_source too. Then every rank rewinds and the epoch runs whole.
+TEST_CASE("lockstep: a rank whose rewind() or restore failed part way fails that step on every rank, no hang; "
+          "a good rewind() then runs the epoch whole" * doctest::timeout(120)) {
   ferry_test::watchdog wd(120s);
   const std::vector<u64> rows = {12, 20, 9};
-  for (int form = 0; form < 4; ++form) {  // lockstep last; take over it; an any_source; take over that
-    CAPTURE(form);
-    ferry::thread_group g{3};
-    std::vector<std::string> error(3);
-    std::vector<std::vector<u64>> ids(3);
-    std::vector<std::size_t> steps(3, 0);
-    std::vector<std::thread> ts;
-    for (std::size_t r = 0; r < 3; ++r)
-      ts.emplace_back([&, r] {
-        auto comm = g.communicator(int(r));
-        const u64 first = r == 0 ? 0 : r == 1 ? 12 : 32;
-        auto fail = std::make_shared<std::atomic<bool>>(false);
-        auto base = [&] {
-          return flaky_rewind_source(first, rows[r], fail) | ferry::batch(4) |
-                 ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::partial}) |
-                 ferry::lockstep(comm, ferry::step_policy::pad);
-        };
-        using step_t = ferry::value_t<decltype(base())>;
-        auto body = [&](auto&& p) {
-          REQUIRE(p.next());
-          *fail = r == 1;
-          if (r == 1)
-            CHECK_THROWS_WITH_AS(p.rewind(), "rewind failed", std::runtime_error);
-          else
-            p.rewind();
-          *fail = false;
-          try {
-            (void)p.next();
-          } catch (const std::exception& e) {
-            error[r] = e.what();
-          }
-          p.rewind();  // every rank, rank 1's good now
-          for (auto& st : p) {
-            ++steps[r];
-            for (std::size_t k = 0; k < st.replicas(); ++k)
-              for (u64 x : st[k].template field<0>()) ids[r].push_back(x);
-          }
-        };
-        if (form == 0) body(base());
-        if (form == 1) body(base() | ferry::take(1000));
-        if (form == 2) body(ferry::any_source<step_t>(base()));
-        if (form == 3) body(ferry::any_source<step_t>(base()) | ferry::take(1000));
-      });
-    for (auto& t : ts) t.join();
-    CHECK(error[1].find("failed part way") != std::string::npos);
-    for (std::size_t r : {0u, 2u}) CHECK(error[r].find("lockstep: 1 other rank(s) failed at step 0") != std::string::npos);
-    std::vector<int> seen(41, 0);
-    for (std::size_t r = 0; r < 3; ++r) {
-      CHECK(steps[r] == steps_of(20));
-      for (u64 x : ids[r]) ++seen[x];
+  enum mode { rewind_mid_epoch, rewind_after_epoch, restore_after_epoch, restore_mid_epoch };
+  for (int m : {rewind_mid_epoch, rewind_after_epoch, restore_after_epoch, restore_mid_epoch})
+    for (int form = 0; form < 4; ++form) {  // lockstep last; take over it; an any_source; take over that
+      CAPTURE(m);
+      CAPTURE(form);
+      ferry::thread_group g{3};
+      std::vector<std::string> error(3);
+      std::vector<int> ended(3, 0);
+      std::vector<std::vector<u64>> ids(3);
+      std::vector<std::size_t> steps(3, 0);
+      std::vector<std::thread> ts;
+      for (std::size_t r = 0; r < 3; ++r)
+        ts.emplace_back([&, r] {
+          auto comm = g.communicator(int(r));
+          const u64 first = r == 0 ? 0 : r == 1 ? 12 : 32;
+          auto fail = std::make_shared<std::atomic<bool>>(false);
+          const auto source = [&] {
+            return flaky_rewind_source(first, rows[r], fail) | ferry::batch(4) |
+                   ferry::distribute(ferry::host_replicas{2}, {.remainder = ferry::remainder_policy::partial});
+          };
+          const auto base = [&] { return source() | ferry::lockstep(comm, ferry::step_policy::pad); };
+          // Another shape below lockstep (a take): a state of base() fails there.
+          const auto other = [&] { return source() | ferry::take(1000) | ferry::lockstep(comm, ferry::step_policy::pad); };
+          using step_t = ferry::value_t<decltype(base())>;
+          const auto drain = [&](auto& p) {
+            for (auto& st : p) {
+              ++steps[r];
+              for (std::size_t k = 0; k < st.replicas(); ++k)
+                for (u64 x : st[k].template field<0>()) ids[r].push_back(x);
+            }
+          };
+          // After the failure: one next() on every rank, then a good rewind and the epoch.
+          const auto go_on = [&](auto& p) {
+            try {
+              if (!p.next()) ended[r] = 1;
+            } catch (const std::exception& e) {
+              error[r] = e.what();
+            }
+            p.rewind();  // every rank, rank 1's good now
+            drain(p);
+          };
+          const auto run_form = [&](auto shape) {
+            auto p = shape(base);
+            if (m == rewind_mid_epoch || m == restore_mid_epoch) {
+              REQUIRE(p.next());
+            } else {
+              for (auto& st : p) (void)st;  // the whole epoch: over
+            }
+            if (m == rewind_mid_epoch || m == rewind_after_epoch) {
+              *fail = r == 1;
+              if (r == 1)
+                CHECK_THROWS_WITH_AS(p.rewind(), "rewind failed", std::runtime_error);
+              else
+                p.rewind();
+              *fail = false;
+              go_on(p);
+              return;
+            }
+            const ferry::pipeline_state saved = ferry::save_state(p);
+            if (r == 1) {
+              auto q = shape(other);
+              CHECK_THROWS_AS(ferry::restore_state(q, saved), ferry::config_error);
+              go_on(q);
+            } else {
+              auto q = shape(base);
+              ferry::restore_state(q, saved);
+              go_on(q);
+            }
+          };
+          if (form == 0) run_form([](auto make) { return make(); });
+          if (form == 1) run_form([](auto make) { return make() | ferry::take(1000); });
+          if (form == 2) run_form([](auto make) { return ferry::any_source<step_t>(make()); });
+          if (form == 3) run_form([](auto make) { return ferry::any_source<step_t>(make()) | ferry::take(1000); });
+        });
+      for (auto& t : ts) t.join();
+      CHECK(error[1].find("failed part way") != std::string::npos);
+      if (m == restore_after_epoch) {  // the others' epoch is over: no all-reduce, no error
+        CHECK(ended[0] == 1);
+        CHECK(ended[2] == 1);
+      } else {
+        for (std::size_t r : {0u, 2u}) {
+          CAPTURE(r);
+          CHECK(error[r].find("lockstep: 1 other rank(s) failed at step") != std::string::npos);
+        }
+      }
+      std::vector<int> seen(41, 0);
+      for (std::size_t r = 0; r < 3; ++r) {
+        CHECK(steps[r] == steps_of(20));
+        for (u64 x : ids[r]) ++seen[x];
+      }
+      for (int c : seen) CHECK(c == 1);
     }
-    for (int c : seen) CHECK(c == 1);
-  }
 }

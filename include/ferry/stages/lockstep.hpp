@@ -39,14 +39,16 @@
 // nothing is lost: the epoch goes on at the next next(). A rank whose pipeline refuses
 // pulls after a restore or rewind() that failed part way (config_error: stage.hpp), here or
 // in a stage over lockstep, joins the step's all-reduce flagged the same way before it
-// throws. Collective errors propagate.
+// throws (not found below a zip or concatenate over lockstep: keep lockstep last). Collective
+// errors propagate.
 // Every rank must call next() the same number of times (a range-for does, and ends at the
 // first throw on every rank alike).
 //
 // Memory: this rank's step held after another rank's failure, and one empty batch shared
 // by its empty steps.
 //
-// Checkpoints: the upstream's state, then this rank's "ran out" flag and step count; ranks
+// Checkpoints: this rank's "ran out" and "over" flags and step count, then the upstream's
+// state (ahead of it, so a restore that fails below has set them: see Errors); ranks
 // restore their own checkpoints (saved at the same step). The communicator is not saved.
 // Saving right after another rank's failure, while this rank holds its step for the next
 // call, is a config_error (call next() first).
@@ -148,20 +150,29 @@ class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
     return step_access::make<T>(empty_, r == 0 ? 1 : r, k);
   }
 
-  void save_words(state_writer& w) const {
+  // Its words go ahead of the upstream's: a restore that fails in the upstream has set
+  // over_ already, so this rank's refused pulls join an all-reduce exactly where the
+  // other ranks' pulls, restored from the same step, do.
+  void save_upstream(state_writer& w) const {
     if (held_)
       throw config_error("lockstep: cannot save right after another rank failed, while this rank holds its step "
                          "for the next call; call next() first");
     w.put(ran_out_);
     w.put(over_);
     w.put(steps_);
+    this->up().save(w);
   }
-  void restore_words(state_reader& r) {
+  void restore_upstream(state_reader& r) {
     held_.reset();  // a used pipeline restored after another rank's failure: its step is the state's to give
     ran_out_ = r.get_flag(name);
     over_ = r.get_flag(name);
     steps_ = r.get();
+    this->up().restore(r);
   }
+  // Before the upstream's rewind: a rewind that throws there leaves a fresh epoch's state,
+  // as the other ranks' rewinds do (over_ kept from the epoch before, a refused pull would
+  // join no all-reduce while they wait in their first).
+  void before_rewind() { start_epoch(); }
   void start_epoch() {
     held_.reset();
     ran_out_ = over_ = false;
