@@ -885,8 +885,8 @@ void check_resume_everywhere(u64 bad) {
   }
 }
 
-// A refused restore (a state one word short: the last stage refuses part way through its
-// words, after its upstreams took theirs; one word long: every stage took its words, then
+// A refused restore (a state one word short: the last stage's restore refuses part way,
+// after some stages took their words; one word long: every stage took its words, then
 // restore_state refuses) leaves the pipeline marked: next() and save_state() throw
 // config_error, not an epoch that is neither the state's nor a fresh one's; rewind() gives
 // the next epoch whole; a good restore then goes on exactly.

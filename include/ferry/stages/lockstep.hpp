@@ -39,8 +39,9 @@
 // nothing is lost: the epoch goes on at the next next(). A rank whose pipeline refuses
 // pulls after a restore or rewind() that failed part way (config_error: stage.hpp), here or
 // in a stage over lockstep, joins the step's all-reduce flagged the same way before it
-// throws (not found below a zip or concatenate over lockstep: keep lockstep last). Collective
-// errors propagate.
+// throws (not found below a zip or concatenate over lockstep, nor, after a failed restore,
+// below a take(k) over it that had handed out its k steps when saved: keep lockstep last).
+// Collective errors propagate.
 // Every rank must call next() the same number of times (a range-for does, and ends at the
 // first throw on every rank alike).
 //
@@ -173,6 +174,9 @@ class lockstep_source : public stage<lockstep_source<Up, Comm>, Up> {
   // as the other ranks' rewinds do (over_ kept from the epoch before, a refused pull would
   // join no all-reduce while they wait in their first).
   void before_rewind() { start_epoch(); }
+  // A restore that fails in lockstep's own words leaves a fresh epoch's state, not the one
+  // before (which no other rank has).
+  void before_restore() { start_epoch(); }
   void start_epoch() {
     held_.reset();
     ran_out_ = over_ = false;
