@@ -31,11 +31,13 @@ if [ "${1:-}" = --bin ]; then
            benchmarks/collective/bench_nccl_allreduce \
            benchmarks/train/bench_train_fed_gpu benchmarks/train/bench_train_fashion_mnist \
            benchmarks/train/bench_fmnist_pipeline \
-           examples/04_train_fashion_mnist/train_fashion_mnist; do
+           examples/04_train_fashion_mnist/train_fashion_mnist examples/12_image_classification/12_image_classification; do
     [ -x "$build/$t" ] || { echo "gpu_carry.sh: $build/$t is not built" >&2; exit 1; }
     mkdir -p ".carry/build/$(dirname "$t")" && cp "$build/$t" ".carry/build/$t"
   done
   cp -L /lib/x86_64-linux-gnu/libz.so.1 /usr/local/cuda/lib64/libcudart.so.13 .carry/lib/
-  [ -e /lib/x86_64-linux-gnu/libisal.so.2 ] && cp -L /lib/x86_64-linux-gnu/libisal.so.2 .carry/lib/
+  for l in libisal.so.2 libjpeg.so.62 libspng.so.0; do  # optional: where the build used them
+    if [ -e /lib/x86_64-linux-gnu/$l ]; then cp -L /lib/x86_64-linux-gnu/$l .carry/lib/; fi
+  done
 fi
 du -sh .carry

@@ -8,7 +8,8 @@
 #
 #   device run, carry [".carry"]:  bash scripts/gpu_check.sh [step ...]
 #   steps: tests example example_nographs bench_distribute bench_varlen bench_augment bench_cache bench_fed bench_fed_nographs bench_pipeline bench_nccl
-#          main main_nographs bench_torch memcheck racecheck train_memcheck
+#          main main_nographs bench_torch memcheck racecheck train_memcheck augment_memcheck cache_memcheck
+#          example12 images12
 #   (the trainer runs CUDA graphs by default; the *_nographs steps pass --graphs 0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,8 @@ B=$root/.carry/build
 deadline=${FERRY_GPU_DEADLINE:-380}
 steps=("$@")
 ((${#steps[@]})) || steps=(tests example example_nographs bench_distribute bench_varlen bench_augment bench_cache bench_fed bench_fed_nographs bench_pipeline bench_nccl
-                            main main_nographs bench_torch memcheck racecheck train_memcheck)
+                            main main_nographs bench_torch memcheck racecheck train_memcheck augment_memcheck cache_memcheck
+                            example12 images12)
 summary=$out/summary.txt
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
@@ -73,7 +75,7 @@ step() {
   ((rc == 124 || rc == 137)) && verdict="TIMEOUT(${limit}s)"
   ((rc != 0 && rc != 77 && rc != 124 && rc != 137)) && verdict="FAIL(rc=$rc)"
   [ "$verdict" = ok ] || status=1
-  say "$(printf '%-26s %-14s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$(grep -E '^\[doctest\] (test cases|assertions)|_ratio:|_ratio_steady_w[0-9]*:|_speedup:|^test_accuracy|ferry / pytorch|^graphs:' "$log" | tr '\n' ' ' | cut -c1-150)")"
+  say "$(printf '%-26s %-14s %4ds  %s' "$name" "$verdict" $((SECONDS - t0)) "$(grep -E '^\[doctest\] (test cases|assertions)|_ratio:|_ratio_steady_w[0-9]*:|_speedup:|^test_accuracy|^images_per_s|ERROR SUMMARY|ferry / pytorch|^graphs:' "$log" | tr '\n' ' ' | cut -c1-150)")"
 }
 # bench NAME LIMIT CMD...: through bench.py's runner, so the result is kept as its JSON.
 bench() {
@@ -120,6 +122,18 @@ for s in "${steps[@]}"; do
                           "$B/tests/cuda/test_distribute_gpu" '--test-case-exclude=*overlap*,*hot path*' ;;
     train_memcheck) step train_gpu_memcheck 150 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
                       "$B/tests/train/test_train_gpu" ;;  # the trainer's kernels, graphs included
+    augment_memcheck) step augment_gpu_memcheck 90 compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \
+                        "$B/tests/cuda/test_augment_gpu" ;;
+    cache_memcheck) step cache_on_device_gpu_memcheck 120 compute-sanitizer --tool memcheck --report-api-errors no \
+                      --error-exitcode 1 "$B/tests/cuda/test_cache_on_device_gpu" ;;  # the gather, plan and pack kernels
+    example12) step example_12_gpu 120 python3 examples/12_image_classification/check_output.py \
+                 "$B/examples/12_image_classification/12_image_classification" -- --device gpu ;;
+    images12)  # images/s fed to the GPU through the whole image path: the 70,000 JPEGs written here
+      step make_fmnist_jpeg 120 "${FERRY_PY:-python3}" scripts/make_image_corpus.py --out /tmp/ferry-images --only fmnist
+      step example_12_gpu_full 150 "$B/examples/12_image_classification/12_image_classification" --device gpu \
+        --epochs 3 --data /tmp/ferry-images/fmnist-jpeg
+      step example_12_cpu_full 150 "$B/examples/12_image_classification/12_image_classification" --device cpu \
+        --epochs 1 --data /tmp/ferry-images/fmnist-jpeg ;;
     *) say "unknown step $s"; status=1 ;;
   esac
 done
