@@ -9,7 +9,7 @@
 #   device run, carry [".carry"]:  bash scripts/gpu_check.sh [step ...]
 #   steps: tests example example_nographs bench_distribute bench_varlen bench_augment bench_cache bench_fed bench_fed_nographs bench_pipeline bench_nccl
 #          main main_nographs bench_torch memcheck racecheck train_memcheck augment_memcheck cache_memcheck
-#          example12 images12
+#          example12 images12 main_cache bench_cache_big
 #   (the trainer runs CUDA graphs by default; the *_nographs steps pass --graphs 0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ deadline=${FERRY_GPU_DEADLINE:-380}
 steps=("$@")
 ((${#steps[@]})) || steps=(tests example example_nographs bench_distribute bench_varlen bench_augment bench_cache bench_fed bench_fed_nographs bench_pipeline bench_nccl
                             main main_nographs bench_torch memcheck racecheck train_memcheck augment_memcheck cache_memcheck
-                            example12 images12)
+                            example12 images12 main_cache bench_cache_big)
 summary=$out/summary.txt
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
@@ -109,11 +109,14 @@ for s in "${steps[@]}"; do
     bench_varlen) bench distribute_varlen_gpu 90 "$B/benchmarks/distribute/bench_distribute_varlen_gpu" ;;  # padded, ragged
     bench_augment) bench augment_gpu 60 "$B/benchmarks/image/bench_augment_gpu" ;;  # the kernel over a D2D copy
     bench_cache) bench cache_on_device_gpu 90 "$B/benchmarks/distribute/bench_cache_on_device_gpu" ;;  # device_cache_step_ratio
+    bench_cache_big) bench cache_on_device_gpu_600k 120 "$B/benchmarks/distribute/bench_cache_on_device_gpu" 600000 ;;  # 1.9 GB
     bench_fed) bench train_fed_gpu 150 "$B/benchmarks/train/bench_train_fed_gpu" ;;
     bench_fed_nographs) bench train_fed_gpu_nographs 120 "$B/benchmarks/train/bench_train_fed_gpu" --graphs 0 ;;
     bench_pipeline) bench fmnist_pipeline 60 "$B/benchmarks/train/bench_fmnist_pipeline" ;;  # the host's feed rate
     bench_nccl) bench collective_nccl 90 "$B/benchmarks/collective/bench_nccl_allreduce" ;;
     main) step main_job_gpu 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu ;;
+    main_cache) step main_job_gpu_cache_on_device 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu \
+                  --cache-on-device ;;
     main_nographs) step main_job_gpu_nographs 90 "$B/examples/04_train_fashion_mnist/train_fashion_mnist" --device gpu \
                      --graphs 0 ;;
     bench_torch) bench train_fashion_mnist_gpu_vs_pytorch 200 python3 "$root/benchmarks/train/time_to_accuracy.py" \
