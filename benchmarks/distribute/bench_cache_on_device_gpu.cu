@@ -163,12 +163,9 @@ int main(int argc, char** argv) {
     return best;
   };
   const double local_s = reorder_s(false), across_s = reorder_s(true);
-  // GB/s: the bytes read plus the bytes written, over the time (host clock around the work
-  // and a device synchronisation, so a small dataset's figures include the launch).
-  const auto gbs = [&](double t) { return 2.0 * double(bytes) / t / 1e9; };
-  std::printf("device-to-device copy of the dataset      %9.3f ms  %6.0f GB/s\n", copy_s * 1e3, gbs(copy_s));
-  std::printf("reorder, each replica's own rows          %9.3f ms  %6.0f GB/s\n", local_s * 1e3, gbs(local_s));
-  std::printf("reorder, across_replicas                  %9.3f ms  %6.0f GB/s\n", across_s * 1e3, gbs(across_s));
+  std::printf("device-to-device copy of the dataset      %9.4f s\n", copy_s);
+  std::printf("reorder, each replica's own rows          %9.4f s\n", local_s);
+  std::printf("reorder, across_replicas                  %9.4f s\n", across_s);
   std::printf("reorder_vs_copy: %.4f\n", local_s / copy_s);
   std::printf("reorder_across_vs_copy: %.4f\n", across_s / copy_s);
 #if defined(FERRY_BENCH_NCCL)
@@ -176,7 +173,7 @@ int main(int argc, char** argv) {
     auto comms = ferry::nccl_communicator::local({0});
     ferry::nccl_device_exchange ex(comms);
     const double nccl_s = reorder_s(true, &ex);
-    std::printf("reorder, .devices (NCCL, one GPU)         %9.3f ms\n", nccl_s * 1e3);
+    std::printf("reorder, .devices (NCCL, one GPU)         %9.4f s\n", nccl_s);
     std::printf("reorder_nccl_vs_copy: %.4f\n", nccl_s / copy_s);
   }
 #endif

@@ -5,13 +5,8 @@
 // same run. As bench_distribute_gpu, the batches are collated into pinned memory before
 // timing and handed over by a source that only moves them, so what is timed is
 // distribute's path: slicing, rebasing offsets, pools sized to the largest step, copies.
-// Each run is a new pipeline whose device pool grows to the largest step in its first
-// steps (a cudaMalloc, and a cudaFree of the smaller block, which waits for the device); the
-// ratios time the steady steps after the first `warm`, and the table shows the ratio from
-// step 1 too (the pool's growth included) and the device blocks allocated while timing the
-// steady steps (must be 0: the run fails otherwise).
 // Ends with:
-//   padded_hidden_copy_ratio: <steady step time fed by distribute / step time on device data>
+//   padded_hidden_copy_ratio: <step time fed by distribute / step time on device data>
 //   ragged_hidden_copy_ratio: <the same for ragged steps>
 // Exits 77 without a usable device.
 #include <algorithm>
@@ -41,7 +36,7 @@ using seq = std::vector<std::int32_t>;  // one sequence of token ids
 using padded_batch_t = ferry::batch_of<ferry::padded<std::int32_t>>;
 using ragged_batch_t = ferry::batch_of<seq>;
 
-constexpr std::size_t rows = 4096, steps = 50, warm = 10;  // timed: steps warm+1 .. steps
+constexpr std::size_t rows = 4096, steps = 40;
 constexpr int rounds = 5;
 
 // Hands out pre-built batches by moving them: no work per element.
@@ -107,9 +102,7 @@ std::vector<ragged_batch_t> build_ragged(const std::vector<std::vector<seq>>& r)
 double seconds_since(clk::time_point t0) { return std::chrono::duration<double>(clk::now() - t0).count(); }
 
 struct result {
-  double fed_s = 0, dev_s = 0;  // a steady step, medians of the rounds
-  double fed_cold_s = 0, dev_cold_s = 0;  // a step from step 1, the pool's growth included
-  unsigned long long device_new = 0;      // device blocks allocated while timing steady steps
+  double fed_s = 0, dev_s = 0;  // a step, medians of the rounds
   double mean_bytes = 0;        // a step's values, mean
   double raw_gbs = 0;           // raw pinned cudaMemcpyAsync of the same steps
   unsigned long long pinned_new = 0, evicted = 0;
@@ -151,10 +144,9 @@ result measure(const std::vector<std::vector<seq>>& r, Build build, cudaStream_t
 
   // Fed: each run a new pipeline; the clock starts once step 0 is handed out and the GPU
   // has drained. Timed: steps 1.. handed out, copied and consumed.
-  auto run_ferry = [&](std::size_t from) {
+  auto run_ferry = [&] {
     auto p = ready_batches<B>(build(r)) | ferry::distribute(ferry::cuda::devices{0});
     clk::time_point t0;
-    unsigned long long allocated = 0;
     cudaStream_t cs = nullptr;
     std::size_t k = 0;
     for (auto& st : p) {
@@ -167,44 +159,39 @@ result measure(const std::vector<std::vector<seq>>& r, Build build, cudaStream_t
       if (k > 0)
         FERRY_CUDA_TRY(ferry_test::launch_consume(cs, reinterpret_cast<const float*>(v.data()), v.size_bytes() / 4,
                                                   cycles, out));
-      if (k == from) {
+      if (k == 0) {
         FERRY_CUDA_TRY(cudaDeviceSynchronize());
         t0 = clk::now();
-        allocated = p.backend().pool_stats(0).allocations;
       }
       ++k;
     }
     FERRY_CUDA_TRY(cudaStreamSynchronize(cs));
-    const double t = seconds_since(t0) / double(k - 1 - from);
-    if (from == warm) res.device_new += p.backend().pool_stats(0).allocations - allocated;
+    const double t = seconds_since(t0) / double(k - 1);
     // The last steps' host batches go back to the pool when their copies are done: before
     // the next run builds its batches, or it would pin new blocks for them.
     FERRY_CUDA_TRY(cudaStreamSynchronize(p.backend().copy_stream(0)));
     return t;
   };
-  auto device_loop = [&](std::size_t from) {
+  auto device_loop = [&] {
     FERRY_CUDA_TRY(cudaStreamSynchronize(s));
     const auto t0 = clk::now();
-    for (std::size_t k = from + 1; k < nbytes.size(); ++k)
+    for (std::size_t k = 1; k < nbytes.size(); ++k)
       FERRY_CUDA_TRY(ferry_test::launch_consume(s, static_cast<const float*>(dev), nbytes[k] / 4, cycles, out));
     FERRY_CUDA_TRY(cudaStreamSynchronize(s));
-    return seconds_since(t0) / double(nbytes.size() - 1 - from);
+    return seconds_since(t0) / double(nbytes.size() - 1);
   };
   // Warm: the CUDA context's pools, and the pinned pool's blocks (a block taken for a
   // smaller request goes back as its own size class, so the first runs may pin a block or
   // two more before the pool settles).
-  for (int w = 0; w < 3; ++w) run_ferry(0);
+  for (int w = 0; w < 3; ++w) run_ferry();
   const auto before = batch_pool<B>()->statistics();
-  std::vector<double> fed, devs, fed_cold, devs_cold;
+  std::vector<double> fed, devs;
   for (int round = 0; round < rounds; ++round) {  // alternating, so drift hits both
-    devs.push_back(device_loop(warm));
-    fed.push_back(run_ferry(warm));
-    devs_cold.push_back(device_loop(0));
-    fed_cold.push_back(run_ferry(0));
+    devs.push_back(device_loop());
+    fed.push_back(run_ferry());
   }
   const auto after = batch_pool<B>()->statistics();
   res.fed_s = bench::median(fed), res.dev_s = bench::median(devs);
-  res.fed_cold_s = bench::median(fed_cold), res.dev_cold_s = bench::median(devs_cold);
   res.pinned_new = after.upstream_allocations - before.upstream_allocations;
   res.evicted = after.evictions - before.evictions;
   FERRY_CUDA_TRY(cudaFree(dev));
@@ -232,27 +219,20 @@ int main() {
   const result rag = measure<ragged_batch_t>(r, build_ragged, s.get(), out);
   FERRY_CUDA_TRY(cudaFree(out));
 
-  std::printf("%-28s %12s %10s %14s %12s %12s\n", "steps (4096 rows each)", "bytes/step", "raw GB/s",
-              "device us/step", "fed us/step", "from step 1");
-  for (const auto& [name, x] : {std::pair<const char*, const result&>{"padded, L 256..512 by step", pad},
-                                std::pair<const char*, const result&>{"ragged (values + offsets)", rag}})
-    std::printf("%-28s %12.0f %10.2f %14.1f %12.1f %12.3f\n", name, x.mean_bytes, x.raw_gbs, x.dev_s * 1e6,
-                x.fed_s * 1e6, x.fed_cold_s / x.dev_cold_s);
-  std::printf("# steps %zu..%zu of a new pipeline timed (\"from step 1\": the fed/device ratio from step 1), medians\n"
-              "# of %d rounds; the kernel reads a step once, then computes for 2x its copy\n",
-              warm + 1, steps, rounds);
-  std::printf("# device blocks allocated while timing steps %zu..%zu: %llu\n", warm + 1, steps,
-              pad.device_new + rag.device_new);
+  std::printf("%-28s %14s %12s %14s %14s\n", "steps (4096 rows each)", "bytes/step", "raw GB/s", "device us/step",
+              "fed us/step");
+  std::printf("%-28s %14.0f %12.2f %14.1f %14.1f\n", "padded, L 256..512 by step", pad.mean_bytes, pad.raw_gbs,
+              pad.dev_s * 1e6, pad.fed_s * 1e6);
+  std::printf("%-28s %14.0f %12.2f %14.1f %14.1f\n", "ragged (values + offsets)", rag.mean_bytes, rag.raw_gbs,
+              rag.dev_s * 1e6, rag.fed_s * 1e6);
+  std::printf("# %zu steps a run, medians of %d rounds; the kernel reads a step once, then computes for 2x its copy\n",
+              steps, rounds);
   std::printf("# pinned blocks allocated while timing: %llu, evicted: %llu\n", pad.pinned_new + rag.pinned_new,
               pad.evicted + rag.evicted);
   std::printf("padded_hidden_copy_ratio: %.3f\n", pad.fed_s / pad.dev_s);
   std::printf("ragged_hidden_copy_ratio: %.3f\n", rag.fed_s / rag.dev_s);
   if (pad.pinned_new + rag.pinned_new + pad.evicted + rag.evicted != 0) {
     std::printf("FAIL: the pinned pool allocated or evicted blocks while timing; the figures include that\n");
-    return 1;
-  }
-  if (pad.device_new + rag.device_new != 0) {
-    std::printf("FAIL: distribute's device pool allocated while timing the steady steps\n");
     return 1;
   }
   if (pad.wrong_steps + rag.wrong_steps != 0) return 1;  // said above, step by step

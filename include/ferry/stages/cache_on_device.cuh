@@ -7,14 +7,13 @@
 //
 // Each later epoch, one launch per field and replica, on the replica's stream: row p of the
 // epoch buffer = row perm(p) of the cache, perm the Feistel permutation of the replica's
-// rows computed in the kernel (passed by value: nothing is copied from the host). A group
-// of up to 32 threads takes a row (a grid-stride loop over rows), finds its source once,
-// and copies it in 16-byte words when the rows allow it, else bytes. With across_replicas,
-// replica r's kernel reads the rows it serves from every replica's cache (peer memory),
-// finding each through epoch 0's step layout. With a device_exchange, each replica plans
-// its trade instead (one kernel computes both sort keys of every row, CUB's radix sort
-// orders them over only the bits the keys use, a kernel finds each replica's start), and
-// packs and unpacks rows by the plan's indices.
+// rows computed in the kernel (passed by value: nothing is copied from the host). Threads
+// copy 16-byte words when the rows allow it, else bytes, a grid-stride loop over rows x
+// words. With across_replicas, replica r's kernel reads the rows it serves from every
+// replica's cache (peer memory), finding each through epoch 0's step layout. With a
+// device_exchange, each replica plans its trade instead (one kernel computes both sort
+// keys of every row, CUB's radix sort orders them over only the bits the keys use, a
+// kernel finds each replica's start), and packs and unpacks rows by the plan's indices.
 // Needs --expt-relaxed-constexpr (random.hpp's constexpr draws are called in the kernel).
 // Throws cuda_error when a launch fails. Runs on the caller's thread; enqueues only.
 #pragma once
@@ -40,63 +39,30 @@
 namespace ferry {
 namespace detail {
 
-// Threads in groups of 2^log2_g (up to 32, from the row's words): a group takes a row,
-// finds where it comes from and goes once (rows(p) -> {src, dst}), and its threads copy
-// the row's words, four loads in flight each. One thread a word, as before, redid the
-// permutation and a 64-bit division for every word: twice a copy's time on an H200
-// (2026-11-29, 3136-byte rows).
-template <class W, class Rows>
-__device__ void copy_rows(std::uint64_t rows, std::uint64_t words, unsigned log2_g, Rows row_at) {
-  constexpr unsigned ahead = 4;
-  const unsigned g = 1u << log2_g, lane = threadIdx.x & (g - 1);
-  const std::uint64_t groups = (std::uint64_t(gridDim.x) * blockDim.x) >> log2_g;
-  for (std::uint64_t p = (std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> log2_g; p < rows; p += groups) {
-    const auto [src, dst] = row_at(p);
-    for (std::uint64_t w = lane; w < words; w += ahead * g) {
-      W v[ahead];
-#pragma unroll
-      for (unsigned j = 0; j < ahead; ++j)
-        if (w + j * g < words) v[j] = src[w + j * g];
-#pragma unroll
-      for (unsigned j = 0; j < ahead; ++j)
-        if (w + j * g < words) dst[w + j * g] = v[j];
-    }
-  }
-}
 template <class W>
-struct row_pair {
-  const W* src;
-  W* dst;
-};
-// The group size for rows of `words` words: the smallest power of two that covers them, at most 32.
-inline unsigned row_group_log2(std::uint64_t words) {
-  return words >= 32 ? 5u : unsigned(std::countr_zero(std::bit_ceil(words)));
-}
-// Blocks of 256 for `rows` rows in groups of 2^log2_g threads, at most 65535 (grid-stride).
-inline unsigned row_blocks(std::uint64_t rows, unsigned log2_g) {
-  return unsigned(std::min<std::uint64_t>(((rows << log2_g) + 255) / 256, 65535));
-}
-
-// Row p of the epoch = row perm(p) of the cache (shuffle), or row p.
-template <class W>
-__global__ void gather_rows_kernel(const W* src, W* dst, std::uint64_t rows, std::uint64_t words, unsigned log2_g,
+__global__ void gather_rows_kernel(const W* src, W* dst, std::uint64_t rows, std::uint64_t words,
                                    feistel_permutation perm, bool shuffle) {
-  copy_rows<W>(rows, words, log2_g, [&](std::uint64_t p) {
-    return row_pair<W>{src + (shuffle ? perm(p) : p) * words, dst + p * words};
-  });
+  const std::uint64_t total = rows * words;
+  for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += std::uint64_t(gridDim.x) * blockDim.x) {
+    const std::uint64_t p = i / words, w = i % words;
+    dst[p * words + w] = src[(shuffle ? perm(p) : p) * words + w];
+  }
 }
 
 // across_replicas: replica r's epoch row p = row i of replica q's cache (q's memory, read
 // through peer access), (q, i) where perm(p's global index) was cached.
 template <class W>
 __global__ void gather_global_kernel(const W* const* srcs, W* dst, std::uint64_t rows, std::uint64_t words,
-                                     unsigned log2_g, cache_layout_view layout, std::uint64_t replica,
-                                     feistel_permutation perm) {
-  copy_rows<W>(rows, words, log2_g, [&](std::uint64_t p) {
+                                     cache_layout_view layout, std::uint64_t replica, feistel_permutation perm) {
+  const std::uint64_t total = rows * words;
+  for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += std::uint64_t(gridDim.x) * blockDim.x) {
+    const std::uint64_t p = i / words, w = i % words;
     std::uint64_t q = 0, row = 0;
     layout.owner(perm(layout.global(replica, p)), q, row);
-    return row_pair<W>{srcs[q] + row * words, dst + p * words};
-  });
+    dst[p * words + w] = srcs[q][row * words + w];
+  }
 }
 
 // A replica's trade plan (exchange_plan_args): held row i's key to send (where it goes)
@@ -124,13 +90,16 @@ __global__ void plan_bounds_kernel(const std::uint64_t* keys, std::uint64_t rows
     at[q] = lo;
   }
 }
-// Pack (dst row k = src row idx[k]) or unpack (dst row idx[k] = src row k).
 template <class W>
 __global__ void move_rows_kernel(const W* src, W* dst, const std::uint64_t* idx, std::uint64_t rows,
-                                 std::uint64_t words, unsigned log2_g, bool scatter) {
-  copy_rows<W>(rows, words, log2_g, [&](std::uint64_t k) {
-    return scatter ? row_pair<W>{src + k * words, dst + idx[k] * words} : row_pair<W>{src + idx[k] * words, dst + k * words};
-  });
+                                 std::uint64_t words, bool scatter) {
+  const std::uint64_t total = rows * words;
+  for (std::uint64_t i = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += std::uint64_t(gridDim.x) * blockDim.x) {
+    const std::uint64_t k = i / words, w = i % words;
+    if (scatter) dst[idx[k] * words + w] = src[k * words + w];
+    else dst[k * words + w] = src[idx[k] * words + w];
+  }
 }
 
 // The launcher cache_on_device_source uses for device replicas (the replica's device is
@@ -143,15 +112,16 @@ struct gather_kernel {
     const bool wide = a.row_bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.src) % 16 == 0 &&
                       reinterpret_cast<std::uintptr_t>(a.dst) % 16 == 0;
     const std::uint64_t words = wide ? a.row_bytes / 16 : a.row_bytes;
-    const unsigned lg = row_group_log2(words), blocks = row_blocks(a.rows, lg);
+    const std::uint64_t blocks = std::min<std::uint64_t>((a.rows * words + 255) / 256, 65535);
     const auto st = static_cast<cudaStream_t>(s);
     if (wide)
-      gather_rows_kernel<<<blocks, 256, 0, st>>>(reinterpret_cast<const uint4*>(a.src), reinterpret_cast<uint4*>(a.dst),
-                                                 a.rows, words, lg, perm, a.shuffle);
+      gather_rows_kernel<<<unsigned(blocks), 256, 0, st>>>(reinterpret_cast<const uint4*>(a.src),
+                                                            reinterpret_cast<uint4*>(a.dst), a.rows, words, perm,
+                                                            a.shuffle);
     else
-      gather_rows_kernel<<<blocks, 256, 0, st>>>(reinterpret_cast<const unsigned char*>(a.src),
-                                                 reinterpret_cast<unsigned char*>(a.dst), a.rows, words, lg, perm,
-                                                 a.shuffle);
+      gather_rows_kernel<<<unsigned(blocks), 256, 0, st>>>(reinterpret_cast<const unsigned char*>(a.src),
+                                                            reinterpret_cast<unsigned char*>(a.dst), a.rows, words,
+                                                            perm, a.shuffle);
     FERRY_CUDA_TRY(cudaGetLastError());
   }
   // across_replicas: enqueues replica a.replica's gather from every replica's cache on
@@ -161,16 +131,16 @@ struct gather_kernel {
     const feistel_permutation perm(a.total_rows, a.key);
     const bool wide = a.row_bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.dst) % 16 == 0;
     const std::uint64_t words = wide ? a.row_bytes / 16 : a.row_bytes;
-    const unsigned lg = row_group_log2(words), blocks = row_blocks(a.rows, lg);
+    const std::uint64_t blocks = std::min<std::uint64_t>((a.rows * words + 255) / 256, 65535);
     const auto st = static_cast<cudaStream_t>(s);
     if (wide)
-      gather_global_kernel<<<blocks, 256, 0, st>>>(reinterpret_cast<const uint4* const*>(a.srcs),
-                                                   reinterpret_cast<uint4*>(a.dst), a.rows, words, lg, a.layout,
-                                                   a.replica, perm);
+      gather_global_kernel<<<unsigned(blocks), 256, 0, st>>>(reinterpret_cast<const uint4* const*>(a.srcs),
+                                                              reinterpret_cast<uint4*>(a.dst), a.rows, words, a.layout,
+                                                              a.replica, perm);
     else
-      gather_global_kernel<<<blocks, 256, 0, st>>>(reinterpret_cast<const unsigned char* const*>(a.srcs),
-                                                   reinterpret_cast<unsigned char*>(a.dst), a.rows, words, lg, a.layout,
-                                                   a.replica, perm);
+      gather_global_kernel<<<unsigned(blocks), 256, 0, st>>>(reinterpret_cast<const unsigned char* const*>(a.srcs),
+                                                              reinterpret_cast<unsigned char*>(a.dst), a.rows, words,
+                                                              a.layout, a.replica, perm);
     FERRY_CUDA_TRY(cudaGetLastError());
   }
 
@@ -210,13 +180,14 @@ struct gather_kernel {
     const bool wide = a.row_bytes % 16 == 0 && reinterpret_cast<std::uintptr_t>(a.src) % 16 == 0 &&
                       reinterpret_cast<std::uintptr_t>(a.dst) % 16 == 0;
     const std::uint64_t words = wide ? a.row_bytes / 16 : a.row_bytes;
-    const unsigned lg = row_group_log2(words), n = row_blocks(a.rows, lg);
     if (wide)
-      move_rows_kernel<<<n, 256, 0, st>>>(reinterpret_cast<const uint4*>(a.src), reinterpret_cast<uint4*>(a.dst), a.idx,
-                                          a.rows, words, lg, a.scatter);
+      move_rows_kernel<<<blocks(a.rows * words), 256, 0, st>>>(reinterpret_cast<const uint4*>(a.src),
+                                                                reinterpret_cast<uint4*>(a.dst), a.idx, a.rows, words,
+                                                                a.scatter);
     else
-      move_rows_kernel<<<n, 256, 0, st>>>(reinterpret_cast<const unsigned char*>(a.src),
-                                          reinterpret_cast<unsigned char*>(a.dst), a.idx, a.rows, words, lg, a.scatter);
+      move_rows_kernel<<<blocks(a.rows * words), 256, 0, st>>>(reinterpret_cast<const unsigned char*>(a.src),
+                                                                reinterpret_cast<unsigned char*>(a.dst), a.idx, a.rows,
+                                                                words, a.scatter);
     FERRY_CUDA_TRY(cudaGetLastError());
   }
 
