@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <utility>
@@ -859,6 +860,99 @@ TEST_CASE("sim: pinned blocks are freed on the consumer's thread, also with the 
     for (const auto& v : sim::violations()) FAIL_CHECK(v);
     sim::frees_only_on_this_thread(false);
   }
+}
+
+// The same hazard on the pipeline's other threads: a batch of more than 16 MiB, collated on
+// prefetch's thread, outgrows its first pinned block, which goes back to a pool past its
+// bound and so to the driver there (cudaFreeHost, which waits for the device), beside a
+// trainer's replica threads. ferry's own threads defer those frees to distribute's
+// consumer too.
+TEST_CASE("sim: pinned blocks let go on prefetch's thread are freed on the consumer's thread" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  using row = std::array<std::int32_t, 16384>;  // 64 KiB: a batch of 300 is 18.75 MiB
+  constexpr std::size_t G = 300, steps = 6;
+  std::vector<std::uint32_t> ids(G * steps);
+  std::iota(ids.begin(), ids.end(), 0u);
+  const auto make_row = [](std::uint32_t i) {
+    row r{};
+    r.front() = r.back() = std::int32_t(i);
+    return r;
+  };
+  for (const making mk : makings) {
+    INFO("ahead " << mk.ahead << ", staging " << mk.staging);
+    sim::reset(29, 1);
+    sim::frees_only_on_this_thread(true);
+    auto pool = ferry::make_pinned_pool(16 << 10);
+    std::size_t k = 0;
+    std::uint64_t freed_while_running = 0;
+    std::mutex m;
+    std::size_t rows_right = 0;  // by kernels: each row's first and last value
+    {
+      auto p = ferry::from_range(ids) | ferry::map(make_row) | ferry::batch(G) | ferry::prefetch(1) |
+               ferry::distribute(ferry::cuda::devices{0, 1},
+                                 {.host_resource = pool, .steps_ahead = mk.ahead, .staging_thread = mk.staging});
+      for (auto& st : p) {
+        for (std::size_t r = 0; r < 2; ++r) {
+          REQUIRE(cudaSetDevice(st[r].device()) == cudaSuccess);
+          const std::span<const row> t = st[r].field<0>();
+          const std::size_t first = k * G + r * G / 2;
+          sim::launch(st[r].stream(), "read", {{t.data(), t.size_bytes()}}, {}, [&m, &rows_right, t, first] {
+            std::lock_guard lk(m);
+            for (std::size_t i = 0; i < t.size(); ++i)
+              rows_right += t[i].front() == std::int32_t(first + i) && t[i].back() == std::int32_t(first + i);
+          });
+        }
+        ++k;
+      }
+      freed_while_running = pool->upstream_resource().deallocations();
+      sim::drain();
+    }
+    CHECK(k == steps);
+    CHECK(rows_right == ids.size());
+    CHECK(freed_while_running >= steps);  // each batch's first block, at least, went back to the driver
+    CHECK(pool->statistics().outstanding_bytes == 0);
+    MESSAGE("pinned blocks freed while running " << freed_while_running);
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    sim::frees_only_on_this_thread(false);
+  }
+}
+
+// map's workers likewise: a function that drops the pinned batch it was given lets its block
+// go on a worker; a consumer that is not one of ferry's threads (here the test's, with no
+// distribute) frees it in map's next(), so nothing piles up in a host-only pipeline.
+TEST_CASE("sim: pinned blocks let go on map's workers are freed on the consumer's thread" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  using row = std::array<std::int32_t, 1024>;  // 4 KiB
+  constexpr std::size_t G = 64, steps = 40;
+  std::vector<std::uint32_t> ids(G * steps);
+  std::iota(ids.begin(), ids.end(), 0u);
+  sim::reset(31, 1);
+  sim::frees_only_on_this_thread(true);
+  auto pool = ferry::make_pinned_pool(16 << 10);
+  std::uint64_t sum = 0, want = 0, batches = 0;
+  for (std::uint32_t i : ids) want += i;
+  {
+    auto p = ferry::from_range(ids) | ferry::map([](std::uint32_t i) {
+               row r{};
+               r.front() = std::int32_t(i);
+               return r;
+             }) |
+             ferry::batch(G, {.resource = pool}) | ferry::map(
+                                                      [](ferry::batch_of<row> b) {  // dropped on the worker
+                                                        std::uint64_t s = 0;
+                                                        for (const row& r : b.field<0>()) s += std::uint64_t(r.front());
+                                                        return s;
+                                                      },
+                                                      {.workers = 2});
+    for (std::uint64_t s : p) sum += s, ++batches;
+  }
+  CHECK(batches == steps);
+  CHECK(sum == want);
+  const auto& up = pool->upstream_resource();
+  CHECK(up.deallocations() >= steps / 2);  // the pool let blocks go as it ran
+  CHECK(up.allocations() == up.deallocations());  // every one freed by now: none left in the list
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  sim::frees_only_on_this_thread(false);
 }
 
 // A copy that fails after another copy of the same replica was queued: the step's host

@@ -23,6 +23,9 @@
 //   of a few microseconds), unless set_spin(0) says items are slow to make.
 // - Waits are counted in the stage's counters when stats are on: the consumer's in
 //   wait_up, the producer's in wait_down (of the counters the stage passes).
+// - The thread must not wait for the device: pinned blocks it lets go are freed by the
+//   consumer's take() (or, when the consumer is one of ferry's threads too, by its own
+//   consumer): ferry/detail/deferred_frees.hpp.
 // Runs make() (and through it the upstream's user code) on the producer thread. Throws
 // from start() what starting a thread throws (none is left running then).
 #pragma once
@@ -40,6 +43,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ferry/detail/deferred_frees.hpp"
 #include "ferry/detail/spin.hpp"
 #include "ferry/error.hpp"
 #include "ferry/observe/hooks.hpp"
@@ -139,6 +143,7 @@ class producer {
   // The next item: waits for it; re-throws its error at its place. nullopt at the end
   // (the thread has ended then). Consumer's thread.
   std::optional<T> take() {
+    free_deferred_pinned_here();  // pinned blocks the thread let go (deferred_frees.hpp)
     if (finished_) return std::nullopt;
     core& c = *c_;
     item it;
@@ -222,6 +227,7 @@ class producer {
   template <class Make, class Save>
   static void run(core& c, Make& make, Save& save) {
     observe::name_this_thread(c.names.thread);
+    pinned_frees_deferred = true;  // this thread must not wait for the device (deferred_frees.hpp)
     for (;;) {
       item it;
       try {

@@ -13,9 +13,9 @@
 //
 // Throws pinned_bad_alloc (a std::bad_alloc whose what() names the bytes asked for) when
 // memory runs out or the size cannot be had at all, and ferry::cuda_error when
-// cudaHostAlloc fails otherwise. Thread-safe; no user code runs. A block freed on
-// distribute's staging thread goes back to the driver later, on the consumer's thread
-// (detail::pinned_frees_deferred).
+// cudaHostAlloc fails otherwise. Thread-safe; no user code runs. A block freed on one of
+// ferry's own threads (prefetch's, map's workers, distribute's staging thread) goes back to
+// the driver later, on a consumer's thread (ferry/detail/deferred_frees.hpp).
 #pragma once
 
 #include <atomic>
@@ -24,61 +24,25 @@
 #include <cstdlib>
 #include <memory>
 #include <memory_resource>
-#include <mutex>
 #include <new>
 #include <string>
-#include <vector>
 
 #include "ferry/config.hpp"
 #include "ferry/cuda/error.hpp"
 #include "ferry/cuda/runtime.hpp"
+#include "ferry/detail/deferred_frees.hpp"
 #include "ferry/memory/buffer.hpp"
 
 namespace ferry {
 
 namespace detail {
 
-// Set on a thread that must not wait for the device (distribute's staging thread): a
-// cudaFreeHost waits for it, and beside a trainer's replica threads half way through
-// launching an NCCL all-reduce GPU by GPU it can hold up the last launch that the kernels
-// already running wait for (NCCL's known deadlock). There pinned_resource hands its
-// blocks to the list below, and a thread that may wait (distribute's consumer, in next())
-// frees them with free_deferred_pinned().
-inline thread_local bool pinned_frees_deferred = false;
-
-struct deferred_pinned_list {
-  std::mutex m;
-  std::vector<void*> blocks;
-  std::atomic<bool> any{false};  // next() looks without the lock
-};
-inline deferred_pinned_list& deferred_pinned() {
-  static auto* l = new deferred_pinned_list;  // never destroyed: blocks may come at exit
-  return *l;
-}
-// False when the list cannot take it (out of memory): the caller frees it now.
-inline bool defer_pinned_free(void* p) noexcept {
-  deferred_pinned_list& l = deferred_pinned();
-  std::lock_guard lk(l.m);
-  try {
-    l.blocks.push_back(p);
-  } catch (...) {
-    return false;
-  }
-  l.any.store(true, std::memory_order_release);
-  return true;
-}
-// Frees the pinned blocks deferred so far, on this thread. Never throws.
-inline void free_deferred_pinned() noexcept {
-  deferred_pinned_list& l = deferred_pinned();
-  if (!l.any.load(std::memory_order_acquire)) return;  // every step: one load
-  std::vector<void*> blocks;
-  {
-    std::lock_guard lk(l.m);
-    blocks.swap(l.blocks);
-    l.any.store(false, std::memory_order_relaxed);
-  }
+// What free_deferred_pinned() calls for a block a ferry thread let go (deferred_frees.hpp).
+inline void free_pinned_block(void* p) noexcept {
 #if defined(FERRY_WITH_CUDART)
-  for (void* p : blocks) FERRY_CUDA_LOG(cudaFreeHost(p));
+  FERRY_CUDA_LOG(cudaFreeHost(p));
+#else
+  (void)p;
 #endif
 }
 
@@ -149,7 +113,8 @@ class pinned_resource : public std::pmr::memory_resource {
     frees_.fetch_add(1, std::memory_order_relaxed);
 #if defined(FERRY_WITH_CUDART)
     if (pinned_) {
-      if (!detail::pinned_frees_deferred || !detail::defer_pinned_free(p)) FERRY_CUDA_LOG(cudaFreeHost(p));
+      if (!detail::pinned_frees_deferred || !detail::defer_pinned_free(p, detail::free_pinned_block))
+        FERRY_CUDA_LOG(cudaFreeHost(p));
       return;
     }
 #endif

@@ -361,10 +361,9 @@ class distribute_source
       return;
     }
     if constexpr (requires { c.be.set_staging_depth(std::size_t{1}); }) c.be.set_staging_depth(c.o.steps_ahead);
+    // The producer's thread must not wait for the device: its pinned frees go to the
+    // consumer's next() (deferred_frees.hpp), as its device frees do.
     auto make = [sh = s_.get(), pull = this->upstream_puller()]() mutable {
-      // This thread must not wait for the device: pinned frees go to the consumer's next()
-      // (pinned.hpp).
-      detail::pinned_frees_deferred = true;
       return observe::observed_next(sh->stager_stats, name, [&] { return make_next(*sh, pull); });
     };
     // Counted only once its thread runs: a thread that could not be made is thrown by this

@@ -23,6 +23,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/deferred_frees.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 #include "ferry/stages/detail/map_queue.hpp"
@@ -102,6 +103,7 @@ static void work(map_core& c, const map_machine_options o, std::size_t index) {
 
 static void work_loop(map_core& c, const map_machine_options o, const std::size_t index) {
   observe::name_this_thread("ferry map worker");
+  pinned_frees_deferred = true;  // this thread must not wait for the device (deferred_frees.hpp)
   const std::uint64_t window = o.window;
   std::uint64_t run = 1;
   std::vector<In> ins;

@@ -38,6 +38,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/deferred_frees.hpp"
 #include "ferry/detail/spin.hpp"
 #include "ferry/error.hpp"
 #include "ferry/observe/hooks.hpp"
@@ -86,6 +87,7 @@ class map_workers {
   // The next element; its error re-thrown at its place: fn's as element_error naming
   // base + seq, the upstream's unchanged.
   std::optional<Out> next(std::uint64_t base) {
+    free_deferred_pinned_here();  // pinned blocks the workers let go (deferred_frees.hpp)
     if (!started_) start();
     return o_.ordered ? c_->ring.next(*this, base) : c_->queue.next(*this, base);
   }
@@ -93,6 +95,7 @@ class map_workers {
   // Ordered: the next element handed to sink where it lies in the ring. False at the end.
   template <class Sink>
   bool next_into(Sink& sink, std::uint64_t base) {
+    free_deferred_pinned_here();
     if (!started_) start();
     return c_->ring.next_into(*this, sink, base);
   }
@@ -100,6 +103,7 @@ class map_workers {
   // Moves runs of ready elements straight into `out`; an element whose fn threw throws
   // exactly as out.size() next() calls would.
   std::size_t bulk(std::span<Out> out, std::uint64_t base) {
+    free_deferred_pinned_here();
     if (!started_) start();
     return o_.ordered ? c_->ring.bulk(*this, out, base) : c_->queue.bulk(*this, out, base);
   }
