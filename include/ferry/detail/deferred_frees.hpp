@@ -8,7 +8,8 @@
 // pinned_frees_deferred, and pinned_resource hands the blocks they let go to the list
 // below; a thread that may wait frees them with free_deferred_pinned(): distribute's
 // consumer in next(), and the consumer of a producer or of map's workers when it is not
-// itself one of ferry's threads (a host-only pipeline over a pinned pool frees them there).
+// itself one of ferry's threads (a host-only pipeline over a pinned pool frees them there),
+// in its next() and when it joins them (what they let go after its last call).
 // No CUDA header: the list holds the function that frees a block (pinned.hpp's).
 // Never throws; thread-safe.
 #pragma once

@@ -199,6 +199,7 @@ class producer {
     th_.join();
     c_->q.clear();
     c_->queued.store(0, std::memory_order_relaxed);
+    free_deferred_pinned_here();  // what the thread let go after the consumer's last take()
   }
   // halt(), and forget the epoch: the next start() begins afresh.
   void reset() noexcept {

@@ -170,6 +170,7 @@ struct counters {
   std::uint64_t h2d_bytes = 0;         // of those, host to device
   std::uint64_t collectives = 0;       // collective instances run (aborted ones not counted)
   std::uint64_t live_device_blocks = 0;
+  std::uint64_t live_host_blocks = 0;  // cudaHostAlloc'd, not yet freed (reset() keeps them: counted then)
   std::uint64_t live_streams = 0;
   std::uint64_t live_events = 0;
   std::uint64_t pending_ops = 0;       // enqueued, not yet run

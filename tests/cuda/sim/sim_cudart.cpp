@@ -954,7 +954,9 @@ void frees_only_on_this_thread(bool on) {
 
 counters stats() {
   std::lock_guard lk(S().m);
-  return S().c;
+  counters c = S().c;
+  c.live_host_blocks = S().host_blocks.size();
+  return c;
 }
 const std::vector<std::string>& violations() { return S().violations; }
 void clear_violations() {

@@ -145,6 +145,7 @@ class map_workers {
     for (auto& t : threads_)
       if (t.joinable()) t.join();
     threads_.clear();
+    free_deferred_pinned_here();  // what they let go after the consumer's last call
   }
 
   // halt(), and a new epoch: what was read ahead goes.
