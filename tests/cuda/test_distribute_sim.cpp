@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <mutex>
 #include <numeric>
+#include <thread>
 #include <optional>
 #include <string>
 #include <utility>
@@ -942,7 +943,6 @@ TEST_CASE("sim: pinned blocks let go on map's workers or prefetch's thread, with
       INFO(std::string(on_map ? "map's workers" : "prefetch's thread") << ", consumer stops after " << stop_after);
       sim::reset(31, 1);
       sim::frees_only_on_this_thread(true);
-      ferry::detail::free_deferred_pinned();  // what earlier cases left in the process-wide list
       const std::uint64_t live_before = sim::stats().live_host_blocks;
       const std::size_t G = on_map ? 64 : 300;
       std::uint64_t sum = 0, want = 0, batches = 0, freed_while_running = 0;
@@ -984,6 +984,38 @@ TEST_CASE("sim: pinned blocks let go on map's workers or prefetch's thread, with
       sim::frees_only_on_this_thread(false);
     }
   }
+}
+
+// Blocks one of ferry's threads let go belong to its engine's list, handed up only by that
+// engine's consumer: another pipeline's consumer, on another thread, frees none of them
+// (a process-wide list did: a background prefetch freed a trainer pipeline's blocks).
+TEST_CASE("sim: a pipeline's consumer frees only the pinned blocks its own threads let go" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));
+  sim::reset(37, 1);
+  ferry::pinned_resource res;
+  const std::uint64_t live_before = sim::stats().live_host_blocks;
+  void* block = res.allocate(1 << 20);
+  ferry::detail::deferred_pinned_list theirs;  // another engine's: a thread of it lets `block` go
+  std::thread([&] {
+    ferry::detail::pinned_frees_to = &theirs;
+    res.deallocate(block, 1 << 20);
+  }).join();
+  CHECK(sim::stats().live_host_blocks == live_before + 1);  // deferred, not freed
+  sim::frees_only_on_this_thread(true);
+  std::vector<int> v(2000);
+  std::iota(v.begin(), v.end(), 0);
+  std::thread([&] {  // a host-only pipeline's consumer with a producer and map's workers
+    long sum = 0;
+    for (int x : ferry::from_range(v) | ferry::prefetch(1) | ferry::map([](int x) { return x + 1; }, {.workers = 2}))
+      sum += x;
+    CHECK(sum == 2000L * 2001 / 2);
+  }).join();
+  CHECK(sim::violations().empty());
+  CHECK(sim::stats().live_host_blocks == live_before + 1);  // still theirs
+  ferry::detail::hand_up(theirs);                           // their consumer: this thread
+  CHECK(sim::stats().live_host_blocks == live_before);
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  sim::frees_only_on_this_thread(false);
 }
 
 // A copy that fails after another copy of the same replica was queued: the step's host

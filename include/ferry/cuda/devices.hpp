@@ -21,7 +21,7 @@
 // until the copies out of it have finished (polled with cudaEventQuery), then returned
 // to the pinned pool. A pool past its bound frees pinned blocks (cudaFreeHost, which
 // waits for the device): on the staging thread that is deferred to the consumer's next()
-// (pinned.hpp's pinned_frees_deferred), as device blocks are (device_pool.hpp's top).
+// (ferry/detail/deferred_frees.hpp), as device blocks are (device_pool.hpp's top).
 //
 // Overlap. With distribute_options::steps_ahead = 1 (the default) step k+1 is made, its
 // copies enqueued, when step k is handed out, so they run while the GPU works on step k,
@@ -148,7 +148,6 @@ class devices_state {
     for (auto& d : pending_)
       for (auto [r, e] : d.copies) r_[r].pool->give_event(e);
     pending_.clear();
-    ::ferry::detail::free_deferred_pinned();
     // replicas go in reverse member order: pool (waits on release events) before streams
   }
 
@@ -439,7 +438,8 @@ class devices_backend {
       // (device_pool.hpp's top).
       rep.pool->reclaim();
     }
-    ::ferry::detail::free_deferred_pinned();  // pinned blocks the staging thread let go, likewise
+    // Pinned blocks the staging thread let go come up through its producer's take()
+    // (deferred_frees.hpp).
   }
 
   // distribute's staging thread keeps `n` steps ahead: let each replica's pool grow to the

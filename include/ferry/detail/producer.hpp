@@ -23,9 +23,9 @@
 //   of a few microseconds), unless set_spin(0) says items are slow to make.
 // - Waits are counted in the stage's counters when stats are on: the consumer's in
 //   wait_up, the producer's in wait_down (of the counters the stage passes).
-// - The thread must not wait for the device: pinned blocks it lets go are freed by the
-//   consumer's take() (or, when the consumer is one of ferry's threads too, by its own
-//   consumer): ferry/detail/deferred_frees.hpp.
+// - The thread must not wait for the device: pinned blocks it lets go are handed up by the
+//   consumer's take() and halt(): freed there, or passed to the consumer's own consumer when
+//   it is one of ferry's threads too (ferry/detail/deferred_frees.hpp).
 // Runs make() (and through it the upstream's user code) on the producer thread. Throws
 // from start() what starting a thread throws (none is left running then).
 #pragma once
@@ -78,6 +78,7 @@ class producer {
     observe::stage_counters* consumer_stats = nullptr;
     observe::stage_counters* producer_stats = nullptr;
     producer_names names{};
+    deferred_pinned_list deferred;  // pinned blocks the thread let go (deferred_frees.hpp)
   };
   static constexpr int default_spin = 2000;  // a few microseconds of pause
 
@@ -143,9 +144,9 @@ class producer {
   // The next item: waits for it; re-throws its error at its place. nullopt at the end
   // (the thread has ended then). Consumer's thread.
   std::optional<T> take() {
-    free_deferred_pinned_here();  // pinned blocks the thread let go (deferred_frees.hpp)
     if (finished_) return std::nullopt;
     core& c = *c_;
+    hand_up(c.deferred);  // pinned blocks the thread let go (deferred_frees.hpp)
     item it;
     std::exception_ptr failed;
     observe::wait_timer wt;  // an empty queue: the producer is slower
@@ -199,7 +200,7 @@ class producer {
     th_.join();
     c_->q.clear();
     c_->queued.store(0, std::memory_order_relaxed);
-    free_deferred_pinned_here();  // what the thread let go after the consumer's last take()
+    hand_up(c_->deferred);  // what the thread let go after the consumer's last take()
   }
   // halt(), and forget the epoch: the next start() begins afresh.
   void reset() noexcept {
@@ -228,7 +229,7 @@ class producer {
   template <class Make, class Save>
   static void run(core& c, Make& make, Save& save) {
     observe::name_this_thread(c.names.thread);
-    pinned_frees_deferred = true;  // this thread must not wait for the device (deferred_frees.hpp)
+    pinned_frees_to = &c.deferred;  // this thread must not wait for the device (deferred_frees.hpp)
     for (;;) {
       item it;
       try {

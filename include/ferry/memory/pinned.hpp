@@ -37,7 +37,7 @@ namespace ferry {
 
 namespace detail {
 
-// What free_deferred_pinned() calls for a block a ferry thread let go (deferred_frees.hpp).
+// What hand_up() calls for a block one of ferry's threads let go (deferred_frees.hpp).
 inline void free_pinned_block(void* p) noexcept {
 #if defined(FERRY_WITH_CUDART)
   FERRY_CUDA_LOG(cudaFreeHost(p));
@@ -113,8 +113,8 @@ class pinned_resource : public std::pmr::memory_resource {
     frees_.fetch_add(1, std::memory_order_relaxed);
 #if defined(FERRY_WITH_CUDART)
     if (pinned_) {
-      if (!detail::pinned_frees_deferred || !detail::defer_pinned_free(p, detail::free_pinned_block))
-        FERRY_CUDA_LOG(cudaFreeHost(p));
+      // On one of ferry's threads: to its engine's list, freed by the thread that pulls it.
+      if (!detail::defer_pinned_free(p, detail::free_pinned_block)) FERRY_CUDA_LOG(cudaFreeHost(p));
       return;
     }
 #endif

@@ -64,6 +64,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/deferred_frees.hpp"
 #include "ferry/error.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/stage.hpp"
@@ -407,6 +408,7 @@ class interleave_files_source : public stage<interleave_files_source<Up>, Up, re
   std::atomic<std::chrono::steady_clock::rep> waiting_since_{0};  // and since when
   int consumer_waiting_ = 0;  // under m_: whether a publish must wake the consumer
   std::size_t threads_count_ = 0;
+  detail::deferred_pinned_list deferred_;  // pinned blocks the readers let go (deferred_frees.hpp)
   std::vector<std::thread> threads_;
 };
 

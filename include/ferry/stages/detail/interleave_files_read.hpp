@@ -163,6 +163,7 @@ void interleave_files_source<Up>::pop(slot& s) {
 template <class Up>
 void interleave_files_source<Up>::worker(std::size_t t) {
   observe::name_this_thread("ferry interleave reader");
+  detail::pinned_frees_to = &deferred_;  // this thread must not wait for the device (deferred_frees.hpp)
   const std::size_t w = threads_count_;
   const std::size_t cap = std::max<std::size_t>(o_.buffer, 1), byte_cap = 4 * pool_->chunk_bytes();
   const std::size_t soon = std::max<std::size_t>(cap / 2, 1);
@@ -280,6 +281,7 @@ void interleave_files_source<Up>::stop_threads() noexcept {
   for (std::size_t t = 0; t < threads_count_; ++t) readers_[t].cv.notify_one();
   for (auto& th : threads_) th.join();
   threads_.clear();
+  detail::hand_up(deferred_);  // pinned blocks they let go (read-ahead's, handed up to them)
   // Lowered again: with workers = 0 no start_threads() would, and the consumer's own reads
   // (which share the flag as their cancel) would be cancelled at their first wait on a pipe.
   stop_.store(false, std::memory_order_relaxed);

@@ -78,6 +78,7 @@ struct map_core {
   int consumer_waiting = 0;                // notify only when someone sleeps
   std::atomic<int> workers_waiting{0};
   std::atomic<std::uint64_t> published{0};  // runs published by workers (for spinning)
+  deferred_pinned_list deferred;  // pinned blocks the workers let go (deferred_frees.hpp)
   std::uint64_t next_out_seen = 0;           // consumer's last view of `published`
 
 static void work(map_core& c, const map_machine_options o, std::size_t index) {
@@ -103,7 +104,7 @@ static void work(map_core& c, const map_machine_options o, std::size_t index) {
 
 static void work_loop(map_core& c, const map_machine_options o, const std::size_t index) {
   observe::name_this_thread("ferry map worker");
-  pinned_frees_deferred = true;  // this thread must not wait for the device (deferred_frees.hpp)
+  pinned_frees_to = &c.deferred;  // this thread must not wait for the device (deferred_frees.hpp)
   const std::uint64_t window = o.window;
   std::uint64_t run = 1;
   std::vector<In> ins;

@@ -87,24 +87,24 @@ class map_workers {
   // The next element; its error re-thrown at its place: fn's as element_error naming
   // base + seq, the upstream's unchanged.
   std::optional<Out> next(std::uint64_t base) {
-    free_deferred_pinned_here();  // pinned blocks the workers let go (deferred_frees.hpp)
     if (!started_) start();
+    hand_up(c_->deferred);  // pinned blocks the workers let go (deferred_frees.hpp)
     return o_.ordered ? c_->ring.next(*this, base) : c_->queue.next(*this, base);
   }
 
   // Ordered: the next element handed to sink where it lies in the ring. False at the end.
   template <class Sink>
   bool next_into(Sink& sink, std::uint64_t base) {
-    free_deferred_pinned_here();
     if (!started_) start();
+    hand_up(c_->deferred);
     return c_->ring.next_into(*this, sink, base);
   }
 
   // Moves runs of ready elements straight into `out`; an element whose fn threw throws
   // exactly as out.size() next() calls would.
   std::size_t bulk(std::span<Out> out, std::uint64_t base) {
-    free_deferred_pinned_here();
     if (!started_) start();
+    hand_up(c_->deferred);
     return o_.ordered ? c_->ring.bulk(*this, out, base) : c_->queue.bulk(*this, out, base);
   }
 
@@ -145,7 +145,7 @@ class map_workers {
     for (auto& t : threads_)
       if (t.joinable()) t.join();
     threads_.clear();
-    free_deferred_pinned_here();  // what they let go after the consumer's last call
+    hand_up(c_->deferred);  // what they let go after the consumer's last call
   }
 
   // halt(), and a new epoch: what was read ahead goes.
