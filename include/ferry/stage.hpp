@@ -63,7 +63,7 @@
 //                          collates()`: its rows per batch are its batch_size().
 //   replicas()             distribute()'s replicas per step, passed on by a stage of one
 //                          upstream whose elements keep their type (take, filter, prefetch
-//                          over steps), for lockstep()'s empty steps
+//                          over host replicas' steps), for lockstep()'s empty steps
 //   set_buffer_resource(r) kept by a stage that collates (collates().resource: where it
 //                          collates from), else handed to every upstream
 //   visit_stages(v)        the upstreams' rows, then this stage's (report_mode(),

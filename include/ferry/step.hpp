@@ -26,6 +26,7 @@
 
 #include "ferry/batch_of.hpp"
 #include "ferry/cuda/stream_handle.hpp"
+#include "ferry/detail/is_step.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
 
@@ -46,13 +47,6 @@ class step;
 namespace detail {
 struct step_access;
 
-// Whether S is a step<T> (the stages after distribute check their upstream with it).
-template <class S>
-struct is_step : std::false_type {};
-template <class T>
-struct is_step<step<T>> : std::true_type {
-  using element = T;
-};
 // T of step<T>, for a stage after distribute whose upstream's elements are V; a clear error
 // when they are not steps (the stage was put before distribute).
 template <class V>

@@ -2,6 +2,7 @@
 // shutdown, checked on the CPU against a naive oracle (the upstream order, cut by hand).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -19,10 +20,12 @@
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/distribute.hpp"
 #include "ferry/stages/filter.hpp"
+#include "ferry/stages/interleave.hpp"
 #include "ferry/stages/map.hpp"
 #include "ferry/stages/prefetch.hpp"
 #include "ferry/stages/repeat.hpp"
 #include "ferry/stages/shard.hpp"
+#include "ferry/stages/shuffle.hpp"
 #include "ferry/stages/take.hpp"
 
 using namespace std::chrono_literals;
@@ -409,6 +412,54 @@ TEST_CASE("distribute: configuration errors say what to do" * doctest::timeout(3
     CHECK_THROWS_AS(ferry::distribute(ferry::from_range(data) | ferry::batch(4), ferry::host_replicas{0}),
                     ferry::config_error);
   }
+  // Workers would hold steps ahead (refused for every backend; distribute onto devices
+  // refuses prefetch and shuffle at run time: test_distribute_sim; interleave over steps
+  // does not compile: tests/compile_fail).
+  SUBCASE("map's workers and interleave's readers over steps") {
+    const auto steps = [&] { return ferry::from_range(data) | ferry::batch(10) | ferry::distribute(ferry::host_replicas{2}); };
+    const auto rows = [](auto&& st) { return st.valid(); };
+    CHECK_THROWS_WITH_AS(steps() | ferry::map(rows, {.workers = 2}), doctest::Contains("map: workers after distribute()"),
+                         ferry::config_error);
+    // Inline, a step is mapped before the next is asked for: fine.
+    std::size_t n = 0;
+    for (const std::size_t v : steps() | ferry::map(rows)) n += v;
+    CHECK(n == 100);
+    const auto twice = [&](std::uint64_t) { return steps() | ferry::take(2); };
+    CHECK_THROWS_WITH_AS(ferry::from_range(std::vector<std::uint64_t>{1, 2}) | ferry::interleave(twice, {.cycle = 2}),
+                         doctest::Contains("interleave: workers over sources of distribute()'s steps"),
+                         ferry::config_error);
+    // Without readers each slot's step is taken before its pipeline's next one is asked for.
+    std::size_t taken = 0;
+    for (auto& st : ferry::from_range(std::vector<std::uint64_t>{1, 2}) |
+                        ferry::interleave(twice, {.workers = 0, .cycle = 2}))
+      taken += st.valid();
+    CHECK(taken == 40);
+  }
+}
+
+// Host replicas' steps own their rows (views of the host batch the step keeps), so stages
+// that hold steps ahead may follow distribute there; device steps are refused
+// (test_distribute_sim).
+TEST_CASE("distribute(host_replicas): prefetch and shuffle after it hand out the same rows" * doctest::timeout(30)) {
+  ferry_test::watchdog wd(30s, "prefetch after distribute(host_replicas)");
+  const auto data = make_data(100);
+  const auto rows_of = [](auto&& steps) {
+    std::vector<std::vector<std::uint32_t>> out;  // a step's first fields, replica by replica
+    for (auto& st : steps) {
+      out.emplace_back();
+      for (std::size_t r = 0; r < st.replicas(); ++r)
+        for (const std::uint32_t id : st[r].template field<0>()) out.back().push_back(id);
+    }
+    return out;
+  };
+  const auto steps = [&] { return ferry::from_range(data) | ferry::batch(10) | ferry::distribute(ferry::host_replicas{2}); };
+  const auto plain = rows_of(steps());
+  REQUIRE(plain.size() == 10);
+  CHECK(rows_of(steps() | ferry::prefetch(3)) == plain);
+  auto shuffled = rows_of(steps() | ferry::shuffle(4, 7));
+  CHECK(shuffled != plain);
+  std::sort(shuffled.begin(), shuffled.end());
+  CHECK(shuffled == plain);  // the steps are each whole, in another order (plain's is sorted)
 }
 
 TEST_CASE("distribute: an upstream error reaches the consumer unchanged, in place, and the "

@@ -33,6 +33,7 @@
 #include "ferry/stages/map.hpp"
 #include "ferry/stages/padded_batch.hpp"
 #include "ferry/stages/prefetch.hpp"
+#include "ferry/stages/shuffle.hpp"
 #include "ferry/stats.hpp"
 
 namespace {
@@ -415,6 +416,51 @@ TEST_CASE("sim: steps_ahead other than 0 or 1, or 1 to 64 with the staging threa
     CHECK_THROWS_WITH_AS(ferry::from_range(data) | ferry::batch(16) |
                              ferry::distribute(ferry::cuda::devices{0}, {.steps_ahead = bad, .staging_thread = true}),
                          doctest::Contains("steps_ahead"), ferry::config_error);
+}
+
+// A device step is valid only until the next is asked for (its blocks go back to the pool
+// for the next copies): prefetch or shuffle after distribute would hand out steps whose
+// blocks already hold later rows. distribute refuses to be pulled where a stage holds what
+// it pulls, before it makes a step, whatever wraps the step (an inline map to a pair here),
+// and every later next() says so again (no hang); the pipeline is torn down cleanly.
+TEST_CASE("sim: prefetch or shuffle after distribute onto devices is a config_error at the first step" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // prefetch's thread: never hang
+  sim::reset(5, 2);
+  const auto data = make_data(64);
+  for (const bool staging : {false, true}) {
+    CAPTURE(staging);
+    const auto steps = [&] {
+      return ferry::from_range(data) | ferry::batch(16) |
+             ferry::distribute(ferry::cuda::devices{0, 1}, {.steps_ahead = staging ? 2u : 1u, .staging_thread = staging});
+    };
+    const auto wrap = [](ferry::step<elem>&& st) { return std::make_pair(std::move(st), 1); };
+    {
+      auto p = steps() | ferry::prefetch(2);
+      for (int k = 0; k < 3; ++k)
+        CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("distribute onto devices is pulled by prefetch's thread"),
+                             ferry::config_error);
+    }
+    {
+      auto p = steps() | ferry::map(wrap) | ferry::prefetch(2);
+      CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("is pulled by prefetch's thread"), ferry::config_error);
+    }
+    {
+      auto p = steps() | ferry::shuffle(4, 1);
+      CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("distribute onto devices is pulled by shuffle"),
+                           ferry::config_error);
+    }
+    {  // a window of one holds nothing: allowed
+      std::size_t n = 0;
+      for (auto& st : steps() | ferry::shuffle(1, 1)) n += st.valid();
+      CHECK(n == 64);
+    }
+    sim::drain();
+    for (const auto& v : sim::violations()) FAIL_CHECK(v);
+    const auto st = sim::stats();
+    CHECK(st.live_device_blocks == 0);
+    CHECK(st.live_events == 0);
+  }
 }
 
 TEST_CASE("sim: the end of the epoch releases the last step, as asking for another step does" * doctest::timeout(60)) {

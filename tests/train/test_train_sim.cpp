@@ -694,6 +694,19 @@ TEST_CASE("asynchronous evaluations on two simulated GPUs: no host wait per batc
       const auto pass = t.take_eval();
       check_same(pass, combine(by_step, 0, by_step.size()));
       CHECK(pass.rows == double(B * batches - 20));
+
+      // A step on distribute's own streams: nothing would order the trainer's kernels after
+      // its copies, so every entry refuses it, before any work (the trainer goes on).
+      auto own = ferry::from_range(rows) | ferry::batch(std::size_t(B)) |
+                 ferry::distribute(ferry::cuda::devices{0, 1}, {.remainder = ferry::remainder_policy::pad});
+      auto other = own.next();
+      REQUIRE(other);
+      const auto refused = doctest::Contains("slice is ready on another stream than the replica computes on");
+      CHECK_THROWS_WITH_AS(t.evaluate(*other), refused, ferry::config_error);
+      CHECK_THROWS_WITH_AS(t.evaluate_async(*other), refused, ferry::config_error);
+      CHECK_THROWS_WITH_AS(t.train_step_async(*other), refused, ferry::config_error);
+      CHECK(t.take_eval().rows == 0);
+      CHECK(t.steps() == 4);
     });
   }
 }

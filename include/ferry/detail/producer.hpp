@@ -44,6 +44,7 @@
 #include <utility>
 
 #include "ferry/detail/deferred_frees.hpp"
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/detail/spin.hpp"
 #include "ferry/error.hpp"
 #include "ferry/observe/hooks.hpp"
@@ -230,6 +231,7 @@ class producer {
   static void run(core& c, Make& make, Save& save) {
     observe::name_this_thread(c.names.thread);
     pinned_frees_to = &c.deferred;  // this thread must not wait for the device (deferred_frees.hpp)
+    holds_ahead = c.names.thread;   // it holds what it pulls (holds_ahead.hpp)
     for (;;) {
       item it;
       try {

@@ -49,7 +49,8 @@
 // another global batch or dataset size, or without a filled cache (at the first next(); in
 // epoch 0, when the upstream ends before the step, and at the first rewind: Checkpoints),
 // under pad, an epoch-0 step after a padded one (only the last may be padded; then every
-// epoch streams).
+// epoch streams); GPU replicas under prefetch or shuffle: distribute's config_error at the
+// first step (epoch 0's steps are distribute's, each valid only until the next).
 // cuda_error, std::bad_alloc, what the rank_exchange and device_exchange throw: whatever
 // fails while filling, at the end of epoch 0, in a reorder or in .devices' trade (kept
 // until the rewind; a failed NCCL call also thrown by next() at once) frees the caches,

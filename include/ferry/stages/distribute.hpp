@@ -58,7 +58,10 @@
 //
 // Errors: config_error as above, and when distribute() is called: pad with an element
 // type that is not default-constructible, or steps_ahead out of range (0 or 1; 1 to 64
-// with staging_thread); cuda_error from the CUDA backend. Upstream errors propagate
+// with staging_thread); onto devices, a next() called where a stage holds what it pulls
+// (prefetch's thread, map's workers, interleave's slot threads, shuffle filling a window)
+// throws config_error before making a step: a device step is valid only until the next
+// one is asked for (detail/holds_ahead.hpp); cuda_error from the CUDA backend. Upstream errors propagate
 // unchanged; one met while making a step ahead (or on the staging thread) is thrown by
 // the next() that would have returned that step, so errors come in the same place in the
 // sequence.
@@ -93,6 +96,7 @@
 
 #include "ferry/cuda/nvtx.hpp"
 #include "ferry/cuda/stream_handle.hpp"
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/detail/producer.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
@@ -216,6 +220,8 @@ class distribute_source
   }
 
   std::optional<value_type> pull() {
+    if constexpr (backend_copies)
+      if (holds_ahead) refuse_holder();
     if (!started_) start();
     if (staging()) return next_staged();
     auto pull_up = [this] { return this->pull_up(); };
@@ -371,6 +377,17 @@ class distribute_source
     p_.start(c.o.steps_ahead, c.o.steps_ahead / 2, names, &this->stats(), &c.stager_stats, std::move(make),
              this->upstream_saver());
     started_ = true;
+  }
+
+  // A stage above holds steps while it pulls more (holds_ahead.hpp): its steps' blocks would
+  // be reused under it. Refused before any step is made.
+  [[noreturn]] static void refuse_holder() {
+    std::string who = holds_ahead;
+    if (who.rfind("ferry ", 0) == 0) who = who.substr(6) + "'s thread";
+    throw config_error("distribute onto devices is pulled by " + who +
+                       ", which holds steps while it pulls more; but a device step is valid only until the next one "
+                       "is asked for (its device blocks are reused then), so nothing may hold steps ahead: put that "
+                       "stage before distribute() (distribute_options::staging_thread makes steps ahead itself)");
   }
 
   void release_previous() noexcept {

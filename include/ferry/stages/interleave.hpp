@@ -35,7 +35,9 @@
 // The destructor and rewind() stop and join the readers once each has finished the
 // record it is reading (a reader waiting on a pipe sees the stop within 50 ms).
 //
-// Errors: throws config_error for cycle == 0, cycle > 65536 or block == 0. fn form: an
+// Errors: throws config_error for cycle == 0, cycle > 65536 or block == 0, and for .workers
+// over slot sources of distribute()'s steps; over steps, a compile-time error (it would
+// hold steps ahead: detail/is_step.hpp). fn form: an
 // upstream error, or fn throwing (element_error naming interleave and the upstream
 // element), reaches the consumer at that slot's turn, which it keeps; the next call takes
 // the upstream element after it. A slot source's error reaches the consumer at its place
@@ -85,6 +87,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/is_step.hpp"
 #include "ferry/detail/producer.hpp"
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
@@ -113,6 +116,9 @@ class interleave_source
     : public threaded_stage<interleave_source<Up, F>, Up, value_t<interleave_inner_t<Up, F>>> {
   using S = interleave_inner_t<Up, F>;
   static_assert(source<S>, "ferry::interleave: fn must return a source (a pipeline) for each upstream element");
+  static_assert(!is_step_v<value_t<Up>>,
+                "ferry::interleave over distribute()'s steps: its open slots would hold several, and a device "
+                "replica's step is valid only until the next one is asked for; interleave before distribute()");
   using T = value_t<S>;
   friend threaded_stage<interleave_source, Up, T>;
   static constexpr bool resumable = resumable_source<Up> && resumable_source<S>;
@@ -133,8 +139,14 @@ class interleave_source
   static constexpr bool changes_batch_size = true;  // elements come from other sources
   static constexpr bool cannot_save = !resumable;
 
+  // Throws config_error for slot sources of steps with workers (see the file's top).
   interleave_source(Up up, F fn, interleave_options o)
-      : threaded_stage<interleave_source, Up, T>(std::move(up)), fn_(std::move(fn)), o_(o), slots_(o.cycle) {}
+      : threaded_stage<interleave_source, Up, T>(std::move(up)), fn_(std::move(fn)), o_(o), slots_(o.cycle) {
+    if (o.workers > 0 && is_step_v<T>)
+      throw config_error("interleave: workers over sources of distribute()'s steps: the readers would hold steps "
+                         "ahead, and a device replica's step is valid only until its pipeline's next one is asked "
+                         "for (its blocks are reused then); use .workers = 0, or interleave before distribute()");
+  }
 
  private:
   std::optional<T> pull() {

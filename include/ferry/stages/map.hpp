@@ -31,7 +31,8 @@
 //
 // Errors: throws config_error for workers == 0, for more than 1024 workers or
 // max_workers, for a window over 2^32, for max_workers set without autotune, and for
-// workers other than 1 over lockstep() (they would read its collective steps ahead). The
+// workers other than 1 over lockstep() (they would read its collective steps ahead) or
+// over distribute()'s steps (they would hold steps ahead: detail/is_step.hpp). The
 // first next() of a parallel map throws ferry::error when its ring or a worker thread
 // cannot be had (none is left running; the next next() tries again).
 // If fn throws on element k (k counts the epoch's places, an upstream error holding one,
@@ -84,6 +85,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/is_step.hpp"
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
 #include "ferry/stages/detail/diagnostics.hpp"
@@ -366,6 +368,10 @@ struct map_t {
         throw config_error("map: workers after lockstep() (or cache_on_device with .ranks or .devices): the workers "
                            "would run its collective ahead of the consumer, and a rank that stops mid-epoch leaves "
                            "the others waiting in it; use workers = 1 (inline) there, or map before distribute()");
+      if (o.workers != 1 && detail::is_step_v<E>)  // the workers would hold steps ahead
+        throw config_error("map: workers after distribute(): the workers would hold steps ahead, and a device "
+                           "replica's step is valid only until the next one is asked for (its blocks are reused "
+                           "then); map steps inline (workers = 1), or map the rows before batch() and distribute()");
       return detail::map_source<std::remove_cvref_t<S>, F>(std::forward<S>(s), std::move(fn), o);
     }
   }

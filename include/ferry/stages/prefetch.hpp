@@ -9,7 +9,10 @@
 // mid-epoch; it waits only for an upstream next() call already in progress.
 //
 // Errors: throws config_error for depth == 0, a negative depth and ferry::autotune; over
-// lockstep() a compile-time error (its thread would read collective steps ahead). An
+// lockstep() a compile-time error (its thread would read collective steps ahead); over
+// distribute() onto devices, next() throws the config_error distribute throws on its
+// thread (a device step is valid only until the next one is asked for:
+// detail/holds_ahead.hpp). An
 // exception thrown upstream is re-thrown,
 // unchanged, by the consumer's next() at its place, after the elements produced before
 // it; the producer goes on, so the next next() gives what upstream gives after the error

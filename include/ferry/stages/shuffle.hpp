@@ -18,7 +18,9 @@
 // thread that calls it); shuffle runs no user code and starts no thread.
 //
 // Errors: throws config_error for buffer == 0, negative or ferry::autotune (a seed may be any
-// integer). An exception from upstream ends the window early. The elements pulled before it
+// integer); after distribute() onto devices (buffer > 1), next() throws the config_error
+// distribute throws when shuffle pulls it (a device step is valid only until the next one
+// is asked for: detail/holds_ahead.hpp; shuffle the rows before distribute()). An exception from upstream ends the window early. The elements pulled before it
 // are shuffled as a (shorter) window and handed out first; then next() re-throws the exception
 // unchanged, at the same position as in the upstream sequence (as many elements before it);
 // then a new window starts. A consumer that catches and goes on gets every other element
@@ -46,6 +48,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
@@ -146,6 +149,8 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
       this->up().save(w);
     }
     try {
+      // A window of more than one holds what it pulls (distribute onto devices refuses).
+      const holding_ahead holds(limit > 1 ? "shuffle" : holds_ahead);
       while (win_.size() < limit) {
         std::optional<T> e = this->pull_up();
         if (!e) {

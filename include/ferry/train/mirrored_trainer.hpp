@@ -363,11 +363,14 @@ class mirrored_trainer {
     settle();
     return reps_[0]->read_eval();
   }
-  // evaluate() of a distribute() step (field 0 the inputs, field 1 the labels).
+  // evaluate() of a distribute() step (field 0 the inputs, field 1 the labels); a step on
+  // other streams than the trainer's is a config_error, as for train_step_async(Step&).
   template <class Step>
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
   step_stats evaluate(Step& step) {
-    return evaluate(std::span<const replica_input>(slices(step)));
+    auto& in = slices(step);
+    check_streams(step);  // else nothing orders the forward pass after the step's copies
+    return evaluate(std::span<const replica_input>(in));
   }
 
   // evaluate() without reading back: on a GPU it returns once every replica has enqueued

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "ferry/detail/deferred_frees.hpp"
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/observe/hooks.hpp"
 #include "ferry/source.hpp"
 #include "ferry/stages/detail/map_queue.hpp"
@@ -105,6 +106,7 @@ static void work(map_core& c, const map_machine_options o, std::size_t index) {
 static void work_loop(map_core& c, const map_machine_options o, const std::size_t index) {
   observe::name_this_thread("ferry map worker");
   pinned_frees_to = &c.deferred;  // this thread must not wait for the device (deferred_frees.hpp)
+  holds_ahead = "ferry map worker";  // it holds what it pulls (holds_ahead.hpp)
   const std::uint64_t window = o.window;
   std::uint64_t run = 1;
   std::vector<In> ins;
