@@ -32,6 +32,11 @@ using namespace std::chrono_literals;
 
 namespace {
 
+// batch(10) | distribute over two host replicas: 10 steps of 100 rows.
+auto host_steps(const std::vector<elem>& data) {
+  return ferry::from_range(data) | ferry::batch(10) | ferry::distribute(ferry::host_replicas{2});
+}
+
 std::string name(ferry::remainder_policy p) {
   switch (p) {
     case ferry::remainder_policy::drop: return "drop";
@@ -416,7 +421,7 @@ TEST_CASE("distribute: configuration errors say what to do" * doctest::timeout(3
   // refuses prefetch and shuffle at run time: test_distribute_sim; interleave over steps
   // does not compile: tests/compile_fail).
   SUBCASE("map's workers and interleave's readers over steps") {
-    const auto steps = [&] { return ferry::from_range(data) | ferry::batch(10) | ferry::distribute(ferry::host_replicas{2}); };
+    const auto steps = [&] { return host_steps(data); };
     const auto rows = [](auto&& st) { return st.valid(); };
     CHECK_THROWS_WITH_AS(steps() | ferry::map(rows, {.workers = 2}), doctest::Contains("map: workers after distribute()"),
                          ferry::config_error);
@@ -452,7 +457,7 @@ TEST_CASE("distribute(host_replicas): prefetch and shuffle after it hand out the
     }
     return out;
   };
-  const auto steps = [&] { return ferry::from_range(data) | ferry::batch(10) | ferry::distribute(ferry::host_replicas{2}); };
+  const auto steps = [&] { return host_steps(data); };
   const auto plain = rows_of(steps());
   REQUIRE(plain.size() == 10);
   CHECK(rows_of(steps() | ferry::prefetch(3)) == plain);

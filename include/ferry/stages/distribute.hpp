@@ -61,8 +61,8 @@
 // with staging_thread); onto devices, a next() called where a stage holds what it pulls
 // (prefetch's thread, map's workers, interleave's slot threads, shuffle filling a window)
 // throws config_error before making a step: a device step is valid only until the next
-// one is asked for (detail/holds_ahead.hpp); cuda_error from the CUDA backend. Upstream errors propagate
-// unchanged; one met while making a step ahead (or on the staging thread) is thrown by
+// one is asked for (detail/holds_ahead.hpp); cuda_error from the CUDA backend. Upstream
+// errors propagate unchanged; one met while making a step ahead (or on the staging thread) is thrown by
 // the next() that would have returned that step, so errors come in the same place in the
 // sequence.
 //

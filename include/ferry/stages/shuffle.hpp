@@ -17,16 +17,17 @@
 // Threads: runs on the thread that calls next() (restore() re-reads a window on the
 // thread that calls it); shuffle runs no user code and starts no thread.
 //
-// Errors: throws config_error for buffer == 0, negative or ferry::autotune (a seed may be any
-// integer); after distribute() onto devices (buffer > 1), next() throws the config_error
-// distribute throws when shuffle pulls it (a device step is valid only until the next one
-// is asked for: detail/holds_ahead.hpp; shuffle the rows before distribute()). An exception from upstream ends the window early. The elements pulled before it
-// are shuffled as a (shorter) window and handed out first; then next() re-throws the exception
-// unchanged, at the same position as in the upstream sequence (as many elements before it);
-// then a new window starts. A consumer that catches and goes on gets every other element
-// exactly once. Why the error ends the window instead of the window filling on past it: a
-// checkpoint re-reads the window from its start, and that re-read must not run into the error
-// again. (Windows are shorter only where errors are.)
+// Errors: throws config_error for buffer == 0, negative or ferry::autotune (a seed may be
+// any integer); after distribute() onto devices (buffer > 1), next() throws the
+// config_error distribute throws when shuffle pulls it (a device step is valid only until
+// the next one is asked for: detail/holds_ahead.hpp; shuffle the rows before
+// distribute()). An exception from upstream ends the window early. The elements pulled
+// before it are shuffled as a (shorter) window and handed out first; then next() re-throws
+// the exception unchanged, at the same position as in the upstream sequence (as many
+// elements before it); then a new window starts. A consumer that catches and goes on gets
+// every other element exactly once. Why the error ends the window instead of the window
+// filling on past it: a checkpoint re-reads the window from its start, and that re-read
+// must not run into the error again. (Windows are shorter only where errors are.)
 //
 // Memory: at most `buffer` elements held (the window), and the upstream's state words at
 // the window's start.
