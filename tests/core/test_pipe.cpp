@@ -1,10 +1,15 @@
 // The source concept, the pipe operator, closures, laziness and range-for.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstdint>
 #include <limits>
 #include <numeric>
+#include <optional>
+#include <stdexcept>
+#include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "common/doubles.hpp"
@@ -188,4 +193,76 @@ TEST_CASE("-1 is no limit for take, skip and repeat, as in tf.data; a seed may b
   const auto da = drain(a);
   CHECK(da == drain(b));
   CHECK(da != w);
+}
+
+// A stage that holds what it pulls marks its thread (detail/holds_ahead.hpp), so that
+// distribute onto devices refuses to be pulled there. User functions run with the mark
+// cleared (one may drain a device pipeline of its own) and it comes back after each call,
+// on a throw too; a function that may hand out a step keeps it. The mark is opened here as
+// a holding stage's thread opens it.
+TEST_CASE("user functions run with the thread's holding mark cleared; it comes back after, on a throw too") {
+  using ferry::detail::holds_ahead;
+  using ferry::detail::holding_scopes;
+  static_assert(ferry::detail::may_hold_step<ferry::step<int>>::value);
+  static_assert(ferry::detail::may_hold_step<std::optional<std::pair<int, ferry::step<int>>>>::value);
+  static_assert(ferry::detail::may_hold_step<std::vector<std::tuple<int, std::array<ferry::step<int>, 2>>>>::value);
+  static_assert(!ferry::detail::may_hold_step<std::pair<int, std::vector<float>>>::value);
+  const std::size_t scopes = holding_scopes.load();
+  static const char* const name = "test holder";
+  {
+    const ferry::detail::holding_ahead holder(name);
+    CHECK(holding_scopes.load() == scopes + 1);
+    int calls = 0, marked = 0;
+    const auto see = [&] {
+      ++calls;
+      marked += holds_ahead != nullptr;
+    };
+    const auto count = [&](auto&& p) {  // elements and errors; the mark checked after each next()
+      std::pair<std::size_t, std::size_t> n{0, 0};
+      for (int guard = 0; guard < 100; ++guard) {
+        try {
+          const bool got = p.next().has_value();
+          CHECK(holds_ahead == name);
+          if (!got) return n;
+          ++n.first;
+        } catch (const ferry::error&) {
+          CHECK(holds_ahead == name);
+          ++n.second;
+        }
+      }
+      FAIL("no end");
+      return n;
+    };
+    const std::vector<int> xs{1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+    const auto fn = [&](int x) {
+      see();
+      if (x == 4) throw std::runtime_error("four");
+      return x;
+    };
+    using counts = std::pair<std::size_t, std::size_t>;
+    CHECK(count(ferry::from_range(xs) | ferry::map(fn)) == counts{9, 1});
+    CHECK(count(ferry::from_range(xs) | ferry::map(fn) | ferry::batch(3)) == counts{3, 1});  // the bulk path
+    CHECK(count(ferry::from_range(xs) | ferry::map(fn, {.workers = 2})) == counts{9, 1});
+    const auto gen = [&](std::uint64_t i) { return fn(static_cast<int>(i) + 1); };
+    CHECK(count(ferry::from_generator(10, gen)) == counts{9, 1});
+    CHECK(count(ferry::from_generator(10, gen) | ferry::batch(3)) == counts{3, 1});  // the bulk path
+    CHECK(count(ferry::from_range(xs) | ferry::filter([&](int x) { return fn(x) % 2 == 0; })) == counts{4, 1});
+    CHECK(count(ferry::from_range(xs) | ferry::flat_map([&](int x) { return std::vector<int>(1, fn(x)); })) ==
+          counts{9, 1});
+    CHECK(count(ferry::from_range(xs) | ferry::interleave([&](int x) { return ferry::from_range(std::vector<int>{fn(x)}); },
+                                                          {.workers = 0, .cycle = 2})) == counts{9, 1});
+    CHECK(calls == 8 * 10 - 2);  // the bulk map's failed run of 3 maps up to its throw
+    CHECK(marked == 0);
+    {  // a function that may hand out a step keeps the mark
+      const ferry::detail::in_user_code<std::optional<ferry::step<int>>> user;
+      CHECK(holds_ahead == name);
+    }
+    {
+      const ferry::detail::in_user_code<int> user;
+      CHECK(holds_ahead == nullptr);
+    }
+    CHECK(holds_ahead == name);
+  }
+  CHECK(holds_ahead == nullptr);
+  CHECK(holding_scopes.load() == scopes);
 }

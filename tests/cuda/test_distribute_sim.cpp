@@ -26,10 +26,14 @@
 #include "ferry/cuda/device_pool.hpp"
 #include "ferry/cuda/devices.hpp"
 #include "ferry/memory/pinned.hpp"
+#include "ferry/sources/from_generator.hpp"
 #include "ferry/sources/from_range.hpp"
 #include "ferry/stages/batch.hpp"
 #include "ferry/stages/bucket_by_sequence_length.hpp"
 #include "ferry/stages/distribute.hpp"
+#include "ferry/stages/filter.hpp"
+#include "ferry/stages/flat_map.hpp"
+#include "ferry/stages/interleave.hpp"
 #include "ferry/stages/map.hpp"
 #include "ferry/stages/padded_batch.hpp"
 #include "ferry/stages/prefetch.hpp"
@@ -461,6 +465,59 @@ TEST_CASE("sim: prefetch or shuffle after distribute onto devices is a config_er
     CHECK(st.live_device_blocks == 0);
     CHECK(st.live_events == 0);
   }
+}
+
+// The refusal's mark is the thread's, so it is cleared while user code runs there: a map's
+// function (inline or on workers), a generator, a filter's predicate, or flat_map's or
+// interleave's function that builds and drains a device pipeline of its own (one training
+// run each) holds nothing and is not refused. A function that hands out a step pulled from
+// another device pipeline still is.
+TEST_CASE("sim: user code on a holder's thread may drain a device pipeline of its own" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60));  // prefetch's thread and map's workers: never hang
+  sim::reset(5, 2);
+  const auto data = make_data(64);
+  const auto steps = [&] {
+    return ferry::from_range(data) | ferry::batch(16) | ferry::distribute(ferry::cuda::devices{0, 1});
+  };
+  const auto run = [&] {  // a training run of its own: every row once
+    std::size_t n = 0;
+    for (auto& st : steps()) n += st.valid();
+    return n;
+  };
+  const std::vector<int> runs{0, 1, 2, 3, 4};
+  const auto all_full = [&](auto&& p) {
+    std::size_t k = 0;
+    for (const std::size_t n : p) {
+      CHECK(n == 64);
+      ++k;
+    }
+    CHECK(k == runs.size());
+  };
+  all_full(ferry::from_range(runs) | ferry::map([&](int) { return run(); }) | ferry::prefetch(2));
+  all_full(ferry::from_range(runs) | ferry::map([&](int) { return run(); }, {.workers = 2}));
+  all_full(ferry::from_range(runs) | ferry::map([&](int) { return run(); }, {.workers = 2}) | ferry::prefetch(2));
+  all_full(ferry::from_generator(runs.size(), [&](std::uint64_t) { return run(); }) | ferry::prefetch(2));
+  all_full(ferry::from_generator(runs.size(), [&](std::uint64_t) { return run(); }) | ferry::shuffle(4, 1));
+  all_full(ferry::from_range(runs) | ferry::filter([&](int) { return run() == 64; }) |
+           ferry::map([](int) { return std::size_t{64}; }) | ferry::prefetch(2));
+  const auto one_run = [&](int) { return std::vector<std::size_t>{run()}; };
+  all_full(ferry::from_range(runs) | ferry::flat_map(one_run) | ferry::prefetch(2));
+  for (const std::size_t workers : {0, 2})
+    all_full(ferry::from_range(runs) |
+             ferry::interleave([&](int i) { return ferry::from_range(one_run(i)); }, {.workers = workers, .cycle = 2}) |
+             ferry::prefetch(2));
+  {  // prefetch's thread holds what the function hands out: a step pulled from elsewhere is refused
+    auto other = steps();
+    auto p = ferry::from_range(runs) | ferry::map([&](int) { return std::move(*other.next()); }) | ferry::prefetch(2);
+    CHECK_THROWS_WITH_AS(p.next(), doctest::Contains("distribute onto devices is pulled by prefetch's thread"),
+                         ferry::config_error);
+  }
+  CHECK(ferry::detail::holds_ahead == nullptr);  // the consumer's thread is left unmarked
+  sim::drain();
+  for (const auto& v : sim::violations()) FAIL_CHECK(v);
+  const auto st = sim::stats();
+  CHECK(st.live_device_blocks == 0);
+  CHECK(st.live_events == 0);
 }
 
 TEST_CASE("sim: the end of the epoch releases the last step, as asking for another step does" * doctest::timeout(60)) {

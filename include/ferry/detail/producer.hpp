@@ -231,7 +231,7 @@ class producer {
   static void run(core& c, Make& make, Save& save) {
     observe::name_this_thread(c.names.thread);
     pinned_frees_to = &c.deferred;  // this thread must not wait for the device (deferred_frees.hpp)
-    holds_ahead = c.names.thread;   // it holds what it pulls (holds_ahead.hpp)
+    const holding_ahead holds(c.names.thread);  // it holds what it pulls (holds_ahead.hpp)
     for (;;) {
       item it;
       try {

@@ -36,6 +36,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
 
@@ -67,6 +68,7 @@ class generator_source
     if (done_ || i_ >= count_) return std::nullopt;
     const std::uint64_t i = i_;
     try {
+      const in_user_code<T> user;  // f runs user code (holds_ahead.hpp)
       if constexpr (is_optional<result>::value) {
         std::optional<T> v = f_(i);
         if (!v) {
@@ -95,6 +97,7 @@ class generator_source
       const std::uint64_t left = done_ ? 0 : count_ - i_;
       const std::size_t n = out.size() < left ? out.size() : static_cast<std::size_t>(left);
       try {
+        const in_user_code<T> user;  // f runs user code (holds_ahead.hpp)
         for (; k < n; ++k) {
           out[k] = f_(i_);
           ++i_;

@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
 #include "ferry/stages/detail/diagnostics.hpp"
@@ -51,6 +52,7 @@ class filter_source : public stage<filter_source<Up, P>, Up> {
       const std::uint64_t k = n_++;
       bool keep;
       try {
+        const in_user_code<bool> user;  // pred runs user code (holds_ahead.hpp)
         keep = p_(std::as_const(*e));
       } catch (...) {
         rethrow_element(std::current_exception(), name, k);

@@ -74,6 +74,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
 #include "ferry/stages/detail/diagnostics.hpp"
@@ -264,7 +265,10 @@ class flat_map_source
   void open_range() {
     holder& h = *h_;
     if constexpr (by_ref) {
-      Rng& r = std::invoke(fn_, *h.elem);
+      Rng& r = [&]() -> Rng& {
+        const in_user_code<value_type> user;  // fn runs user code (holds_ahead.hpp); its range is pulled after
+        return std::invoke(fn_, *h.elem);
+      }();
       h.range = std::addressof(r);
       if constexpr (policy == taking::move_if_inside) {  // the element itself, or a member of it
         const auto* p = reinterpret_cast<const unsigned char*>(std::addressof(r));
@@ -273,6 +277,7 @@ class flat_map_source
         h.move_out = !lt(p, lo) && lt(p, lo + sizeof(In));
       }
     } else {
+      const in_user_code<value_type> user;  // as above
       h.range.emplace(std::invoke(fn_, *h.elem));
     }
     h.it.emplace(std::ranges::begin(h.rng()));

@@ -87,6 +87,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/detail/is_step.hpp"
 #include "ferry/detail/producer.hpp"
 #include "ferry/error.hpp"
@@ -196,6 +197,7 @@ class interleave_source
     }
     std::unique_ptr<slot> s;
     try {
+      const in_user_code<T> user;  // fn runs user code (holds_ahead.hpp); its source is pulled after
       s = std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
     } catch (...) {
       rethrow_element(std::current_exception(), name, k);
@@ -347,7 +349,10 @@ class interleave_source
         }
       if (!e) throw config_error("restore_state: interleave: the upstream ended before the state's position");
       if (opens) {
-        auto sl = std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
+        auto sl = [&] {
+          const in_user_code<T> user;  // fn runs user code (holds_ahead.hpp)
+          return std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
+        }();
         if constexpr (resumable) restore_state(sl->src, opens->words);
         sl->distance = k;
         sl->anchor = std::move(before);

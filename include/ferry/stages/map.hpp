@@ -85,6 +85,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/detail/is_step.hpp"
 #include "ferry/error.hpp"
 #include "ferry/stage.hpp"
@@ -221,6 +222,7 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
     }
     F& fn = w_.fn();
     try {
+      const in_user_code<Out> user;  // fn may build a device pipeline of its own (holds_ahead.hpp)
       if constexpr (view_source<Up>)
         for (; i < n; ++i) out[i] = std::invoke(fn, In(view[i]));
       else if constexpr (std::is_same_v<In, Out>)  // map in place: no second pass
@@ -257,6 +259,7 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
   Out apply_inline(In&& x) {
     const std::uint64_t k = base_++;
     try {
+      const in_user_code<Out> user;  // fn may build a device pipeline of its own (holds_ahead.hpp)
       return std::invoke(w_.fn(), std::move(x));
     } catch (...) {
       rethrow_element(std::current_exception(), name, k);

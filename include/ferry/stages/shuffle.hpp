@@ -151,7 +151,8 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
     }
     try {
       // A window of more than one holds what it pulls (distribute onto devices refuses).
-      const holding_ahead holds(limit > 1 ? "shuffle" : holds_ahead);
+      std::optional<holding_ahead> holds;
+      if (limit > 1) holds.emplace("shuffle");
       while (win_.size() < limit) {
         std::optional<T> e = this->pull_up();
         if (!e) {

@@ -106,7 +106,7 @@ static void work(map_core& c, const map_machine_options o, std::size_t index) {
 static void work_loop(map_core& c, const map_machine_options o, const std::size_t index) {
   observe::name_this_thread("ferry map worker");
   pinned_frees_to = &c.deferred;  // this thread must not wait for the device (deferred_frees.hpp)
-  holds_ahead = "ferry map worker";  // it holds what it pulls (holds_ahead.hpp)
+  const holding_ahead holds("ferry map worker");  // it holds what it pulls (holds_ahead.hpp)
   const std::uint64_t window = o.window;
   std::uint64_t run = 1;
   std::vector<In> ins;
@@ -196,7 +196,10 @@ static void work_loop(map_core& c, const map_machine_options o, const std::size_
     std::size_t at = static_cast<std::size_t>(first % window);
     for (std::uint64_t i = 0; i < got; ++i) {
       const observe::ticks t0 = timed ? observe::now() : 0;
-      auto apply = [&] { return std::invoke(c.fn, std::move(ins[i])); };
+      auto apply = [&] {
+        const in_user_code<Out> user;  // fn may build a device pipeline of its own (holds_ahead.hpp)
+        return std::invoke(c.fn, std::move(ins[i]));
+      };
       bool made_ok;
       if (o.ordered) {
         made_ok = c.ring.make(at, apply);
