@@ -229,6 +229,14 @@ decltype(auto) get_field(T& e) {
     return (e);
 }
 
+// n rounded up to a multiple of m >= 1, saturating at SIZE_MAX (a padded width: the
+// batch's size check then refuses it rather than wrap to a small buffer).
+constexpr std::size_t round_up(std::size_t n, std::size_t m) noexcept {
+  const std::size_t r = n % m;
+  if (r == 0) return n;
+  return m - r > std::numeric_limits<std::size_t>::max() - n ? std::numeric_limits<std::size_t>::max() : n + (m - r);
+}
+
 // A padding value as the field's value type: converted when arithmetic, else value
 // initialised (padded_batch, bucket_by_sequence_length and pack's pad_value).
 template <class E>

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -361,10 +362,17 @@ TEST_CASE("bucket_by_sequence_length over an upstream that cannot be saved: rows
   std::size_t batches = 0;
   while (auto b = p.next()) {
     for (i32 id : b->field<1>()) ++seen[std::size_t(id)];
-    if (++batches == 5)
-      CHECK_THROWS_WITH_AS((void)ferry::save_state(p), doctest::Contains("unordered"), ferry::config_error);
+    ++batches;
+    CHECK_THROWS_WITH_AS((void)ferry::save_state(p), doctest::Contains("unordered"), ferry::config_error);
   }
+  CHECK(batches > 5);
   for (int c : seen) CHECK(c == 1);
+  // Saved before a second snapshot (the default max_wait: one every 2 x 12 rows): the first,
+  // taken before the map's first next(), predates its refusal, and is not written.
+  auto r = ferry::from_range(rows) | ferry::map([](seq s) { return s; }, {.workers = 2, .ordered = false}) |
+           ferry::bucket_by_sequence_length(len_of, {3, 6}, {4, 4, 4});
+  REQUIRE(r.next());
+  CHECK_THROWS_WITH_AS((void)ferry::save_state(r), doctest::Contains("unordered"), ferry::config_error);
   auto q = no_save_source{} | ferry::bucket_by_sequence_length(len_of, {3}, {4, 4});
   std::size_t n = 0;
   while (auto b = q.next()) n += b->size();
@@ -554,4 +562,43 @@ TEST_CASE("bucket_by_sequence_length: a restore whose held rows fall in another 
   REQUIRE(a.next());  // the long bucket's batch; rows 0-2 held in the short one
   auto b = ferry::from_range(b_rows) | ferry::bucket_by_sequence_length(len_of, {8}, {4, 4});
   CHECK_THROWS_AS(ferry::restore_state(b, ferry::save_state(a)), ferry::config_error);
+}
+
+// A padded batch's size must fit in a size_t: a wrapped size would be a small buffer that
+// the rows are then written past. A boundary padded to that cannot fit is refused when the
+// stage is written; a width rounded past it (a huge multiple_of) is a config_error naming
+// the batch, whose rows go with it, and the next batches go on.
+TEST_CASE("bucket_by_sequence_length, padded_batch: a padded batch past memory's address range is a config_error") {
+  constexpr std::size_t huge = std::numeric_limits<std::size_t>::max();
+  std::vector<seq> rows(12);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = {std::vector<i32>(i % 2 ? 20 : 0, i32(i)), i32(i)};
+  CHECK_THROWS_WITH_AS(ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, {8, huge}, {4, 4, 4},
+                                                                                  {.pad_to_bucket_boundary = true}),
+                       doctest::Contains("bucket 1 pads its rows to boundary - 1"), ferry::config_error);
+  for (const bool budget : {false, true}) {
+    CAPTURE(budget);
+    ferry::bucket_options o{.multiple_of = std::size_t(1) << 62};
+    std::vector<std::size_t> sizes{2, 2};
+    if (budget) o.max_tokens = 64, sizes.clear();
+    auto p = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, {8}, sizes, o);
+    std::size_t good = 0, errors = 0;
+    for (int guard = 0; guard < 100; ++guard) {
+      try {
+        auto b = p.next();
+        if (!b) break;
+        for (const i32 id : b->field<1>()) {
+          CHECK(id % 2 == 0);  // the empty rows, width 0
+          ++good;
+        }
+      } catch (const ferry::config_error& e) {
+        CHECK(std::string(e.what()).find("does not fit in memory's address range (the rows are dropped)") !=
+              std::string::npos);
+        ++errors;
+      }
+    }
+    CHECK(good == 6);
+    CHECK(errors >= 3);
+  }
+  auto q = ferry::from_range(rows) | ferry::padded_batch(4, {.multiple_of = huge});
+  CHECK_THROWS_WITH_AS(q.next(), doctest::Contains("does not fit in memory's address range"), ferry::config_error);
 }

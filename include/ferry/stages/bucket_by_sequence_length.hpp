@@ -42,8 +42,12 @@
 //
 // Errors: config_error for boundaries that do not increase (or start at 0), a number of
 // batch sizes other than boundaries + 1, a batch size or multiple_of of 0, a pad_value that
-// is not a value of a ragged field's type. What length_fn throws arrives from next() at its
-// element's place; that element is dropped, and the next call goes on after it. So does a
+// is not a value of a ragged field's type, and (pad_to_bucket_boundary) a boundary whose
+// batch of rows padded to it would not fit in memory's address range (a huge sentinel
+// boundary: leave it out). A batch whose padded width does not fit (a huge multiple_of) is
+// a config_error from next() naming it; its rows go with it. What length_fn throws arrives
+// from next() at its element's place; that element is dropped, and the next call goes on
+// after it. So does a
 // row that its bucket cannot pad: a ragged field of 2^32 values or more, or
 // (pad_to_bucket_boundary) longer than the boundary - 1 it is padded to (a config_error
 // naming the row; length_fn must count that field's values). Upstream errors likewise, a
@@ -83,6 +87,7 @@
 #include <vector>
 
 #include "ferry/batch_of.hpp"
+#include "ferry/detail/holds_ahead.hpp"
 #include "ferry/error.hpp"
 #include "ferry/memory/buffer.hpp"
 #include "ferry/source.hpp"
@@ -155,6 +160,19 @@ class bucket_source
     // batch_size(), for distribute(): the largest batch size (with max_tokens: max_tokens
     // rows; see the file's top).
     target_.rows = *std::max_element(sizes_.begin(), sizes_.end());
+    if (shape_.to_boundary)  // a batch of a bucket padded to its boundary must fit (a huge sentinel boundary)
+      for (std::size_t k = 0; k < shape_.bounds.size(); ++k) {
+        const std::size_t w = shape_.bounds[k] - 1;
+        const std::size_t rows = o_.max_tokens ? std::max<std::size_t>(1, o_.max_tokens / std::max<std::size_t>(w, 1))
+                                               : sizes_[k];
+        std::array<std::size_t, nf> width{};
+        width.fill(w);
+        if (unfit_field(rows, width) != none)
+          throw config_error("bucket_by_sequence_length: bucket " + std::to_string(k) + " pads its rows to boundary - 1 = " +
+                             std::to_string(w) + " values (pad_to_bucket_boundary), and a batch of " +
+                             std::to_string(rows) + " such rows does not fit in memory's address range; leave that "
+                             "boundary out (the last bucket pads to its longest row)");
+      }
   }
 
  private:
@@ -184,7 +202,7 @@ class bucket_source
       k.rows.push_back(std::move(*e));
       k.index.push_back(idx);
       k.lens.push_back(len);
-      if (o_.max_tokens && k.rows.size() > 1 && k.rows.size() * budget_width(b) > o_.max_tokens)
+      if (o_.max_tokens && k.rows.size() > 1 && over_budget(k.rows.size(), budget_width(b)))
         return emit(b, k.rows.size() - 1);  // the new row starts the bucket's next batch
       if (k.rows.size() == sizes_[b]) return emit(b, k.rows.size());
     }
@@ -214,7 +232,11 @@ class bucket_source
 
   // e's bucket and length (length_fn's).
   std::pair<std::size_t, std::size_t> bucket_of(const T& e) {
-    const std::size_t len = static_cast<std::size_t>(fn_(e));
+    std::size_t len;
+    {
+      const in_user_code<std::size_t> user;  // length_fn runs user code (holds_ahead.hpp)
+      len = static_cast<std::size_t>(fn_(e));
+    }
     return {shape_.bucket_of(len), len};
   }
   // Throws config_error for a row whose ragged fields bucket b cannot pad (bucket_shape::check_row).
@@ -222,6 +244,8 @@ class bucket_source
     each_ragged_size(e, [&](std::size_t f, std::size_t n) { shape_.check_row(b, n, f, idx); });
   }
   // Bucket b's L for the token budget: its longest length rounded as the padding is.
+  // rows × w > max_tokens, without the product (w saturates for a huge multiple_of).
+  bool over_budget(std::size_t rows, std::size_t w) const { return w && rows > o_.max_tokens / w; }
   std::size_t budget_width(std::size_t b) const {
     return shape_.width(b, *std::max_element(buckets_[b].lens.begin(), buckets_[b].lens.end()));
   }
@@ -244,12 +268,40 @@ class bucket_source
     std::array<std::size_t, nf> width{};  // each ragged field's L (mask fields take their field's)
     for (const T& e : rows) each_ragged_size(e, [&](std::size_t f, std::size_t n) { width[f] = std::max(width[f], n); });
     for (std::size_t f = 0; f < ns; ++f) width[f] = shape_.width(b, width[f]);  // (rows checked: check_row)
+    if (const std::size_t f = unfit_field(count, width); f != none) {  // never a wrapped size: drop the rows
+      const std::string why = "bucket_by_sequence_length: bucket " + std::to_string(b) + "'s batch of " +
+                              std::to_string(count) + " rows (from row " + std::to_string(k.index[0]) +
+                              " of the epoch) padded to " + std::to_string(width[f]) + " values in field " +
+                              std::to_string(f) + " does not fit in memory's address range (the rows are dropped)";
+      drop(k, count);
+      throw config_error(why);
+    }
     B out = collator_.collate_padded(target_.resource, rows, width, o_.pad_value);
+    drop(k, count);
+    return out;
+  }
+  void drop(bucket& k, std::size_t count) {
     k.rows.erase(k.rows.begin(), k.rows.begin() + std::ptrdiff_t(count));
     k.index.erase(k.index.begin(), k.index.begin() + std::ptrdiff_t(count));
     k.lens.erase(k.lens.begin(), k.lens.begin() + std::ptrdiff_t(count));
     prune();
-    return out;
+  }
+  // The first of T's padded fields whose `rows` rows of width[f] values overflow a size_t
+  // in bytes, or none.
+  static std::size_t unfit_field(std::size_t rows, const std::array<std::size_t, nf>& width) {
+    std::size_t bad = none;
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((bad = bad == none && width[I] > max_width<I>(rows) ? I : bad), ...);
+    }(std::make_index_sequence<ns>{});
+    return bad;
+  }
+  template <std::size_t I>
+  static std::size_t max_width(std::size_t rows) {
+    if constexpr (B::template is_padded<I>)
+      return std::numeric_limits<std::size_t>::max() / sizeof(typename B::template field_t<I>::value_type) /
+             std::max<std::size_t>(rows, 1);
+    else
+      return std::numeric_limits<std::size_t>::max();
   }
 
   // Snapshots: the newest one at or before the oldest row in a bucket, and those after.
@@ -289,6 +341,7 @@ class bucket_source
       this->up().save(w);  // nothing pulled this epoch
       return;
     }
+    ask_save(this->up(), scratch_);  // the snapshot may predate the upstream's refusal (an unordered map)
     w.put_words(snaps_.front().words);
   }
   void save_words(state_writer& w) const {
@@ -361,6 +414,7 @@ class bucket_source
   std::uint64_t pulled_ = 0;  // rows pulled this epoch (errors included)
   bool ended_ = false;  // the upstream has ended this epoch
   std::string save_error_;  // why the upstream cannot be saved, once a snapshot found it
+  mutable pipeline_state scratch_;  // save() asks the upstream into it (capacity reused)
   batch_collator<P> collator_;
 };
 

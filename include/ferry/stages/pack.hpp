@@ -192,9 +192,10 @@ class pack_source
   // The upstream before the sequence being split, when there is one.
   void save_upstream(state_writer& w) const {
     if (!save_error_.empty()) throw config_error(save_error_);
-    if (splitting())
+    if (splitting()) {
+      ask_save(this->up(), scratch_);  // before_ may predate the upstream's refusal (an unordered map)
       w.put_words(before_.words);
-    else
+    } else
       this->up().save(w);
   }
   void save_words(state_writer& w) const {
@@ -234,6 +235,7 @@ class pack_source
   bool ended_ = false;  // the upstream has ended this epoch
   pipeline_state before_;  // the upstream's position before cur_ was pulled
   std::string save_error_;  // why the upstream cannot be saved, once a snapshot found it
+  mutable pipeline_state scratch_;  // save() asks the upstream into it (capacity reused)
   batch_collator<P> col_;
 };
 

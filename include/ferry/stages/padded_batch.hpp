@@ -180,7 +180,7 @@ class padded_batch_source
                              "; set truncate = true to cut such rows, or a larger length");
         longest = std::max(longest, len);
       }
-      const std::size_t w = fixed() ? o_.length : (longest + o_.multiple_of - 1) / o_.multiple_of * o_.multiple_of;
+      const std::size_t w = fixed() ? o_.length : round_up(longest, o_.multiple_of);
       if (w > std::numeric_limits<std::size_t>::max() / sizeof(E) / rows.size())
         throw config_error("padded_batch: a batch of " + std::to_string(rows.size()) + " rows of " +
                            std::to_string(w) + " values does not fit in memory's address range");

@@ -58,7 +58,7 @@ struct bucket_shape {
   // L for bucket b whose longest row is `longest` long: the boundary, or rounded up.
   std::size_t width(std::size_t b, std::size_t longest) const {
     if (to_boundary && b < bounds.size()) return bounds[b] - 1;
-    return (longest + multiple_of - 1) / multiple_of * multiple_of;
+    return round_up(longest, multiple_of);
   }
   // Checks a row of bucket b as it enters the bucket: its ragged field `field` holds
   // `values` values. Throws config_error, naming the row by its place in the epoch, for a
