@@ -18,12 +18,15 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
+#include <new>
 #include <numeric>
 #include <span>
 #include <optional>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -42,6 +45,26 @@
 #include "ferry/stages/repeat.hpp"
 #include "ferry/stages/take.hpp"
 #include "sim_cache_gather.hpp"
+
+// Allocations of exactly fail_size bytes on this thread throw std::bad_alloc, once (0: none):
+// a rank whose allocation fails where the others' succeed. (operator new[] and the aligned
+// forms come through here or pair with their own deletes.)
+namespace {
+thread_local std::size_t fail_size = 0;
+}  // namespace
+void* operator new(std::size_t n) {
+  if (fail_size && n == fail_size) {
+    fail_size = 0;
+    throw std::bad_alloc();
+  }
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"  // it is malloc's: the new above
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace {
 
@@ -717,6 +740,54 @@ TEST_CASE("sim: host replicas over two simulated ranks, a rewind before every ep
     CHECK(cached == std::array{true, true});
     check_rank_epochs(got, want);
   }
+}
+
+// At the end of epoch 0 the ranks gather each other's layouts; a rank whose allocation for
+// that fails (the job's counts, W x steps x R words) must not leave the other waiting in a
+// gather it never calls: both throw at the rewind, both stream every epoch after.
+TEST_CASE("sim: host replicas over two simulated ranks, an allocation that fails on one at the end of epoch 0: both "
+          "throw, both stream, no hang") {
+  const std::size_t steps = 37;
+  const auto part = rank_parts(make_rows(48 * steps), steps);
+  const auto rows_of = [](auto& p) {  // one epoch's rows, replica after replica
+    std::vector<u64> out;
+    for (auto& st : p)
+      for (std::size_t r = 0; r < st.replicas(); ++r)
+        for (std::size_t i = 0; i < st[r].valid(); ++i) out.push_back(st[r].template field<0>()[i]);
+    return out;
+  };
+  std::array<std::string, 2> what;
+  std::array<bool, 2> streams_again{};
+  std::array<std::exception_ptr, 2> err;
+  thread_ranks group(2);
+  {
+    std::vector<std::thread> threads;
+    for (std::size_t w = 0; w < 2; ++w)
+      threads.emplace_back([&, w] {
+        try {
+          thread_ranks::member me(group, int(w));
+          auto p = ferry::from_range(part[w]) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}) |
+                   ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = &me});
+          const std::vector<u64> e0 = rows_of(p);
+          if (w == 1) fail_size = 2 * steps * 2 * sizeof(u64);  // the job's counts, on rank 1 only
+          try {
+            p.rewind();
+          } catch (const std::exception& e) {
+            what[w] = e.what();
+          }
+          fail_size = 0;
+          streams_again[w] = !p.cached() && rows_of(p) == e0 && (p.rewind(), rows_of(p) == e0);
+        } catch (...) {
+          err[w] = std::current_exception();
+        }
+      });
+    for (auto& t : threads) t.join();
+  }
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+  CHECK(what[0].find("another rank failed") != std::string::npos);
+  CHECK(what[1] == std::bad_alloc().what());
+  CHECK(streams_again == std::array{true, true});
 }
 
 TEST_CASE("sim: .devices errors: host replicas, another process's ranks, GPU replicas across ranks without it") {

@@ -588,15 +588,28 @@ class cache_exchange {
   // Across ranks: rank w's replicas' counts joined into the job's layout (global replica
   // w x R + r), every rank the same.
   // Every rank checks the others' shapes (the same verdict on every rank, before any trade):
-  // the all-to-alls trade rows of one size.
+  // the all-to-alls trade rows of one size. Everything it needs is allocated first and the
+  // ranks settle on that, so a rank whose allocation fails (W x steps x R words) leaves no
+  // other waiting in a gather; nothing is allocated after the gathers.
   void merge_ranks(const std::size_t* field_bytes, std::size_t fields) {
     const std::uint64_t W = std::uint64_t(ranks_->size()), w = std::uint64_t(ranks_->rank());
-    const std::uint64_t s = steps(), R = replicas_;
+    const std::uint64_t s = steps(), R = replicas_, G = W * R;
     std::uint64_t bytes = 0, hash = 0xcbf29ce484222325ull;  // the row's bytes, and each field's (FNV-1a)
     for (std::size_t f = 0; f < fields; ++f) bytes += field_bytes[f], hash = (hash ^ field_bytes[f]) * 0x100000001b3ull;
     constexpr std::size_t n = 6;
     const std::uint64_t mine[n] = {s, R, seed_, fields, bytes, hash};
-    std::vector<std::uint64_t> shape(n * W);
+    std::vector<std::uint64_t> shape, mine_counts, all, in_step, step_base;
+    std::exception_ptr e;
+    try {
+      shape.resize(n * W);
+      mine_counts.resize(s * R);
+      all.resize(W * s * R);
+      in_step.resize(s * (G + 1));
+      step_base.resize(s + 1);
+    } catch (...) {
+      e = std::current_exception();
+    }
+    settle(e);
     ranks_->all_gather(mine, sizeof mine, shape.data());
     for (std::uint64_t p = 0; p < W; ++p)
       if (shape[n * p] != s || shape[n * p + 1] != R || shape[n * p + 2] != seed_)
@@ -612,24 +625,22 @@ class cache_exchange {
                            " fields, " + std::to_string(shape[n * p + 4]) + " bytes; rank " + std::to_string(w) +
                            "'s " + std::to_string(fields) + " fields, " + std::to_string(bytes) + " bytes" +
                            (shape[n * p + 3] == fields && shape[n * p + 4] == bytes ? " (fields of other sizes)" : ""));
-    std::vector<std::uint64_t> mine_counts(s * R), all(W * s * R);
     for (std::uint64_t k = 0; k < s; ++k)
       for (std::uint64_t r = 0; r < R; ++r)
         mine_counts[k * R + r] = in_step_[k * (R + 1) + r + 1] - in_step_[k * (R + 1) + r];
     ranks_->all_gather(mine_counts.data(), mine_counts.size() * sizeof(std::uint64_t), all.data());
-    const std::uint64_t G = W * R;
-    in_step_.assign(s * (G + 1), 0);
-    step_base_.assign(s + 1, 0);
     for (std::uint64_t k = 0; k < s; ++k) {
       std::uint64_t o = 0;
       for (std::uint64_t p = 0; p < W; ++p)
         for (std::uint64_t r = 0; r < R; ++r) {
-          in_step_[k * (G + 1) + p * R + r] = o;
+          in_step[k * (G + 1) + p * R + r] = o;
           o += all[(p * s + k) * R + r];
         }
-      in_step_[k * (G + 1) + G] = o;
-      step_base_[k + 1] = step_base_[k] + o;
+      in_step[k * (G + 1) + G] = o;
+      step_base[k + 1] = step_base[k] + o;
     }
+    in_step_.swap(in_step);
+    step_base_.swap(step_base);
     replicas_ = G;
     first_ = w * R;
     local_ = R;
