@@ -50,7 +50,12 @@
 // Errors: a slice larger than max_rows, with more valid rows than rows or a negative count,
 // or a step with the wrong number of slices, is a config_error (checked on the caller
 // before any replica starts); so is blas_threads < 0, and a distribute() step given to
-// train_step_async whose streams are not the replicas'.
+// train_step_async whose streams are not the replicas'. A trainer that holds every rank of
+// its group stays usable after such an error. One that holds only some ranks (one trainer
+// per rank of a shared group, or per process) aborts its communicators first where they
+// can be (thread_communicator, nccl_communicator), releasing the other ranks from the
+// call's all-reduce they may already wait in, and is spent; with MPI the error must end
+// the job (abort_on_exception), as nothing can release the others.
 // train_step_async throws as train_step does (the replica failures below included),
 // except that on a GPU a fault the device meets while running the enqueued work (not one
 // seen when enqueueing it) is reported by the next call that waits for it: take_stats,
@@ -318,7 +323,7 @@ class mirrored_trainer {
   // the device has run the step: a distribute() step does (see the Step& overload); data of
   // your own, until a later call that waits (take_stats, train_step, evaluate, parameters).
   void train_step_async(std::span<const replica_input> in) {
-    check(in);
+    checking([&] { check(in); });
     throttle();
     run_all([&](std::size_t r) { reps_[r]->step(in[r], comms_[r], opts_.graphs); });
     reps_[0]->add_to_totals();  // after run_all: a step that throws adds nothing
@@ -335,9 +340,7 @@ class mirrored_trainer {
   template <class Step>
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
   void train_step_async(Step& step) {
-    auto& in = slices(step);
-    check_streams(step);
-    train_step_async(std::span<const replica_input>(in));
+    train_step_async(std::span<const replica_input>(checked_slices(step)));
   }
 
   // The statistics of every step (train_step or train_step_async) since the last take, or
@@ -357,7 +360,7 @@ class mirrored_trainer {
   // replica 0's backend to read them; also adds them to the evaluation totals that
   // take_eval() reads, so evaluate and evaluate_async mix.
   step_stats evaluate(std::span<const replica_input> in) {
-    check(in);
+    checking([&] { check(in); });
     run_all([&](std::size_t r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
     reps_[0]->add_eval_to_totals();
     settle();
@@ -368,9 +371,8 @@ class mirrored_trainer {
   template <class Step>
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
   step_stats evaluate(Step& step) {
-    auto& in = slices(step);
-    check_streams(step);  // else nothing orders the forward pass after the step's copies
-    return evaluate(std::span<const replica_input>(in));
+    // (its streams checked: else nothing orders the forward pass after the step's copies)
+    return evaluate(std::span<const replica_input>(checked_slices(step)));
   }
 
   // evaluate() without reading back: on a GPU it returns once every replica has enqueued
@@ -381,7 +383,7 @@ class mirrored_trainer {
   // trainer's streams does; a step on other streams is a config_error). Throws as
   // evaluate does, with device faults reported by the next call that waits.
   void evaluate_async(std::span<const replica_input> in) {
-    check(in);
+    checking([&] { check(in); });
     throttle();
     run_all([&](std::size_t r) { comms_[r].all_reduce_sum(reps_[r]->evaluate_local(in[r])); });
     reps_[0]->add_eval_to_totals();  // after run_all: an evaluation that throws adds nothing
@@ -392,9 +394,7 @@ class mirrored_trainer {
   template <class Step>
     requires requires(Step& s) { s.replicas(); s[0].valid(); }
   void evaluate_async(Step& step) {
-    auto& in = slices(step);
-    check_streams(step);
-    evaluate_async(std::span<const replica_input>(in));
+    evaluate_async(std::span<const replica_input>(checked_slices(step)));
   }
   // The statistics of every evaluation (evaluate or evaluate_async) since the last take
   // (loss = total loss / total weight, accuracy = correct / valid rows), then starts
@@ -572,6 +572,40 @@ class mirrored_trainer {
   std::vector<replica_input>& slices(Step& step) {
     step_inputs(step, reps_.size(), layout().inputs(), slices_);
     return slices_;
+  }
+  // A distribute() step's slices, checked with its streams (check_streams) as checking() does.
+  template <class Step>
+  std::vector<replica_input>& checked_slices(Step& step) {
+    checking([&] {
+      slices(step);
+      check_streams(step);
+    });
+    return slices_;
+  }
+  // Runs a call's checks (its slices, their streams: config_errors), before any replica
+  // starts. When the trainer holds every rank of its group, a failure is the caller's alone
+  // (no rank has entered the call's collectives) and the trainer stays usable. When it holds
+  // only some (one trainer per rank of a shared group, or per process), the other ranks may
+  // already wait in the call's all-reduce: the failure releases them as a replica's would,
+  // every communicator that can be aborted is, and the trainer is spent. An MPI
+  // communicator cannot be aborted: there the error must end the job (abort_on_exception).
+  template <class F>
+  void checking(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      if (comms_.size() != static_cast<std::size_t>(comms_[0].size())) release_peers();
+      throw;
+    }
+  }
+  void release_peers() {
+    if constexpr (requires(Comm& c) { c.abort(); }) {
+      for (auto& c : comms_) c.abort();
+      spent_ = true;
+      spent_why_ = "mirrored_trainer: a call's slices were refused on a trainer that holds only some ranks of its "
+                   "group, and its communicators were aborted to release the other ranks from the call's "
+                   "collectives; build a new group and trainers";
+    }
   }
 
   void check(std::span<const replica_input> in) const {
