@@ -886,6 +886,60 @@ TEST_CASE("bad input: a missing first file (npy, IDX, text lines, fixed length) 
   expect_error<ferry::io_error>([&] { (void)m.meta(); }, t / "missing.npy", 0, "No such file");
 }
 
+// Pipelines are values: one moved mid-file reads on. zlib's state points back at its
+// z_stream, so a z_stream moved with the source failed every inflate() after (a valid file
+// reported corrupt); ISA-L's state and plain files moved fine.
+TEST_CASE("a source moved mid-file reads on: gzip with either library, zlib-wrapped, plain") {
+  temp_dir t;
+  std::string text;
+  std::vector<std::string> want;
+  for (int i = 0; i < 20000; ++i) {
+    want.push_back("line " + std::to_string(i) + std::string(std::size_t(i % 7), 'x'));
+    text += want.back() + "\n";
+  }
+  write_file(t / "l.txt", text);
+  write_file(t / "l.txt.gz", gzip_bytes(text));
+  std::string z(compressBound(static_cast<uLong>(text.size())), '\0');
+  uLongf zn = static_cast<uLongf>(z.size());
+  REQUIRE(compress2(reinterpret_cast<Bytef*>(z.data()), &zn, reinterpret_cast<const Bytef*>(text.data()),
+                    static_cast<uLong>(text.size()), 6) == Z_OK);
+  z.resize(zn);
+  write_file(t / "l.txt.zlib", z);
+  for (const char* name : {"l.txt", "l.txt.gz", "l.txt.zlib"})
+    for (const auto e : {ferry::inflate_engine::zlib, ferry::inflate_engine::isal}) {
+      INFO(name << (e == ferry::inflate_engine::zlib ? " zlib" : " isal"));
+      auto src = ferry::from_files({t / name}, ferry::text_lines{}, {.chunk_bytes = 4096, .inflater = e});
+      std::vector<std::string> got;
+      for (int i = 0; i < 10; ++i) got.emplace_back(src.next()->str());
+      auto moved = std::move(src);  // construction; then reads past the chunk inflated before
+      for (int i = 0; i < 3000; ++i) got.emplace_back(moved.next()->str());
+      auto again = ferry::from_files({t / name}, ferry::text_lines{}, {.chunk_bytes = 4096, .inflater = e});
+      again = std::move(moved);  // assignment, to a third place (not back to the first)
+      for (auto r = again.next(); r; r = again.next()) got.emplace_back(r->str());
+      CHECK(got == want);
+    }
+}
+
+// A file that grows after it was opened (a log appended to): its size at open bounds what
+// is allocated ahead, but past it the reads grow as a stream's do. They were a byte a
+// call, the record copied each time: a 4 MiB line took minutes (the watchdog fails it).
+TEST_CASE("a text file that grows while read: the new lines whole, a long one read in a few calls" *
+          doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60), "a file that grows");
+  temp_dir t;
+  write_file(t / "g.txt", "first\n");
+  auto src = ferry::from_files({t / "g.txt"}, ferry::text_lines{}, {.chunk_bytes = 1 << 16});
+  CHECK(src.next()->str() == "first");
+  const std::string line(std::size_t(4) << 20, 'x');
+  {
+    std::ofstream o(t / "g.txt", std::ios::binary | std::ios::app);
+    o << line << "\nlast\n";
+  }
+  std::vector<std::string> got;
+  for (auto r = src.next(); r; r = src.next()) got.emplace_back(r->str());
+  CHECK(got == std::vector<std::string>{line, "last"});
+}
+
 TEST_CASE("gzip: concatenated members are one stream; zero padding after the last is ignored, other bytes are not") {
   temp_dir t;
   const std::string good = tfrecord_of("abc") + tfrecord_of("defgh");  // records at 0 and 19, 40 bytes

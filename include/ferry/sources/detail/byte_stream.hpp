@@ -290,7 +290,7 @@ class byte_stream {
       cancel_ = o.cancel_;
       size_ = o.size_;
       gz_ = o.gz_;
-      zs_ = o.zs_;
+      zs_ = std::move(o.zs_);  // on the heap: zlib's state points at its z_stream
       z_live_ = std::exchange(o.z_live_, false);
       isal_cfg_ = o.isal_cfg_;
       isal_ = o.isal_;
@@ -377,16 +377,17 @@ class byte_stream {
         return;
       }
 #endif
-      zs_ = z_stream{};
-      if (inflateInit2(&zs_, 15 + 32) != Z_OK)  // 15 + 32: gzip or zlib header, detected
+      if (!zs_) zs_ = std::make_unique<z_stream>();
+      *zs_ = z_stream{};
+      if (inflateInit2(zs_.get(), 15 + 32) != Z_OK)  // 15 + 32: gzip or zlib header, detected
         throw io_error(path, 0, std::make_error_code(std::errc::not_enough_memory), "cannot start zlib");
       z_live_ = true;
-      zs_.avail_in = 0;
+      zs_->avail_in = 0;
     }
   }
   void close() noexcept {
     ra_.reset();  // joins the I/O threads before their fd goes
-    if (z_live_) inflateEnd(&zs_);
+    if (z_live_) inflateEnd(zs_.get());
     z_live_ = false;
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
@@ -469,12 +470,14 @@ class byte_stream {
     const std::size_t room_now = cur_ ? cur_->capacity - end_ : 0;
     if (!cur_ || cur_->capacity - pos_ < n || room_now < chunk_bytes / 16) {
       std::size_t want = std::max(n, chunk_bytes);
-      if (size_) {  // never allocate beyond what the file holds
-        const std::uint64_t left = *size_ > offset() ? *size_ - offset() : 0;
+      if (size_ && *size_ > offset() + have) {  // never allocate beyond what the file holds
+        const std::uint64_t left = *size_ - offset();
         if (want > left) want = static_cast<std::size_t>(left);
-      } else {  // a stream: twice what it has given, so a length field's claim is never
-                // allocated ahead of the bytes (a 60-byte .gz claiming 2^39 bytes was
-                // bad_alloc at every call), and the copies stay linear in the bytes
+      } else {  // a stream, or a file read past its size at open (it grew): twice what it
+                // has given, so a length field's claim is never allocated ahead of the
+                // bytes (a 60-byte .gz claiming 2^39 bytes was bad_alloc at every call),
+                // and the copies stay linear in the bytes (a grown file's long line was
+                // read a byte a call: quadratic)
         const std::size_t held = std::max(have, cur_ ? cur_->capacity : std::size_t(0));
         want = std::min(want, std::max(chunk_bytes, held > SIZE_MAX / 2 ? SIZE_MAX : 2 * held));
       }
@@ -597,44 +600,44 @@ class byte_stream {
   }
   std::size_t inflate_zlib(std::byte* dst, std::size_t room) {
     if (!z_err_.empty()) throw format_error(path_, offset(), z_err_);
-    zs_.next_out = reinterpret_cast<Bytef*>(dst);
-    zs_.avail_out = static_cast<uInt>(std::min<std::size_t>(room, 1u << 30));
-    const uInt start = zs_.avail_out;
-    while (zs_.avail_out == start) {
-      if (zs_.avail_in == 0 && !z_eof_in_) {
+    zs_->next_out = reinterpret_cast<Bytef*>(dst);
+    zs_->avail_out = static_cast<uInt>(std::min<std::size_t>(room, 1u << 30));
+    const uInt start = zs_->avail_out;
+    while (zs_->avail_out == start) {
+      if (zs_->avail_in == 0 && !z_eof_in_) {
         std::size_t got = read_into(z_in_.data(), z_in_.size());
         if (got == 0) z_eof_in_ = true;
-        zs_.next_in = reinterpret_cast<Bytef*>(z_in_.data());
-        zs_.avail_in = static_cast<uInt>(got);
+        zs_->next_in = reinterpret_cast<Bytef*>(z_in_.data());
+        zs_->avail_in = static_cast<uInt>(got);
       }
       if (z_end_) {
-        skip_zeros(zs_.next_in, zs_.avail_in);  // padding after a member
-        if (zs_.avail_in == 0 && z_eof_in_) return 0;  // clean end
-        if (zs_.avail_in == 0) continue;
-        inflateReset(&zs_);  // another member follows
+        skip_zeros(zs_->next_in, zs_->avail_in);  // padding after a member
+        if (zs_->avail_in == 0 && z_eof_in_) return 0;  // clean end
+        if (zs_->avail_in == 0) continue;
+        inflateReset(zs_.get());  // another member follows
         z_end_ = false;
       }
-      if (zs_.avail_in == 0 && z_eof_in_)
+      if (zs_->avail_in == 0 && z_eof_in_)
         throw format_error(path_, offset(),
                            "truncated gzip stream (offset in the uncompressed data)");
-      int rc = inflate(&zs_, Z_NO_FLUSH);
+      int rc = inflate(zs_.get(), Z_NO_FLUSH);
       if (rc == Z_STREAM_END) {
         z_end_ = true;
       } else if (rc == Z_BUF_ERROR) {
         continue;  // needs more input; loop reads it
       } else if (rc != Z_OK) {
-        std::string why = std::string("corrupt gzip stream (") + (zs_.msg ? zs_.msg : "zlib error") +
+        std::string why = std::string("corrupt gzip stream (") + (zs_->msg ? zs_->msg : "zlib error") +
                           "; offset in the uncompressed data)";
         // The bytes inflated before the damage (all of them, for a bad trailer CRC) are
         // handed out first; the error comes at the first record they cannot complete.
-        if (zs_.avail_out != start) {
+        if (zs_->avail_out != start) {
           z_err_ = std::move(why);
           break;
         }
         throw format_error(path_, offset(), why);
       }
     }
-    return start - zs_.avail_out;
+    return start - zs_->avail_out;
   }
 
 #if defined(FERRY_WITH_ISAL)
@@ -709,15 +712,16 @@ class byte_stream {
   //    after this call's bytes.
   std::size_t isal_to_zlib(std::byte* dst, std::size_t room, std::size_t made, int rc, bool fresh) {
     const std::uint64_t produced = base_ + end_ + made - member_out_;
-    zs_ = z_stream{};
-    if (inflateInit2(&zs_, 15 + 32) != Z_OK)
+    if (!zs_) zs_ = std::make_unique<z_stream>();
+    *zs_ = z_stream{};
+    if (inflateInit2(zs_.get(), 15 + 32) != Z_OK)
       throw io_error(path_, offset(), std::make_error_code(std::errc::not_enough_memory), "cannot start zlib");
     z_live_ = true;
     isal_ = false;  // zlib reads the rest of this file
     z_end_ = false;
     if (fresh) {  // the member's bytes are where ISA-L would have started
-      zs_.next_in = reinterpret_cast<Bytef*>(ig_->next_in);
-      zs_.avail_in = ig_->avail_in;
+      zs_->next_in = reinterpret_cast<Bytef*>(ig_->next_in);
+      zs_->avail_in = ig_->avail_in;
       z_skip_ = 0;
       return made ? made : inflate_into(dst, room);
     }
@@ -732,7 +736,7 @@ class byte_stream {
       throw format_error(path_, offset(), why);
     }
     file_pos_ = member_in_;
-    zs_.avail_in = 0;
+    zs_->avail_in = 0;
     z_eof_in_ = false;
     z_skip_ = produced - made;
     return inflate_into(dst, room);
@@ -770,7 +774,9 @@ class byte_stream {
   const std::atomic<bool>* cancel_ = nullptr;  // set_cancel
   std::optional<std::uint64_t> size_;
   bool gz_ = false;
-  z_stream zs_{};
+  // On the heap, so that a move (a pipeline moved mid-file) keeps its address: zlib's state
+  // points back at it, and a z_stream copied elsewhere fails every inflate() after.
+  std::unique_ptr<z_stream> zs_;
   bool z_live_ = false;
   bool isal_cfg_ = have_isal;  // inflate with ISA-L (set_inflater)
   bool isal_ = false;          // this file: ISA-L, until it hands a damaged member to zlib
