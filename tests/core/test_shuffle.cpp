@@ -254,3 +254,24 @@ TEST_CASE("shuffle over cache(path): a restore into the last window completes th
   CHECK(*calls == 0);  // the pass b completed is read back
   std::filesystem::remove(path);
 }
+
+// An upstream that cannot be saved (an unordered parallel map refuses once it started):
+// the elements flow, every one once, and save() is the config_error saying why. shuffle
+// asked the upstream for its position at each window's start and let the refusal out:
+// from the second window on, every next() threw it and pulled nothing.
+TEST_CASE("shuffle over an upstream that cannot be saved: elements flow; save() says why" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(std::chrono::seconds(60), "shuffle over an unordered map");
+  std::vector<int> v(100);
+  std::iota(v.begin(), v.end(), 0);
+  auto p = ferry::from_range(v) | ferry::map([](int x) { return x; }, {.workers = 2, .ordered = false}) |
+           ferry::shuffle(8, 1);
+  std::vector<int> seen(v.size(), 0);
+  std::size_t n = 0;
+  while (auto e = p.next()) {
+    ++seen[std::size_t(*e)];
+    if (++n % 10 == 0)
+      CHECK_THROWS_WITH_AS((void)ferry::save_state(p), doctest::Contains("unordered"), ferry::config_error);
+  }
+  CHECK(n == v.size());
+  for (const int c : seen) CHECK(c == 1);
+}

@@ -39,13 +39,16 @@
 // upstream saw it (cache() keeps a pass only once it has seen its end). A deterministic upstream error (a missing file) then fails again at
 // the same position after restore, so resume is exact at any point, between an error and
 // the next element included. A state saved with another buffer or seed (which would hand
-// out another order) is a config_error naming both values, as is a damaged one.
+// out another order) is a config_error naming both values, as is a damaged one. Over an
+// upstream that cannot be saved (an unordered parallel map) the data flows, and save() is
+// the config_error saying why.
 #pragma once
 
 #include <cstdint>
 #include <exception>
 #include <limits>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -96,6 +99,7 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
   // the error, which then comes again from upstream): from the window's start.
   bool mid() const { return pos_ < win_.size() || pending_; }
   void save_upstream(state_writer& w) const {
+    if (!save_error_.empty()) throw config_error(save_error_);
     if (mid())
       w.put_words(start_.words);  // upstream as it was at this window's start
     else
@@ -146,8 +150,14 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
     if (ended_) return false;
     if constexpr (resumable_source<Up>) {
       start_.words.clear();
-      state_writer w(start_);
-      this->up().save(w);
+      if (save_error_.empty()) {
+        state_writer w(start_);
+        try {
+          this->up().save(w);
+        } catch (const config_error& e) {  // an upstream that cannot be saved (an unordered map):
+          save_error_ = e.what();           // the data flows, save() says why
+        }
+      }
     }
     try {
       // A window of more than one holds what it pulls (distribute onto devices refuses).
@@ -179,6 +189,7 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
   bool ended_ = false;
   std::exception_ptr pending_;  // an upstream error that ended the window, thrown after it
   pipeline_state start_;  // upstream position at the current window's start
+  std::string save_error_;  // why the upstream cannot be saved, once a window's start found it
 };
 
 }  // namespace detail
