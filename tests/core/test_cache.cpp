@@ -20,6 +20,7 @@
 #include "common/doubles.hpp"
 #include "failing_source.hpp"
 #include "ferry/ferry.hpp"
+#include "ferry/sources/from_files.hpp"
 #include "ferry/stages/cache.hpp"
 #include "sources/helpers.hpp"
 
@@ -1004,4 +1005,99 @@ TEST_CASE("cache(path): a new fill removes the partial files killed writers left
   CHECK(fs::exists(path));
   p.rewind();
   CHECK(drain(p) == std::vector<std::uint64_t>{1, 2, 3});  // the whole pass, replayed
+}
+
+// Records come out of cache() with its pass count as their epoch: a kept pass replays the
+// records of the epoch that filled it (or, from a file, with none), so a random crop keyed
+// on the epoch (image/random_crop.hpp) gave every pass the same crops. A restore keeps the
+// count, so a resumed job draws as the uninterrupted one.
+TEST_CASE("cache: records are handed out with the pass count as their epoch, through a restore too") {
+  src_test::temp_dir dir;
+  std::string text;
+  for (int i = 0; i < 20; ++i) text += "line " + std::to_string(i) + "\n";
+  src_test::write_file(dir / "l.txt", text);
+  const auto lines = [&] { return ferry::from_files({dir / "l.txt"}, ferry::text_lines{}); };
+  // The epochs of the first n records, passes rewound as they end; saved after `at` of them
+  // and restored into a fresh pipeline when at < n.
+  const auto epochs = [](auto make, std::size_t n, std::size_t at) {
+    auto p = make();
+    std::vector<std::uint32_t> got;
+    const auto take = [&](auto& q, std::size_t upto) {
+      while (got.size() < upto)
+        if (auto r = q.next()) got.push_back(r->origin().epoch);
+        else q.rewind();
+    };
+    take(p, at);
+    if (at == n) return got;
+    auto q = make();
+    ferry::restore_state(q, ferry::save_state(p));
+    take(q, n);
+    return got;
+  };
+  const auto check = [&](auto make) {
+    const std::size_t n = 4 * 20;
+    const auto want = epochs(make, n, n);
+    for (std::size_t k = 0; k < n; ++k) REQUIRE(want[k] == k / 20);  // pass k / 20
+    for (std::size_t at = 0; at < n; at += 7) {
+      CAPTURE(at);
+      CHECK(epochs(make, n, at) == want);
+    }
+  };
+  check([&] { return lines() | ferry::cache(); });
+  int run = 0;
+  // A file per run: the uninterrupted one's, then one shared by each saving pipeline and
+  // the pipeline restored from it (make() is called once, then in pairs).
+  check([&] { return lines() | ferry::cache(dir / ("c" + std::to_string((run++ + 1) / 2))); });
+}
+
+// A restore into a kept pass with nothing holding it (in memory; a file gone) rebuilds that
+// pass from the upstream; a state saved during the rebuild is still of the kept pass. Saved
+// as a fill, a second restore forgot the pass was kept: a rewind before its end filled
+// from the upstream's next epoch (another order, kept for every later epoch) instead of
+// replaying the kept pass as the uninterrupted run does.
+TEST_CASE("cache: restored twice through a rebuilt kept pass, a rewind before its end still replays it") {
+  src_test::temp_dir dir;
+  for (const bool file : {false, true}) {
+    CAPTURE(file);
+    std::vector<std::uint64_t> v(8);
+    for (std::uint64_t i = 0; i < v.size(); ++i) v[i] = i;
+    const std::string path = dir / "twohop";
+    const auto run = [&](auto make) {
+      const auto read = [](auto& p, std::size_t n) {
+        std::vector<std::uint64_t> out;
+        while (out.size() < n)
+          if (auto e = p.next()) out.push_back(*e);
+          else break;
+        return out;
+      };
+      std::filesystem::remove(path);
+      auto a = make();  // uninterrupted: epoch 0 whole (kept), 3 of epoch 1, epoch 2 whole
+      const auto e0 = read(a, 100);
+      a.rewind();
+      const auto e1 = read(a, 3);
+      a.rewind();
+      const auto e2 = read(a, 100);
+      std::filesystem::remove(path);
+      auto b = make();
+      CHECK(read(b, 100) == e0);
+      b.rewind();
+      const ferry::pipeline_state at_e1 = ferry::save_state(b);
+      std::filesystem::remove(path);  // nothing holds the kept pass: the restore rebuilds it
+      auto c = make();
+      ferry::restore_state(c, at_e1);
+      auto got = read(c, 1);
+      const ferry::pipeline_state mid_rebuild = ferry::save_state(c);
+      auto d = make();
+      ferry::restore_state(d, mid_rebuild);
+      for (const auto x : read(d, 2)) got.push_back(x);
+      CHECK(got == e1);
+      d.rewind();
+      CHECK(read(d, 100) == e2);
+      CHECK(e2 == e0);  // the kept pass, replayed
+    };
+    if (file)
+      run([&] { return ferry::from_range(v) | ferry::shuffle(8, 1) | ferry::cache(path); });
+    else
+      run([&] { return ferry::from_range(v) | ferry::shuffle(8, 1) | ferry::cache(); });
+  }
 }

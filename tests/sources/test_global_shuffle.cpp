@@ -341,6 +341,18 @@ TEST_CASE("row_files: TFRecord records by index equal from_files' records, in an
     for (u64 p = 0; p < joined.size(); ++p) CHECK(joined[p] == all[whole.index_at(p)].str());
   }
   CHECK_THROWS_AS(rows[rows.size()], std::out_of_range);
+  // row_files reads with no epoch: global_shuffle hands its records out with its own, so a
+  // random crop keyed on it (image/random_crop.hpp) changes every epoch (it repeated); a
+  // restore and a resume at another rank count keep it.
+  auto g = ferry::global_shuffle(rows, {.seed = 9, .global_batch = 6});
+  for (u64 e = 0; e < 3; ++e, g.rewind())
+    for (auto r = g.next(); r; r = g.next()) CHECK(r->origin().epoch == e);
+  for (int k = 0; k < 4; ++k) (void)g.next();
+  auto h = ferry::global_shuffle(rows, {.seed = 9, .global_batch = 6});
+  ferry::restore_state(h, ferry::save_state(g));
+  CHECK(h.next()->origin().epoch == 3);
+  auto at = ferry::global_shuffle(rows, {.seed = 9, .global_batch = 6, .ranks = 2, .rank = 1, .resume = g.position()});
+  CHECK(at.next()->origin().epoch == 3);
 }
 
 TEST_CASE("row_files: bad TFRecord files name the file and the record's offset") {

@@ -12,7 +12,8 @@
 // The draw: torchvision's RandomResizedCrop (random_resized_crop in image.hpp: area scale
 // and log-uniform aspect ratio, ten tries, then the centre crop) and a horizontal flip with
 // probability `flip`, from a SplitMix64 seeded by element_key: the seed, the record's
-// epoch (record::origin().epoch: from_files' and interleave's count of rewinds), its file's
+// epoch (record::origin().epoch: from_files' and interleave's count of rewinds;
+// global_shuffle's and cache()'s for the records they hand out), its file's
 // base name and its offset in that file. So the crop of an element depends on nothing but
 // the seed, the epoch and which element it is: not on map's worker count, the order
 // workers finish in, sharding or shuffling, nor on where a resumed job restarted. A new

@@ -21,7 +21,8 @@
 // global batch, for any W and R with W x R dividing G. An epoch has floor(n / G) steps on
 // every rank (equal steps, no collective needed); the n mod G elements left at an epoch's end
 // are a new draw each epoch when shuffled (the same last ones without shuffling).
-// rewind() starts the next epoch.
+// rewind() starts the next epoch. Records (row_files') are handed out with this epoch as
+// their origin's (record::set_epoch), so a random crop keyed on it changes every epoch.
 //
 // Resuming at another rank count: the consumer counts the global steps it trained on, and
 // saves global_position{epoch, step, dataset size, G, order} (five words; position() gives
@@ -56,6 +57,7 @@
 #include "ferry/detail/permutation.hpp"
 #include "ferry/detail/random.hpp"
 #include "ferry/error.hpp"
+#include "ferry/sources/record.hpp"
 #include "ferry/stage.hpp"
 
 namespace ferry {
@@ -164,6 +166,7 @@ class global_shuffle_source
     if (step_ >= steps()) return std::nullopt;
     const std::uint64_t p = step_ * o_.global_batch + o_.rank * part_ + j_;
     std::optional<T> out(std::in_place, d_[index_at(p)]);
+    if constexpr (std::is_same_v<T, record>) out->set_epoch(epoch_);  // row_files reads with none
     if (++j_ == part_) {
       j_ = 0;
       ++step_;

@@ -13,7 +13,8 @@
 // offset where the record starts (its header, for TFRecord; in the uncompressed stream
 // for compressed files), so a decoder further down the pipeline (parse_example) can
 // report "file: what at offset n" like the readers do, and the epoch of the reading
-// source it came from (from_files' and interleave's epoch: the count of rewinds), so a
+// source it came from (from_files' and interleave's epoch: the count of rewinds;
+// global_shuffle's and cache()'s own for the records they hand out), so a
 // random draw keyed on (seed, epoch, file, offset) is the same whichever thread, worker
 // count or resume produced the record (ferry/image/random_crop.hpp). The file name is owned by the
 // chunk the record holds, so it lives exactly as long as the record. Records built by
@@ -85,6 +86,11 @@ class record {
     return record(std::shared_ptr<const std::byte>(p_, p_.get() + at), size, file_,
                   off_ + head_ + at - header_bytes, header_bytes, epoch_);
   }
+  // Sets the epoch origin() says (modulo 2^32): a stage that hands records out again in
+  // epochs of its own stamps its epoch on them (global_shuffle over row_files, whose
+  // records are read at random with no epoch; cache(), which replays a pass), so that
+  // draws keyed on it differ from epoch to epoch. Throws nothing.
+  void set_epoch(std::uint64_t epoch) noexcept { epoch_ = static_cast<std::uint32_t>(epoch); }
 
  private:
   std::shared_ptr<const std::byte> p_;

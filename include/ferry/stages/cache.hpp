@@ -12,7 +12,9 @@
 // stopped) or one in which the upstream threw is handed on as it comes and then dropped,
 // and the next pass fills the cache again, so a bad record never leaves a hole in every
 // later epoch. Put the stages whose order should change each epoch (shuffle) after
-// cache(): the kept pass is replayed in its order.
+// cache(): the kept pass is replayed in its order. Records (ferry::record) are handed out
+// with the pass count as their epoch (record::set_epoch), so a random crop after cache()
+// (image/random_crop.hpp, keyed on it) changes every pass.
 //
 // The file: written as "<path>.partial-<random id>", synced and renamed to <path> when the
 // pass is whole, so <path> always holds a whole pass. The writer holds an flock on it; a
@@ -51,7 +53,7 @@
 // Checkpoints: save() records the upstream's position when the pass's fill began (for a
 // file from an earlier run, the upstream's own, untouched position), the number of
 // elements and of upstream errors handed out this pass, the file offset while replaying,
-// and whether the pass ended at a damaged file. Restoring a replay position of
+// whether the pass ended at a damaged file, and the pass count. Restoring a replay position of
 // cache(path) seeks in the file, when it still holds the pass that was replayed (each pass
 // written has an id in its header, saved with the position). Otherwise (in memory,
 // mid-fill, the file gone or rewritten since) the fresh pipeline refills from that
@@ -77,6 +79,7 @@
 
 #include "ferry/cache_codec.hpp"
 #include "ferry/detail/cache_store.hpp"
+#include "ferry/sources/record.hpp"
 #include "ferry/stage.hpp"
 #include "ferry/state.hpp"
 
@@ -113,6 +116,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     requires rewindable_source<Up>
   {
     this->check_not_moved();
+    ++pass_;
     try {
       next_pass();
       // A restore that failed in the upstream marked it; where the pass replays without it
@@ -175,12 +179,17 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
       put_own(w, resume_replay_ ? 1 : 0, resume_index_, resume_offset_, resume_errors_, resume_id_);
       return;
     }
-    const std::uint64_t ph = phase_ == phase::fill ? 0 : broken_ ? 2 : 1;
-    put_own(w, ph, emitted_ + skip_, ph == 1 ? store_.offset() : 0, errors_ + swallow_,
-            ph == 1 ? store_.pass_id() : 0);
+    // A fill that rebuilds a restored kept pass is that kept pass (phase 1) at an offset no
+    // file holds: restored again, it rebuilds again, and a rewind before its end still
+    // replays it (saved as a fill, a second restore forgot the pass was kept).
+    const bool replay = phase_ == phase::replay && !broken_;
+    const std::uint64_t ph = phase_ == phase::fill ? (rebuilding_ ? 1 : 0) : broken_ ? 2 : 1;
+    put_own(w, ph, emitted_ + skip_, replay ? store_.offset() : rebuilding_ ? unseekable : 0, errors_ + swallow_,
+            replay ? store_.pass_id() : 0);
   }
   void restore_words(state_reader& r) {
-    const std::uint64_t ph = r.get(), index = r.get(), offset = r.get(), errors = r.get(), flags = r.get();
+    const std::uint64_t ph = r.get(), index = r.get(), offset = r.get(), errors = r.get(), flags = r.get(),
+                        pass = r.get();
     if (ph > 2) throw config_error("restore_state: cache: phase word " + std::to_string(ph) + " is not 0, 1 or 2");
     if (ph != 1 && flags > 1)
       throw config_error("restore_state: cache: a damaged state (flags " + std::to_string(flags) + ")");
@@ -189,6 +198,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     store_.discard();
     fill_start_.words.clear();
     checked_file_ = (flags & 1) != 0;
+    pass_ = pass;
     if (ph == 2) {  // the pass had ended at a damaged kept pass: over until rewind()
       phase_ = phase::replay;
       broken_ = true;
@@ -206,13 +216,23 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
   }
 
   enum class phase { fill, replay };
+  static constexpr std::uint64_t unseekable = ~std::uint64_t(0);  // an offset past any file's elements
 
   // The last word: bit 0 checked_file_; above it, in a replay, the pass id of the file
   // being replayed (0: in memory, or a file written before ids), so that a restore never
   // seeks into another pass written at the same path since.
   void put_own(state_writer& w, std::uint64_t ph, std::uint64_t index, std::uint64_t offset, std::uint64_t errors,
                std::uint64_t id) const {
-    for (std::uint64_t x : {ph, index, offset, errors, (id << 1) | std::uint64_t(checked_file_ ? 1 : 0)}) w.put(x);
+    for (std::uint64_t x : {ph, index, offset, errors, (id << 1) | std::uint64_t(checked_file_ ? 1 : 0), pass_})
+      w.put(x);
+  }
+  // Records are handed out with the pass count as their epoch (record::set_epoch): a kept
+  // pass replays records of the epoch that filled it (or, from a file, none), and a random
+  // crop keyed on the epoch would repeat every pass.
+  std::optional<value_type> stamped(std::optional<value_type> e) const noexcept {
+    if constexpr (std::is_same_v<value_type, record>)
+      if (e) e->set_epoch(pass_);
+    return e;
   }
 
   void reset_pass() {
@@ -294,7 +314,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
       try {
         std::optional<value_type> e = store_.read();
         if (e) ++emitted_;
-        return e;
+        return stamped(std::move(e));
       } catch (...) {
         broken_ = true;  // the rest of this pass is lost to the damage; the next refills
         throw;
@@ -346,7 +366,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
       }
       swallow_ = 0;  // (only an upstream that changed could leave errors unmet here)
       ++emitted_;
-      return e;
+      return stamped(std::move(e));
     }
     return std::nullopt;
   }
@@ -386,6 +406,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
   std::uint64_t errors_ = 0;   // upstream errors handed on this pass
   std::exception_ptr pending_;  // a failed write, thrown after the element it was writing
   pipeline_state fill_start_;   // the upstream's position when the kept pass began
+  std::uint64_t pass_ = 0;      // passes begun before this one (rewinds): records' epoch
 };
 
 }  // namespace detail
