@@ -491,12 +491,12 @@ TEST_CASE("interleave(fn): a crafted slot table is refused, not replayed for eve
   for (int i = 0; i < 5; ++i) REQUIRE(a.next());
   const auto st = ferry::save_state(a);
   // The table: turn, taken, then per slot open?, distance, n and n words; then the pulls
-  // since the anchor and the end flag.
+  // since the anchor, the end flag and the pulls before the anchor.
   const std::size_t table = after_tag(st, "interleave") + 2, slot0 = table + 2;
   REQUIRE(st.words[slot0] == 1);
   const std::size_t slot1 = slot0 + 3 + st.words[slot0 + 2];
   REQUIRE(st.words[slot1] == 1);
-  const std::size_t since = st.words.size() - 2;
+  const std::size_t since = st.words.size() - 3, base = st.words.size() - 1;
   REQUIRE(slot1 + 3 + st.words[slot1 + 2] == since);
   REQUIRE(st.words[slot0 + 1] + st.words[slot1 + 1] == 1);  // distances 0 and 1
   REQUIRE(st.words[since] == 2);
@@ -513,6 +513,7 @@ TEST_CASE("interleave(fn): a crafted slot table is refused, not replayed for eve
            {"a slot at the pulls", {{at1, 2}}},
            {"a slot past the pulls", {{at1, 5}}},
            {"no slot at the anchor", {{at0, 2}, {since, 3}}},
+           {"2^62 + 1 pulls before the anchor", {{base, (std::uint64_t(1) << 62) + 1}}},
        }) {
     INFO(std::string(e.what));
     ferry::pipeline_state bad = st;
@@ -525,11 +526,11 @@ TEST_CASE("interleave(fn): a crafted slot table is refused, not replayed for eve
     INFO("pulls with no slot open");  // both slots closed, 2 pulls since the anchor
     ferry::pipeline_state bad = st;
     bad.words.resize(slot0);
-    for (std::uint64_t x : {0, 0, 2, 0}) bad.words.push_back(x);
+    for (std::uint64_t x : {0, 0, 2, 0, 0}) bad.words.push_back(x);
     auto b = make();
     CHECK_THROWS_WITH_AS(ferry::restore_state(b, ferry::pipeline_state::from_bytes(bad.to_bytes())),
                          doctest::Contains("interleave: a damaged state"), ferry::config_error);
-    bad.words[bad.words.size() - 2] = 0;  // none: a table a save writes
+    bad.words[bad.words.size() - 3] = 0;  // none: a table a save writes
     auto c = make();
     CHECK_NOTHROW(ferry::restore_state(c, ferry::pipeline_state::from_bytes(bad.to_bytes())));
   }

@@ -900,3 +900,51 @@ TEST_CASE("interleave(fn) with workers moved mid-epoch: its threads count into t
   // 80000 elements through queues of 4: some side waited, and it counted here.
   CHECK(waits() > before);
 }
+
+// fn's error names its upstream element by its index in the epoch, after a restore too: the
+// state keeps the pulls before its anchor (a restore counted from the anchor, naming
+// element 3 for element 5). The elements around it are the uninterrupted run's.
+TEST_CASE("interleave(fn): after a restore at any position, fn's error names the same element" * doctest::timeout(60)) {
+  ferry_test::watchdog wd(60s, "interleave error index");
+  std::vector<std::uint64_t> v(12);
+  for (std::uint64_t i = 0; i < v.size(); ++i) v[i] = i;
+  for (const std::size_t workers : {0, 2}) {
+    CAPTURE(workers);
+    const auto make = [&] {
+      return ferry::from_range(v) | ferry::interleave(
+                                        [](std::uint64_t x) {
+                                          if (x == 5 || x == 9) throw std::runtime_error("bad " + std::to_string(x));
+                                          return ferry::from_range(std::vector<std::uint64_t>(1 + x % 3, x));
+                                        },
+                                        {.workers = workers, .block = 1, .cycle = 3});
+    };
+    // Each event: an element's value, or 1000 + the index an error names.
+    const auto events = [](auto& p, std::vector<std::uint64_t>& out, std::size_t upto) {
+      while (out.size() < upto) try {
+          auto e = p.next();
+          if (!e) return true;
+          out.push_back(*e);
+        } catch (const ferry::element_error& err) {
+          out.push_back(1000 + err.element());
+        }
+      return false;
+    };
+    std::vector<std::uint64_t> want;
+    {
+      auto a = make();
+      events(a, want, 1000);
+    }
+    REQUIRE(std::count(want.begin(), want.end(), 1005) == 1);
+    REQUIRE(std::count(want.begin(), want.end(), 1009) == 1);
+    for (std::size_t at = 0; at <= want.size(); ++at) {
+      CAPTURE(at);
+      auto b = make();
+      std::vector<std::uint64_t> got;
+      events(b, got, at);
+      auto c = make();
+      ferry::restore_state(c, ferry::save_state(b));
+      events(c, got, 1000);
+      CHECK(got == want);
+    }
+  }
+}

@@ -264,7 +264,8 @@ class interleave_source
       this->up().save(w);
   }
   // The turn, then per slot: open?, its distance from the anchor, its source's words
-  // (count first); then the upstream pulls from the anchor to now, and whether it ended.
+  // (count first); then the upstream pulls from the anchor to now, whether it ended, and
+  // the pulls before the anchor.
   void save_words(state_writer& w) const {
     if (replay_) return replay_table_.write(w, slots_.size());
     const slot* o = oldest();
@@ -274,7 +275,7 @@ class interleave_source
                          std::to_string(pulls_ - base_k) + " upstream pulls back, and a restore re-reads "
                          "at most " + std::to_string(interleave_table::max_since) +
                          " (one slot's source outlasting very many of the others'); save when it has ended");
-    interleave_table t{cur_, in_block_, {}, pulls_ - base_k, up_ended_};
+    interleave_table t{cur_, in_block_, {}, pulls_ - base_k, up_ended_, base_k};
     for (std::size_t i = 0; i < slots_.size(); ++i) {
       const auto& s = slots_[i];
       if (!s) continue;
@@ -354,12 +355,12 @@ class interleave_source
           return std::make_unique<slot>(std::invoke(fn_, std::move(*e)));
         }();
         if constexpr (resumable) restore_state(sl->src, opens->words);
-        sl->distance = k;
+        sl->distance = t.base + k;
         sl->anchor = std::move(before);
         slots_[opens->slot] = std::move(sl);
       }
     }
-    pulls_ = t.since;
+    pulls_ = t.base + t.since;
     up_ended_ = t.ended;
     replay_table_ = {};
   }

@@ -1,7 +1,8 @@
 // ferry/stages/detail/interleave_table.hpp: the slot table that interleave(fn)'s checkpoint
 // holds after the upstream's position: the turn, each open slot's distance from the anchor
 // (the upstream before the oldest open slot's element) with its source's words, the
-// upstream pulls since the anchor, and whether the upstream had ended. restore() reads and
+// upstream pulls since the anchor, whether the upstream had ended, and the pulls of the
+// epoch before the anchor (so that errors after a restore name the same element). restore() reads and
 // checks it; the first pull after replays it. stages/interleave.hpp documents what users
 // see. Runs on the caller's thread; no user code.
 #pragma once
@@ -27,6 +28,7 @@ struct interleave_table {
   std::vector<open_slot> open;          // by slot
   std::uint64_t since = 0;              // upstream pulls from the anchor to the save
   bool ended = false;                   // the upstream had ended
+  std::uint64_t base = 0;               // upstream pulls this epoch before the anchor (errors name k from 0)
 
   // The most upstream pulls a checkpoint re-reads: from the anchor (the oldest open slot's
   // element) to the save. Nothing else bounds them (a long source in one slot while the
@@ -83,6 +85,10 @@ struct interleave_table {
       throw config_error("restore_state: interleave: a damaged state (" + std::to_string(t.since) +
                          " upstream pulls since an anchor that is no open slot's)");
     t.ended = ended != 0;
+    t.base = r.get();
+    if (t.base > (std::uint64_t(1) << 62))
+      throw config_error("restore_state: interleave: a damaged state (" + std::to_string(t.base) +
+                         " upstream pulls before the anchor)");
     return t;
   }
 
@@ -102,6 +108,7 @@ struct interleave_table {
     }
     w.put(since);
     w.put(ended ? 1 : 0);
+    w.put(base);
   }
 };
 
