@@ -454,6 +454,13 @@ TEST_CASE("PNG bad input: not a PNG; headers claiming 0x0 or 100000x100000 pixel
   // A lower limit of one's own.
   CHECK_THROWS_AS(fi::decode_png(good, 3, {.max_pixels = 15}), ferry::format_error);
   CHECK(fi::decode_png(good, 3, {.max_pixels = 16}).pixels.size() == 48);
+  // A row of more bytes of samples than max_pixels (libspng holds a few rows of the widest,
+  // whatever the height: 2^28 x 1 RGBA16 took 2.8 GB for 0.8 GB of pixels): refused from
+  // the header. 6x1 RGB8 is 6 pixels but 18 bytes a row.
+  CHECK_THROWS_WITH_AS(fi::decode_png(claiming(6, 1), 3, {.max_pixels = 16}),
+                       doctest::Contains("a row of 18 bytes of samples, more than the limit of 16"), ferry::format_error);
+  CHECK_THROWS_WITH_AS(fi::decode_png(claiming(1u << 27, 1)), doctest::Contains("a row of 402653184 bytes"),
+                       ferry::format_error);
   // Metadata over the chunk cache: a 2000-byte tEXt against a 1000-byte cache.
   std::vector<std::uint8_t> txt(2000, 'x');
   txt[1] = 0;  // keyword "x"

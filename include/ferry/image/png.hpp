@@ -39,7 +39,8 @@
 // the chunks' CRCs cover those bytes), a file that does not reach the end of its IEND
 // chunk (libspng 0.7 lets a missing IEND CRC pass: the reader here catches it), a bad
 // IHDR (bit depth, colour type), and a header whose size is more than
-// limits.max_pixels (checked before anything is allocated from it; libspng itself refuses
+// limits.max_pixels, or a row of more than max_pixels bytes of samples (libspng holds a few
+// rows whatever the height) (checked before anything is allocated from it; libspng itself refuses
 // 0 rows or columns) or more samples than the file could hold compressed (deflate's
 // 1032:1 at best: a short file claiming a large image allocates nothing either). Its offset is the byte libspng had read up to when it failed (its
 // reads come through this header's reader: libspng has no offset of its own to report),
@@ -87,7 +88,7 @@ struct png_info {
 
 // What a PNG may claim and hold before it is refused.
 struct png_limits {
-  std::uint64_t max_pixels = std::uint64_t(1) << 28;     // width x height at most (16384 x 16384)
+  std::uint64_t max_pixels = std::uint64_t(1) << 28;     // width x height at most (16384 x 16384), and a row's bytes
   std::size_t max_chunk_bytes = std::size_t(1) << 24;    // one metadata chunk, decompressed (16 MiB)
   std::size_t max_chunk_cache = std::size_t(1) << 26;    // all metadata libspng keeps (64 MiB)
 };
@@ -210,6 +211,17 @@ struct png_decoder {
                          "the header claims " + std::to_string(h.width) + "x" + std::to_string(h.height) + " pixels, " +
                              (px == 0 ? std::string("none")
                                       : "more than the limit of " + std::to_string(lim.max_pixels)));
+    // libspng holds two or three rows of the widest (zero-filled), whatever the height: a
+    // 2^28 x 1 RGBA16 image took 2.8 GB for 0.8 GB of pixels. Rows of more than max_pixels
+    // bytes of samples are refused, so memory follows max_pixels, not the image's shape.
+    const int spp = h.color_type == SPNG_COLOR_TYPE_TRUECOLOR ? 3 : h.color_type == SPNG_COLOR_TYPE_TRUECOLOR_ALPHA ? 4
+                  : h.color_type == SPNG_COLOR_TYPE_GRAYSCALE_ALPHA ? 2 : 1;
+    const std::uint64_t row = (std::uint64_t(h.width) * std::uint64_t(spp * h.bit_depth) + 7) / 8;
+    if (row > lim.max_pixels)
+      throw format_error("PNG", 16,
+                         "the header claims " + std::to_string(h.width) + "x" + std::to_string(h.height) +
+                             " pixels: a row of " + std::to_string(row) + " bytes of samples, more than the limit of " +
+                             std::to_string(lim.max_pixels) + " (max_pixels) a row may take");
     return {h.width, h.height, h.bit_depth, png_colour(h.color_type), h.interlace_method != 0};
   }
 };
