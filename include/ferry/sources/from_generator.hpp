@@ -68,9 +68,9 @@ class generator_source
     if (done_ || i_ >= count_) return std::nullopt;
     const std::uint64_t i = i_;
     try {
-      const in_user_code<T> user;  // f runs user code (holds_ahead.hpp)
+      const auto call = [&]() -> result { return f_(i); };  // user code (holds_ahead.hpp)
       if constexpr (is_optional<result>::value) {
-        std::optional<T> v = f_(i);
+        std::optional<T> v = as_user_code<T>(call);
         if (!v) {
           done_ = true;
           return v;
@@ -78,7 +78,7 @@ class generator_source
         ++i_;
         return v;
       } else {
-        std::optional<T> v(f_(i));
+        std::optional<T> v(as_user_code<T>(call));
         ++i_;
         return v;
       }

@@ -52,8 +52,7 @@ class filter_source : public stage<filter_source<Up, P>, Up> {
       const std::uint64_t k = n_++;
       bool keep;
       try {
-        const in_user_code<bool> user;  // pred runs user code (holds_ahead.hpp)
-        keep = p_(std::as_const(*e));
+        keep = as_user_code<bool>([&]() -> bool { return p_(std::as_const(*e)); });  // user code (holds_ahead.hpp)
       } catch (...) {
         rethrow_element(std::current_exception(), name, k);
       }

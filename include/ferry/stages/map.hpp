@@ -258,9 +258,8 @@ class map_source : public threaded_stage<map_source<Up, F>, Up, map_result_t<F, 
   // fn on the next input, on this thread; its exception rethrown as element_error.
   Out apply_inline(In&& x) {
     const std::uint64_t k = base_++;
-    try {
-      const in_user_code<Out> user;  // fn may build a device pipeline of its own (holds_ahead.hpp)
-      return std::invoke(w_.fn(), std::move(x));
+    try {  // fn may build a device pipeline of its own (holds_ahead.hpp)
+      return as_user_code<Out>([&]() -> Out { return std::invoke(w_.fn(), std::move(x)); });
     } catch (...) {
       rethrow_element(std::current_exception(), name, k);
     }
