@@ -17,8 +17,9 @@
 //   local_rank(), local_size() this process's place among the ranks of its node: from
 //                              MPI_Comm_split_type(MPI_COMM_TYPE_SHARED), which works the
 //                              same under mpirun, srun and any launcher (the launchers'
-//                              own variables, OMPI_COMM_WORLD_LOCAL_RANK and SLURM_LOCALID,
-//                              are only a cross-check: a disagreement is a config_error)
+//                              own variables, OMPI_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID
+//                              and SLURM_LOCALID (when srun started the task), are only a
+//                              cross-check: a disagreement is a config_error)
 //   local_devices()            the CUDA devices this rank owns: devices_per_rank of them,
 //                              [local_rank * k, local_rank * k + k), or [0, k) when the
 //                              launcher already limited each rank to its own k devices
@@ -110,14 +111,22 @@ inline void terminate_handler() noexcept {
   abort_job("std::terminate called");
 }
 
-// The launcher's local rank from its environment, or -1.
-inline int launcher_local_rank() noexcept {
-  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"})
-    if (const char* s = std::getenv(v)) {
-      char* end = nullptr;
-      const long x = std::strtol(s, &end, 10);
-      if (end != s && *end == '\0' && x >= 0) return static_cast<int>(x);
-    }
+// The launcher's local rank from its environment, or -1: Open MPI's, MPICH's and Intel
+// MPI's (hydra) own variable first, then Slurm's only where srun started this very task
+// (SLURM_PROCID is this rank): under mpiexec inside an allocation every rank inherits its
+// node's proxy's SLURM_LOCALID (0), which would refuse every other local rank.
+inline int launcher_local_rank(int world_rank) noexcept {
+  const auto number = [](const char* v) -> long {
+    const char* s = std::getenv(v);
+    if (!s) return -1;
+    char* end = nullptr;
+    const long x = std::strtol(s, &end, 10);
+    return end != s && *end == '\0' && x >= 0 ? x : -1;
+  };
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"})
+    if (const long x = number(v); x >= 0) return static_cast<int>(x);
+  if (const long x = number("SLURM_LOCALID"); x >= 0 && number("SLURM_PROCID") == world_rank)
+    return static_cast<int>(x);
   return -1;
 }
 }  // namespace detail
@@ -212,7 +221,7 @@ class distributed_context {
                       "MPI_Comm_split_type");
     detail::mpi_check(MPI_Comm_rank(local_, &local_rank_), "MPI_Comm_rank");
     detail::mpi_check(MPI_Comm_size(local_, &local_size_), "MPI_Comm_size");
-    const int env = detail::launcher_local_rank();
+    const int env = detail::launcher_local_rank(rank_);
     if (env >= 0 && env != local_rank_)
       throw config_error("distributed_context: the launcher says local rank " +
                          std::to_string(env) + ", MPI's shared-memory split says " +

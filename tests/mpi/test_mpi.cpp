@@ -158,6 +158,29 @@ TEST_CASE("distributed_context: ranks, local ranks, devices" * doctest::timeout(
   CHECK(ferry::pick_local_devices(2, 4, 1, 0).empty());
   CHECK_THROWS_AS(ferry::pick_local_devices(2, 3, 2, 4), ferry::config_error);
   CHECK_THROWS_AS(ferry::pick_local_devices(0, 1, -1, 4), ferry::config_error);
+
+  // The launcher's local rank, the cross-check's, pure. mpiexec (MPICH's or Intel MPI's
+  // hydra) inside a Slurm allocation: every rank inherits its node's proxy's SLURM_LOCALID
+  // (0) and SLURM_PROCID; hydra's MPI_LOCALRANKID is the rank's own. Slurm's counts only
+  // where srun started this very task. (Slurm's was read first: every local rank but 0
+  // refused.)
+  const char* vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID", "SLURM_PROCID"};
+  std::vector<std::optional<std::string>> saved;
+  for (const char* v : vars) saved.push_back(std::getenv(v) ? std::optional<std::string>(std::getenv(v)) : std::nullopt);
+  const auto with = [&](std::vector<std::pair<const char*, const char*>> set, int world_rank) {
+    for (const char* v : vars) ::unsetenv(v);
+    for (auto [k, v] : set) ::setenv(k, v, 1);
+    return ferry::detail::launcher_local_rank(world_rank);
+  };
+  CHECK(with({}, 3) == -1);
+  CHECK(with({{"OMPI_COMM_WORLD_LOCAL_RANK", "2"}}, 3) == 2);
+  CHECK(with({{"MPI_LOCALRANKID", "1"}, {"SLURM_LOCALID", "0"}, {"SLURM_PROCID", "0"}}, 5) == 1);  // hydra in Slurm
+  CHECK(with({{"SLURM_LOCALID", "0"}, {"SLURM_PROCID", "0"}}, 5) == -1);  // another launcher in Slurm
+  CHECK(with({{"SLURM_LOCALID", "1"}, {"SLURM_PROCID", "5"}}, 5) == 1);   // srun
+  CHECK(with({{"OMPI_COMM_WORLD_LOCAL_RANK", "x"}}, 0) == -1);
+  for (std::size_t i = 0; i < std::size(vars); ++i)
+    if (saved[i]) ::setenv(vars[i], saved[i]->c_str(), 1);
+    else ::unsetenv(vars[i]);
 }
 
 TEST_CASE("mpi_communicator against a naive oracle" * doctest::timeout(30)) {
