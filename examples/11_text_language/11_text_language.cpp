@@ -10,10 +10,11 @@
 //   batch: 5% padding instead of 51% for one padded_batch) | prefetch
 //   | distribute(host_replicas{R}, partial) -> each replica's padded rows and lengths.
 // The model: on each replica, an embedding bag over the row's real bytes (its lengths,
-// not the padding): the mean of the bytes' and byte pairs' one-hot vectors (256 bytes +
-// 4096 hashed pairs), then the mirrored trainer's MLP (4352 -> 128 -> 7). The bag's
-// embedding table is the MLP's first layer: mean(one-hot) x W is EmbeddingBag(mean)'s
-// lookup, so the model is an EmbeddingBag(mode="mean") + ReLU + Linear, trained on host
+// not the padding): the sum of the bytes' and byte pairs' one-hot vectors (256 bytes +
+// 4096 hashed pairs), each weighted 1 / the word's length (a word of n bytes: n bytes and
+// n - 1 pairs), then the mirrored trainer's MLP (4352 -> 128 -> 7). The bag's embedding
+// table is the MLP's first layer: that weighted sum x W is EmbeddingBag(mode="sum") with
+// per_sample_weights 1/n, so the model is that bag + ReLU + Linear, trained on host
 // replicas with gradients all-reduced. pytorch_same_shape.py trains the same shape in
 // PyTorch on the same words and split, for the accuracy beside it.
 //
@@ -54,7 +55,8 @@ std::uint32_t fnv1a(std::span<const std::uint8_t> b) {
 }
 int pair_bucket(std::uint8_t a, std::uint8_t b) { return int((std::uint32_t(a) * 257u + b) % pair_buckets); }
 
-// One replica's slice of padded words as the bag's mean one-hot rows (into x, reused).
+// One replica's slice of padded words as the bag's rows: one-hot bytes and pairs, each
+// weighted 1 / the word's length (into x, reused).
 void embed_bag(const ferry::padded_view<std::uint8_t>& t, std::vector<float>& x) {
   x.assign(t.size() * features, 0.0f);
   for (std::size_t i = 0; i < t.size(); ++i) {
@@ -114,6 +116,10 @@ int main(int argc, char** argv) try {
     (fnv1a(std::get<0>(w)) % 10 == 0 ? test : train).push_back(w);
   }
   std::printf("words: %zu train, %zu test, %d languages\n", train.size(), test.size(), found);
+  if (train.empty() || test.empty()) {  // (a small --limit: 1 word in 10 is held out, by its hash)
+    std::fprintf(stderr, "11_text_language: no %s words; raise --limit\n", train.empty() ? "training" : "held-out");
+    return 1;
+  }
 
   constexpr std::size_t batch = 128;
   const std::vector<std::size_t> bounds = {4, 6, 8, 10, 12, 14, 16, 20, 24};

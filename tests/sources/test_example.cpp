@@ -136,6 +136,16 @@ TEST_CASE("parse_example agrees with protobuf on every fixture case") {
       const ferry::example ex = ferry::parse_example(make_record(c.payload));
       CHECK(describe(ex) == c.features);
       CHECK(describe(ferry::parse_example(bytes)) == c.features);
+      // A lookup's error names the origin given with the bytes, as a parse error does (it
+      // read "<memory>" at offset 0).
+      const ferry::example named = ferry::parse_example(bytes, {"payload.bin", 100, 112});
+      try {
+        (void)named.bytes("no such feature");
+        FAIL("no error for a missing feature");
+      } catch (const ferry::example_error& e) {
+        CHECK(e.path() == "payload.bin");
+        CHECK(e.offset() == 100);
+      }
     } else {
       ++bad;
       try {

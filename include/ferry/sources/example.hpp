@@ -265,7 +265,8 @@ class example {
 
   const feature& get(std::string_view name, feature_kind want) const {
     const feature* f = find(name);
-    const record_origin o = rec_.origin();
+    record_origin o = rec_.origin();
+    if (o.file.empty()) o = {span_file_, span_offset_, span_offset_};  // parsed from a span: its origin
     const std::string path = o.file.empty() ? std::string("<memory>") : std::string(o.file);
     if (!f) throw example_error(path, o.offset, 0, "tf.train.Example has no feature '" + std::string(name) + "'");
     if (f->kind_ != want && f->kind_ != feature_kind::none)
@@ -276,6 +277,8 @@ class example {
   }
 
   ferry::record rec_;
+  std::string span_file_;            // parsed from a span: the origin given (errors name it)
+  std::uint64_t span_offset_ = 0;
   std::vector<feature> features_;
   std::vector<std::string_view> bytes_;
   std::vector<std::int64_t> ints_;
@@ -546,6 +549,8 @@ struct parse_example_t {
   // `origin` (file "" reads "<memory>").
   example operator()(std::span<const std::byte> bytes, record_origin origin = {}) const {
     example ex;
+    ex.span_file_ = origin.file;
+    ex.span_offset_ = origin.offset;
     detail::example_parser p{bytes.data(), origin, ex};
     p.parse(bytes);
     p.finish();
