@@ -122,6 +122,10 @@ struct borrowed_records;
 struct collation {
   std::size_t rows = 0;  // rows per batch (a short last batch may have fewer)
   std::shared_ptr<std::pmr::memory_resource> resource;  // never null
+  // rows only bounds a batch's rows: batches are short by design (bucket_by_sequence_length
+  // with batch sizes that differ; `budget`: under a token budget, rows = max_tokens).
+  // distribute() refuses to drop (or, under a budget, pad) them (batch_size_kind()).
+  bool bound = false, budget = false;
   // resource null: a buffer_pool of the stage's own. Throws std::bad_alloc.
   collation(std::size_t n, std::shared_ptr<std::pmr::memory_resource> r)
       : rows(n), resource(r ? std::move(r) : std::make_shared<buffer_pool>()) {}
@@ -523,6 +527,28 @@ class stage_base : public source_interface<Derived> {
   {
     check_not_moved();
     return const_cast<Derived&>(self()).collates().rows;
+  }
+  // Whether batch_size() only bounds the rows, and whether it is a token budget's
+  // (collation::bound, budget), for distribute(); {false, false} where no stage says.
+  std::pair<bool, bool> batch_size_kind() const
+    requires(collates_batches())
+  {
+    check_not_moved();
+    const collation& c = const_cast<Derived&>(self()).collates();
+    return {c.bound, c.budget};
+  }
+  std::pair<bool, bool> batch_size_kind() const
+    requires(forwards_batch_size())
+  {
+    check_not_moved();
+    std::pair<bool, bool> k{false, false};
+    each_up([&](const auto& u) {
+      if constexpr (requires { u.batch_size_kind(); }) {
+        const auto [bound, budget] = u.batch_size_kind();
+        k.first = k.first || bound, k.second = k.second || budget;
+      }
+    });
+    return k;
   }
 
   bool set_buffer_resource(const std::shared_ptr<std::pmr::memory_resource>& r) {

@@ -435,6 +435,32 @@ TEST_CASE("bucket_by_sequence_length: a checkpoint at every position resumes exa
   CHECK_THROWS_AS(ferry::restore_state(b, ferry::save_state(a)), ferry::config_error);
 }
 
+// Batches short by design reach distribute as short batches: under the default drop every
+// batch below the largest size (under a token budget, below max_tokens rows: all of them)
+// was dropped without a word, and pad made each max_tokens rows of its width. Both are
+// config_errors at the first next(); one size for every bucket drops nothing but the last.
+TEST_CASE("bucket_by_sequence_length then distribute: drop over differing sizes, pad under a token budget, refused") {
+  std::vector<seq> rows(100);
+  for (std::size_t i = 0; i < rows.size(); ++i) rows[i] = {std::vector<i32>(1 + i % 9, i32(i)), i32(i)};
+  const auto run = [&](std::vector<std::size_t> sizes, std::size_t max_tokens, ferry::remainder_policy pol) {
+    auto p = ferry::from_range(rows) |
+             ferry::bucket_by_sequence_length(len_of, {4}, std::move(sizes), {.max_tokens = max_tokens}) |
+             ferry::distribute(ferry::host_replicas{2}, {.remainder = pol});
+    std::size_t n = 0;
+    while (auto st = p.next()) n += st->valid();
+    return n;
+  };
+  using rp = ferry::remainder_policy;
+  CHECK_THROWS_WITH_AS(run({4, 8}, 0, rp::drop), doctest::Contains("with batch sizes that differ"), ferry::config_error);
+  CHECK_THROWS_WITH_AS(run({}, 64, rp::drop), doctest::Contains("under a token budget; its batch_size() of 64"),
+                       ferry::config_error);
+  CHECK_THROWS_WITH_AS(run({}, 64, rp::pad), doctest::Contains("would pad every batch to 64 rows"), ferry::config_error);
+  CHECK(run({4, 8}, 0, rp::pad) == rows.size());  // padded to 8 rows: meant, perhaps
+  CHECK(run({4, 8}, 0, rp::partial) == rows.size());
+  CHECK(run({}, 64, rp::partial) == rows.size());
+  CHECK(run({4, 4}, 0, rp::drop) > 90);  // one size: only short last batches go
+}
+
 TEST_CASE("bucket_by_sequence_length then distribute (partial): every row reaches one replica once") {
   ferry::detail::splitmix64 g(8);
   const auto rows = random_rows(g, 300, 40);

@@ -160,6 +160,8 @@ class bucket_source
     // batch_size(), for distribute(): the largest batch size (with max_tokens: max_tokens
     // rows; see the file's top).
     target_.rows = *std::max_element(sizes_.begin(), sizes_.end());
+    target_.budget = o_.max_tokens != 0;
+    target_.bound = target_.budget || *std::min_element(sizes_.begin(), sizes_.end()) != target_.rows;
     if (shape_.to_boundary)  // a batch of a bucket padded to its boundary must fit (a huge sentinel boundary)
       for (std::size_t k = 0; k < shape_.bounds.size(); ++k) {
         const std::size_t w = shape_.bounds[k] - 1;

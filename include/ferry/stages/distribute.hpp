@@ -61,7 +61,9 @@
 // with staging_thread); onto devices, a next() called where a stage holds what it pulls
 // (prefetch's thread, map's workers, interleave's slot threads, shuffle filling a window)
 // throws config_error before making a step: a device step is valid only until the next
-// one is asked for (detail/holds_ahead.hpp); cuda_error from the CUDA backend. Upstream
+// one is asked for (detail/holds_ahead.hpp); at the first next(), drop over batches short
+// by design (bucket_by_sequence_length with differing batch sizes or a token budget), or
+// pad under a token budget, is a config_error (use partial); cuda_error from the CUDA backend. Upstream
 // errors propagate unchanged; one met while making a step ahead (or on the staging thread) is thrown by
 // the next() that would have returned that step, so errors come in the same place in the
 // sequence.
@@ -357,6 +359,23 @@ class distribute_source
                            ", more than the upstream batch stage's batch_size() of " + std::to_string(b) +
                            ": under remainder_policy::drop every batch would be short and dropped; give them one "
                            "size (or pad or partial to keep short batches)");
+      // Batches short by design (bucket_by_sequence_length's differing sizes or token
+      // budget): drop would drop nearly all of them without a word (a budget's G is
+      // max_tokens, which no batch of rows x L <= max_tokens reaches), and pad would make
+      // each max_tokens rows of its width (one long row: max_tokens x L values).
+      if constexpr (requires { this->up().batch_size_kind(); }) {
+        const auto [bound, budget] = this->up().batch_size_kind();
+        if (bound && c.o.remainder == remainder_policy::drop)
+          throw config_error("distribute: the upstream's batches differ in size by design (bucket_by_sequence_length " +
+                             std::string(budget ? "under a token budget" : "with batch sizes that differ") +
+                             "; its batch_size() of " + std::to_string(b) + " is their bound): under "
+                             "remainder_policy::drop every shorter one would be dropped without a word; use "
+                             "remainder_policy::partial (each replica its share of every batch)");
+        if (budget && c.o.remainder == remainder_policy::pad)
+          throw config_error("distribute: under a token budget (bucket_by_sequence_length's max_tokens = " +
+                             std::to_string(b) + ") remainder_policy::pad would pad every batch to " +
+                             std::to_string(b) + " rows of its width; use remainder_policy::partial");
+      }
       if (c.global.load(std::memory_order_relaxed) == 0 && b != 0) {
         check_global_batch(b, c.be.replicas(), global_batch_from::upstream);
         c.global.store(b, std::memory_order_relaxed);
