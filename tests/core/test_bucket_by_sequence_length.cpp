@@ -459,6 +459,12 @@ TEST_CASE("bucket_by_sequence_length then distribute: drop over differing sizes,
   CHECK(run({4, 8}, 0, rp::partial) == rows.size());
   CHECK(run({}, 64, rp::partial) == rows.size());
   CHECK(run({4, 4}, 0, rp::drop) > 90);  // one size: only short last batches go
+  // An explicit global_batch is the user's choice: a budget's batches padded to it.
+  auto q = ferry::from_range(rows) | ferry::bucket_by_sequence_length(len_of, {4}, {}, {.multiple_of = 8, .max_tokens = 64}) |
+           ferry::distribute(ferry::host_replicas{2}, {.remainder = rp::pad, .global_batch = 8});
+  std::size_t n = 0;
+  while (auto st = q.next()) n += st->valid();
+  CHECK(n == rows.size());
 }
 
 TEST_CASE("bucket_by_sequence_length then distribute (partial): every row reaches one replica once") {

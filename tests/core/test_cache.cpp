@@ -9,10 +9,13 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -1100,4 +1103,50 @@ TEST_CASE("cache: restored twice through a rebuilt kept pass, a rewind before it
     else
       run([&] { return ferry::from_range(v) | ferry::shuffle(8, 1) | ferry::cache(); });
   }
+}
+
+namespace {
+// Records "0".."n-1" (by hand: no file) whose rewind() throws while `fail_rewinds` > 0.
+struct flaky_records : ferry::source_interface<flaky_records> {
+  using value_type = ferry::record;
+  std::uint64_t n = 5, i = 0;
+  std::shared_ptr<int> fail_rewinds = std::make_shared<int>(0);
+  std::optional<ferry::record> next() {
+    if (i >= n) return std::nullopt;
+    const std::string s = std::to_string(i++);
+    auto bytes = std::shared_ptr<std::byte[]>(new std::byte[s.size()]);
+    std::memcpy(bytes.get(), s.data(), s.size());
+    return ferry::record(std::shared_ptr<const std::byte>(bytes, bytes.get()), s.size());
+  }
+  void rewind() {
+    if (*fail_rewinds > 0) {
+      --*fail_rewinds;
+      throw std::runtime_error("rewind failed");
+    }
+    i = 0;
+  }
+  void save(ferry::state_writer& w) const { w.put(i); }
+  void restore(ferry::state_reader& r) { i = r.get(); }
+};
+}  // namespace
+
+// A rewind that throws begins no pass: the rewind that recovers counts it once (it was
+// counted twice, so the records of that pass carried another epoch than a resumed run's).
+// And mid-fill over an upstream that cannot be saved now (an unordered map, past its first
+// next()): save() refuses, rather than write the fill's start taken before the refusal.
+TEST_CASE("cache: a rewind that throws counts no pass; mid-fill over an unordered map, save() refuses") {
+  flaky_records src;
+  const auto fail = src.fail_rewinds;
+  auto p = std::move(src) | ferry::cache();
+  CHECK(p.next()->origin().epoch == 0);
+  *fail = 1;
+  CHECK_THROWS_WITH_AS(p.rewind(), "rewind failed", std::runtime_error);  // a cut pass: the upstream rewinds
+  p.rewind();
+  CHECK(p.next()->origin().epoch == 1);
+  std::vector<int> v(64);
+  for (int k = 0; k < 64; ++k) v[std::size_t(k)] = k;
+  auto q = ferry::from_range(v) | ferry::map([](int x) { return x; }, {.workers = 4, .ordered = false}) |
+           ferry::cache();
+  REQUIRE(q.next());
+  CHECK_THROWS_WITH_AS((void)ferry::save_state(q), doctest::Contains("unordered"), ferry::config_error);
 }

@@ -116,7 +116,6 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     requires rewindable_source<Up>
   {
     this->check_not_moved();
-    ++pass_;
     try {
       next_pass();
       // A restore that failed in the upstream marked it; where the pass replays without it
@@ -126,6 +125,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
       ferry_mark_restore_failed(*this);
       throw;
     }
+    ++pass_;  // (a rewind that threw began no pass: the one that recovers counts it once)
     this->rewound();
   }
 
@@ -169,10 +169,14 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
     }
     // The upstream as it was when this pass's fill began (a fresh pipeline refills from
     // there when it has no kept pass), then how far the consumer is.
-    if (fill_start_.words.empty())
+    if (fill_start_.words.empty()) {
       this->up().save(w);  // no fill began yet: the upstream has not moved
-    else
+    } else {
+      // Mid-fill the upstream is asked again: fill_start_ may predate its refusal (an
+      // unordered map saves only before its first next()).
+      if (phase_ == phase::fill) ask_save(this->up(), scratch_);
       w.put_words(fill_start_.words);
+    }
   }
   void save_words(state_writer& w) const {
     if (resume_) {
@@ -407,6 +411,7 @@ class cache_source : public stage<cache_source<Up, Store>, Up> {
   std::exception_ptr pending_;  // a failed write, thrown after the element it was writing
   pipeline_state fill_start_;   // the upstream's position when the kept pass began
   std::uint64_t pass_ = 0;      // passes begun before this one (rewinds): records' epoch
+  mutable pipeline_state scratch_;  // save() asks the upstream into it (capacity reused)
 };
 
 }  // namespace detail

@@ -364,17 +364,20 @@ class distribute_source
       // max_tokens, which no batch of rows x L <= max_tokens reaches), and pad would make
       // each max_tokens rows of its width (one long row: max_tokens x L values).
       if constexpr (requires { this->up().batch_size_kind(); }) {
-        const auto [bound, budget] = this->up().batch_size_kind();
-        if (bound && c.o.remainder == remainder_policy::drop)
-          throw config_error("distribute: the upstream's batches differ in size by design (bucket_by_sequence_length " +
-                             std::string(budget ? "under a token budget" : "with batch sizes that differ") +
-                             "; its batch_size() of " + std::to_string(b) + " is their bound): under "
-                             "remainder_policy::drop every shorter one would be dropped without a word; use "
-                             "remainder_policy::partial (each replica its share of every batch)");
-        if (budget && c.o.remainder == remainder_policy::pad)
-          throw config_error("distribute: under a token budget (bucket_by_sequence_length's max_tokens = " +
-                             std::to_string(b) + ") remainder_policy::pad would pad every batch to " +
-                             std::to_string(b) + " rows of its width; use remainder_policy::partial");
+        if (c.o.global_batch == 0) {  // G is that bound (an explicit global_batch is the user's choice)
+          const auto [bound, budget] = this->up().batch_size_kind();
+          if (bound && c.o.remainder == remainder_policy::drop)
+            throw config_error("distribute: the upstream's batches differ in size by design "
+                               "(bucket_by_sequence_length " +
+                               std::string(budget ? "under a token budget" : "with batch sizes that differ") +
+                               "; its batch_size() of " + std::to_string(b) + " is their bound): under "
+                               "remainder_policy::drop every shorter one would be dropped without a word; use "
+                               "remainder_policy::partial (each replica its share of every batch)");
+          if (budget && c.o.remainder == remainder_policy::pad)
+            throw config_error("distribute: under a token budget (bucket_by_sequence_length's max_tokens = " +
+                               std::to_string(b) + ") remainder_policy::pad would pad every batch to " +
+                               std::to_string(b) + " rows of its width; use remainder_policy::partial");
+        }
       }
       if (c.global.load(std::memory_order_relaxed) == 0 && b != 0) {
         check_global_batch(b, c.be.replicas(), global_batch_from::upstream);

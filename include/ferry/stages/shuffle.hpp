@@ -100,10 +100,12 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
   bool mid() const { return pos_ < win_.size() || pending_; }
   void save_upstream(state_writer& w) const {
     if (!save_error_.empty()) throw config_error(save_error_);
-    if (mid())
+    if (mid()) {
+      ask_save(this->up(), scratch_);  // start_ may predate the upstream's refusal (an unordered map)
       w.put_words(start_.words);  // upstream as it was at this window's start
-    else
+    } else {
       this->up().save(w);
+    }
   }
   // A restore into another buffer or seed would hand out another order: refused.
   template <class F>
@@ -190,6 +192,7 @@ class shuffle_source : public stage<shuffle_source<Up>, Up> {
   std::exception_ptr pending_;  // an upstream error that ended the window, thrown after it
   pipeline_state start_;  // upstream position at the current window's start
   std::string save_error_;  // why the upstream cannot be saved, once a window's start found it
+  mutable pipeline_state scratch_;  // save() asks the upstream into it (capacity reused)
 };
 
 }  // namespace detail
