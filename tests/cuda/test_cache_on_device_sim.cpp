@@ -323,6 +323,29 @@ void two_sim_ranks(Rank&& rank) {
   CHECK(sim::stats().live_device_blocks == 0);
 }
 
+// Two simulated ranks of host replicas (a thread_ranks group): rank(w, its rank_exchange)
+// on a thread each, then the first exception either thrown.
+template <class Rank>
+void two_host_ranks(Rank&& rank) {
+  thread_ranks group(2);
+  std::array<std::exception_ptr, 2> err;
+  {
+    std::vector<std::thread> threads;
+    for (std::size_t w = 0; w < 2; ++w)
+      threads.emplace_back([&, w] {
+        try {
+          thread_ranks::member me(group, int(w));
+          rank(w, me);
+        } catch (...) {
+          err[w] = std::current_exception();
+        }
+      });
+    for (auto& t : threads) t.join();
+  }
+  for (auto& e : err)
+    if (e) std::rethrow_exception(e);
+}
+
 // Two ranks' parts of `data`, `steps` global batches of 48: rank w's step k is rows
 // [48k + 24w, 48k + 24w + 24), so the job's global batch k is one process's batch of 48.
 template <class Row>
@@ -715,28 +738,14 @@ TEST_CASE("sim: host replicas over two simulated ranks, a rewind before every ep
     }
     std::array<epoch_rows_list, 2> got;
     std::array<bool, 2> cached{};
-    std::array<std::exception_ptr, 2> err;
-    thread_ranks group(2);
-    {
-      std::vector<std::thread> threads;
-      for (std::size_t w = 0; w < 2; ++w)
-        threads.emplace_back([&, w] {
-          try {
-            thread_ranks::member me(group, int(w));
-            ferry::cache_on_device_options mine = o;
-            mine.ranks = &me;
-            auto p = ferry::from_range(part[w]) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}) |
-                     ferry::cache_on_device(mine);
-            run(p, got[w]);
-            cached[w] = p.cached();
-          } catch (...) {
-            err[w] = std::current_exception();
-          }
-        });
-      for (auto& t : threads) t.join();
-    }
-    for (auto& e : err)
-      if (e) std::rethrow_exception(e);
+    two_host_ranks([&](std::size_t w, ferry::rank_exchange& me) {
+      ferry::cache_on_device_options mine = o;
+      mine.ranks = &me;
+      auto p = ferry::from_range(part[w]) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}) |
+               ferry::cache_on_device(mine);
+      run(p, got[w]);
+      cached[w] = p.cached();
+    });
     CHECK(cached == std::array{true, true});
     check_rank_epochs(got, want);
   }
@@ -758,33 +767,19 @@ TEST_CASE("sim: host replicas over two simulated ranks, an allocation that fails
   };
   std::array<std::string, 2> what;
   std::array<bool, 2> streams_again{};
-  std::array<std::exception_ptr, 2> err;
-  thread_ranks group(2);
-  {
-    std::vector<std::thread> threads;
-    for (std::size_t w = 0; w < 2; ++w)
-      threads.emplace_back([&, w] {
-        try {
-          thread_ranks::member me(group, int(w));
-          auto p = ferry::from_range(part[w]) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}) |
-                   ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = &me});
-          const std::vector<u64> e0 = rows_of(p);
-          if (w == 1) fail_size = 2 * steps * 2 * sizeof(u64);  // the job's counts, on rank 1 only
-          try {
-            p.rewind();
-          } catch (const std::exception& e) {
-            what[w] = e.what();
-          }
-          fail_size = 0;
-          streams_again[w] = !p.cached() && rows_of(p) == e0 && (p.rewind(), rows_of(p) == e0);
-        } catch (...) {
-          err[w] = std::current_exception();
-        }
-      });
-    for (auto& t : threads) t.join();
-  }
-  for (auto& e : err)
-    if (e) std::rethrow_exception(e);
+  two_host_ranks([&](std::size_t w, ferry::rank_exchange& me) {
+    auto p = ferry::from_range(part[w]) | ferry::batch(24) | ferry::distribute(ferry::host_replicas{2}) |
+             ferry::cache_on_device({.seed = 5, .across_replicas = true, .ranks = &me});
+    const std::vector<u64> e0 = rows_of(p);
+    if (w == 1) fail_size = 2 * steps * 2 * sizeof(u64);  // the job's counts, on rank 1 only
+    try {
+      p.rewind();
+    } catch (const std::exception& e) {
+      what[w] = e.what();
+    }
+    fail_size = 0;
+    streams_again[w] = !p.cached() && rows_of(p) == e0 && (p.rewind(), rows_of(p) == e0);
+  });
   CHECK(what[0].find("another rank failed") != std::string::npos);
   CHECK(what[1] == std::bad_alloc().what());
   CHECK(streams_again == std::array{true, true});
